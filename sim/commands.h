@@ -1,0 +1,17 @@
+// Each tpusim subcommand lives in its own cmd_*.cpp and registers itself here.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace tpusim::cli {
+
+// Exit codes of shared/spec/cli.md.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitProgramFault = 1;
+inline constexpr int kExitBadInput = 2;
+
+void add_demo_command(CLI::App& app, int& exit_code);
+
+}  // namespace tpusim::cli

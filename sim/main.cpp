@@ -1,0 +1,25 @@
+// tpusim: one executable, git-style subcommands (shared/spec/cli.md).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "sim/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tpusim: a cycle-level TPU-class chip simulator"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tpusim 0.1.0");
+  int exit_code = tpusim::cli::kExitOk;
+  tpusim::cli::add_demo_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : tpusim::cli::kExitBadInput;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tpusim: error: %s\n", e.what());
+    return tpusim::cli::kExitBadInput;
+  }
+  return exit_code;
+}
