@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "tpusim 0.1.0");
   int exit_code = tpusim::cli::kExitOk;
   tpusim::cli::add_demo_command(app, exit_code);
+  tpusim::cli::add_presets_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
