@@ -1,0 +1,86 @@
+// The simulated machine as one object: the chips of a board wired from a preset,
+// loaded with a program bundle and its inputs, run in fast or detailed mode. The
+// `tpusim run` command and the bit-exact test harness drive the chip model only
+// through this header. SystemC allows one elaboration per process, so a process
+// builds and runs at most one System.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hw/config/params.h"
+#include "isa/asm/instr.h"
+#include "isa/io/npy.h"
+
+namespace tpusim::timeline {
+class Timeline;
+}
+
+namespace tpusim::hw {
+
+enum class Mode { kFast, kDetailed };
+
+struct RunOptions {
+  Mode mode = Mode::kFast;
+  std::string wave_path;                 // .vcd or .fst; empty = no waveform
+  std::vector<std::string> wave_scopes;  // globs on hierarchical names (wave::scope_matches)
+  uint64_t wave_begin = 0;               // cycles
+  uint64_t wave_end = UINT64_MAX;        // cycles
+  timeline::Timeline* timeline = nullptr;
+  uint64_t max_cycles = 0;  // 0 = no limit; reaching it is a fault
+};
+
+struct RunResult {
+  uint64_t cycles = 0;  // first instruction issued to the last result written
+  bool faulted = false;
+  // One line: chip/core, instruction index, source line, cause. Empty when not faulted.
+  std::string fault;
+  // Per unit counters keyed by hierarchical name: "chip0.core0.mxu0": {"busy_cycles": ..}.
+  nlohmann::json units = nlohmann::json::object();
+  uint64_t flops = 0;              // 2 per MXU multiply-accumulate of the program's data
+  uint64_t hbm_bytes_read = 0;     // all chips
+  uint64_t hbm_bytes_written = 0;  // all chips
+};
+
+// Bundle inputs by IoEntry name, as `--input NAME=FILE.npy` reads them (float32,
+// bf16 as uint16 bits, int32). Every input entry of the bundle must be present.
+using Inputs = std::map<std::string, io::NpyArray>;
+
+// A problem with the preset, the bundle or the inputs: one line naming it.
+class SystemError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class System {
+ public:
+  // Builds the chips of `preset` for `bundle` (its target must fit the preset),
+  // loads constants and inputs into their memory spaces. Throws SystemError.
+  System(const config::Params& preset, const isa::Bundle& bundle, const Inputs& inputs);
+  ~System();
+  System(const System&) = delete;
+  System& operator=(const System&) = delete;
+
+  // Runs until every core halts, one faults, the model deadlocks or max_cycles
+  // passes. Call once.
+  RunResult run(const RunOptions& options);
+
+  // Final memory, read exactly as the functional reference reads it: an output
+  // IoEntry's elements in row-major order, dtype as the bundle declares it
+  // (f32 -> kF32, bf16 -> kU16 bit patterns, i32 -> kI32).
+  io::NpyArray read_output(const std::string& name) const;
+  // Raw bytes of one memory space (HBM and host per chip, VMEM/SMEM per core).
+  std::vector<uint8_t> read_bytes(isa::Space space, uint32_t chip, uint32_t core, uint64_t addr,
+                                  uint64_t bytes) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tpusim::hw
