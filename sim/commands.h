@@ -14,5 +14,6 @@ inline constexpr int kExitBadInput = 2;
 
 void add_demo_command(CLI::App& app, int& exit_code);
 void add_presets_command(CLI::App& app, int& exit_code);
+void add_report_command(CLI::App& app, int& exit_code);
 
 }  // namespace tpusim::cli

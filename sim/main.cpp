@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   int exit_code = tpusim::cli::kExitOk;
   tpusim::cli::add_demo_command(app, exit_code);
   tpusim::cli::add_presets_command(app, exit_code);
+  tpusim::cli::add_report_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

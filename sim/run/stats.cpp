@@ -1,0 +1,118 @@
+#include "sim/run/stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "isa/io/npy.h"
+
+namespace tpusim::run {
+
+using nlohmann::json;
+
+json make_stats(const RunFigures& f) {
+  json s;
+  s["preset"] = f.preset;
+  s["mode"] = f.mode;
+  s["clock_hz"] = f.clock_hz;
+  s["cycles"] = f.cycles;
+  const double seconds = f.clock_hz > 0 ? double(f.cycles) / f.clock_hz : 0.0;
+  s["seconds"] = seconds;
+  s["flops"] = f.flops;
+  s["peak_flops_per_s"] = f.peak_flops_per_s;
+  // A run of zero cycles did no work; 0 rather than NaN keeps the file valid JSON.
+  const double peak_flops = f.peak_flops_per_s * seconds;
+  s["mxu_utilization"] = peak_flops > 0 ? double(f.flops) / peak_flops : 0.0;
+  s["hbm"] = {{"bytes_read", f.hbm_bytes_read},
+              {"bytes_written", f.hbm_bytes_written},
+              {"peak_bytes_per_s", f.hbm_peak_bytes_per_s}};
+  s["host"] = {{"wall_seconds", f.wall_seconds}};
+  s["units"] = f.units.is_null() ? json::object() : f.units;
+  return s;
+}
+
+namespace {
+
+void require(std::vector<std::string>& problems, const json& j, const std::string& path, const char* key,
+             bool (json::*is_type)() const noexcept, const char* type_name) {
+  if (!j.is_object() || !j.contains(key)) {
+    problems.push_back("missing key " + path + key);
+  } else if (!(j.at(key).*is_type)()) {
+    problems.push_back("key " + path + key + " is not " + type_name);
+  }
+}
+
+bool close(double a, double b) {
+  const double scale = std::max(std::abs(a), std::abs(b));
+  return std::abs(a - b) <= 1e-12 * scale + 1e-300;
+}
+
+}  // namespace
+
+std::vector<std::string> check_stats(const json& s) {
+  std::vector<std::string> p;
+  if (!s.is_object()) return {"stats is not a JSON object"};
+  require(p, s, "", "preset", &json::is_string, "a string");
+  require(p, s, "", "mode", &json::is_string, "a string");
+  require(p, s, "", "clock_hz", &json::is_number, "a number");
+  require(p, s, "", "cycles", &json::is_number_unsigned, "an unsigned integer");
+  require(p, s, "", "seconds", &json::is_number, "a number");
+  require(p, s, "", "flops", &json::is_number_unsigned, "an unsigned integer");
+  require(p, s, "", "peak_flops_per_s", &json::is_number, "a number");
+  require(p, s, "", "mxu_utilization", &json::is_number, "a number");
+  require(p, s, "", "hbm", &json::is_object, "an object");
+  require(p, s, "", "host", &json::is_object, "an object");
+  require(p, s, "", "units", &json::is_object, "an object");
+  if (!p.empty()) return p;
+  require(p, s["hbm"], "hbm.", "bytes_read", &json::is_number_unsigned, "an unsigned integer");
+  require(p, s["hbm"], "hbm.", "bytes_written", &json::is_number_unsigned, "an unsigned integer");
+  require(p, s["hbm"], "hbm.", "peak_bytes_per_s", &json::is_number, "a number");
+  require(p, s["host"], "host.", "wall_seconds", &json::is_number, "a number");
+  for (const auto& [unit, counters] : s["units"].items()) {
+    if (!counters.is_object()) {
+      p.push_back("units." + unit + " is not an object");
+      continue;
+    }
+    for (const auto& [name, value] : counters.items())
+      if (!value.is_number()) p.push_back("units." + unit + "." + name + " is not a number");
+  }
+  const std::string mode = s["mode"].get<std::string>();
+  if (mode != "fast" && mode != "detailed") p.push_back("mode is \"" + mode + "\", not fast or detailed");
+  if (!p.empty()) return p;
+
+  const double clock = s["clock_hz"].get<double>();
+  const double cycles = double(s["cycles"].get<uint64_t>());
+  const double seconds = s["seconds"].get<double>();
+  if (clock <= 0) p.push_back("clock_hz is not positive");
+  else if (!close(seconds, cycles / clock)) p.push_back("seconds != cycles / clock_hz");
+  const double denom = s["peak_flops_per_s"].get<double>() * seconds;
+  const double util = denom > 0 ? double(s["flops"].get<uint64_t>()) / denom : 0.0;
+  if (!close(s["mxu_utilization"].get<double>(), util))
+    p.push_back("mxu_utilization != flops / (peak_flops_per_s * seconds)");
+  if (s["mxu_utilization"].get<double>() > 1.0 + 1e-12) p.push_back("mxu_utilization exceeds 1");
+  return p;
+}
+
+json deterministic_part(json s, bool drop_mode) {
+  if (s.contains("host") && s["host"].is_object()) s["host"].erase("wall_seconds");
+  if (drop_mode) s.erase("mode");
+  return s;
+}
+
+std::string stats_text(const json& s) { return s.dump(2) + "\n"; }
+
+void write_stats(const std::string& path, const json& s) {
+  const std::string text = stats_text(s);
+  io::write_file_atomic(path, std::vector<uint8_t>(text.begin(), text.end()));
+}
+
+json read_stats(const std::string& path) {
+  std::vector<uint8_t> bytes = io::read_file(path);
+  json s = json::parse(bytes.begin(), bytes.end(), nullptr, /*allow_exceptions=*/false);
+  if (s.is_discarded()) throw std::runtime_error(path + ": not valid JSON");
+  const auto problems = check_stats(s);
+  if (!problems.empty()) throw std::runtime_error(path + ": not a tpusim stats file: " + problems.front());
+  return s;
+}
+
+}  // namespace tpusim::run
