@@ -1,0 +1,276 @@
+// The tpusim instruction set: opcodes, the in-memory instruction form, and the
+// program bundle (target parameters, per-core instruction streams, I/O table).
+// docs/isa.md is the manual; this header is its single source in code. The
+// assembler, printer, binary encoder, functional reference and the SystemC model
+// all read instructions through these types.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tpusim::isa {
+
+// Which unit of a TensorCore executes an instruction.
+enum class Unit : uint8_t { kScalar, kVector, kMatrix, kDma, kSync };
+
+// Option flags of an opcode (what the assembler accepts after the operands and
+// whether the binary form carries a second 64-bit word).
+enum OpFlags : uint32_t {
+  kOpLong = 1u << 0,       // encoded in two words (imm2 and register field d)
+  kOpOptStride = 1u << 1,  // stride=BYTES (sublane stride, in imm2)
+  kOpOptMask = 1u << 2,    // mask=mN (in register field c)
+  kOpOptK = 1u << 3,       // k=ROWS (valid weight rows, in imm)
+};
+
+// Operand signature letters: S scalar reg, V vector reg, M mask reg, X MXU index
+// (mxuN), F sync flag, I integer immediate, R fp32 immediate, L label, A address
+// [sA + imm], D the DMA operand list. Registers fill fields a, b, c, d in order;
+// immediates fill imm then imm2; A takes one register field and imm.
+#define TPUSIM_OPCODES(X)                                              \
+  X(kNop, "nop", "", kScalar, 0)                                       \
+  X(kHalt, "halt", "", kScalar, 0)                                     \
+  X(kLi, "li", "SI", kScalar, 0)                                       \
+  X(kAdd, "add", "SSS", kScalar, 0)                                    \
+  X(kSub, "sub", "SSS", kScalar, 0)                                    \
+  X(kMul, "mul", "SSS", kScalar, 0)                                    \
+  X(kDiv, "div", "SSS", kScalar, 0)                                    \
+  X(kRem, "rem", "SSS", kScalar, 0)                                    \
+  X(kAnd, "and", "SSS", kScalar, 0)                                    \
+  X(kOr, "or", "SSS", kScalar, 0)                                      \
+  X(kXor, "xor", "SSS", kScalar, 0)                                    \
+  X(kShl, "shl", "SSS", kScalar, 0)                                    \
+  X(kShr, "shr", "SSS", kScalar, 0)                                    \
+  X(kSra, "sra", "SSS", kScalar, 0)                                    \
+  X(kMin, "min", "SSS", kScalar, 0)                                    \
+  X(kMax, "max", "SSS", kScalar, 0)                                    \
+  X(kAddI, "add", "SSI", kScalar, 0)                                   \
+  X(kSubI, "sub", "SSI", kScalar, 0)                                   \
+  X(kMulI, "mul", "SSI", kScalar, 0)                                   \
+  X(kDivI, "div", "SSI", kScalar, 0)                                   \
+  X(kRemI, "rem", "SSI", kScalar, 0)                                   \
+  X(kAndI, "and", "SSI", kScalar, 0)                                   \
+  X(kOrI, "or", "SSI", kScalar, 0)                                     \
+  X(kXorI, "xor", "SSI", kScalar, 0)                                   \
+  X(kShlI, "shl", "SSI", kScalar, 0)                                   \
+  X(kShrI, "shr", "SSI", kScalar, 0)                                   \
+  X(kSraI, "sra", "SSI", kScalar, 0)                                   \
+  X(kMinI, "min", "SSI", kScalar, 0)                                   \
+  X(kMaxI, "max", "SSI", kScalar, 0)                                   \
+  X(kLd, "ld", "SA", kScalar, 0)                                       \
+  X(kSt, "st", "SA", kScalar, 0)                                       \
+  X(kBeq, "beq", "SSL", kScalar, 0)                                    \
+  X(kBne, "bne", "SSL", kScalar, 0)                                    \
+  X(kBlt, "blt", "SSL", kScalar, 0)                                    \
+  X(kBge, "bge", "SSL", kScalar, 0)                                    \
+  X(kJmp, "jmp", "L", kScalar, 0)                                      \
+  X(kLoop, "loop", "SL", kScalar, 0)                                   \
+  X(kVld, "vld", "VA", kVector, kOpLong | kOpOptStride | kOpOptMask)   \
+  X(kVldBf16, "vld.bf16", "VA", kVector, kOpLong | kOpOptStride | kOpOptMask) \
+  X(kVst, "vst", "VA", kVector, kOpLong | kOpOptStride | kOpOptMask)   \
+  X(kVstBf16, "vst.bf16", "VA", kVector, kOpLong | kOpOptStride | kOpOptMask) \
+  X(kVadd, "vadd", "VVV", kVector, 0)                                  \
+  X(kVsub, "vsub", "VVV", kVector, 0)                                  \
+  X(kVmul, "vmul", "VVV", kVector, 0)                                  \
+  X(kVdiv, "vdiv", "VVV", kVector, 0)                                  \
+  X(kVmax, "vmax", "VVV", kVector, 0)                                  \
+  X(kVmin, "vmin", "VVV", kVector, 0)                                  \
+  X(kVneg, "vneg", "VV", kVector, 0)                                   \
+  X(kVabs, "vabs", "VV", kVector, 0)                                   \
+  X(kVsqrt, "vsqrt", "VV", kVector, 0)                                 \
+  X(kVrsqrt, "vrsqrt", "VV", kVector, 0)                               \
+  X(kVrecip, "vrecip", "VV", kVector, 0)                               \
+  X(kVexp, "vexp", "VV", kVector, 0)                                   \
+  X(kVlog, "vlog", "VV", kVector, 0)                                   \
+  X(kVtanh, "vtanh", "VV", kVector, 0)                                 \
+  X(kVerf, "verf", "VV", kVector, 0)                                   \
+  X(kVmov, "vmov", "VV", kVector, 0)                                   \
+  X(kVcvtBf16, "vcvt.bf16", "VV", kVector, 0)                          \
+  X(kVcvtF32S32, "vcvt.f32.s32", "VV", kVector, 0)                     \
+  X(kVcvtS32F32, "vcvt.s32.f32", "VV", kVector, 0)                     \
+  X(kVcmpEq, "vcmp.eq", "MVV", kVector, 0)                             \
+  X(kVcmpNe, "vcmp.ne", "MVV", kVector, 0)                             \
+  X(kVcmpLt, "vcmp.lt", "MVV", kVector, 0)                             \
+  X(kVcmpLe, "vcmp.le", "MVV", kVector, 0)                             \
+  X(kVcmpGt, "vcmp.gt", "MVV", kVector, 0)                             \
+  X(kVcmpGe, "vcmp.ge", "MVV", kVector, 0)                             \
+  X(kVsel, "vsel", "VMVV", kVector, kOpLong)                           \
+  X(kVbcast, "vbcast", "VR", kVector, 0)                               \
+  X(kVbcastS, "vbcast", "VS", kVector, 0)                              \
+  X(kVmask, "vmask", "MII", kVector, kOpLong)                          \
+  X(kMand, "mand", "MMM", kVector, 0)                                  \
+  X(kMor, "mor", "MMM", kVector, 0)                                    \
+  X(kMnot, "mnot", "MM", kVector, 0)                                   \
+  X(kVredLaneSum, "vreduce.lanes.sum", "VV", kVector, 0)               \
+  X(kVredLaneMax, "vreduce.lanes.max", "VV", kVector, 0)               \
+  X(kVredLaneMin, "vreduce.lanes.min", "VV", kVector, 0)               \
+  X(kVredSubSum, "vreduce.sublanes.sum", "VV", kVector, 0)             \
+  X(kVredSubMax, "vreduce.sublanes.max", "VV", kVector, 0)             \
+  X(kVredSubMin, "vreduce.sublanes.min", "VV", kVector, 0)             \
+  X(kVxpose, "vxpose", "VV", kVector, 0)                               \
+  X(kMpush, "mpush", "XV", kMatrix, 0)                                 \
+  X(kMpushT, "mpush.t", "XV", kMatrix, 0)                              \
+  X(kMswap, "mswap", "X", kMatrix, kOpOptK)                            \
+  X(kMmul, "mmul", "XV", kMatrix, 0)                                   \
+  X(kMpop, "mpop", "VX", kMatrix, 0)                                   \
+  X(kMpopAdd, "mpop.add", "VX", kMatrix, 0)                            \
+  X(kDma, "dma", "D", kDma, 0)                                         \
+  X(kWait, "wait", "FI", kSync, 0)                                     \
+  X(kWaitSub, "wait.sub", "FI", kSync, 0)                              \
+  X(kFset, "fset", "FI", kSync, 0)                                     \
+  X(kFadd, "fadd", "FI", kSync, 0)                                     \
+  X(kBarrier, "barrier", "", kSync, 0)                                 \
+  X(kOpMark, "op", "I", kSync, 0)
+
+enum class Op : uint8_t {
+#define TPUSIM_X(e, m, s, u, f) e,
+  TPUSIM_OPCODES(TPUSIM_X)
+#undef TPUSIM_X
+      kCount
+};
+
+struct OpInfo {
+  Op op;
+  const char* mnemonic;
+  const char* signature;
+  Unit unit;
+  uint32_t flags;
+};
+
+const OpInfo& op_info(Op op);
+inline int op_count() { return static_cast<int>(Op::kCount); }
+
+// Architectural limits fixed by the ISA (not by the target).
+inline constexpr int kScalarRegs = 32;
+inline constexpr int kVectorRegs = 32;
+inline constexpr int kMaskRegs = 8;
+inline constexpr int kSyncFlags = 64;
+inline constexpr int kSublanes = 8;
+inline constexpr int kLanes = 128;
+inline constexpr int kMaxDmaDims = 3;
+
+enum class Space : uint8_t { kHbm, kVmem, kSmem, kHost };
+const char* space_name(Space s);
+inline constexpr int kSpaceCount = 4;
+
+// A DMA endpoint: SPACE[@chipN][.cM]:[sR + offset]. chip/core -1 = "not named":
+// chip defaults to the issuing chip; core defaults to the issuing core when no chip
+// is named and to core 0 of the named chip otherwise.
+struct DmaEndpoint {
+  Space space = Space::kHbm;
+  int16_t chip = -1;
+  int16_t core = -1;
+  uint8_t reg = 0;
+  int32_t offset = 0;
+  bool operator==(const DmaEndpoint& o) const {
+    return space == o.space && chip == o.chip && core == o.core && reg == o.reg && offset == o.offset;
+  }
+};
+
+// One outer dimension of a DMA: `count` repetitions, advancing the source and the
+// destination address by their strides (bytes, signed).
+struct DmaDim {
+  uint32_t count = 1;
+  int32_t src_stride = 0;
+  int32_t dst_stride = 0;
+  bool operator==(const DmaDim& o) const {
+    return count == o.count && src_stride == o.src_stride && dst_stride == o.dst_stride;
+  }
+};
+
+struct Instr {
+  Op op = Op::kNop;
+  uint8_t a = 0, b = 0, c = 0, d = 0;  // register fields (meaning per signature)
+  int32_t imm = 0;                     // immediate / fp32 bits / branch target index / DMA bytes
+  int32_t imm2 = 0;                    // second immediate (sublane stride, lanes)
+  // DMA only.
+  DmaEndpoint dst, src;
+  uint8_t ndims = 0;
+  DmaDim dims[kMaxDmaDims];
+  int8_t flag = -1;   // issuing core's flag incremented on completion (-1 none)
+  int8_t rflag = -1;  // destination core's flag incremented when the data has landed
+  // Not part of the encoding: where the instruction came from.
+  uint32_t line = 0;   // source line in the .s file (0 unknown)
+  int32_t op_id = -1;  // graph op id from the latest `op N` marker (-1 none)
+
+  bool same_encoding(const Instr& o) const;  // equal in every encoded field
+  bool operator==(const Instr& o) const { return same_encoding(o) && line == o.line && op_id == o.op_id; }
+  bool operator!=(const Instr& o) const { return !(*this == o); }
+};
+
+// Architecture parameters carried in the bundle.
+struct Target {
+  uint32_t chips = 1;
+  uint32_t cores_per_chip = 1;
+  uint32_t mxus_per_core = 1;
+  uint32_t mxu_rows = 128;       // R: reduction depth = numerics chunk length
+  uint32_t mxu_cols = 128;       // C: output columns
+  uint32_t fifo_rows = 128;      // result FIFO depth in fp32 rows (an mmul pushes 8)
+  uint64_t vmem_bytes = 16ull << 20;
+  uint64_t smem_bytes = 16ull << 10;
+  uint64_t hbm_bytes = 8ull << 30;
+  uint64_t host_bytes = 1ull << 30;
+  bool operator==(const Target& o) const;
+  // Empty when the parameters are usable; otherwise what is wrong.
+  std::string check() const;
+};
+
+struct CoreProgram {
+  uint32_t chip = 0, core = 0;
+  std::string source;  // file the code came from (for messages)
+  std::vector<Instr> code;
+  std::vector<std::pair<std::string, uint32_t>> labels;  // name -> instruction index
+  bool operator==(const CoreProgram& o) const {
+    return chip == o.chip && core == o.core && source == o.source && code == o.code && labels == o.labels;
+  }
+};
+
+enum class Dtype : uint8_t { kF32, kBf16, kI32 };
+const char* dtype_name(Dtype t);
+inline size_t dtype_size(Dtype t) { return t == Dtype::kBf16 ? 2 : 4; }
+
+enum class IoKind : uint8_t { kInput, kOutput, kConst };
+const char* io_kind_name(IoKind k);
+
+// A tensor placed in memory. Element (i0, i1, ...) lives at
+// addr + sum(i_d * strides[d]); empty strides = dense row-major.
+struct IoEntry {
+  IoKind kind = IoKind::kInput;
+  std::string name;
+  Dtype dtype = Dtype::kF32;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // bytes per dimension; empty = dense
+  Space space = Space::kHbm;
+  uint32_t chip = 0, core = 0;
+  uint64_t addr = 0;
+  std::vector<uint8_t> data;  // kConst: the elements, dense row-major, dtype-sized
+  bool operator==(const IoEntry& o) const {
+    return kind == o.kind && name == o.name && dtype == o.dtype && shape == o.shape && strides == o.strides &&
+           space == o.space && chip == o.chip && core == o.core && addr == o.addr && data == o.data;
+  }
+  uint64_t elements() const {
+    uint64_t n = 1;
+    for (auto d : shape) n *= static_cast<uint64_t>(d);
+    return n;
+  }
+  // Byte offset of every element from addr, in row-major element order.
+  std::vector<uint64_t> element_offsets() const;
+  // Highest byte touched + 1, relative to addr.
+  uint64_t extent_bytes() const;
+};
+
+struct Bundle {
+  Target target;
+  std::vector<CoreProgram> cores;
+  std::vector<IoEntry> io;
+  bool operator==(const Bundle& o) const { return target == o.target && cores == o.cores && io == o.io; }
+};
+
+// Structural checks shared by the assembler and the bundle loader: register and
+// MXU indices, flags, branch targets, core placement, I/O placement. Returns an
+// empty string when the bundle is consistent, else the first problem found, named
+// by core and instruction index.
+std::string check_bundle(const Bundle& b);
+
+}  // namespace tpusim::isa

@@ -1,0 +1,128 @@
+#include "isa/exec/interpreter.h"
+
+#include <algorithm>
+
+#include "isa/exec/semantics.h"
+#include "isa/exec/tensors.h"
+
+namespace tpusim::exec {
+
+using isa::Op;
+using isa::Unit;
+
+Interpreter::Interpreter(const isa::Bundle& b) : bundle_(b), machine_(b.target) {
+  load_constants(machine_, b);
+  for (const auto& p : b.cores) cores_.push_back(Context{&p, &machine_.core(p.chip, p.core)});
+  std::sort(cores_.begin(), cores_.end(), [](const Context& x, const Context& y) {
+    return std::make_pair(x.prog->chip, x.prog->core) < std::make_pair(y.prog->chip, y.prog->core);
+  });
+}
+
+std::string Interpreter::where(const Context& c) const {
+  std::string s = c.state->name() + " instruction " + std::to_string(c.pc);
+  if (c.pc < c.prog->code.size()) {
+    const isa::Instr& in = c.prog->code[c.pc];
+    s += " (";
+    if (in.line) s += c.prog->source + ":" + std::to_string(in.line) + ", ";
+    s += std::string(isa::op_info(in.op).mnemonic);
+    if (in.op_id >= 0) s += ", op " + std::to_string(in.op_id);
+    s += ")";
+  }
+  return s;
+}
+
+RunResult Interpreter::run(const RunOptions& opts) {
+  RunResult res;
+  const size_t n = cores_.size();
+  for (;;) {
+    bool progress = false, all_halted = true;
+    for (auto& c : cores_) {
+      if (c.status == CoreStatus::kHalted) continue;
+      if (c.status == CoreStatus::kBarrier) {
+        if (c.barrier_generation == barrier_generation_) continue;
+        c.status = CoreStatus::kReady;
+        ++c.pc;
+        progress = true;
+      }
+      const auto& code = c.prog->code;
+      CoreState& st = *c.state;
+      try {
+        for (;;) {
+          if (c.pc >= code.size()) {  // running off the end halts
+            c.status = CoreStatus::kHalted;
+            break;
+          }
+          const isa::Instr& in = code[c.pc];
+          if (in.op == Op::kWait || in.op == Op::kWaitSub) {
+            if (!sync_ready(st, in)) {
+              c.status = CoreStatus::kWaiting;
+              break;
+            }
+            c.status = CoreStatus::kReady;
+          }
+          if (res.instructions >= opts.max_instructions) {
+            res.status = RunResult::Status::kBudget;
+            res.message = "instruction budget of " + std::to_string(opts.max_instructions) +
+                          " exhausted, likely an infinite loop; " + where(c);
+            return res;
+          }
+          ++res.instructions;
+          progress = true;
+          if (in.op == Op::kHalt) {
+            c.status = CoreStatus::kHalted;
+            break;
+          }
+          if (in.op == Op::kBarrier) {
+            if (++barrier_arrived_ == n) {
+              barrier_arrived_ = 0;
+              ++barrier_generation_;
+              ++c.pc;  // the last to arrive goes on; the others resume when visited
+              continue;
+            }
+            c.status = CoreStatus::kBarrier;
+            c.barrier_generation = barrier_generation_;
+            break;
+          }
+          switch (isa::op_info(in.op).unit) {
+            case Unit::kScalar: c.pc = exec_scalar(st, in, c.pc); break;
+            case Unit::kVector: exec_vector(st, in); ++c.pc; break;
+            case Unit::kMatrix: exec_matrix(st, in); ++c.pc; break;
+            case Unit::kDma: {
+              const DmaPlan p = plan_dma(machine_, st, in);
+              dma_copy(p);
+              dma_signal_issuer(p);
+              dma_signal_destination(p);
+              ++c.pc;
+              break;
+            }
+            case Unit::kSync: exec_sync(st, in); ++c.pc; break;
+          }
+        }
+      } catch (const Fault& f) {
+        res.status = RunResult::Status::kFault;
+        res.message = "fault: " + where(c) + ": " + f.what();
+        return res;
+      }
+      if (c.status != CoreStatus::kHalted) all_halted = false;
+    }
+    if (all_halted) return res;
+    if (!progress) {
+      res.status = RunResult::Status::kDeadlock;
+      res.message = "deadlock: no core can proceed and no transfer is in flight;";
+      for (auto& c : cores_) {
+        if (c.status == CoreStatus::kHalted) continue;
+        const isa::Instr& in = c.prog->code[c.pc];
+        res.message += " " + where(c);
+        if (c.status == CoreStatus::kWaiting)
+          res.message += " waits for f" + std::to_string(in.a) + " >= " + std::to_string(in.imm) + " (is " +
+                         std::to_string(c.state->flags[in.a]) + ");";
+        else
+          res.message += " waits at barrier (" + std::to_string(barrier_arrived_) + " of " + std::to_string(n) +
+                         " cores arrived);";
+      }
+      return res;
+    }
+  }
+}
+
+}  // namespace tpusim::exec

@@ -1,0 +1,54 @@
+// The functional reference: a deterministic scheduler over the semantic functions
+// of semantics.h. Cores run round robin in (chip, core) order, each until it
+// blocks (wait, barrier) or halts; every instruction is atomic; a DMA copies its
+// data and moves its flags at issue. docs/isa.md, "Reference semantics".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "isa/asm/instr.h"
+#include "isa/exec/state.h"
+
+namespace tpusim::exec {
+
+struct RunOptions {
+  uint64_t max_instructions = 2'000'000'000;  // total over all cores; beyond it: "likely an infinite loop"
+};
+
+struct RunResult {
+  enum class Status { kHalted, kFault, kDeadlock, kBudget };
+  Status status = Status::kHalted;
+  std::string message;  // one line for kFault/kBudget; deadlock lists every blocked core
+  uint64_t instructions = 0;
+  bool ok() const { return status == Status::kHalted; }
+};
+
+class Interpreter {
+ public:
+  // Builds the machine and loads the bundle's constants.
+  explicit Interpreter(const isa::Bundle& b);
+  Machine& machine() { return machine_; }
+  const Machine& machine() const { return machine_; }
+  RunResult run(const RunOptions& opts = {});
+
+ private:
+  enum class CoreStatus { kReady, kWaiting, kBarrier, kHalted };
+  struct Context {
+    const isa::CoreProgram* prog;
+    CoreState* state;
+    uint32_t pc = 0;
+    CoreStatus status = CoreStatus::kReady;
+    uint64_t barrier_generation = 0;
+  };
+  std::string where(const Context& c) const;
+
+  const isa::Bundle& bundle_;
+  Machine machine_;
+  std::vector<Context> cores_;
+  uint64_t barrier_generation_ = 0;
+  size_t barrier_arrived_ = 0;
+};
+
+}  // namespace tpusim::exec

@@ -1,0 +1,129 @@
+#include "isa/exec/tensors.h"
+
+#include <cstring>
+
+#include "isa/numerics/bf16.h"
+
+namespace tpusim::exec {
+
+using isa::Dtype;
+using isa::IoEntry;
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+std::vector<uint8_t> tensor_from_npy(const io::NpyArray& a, const IoEntry& e) {
+  const std::string what = std::string(isa::io_kind_name(e.kind)) + " '" + e.name + "'";
+  if (a.shape != e.shape)
+    throw std::runtime_error(what + " expects shape " + shape_text(e.shape) + ", the file has " + shape_text(a.shape));
+  const size_t n = a.elements();
+  if (e.dtype == Dtype::kF32 && a.dtype == io::NpyDtype::kF32) return a.data;
+  if (e.dtype == Dtype::kI32 && a.dtype == io::NpyDtype::kI32) return a.data;
+  if (e.dtype == Dtype::kBf16 && a.dtype == io::NpyDtype::kU16) return a.data;
+  if (e.dtype == Dtype::kBf16 && a.dtype == io::NpyDtype::kF32) {
+    std::vector<uint8_t> out(n * 2);
+    for (size_t i = 0; i < n; ++i) {
+      float f;
+      std::memcpy(&f, a.data.data() + 4 * i, 4);
+      const uint16_t h = num::fp32_to_bf16(f);
+      out[2 * i] = static_cast<uint8_t>(h);
+      out[2 * i + 1] = static_cast<uint8_t>(h >> 8);
+    }
+    return out;
+  }
+  throw std::runtime_error(what + " is " + isa::dtype_name(e.dtype) + ", the file holds " + io::npy_descr(a.dtype) +
+                           (e.dtype == Dtype::kBf16 ? " (bf16 takes uint16 bit patterns or float32)" : ""));
+}
+
+io::NpyArray tensor_to_npy(const IoEntry& e, const std::vector<uint8_t>& dense, bool raw_bf16) {
+  io::NpyArray a;
+  a.shape = e.shape;
+  const size_t n = e.elements();
+  if (e.dtype == Dtype::kF32) {
+    a.dtype = io::NpyDtype::kF32;
+    a.data = dense;
+  } else if (e.dtype == Dtype::kI32) {
+    a.dtype = io::NpyDtype::kI32;
+    a.data = dense;
+  } else if (raw_bf16) {
+    a.dtype = io::NpyDtype::kU16;
+    a.data = dense;
+  } else {
+    a.dtype = io::NpyDtype::kF32;
+    a.data.resize(n * 4);
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t h = static_cast<uint16_t>(dense[2 * i] | dense[2 * i + 1] << 8);
+      const uint32_t bits = static_cast<uint32_t>(h) << 16;  // exact widening: the stored bits, unflushed
+      std::memcpy(a.data.data() + 4 * i, &bits, 4);
+    }
+  }
+  return a;
+}
+
+std::vector<uint8_t> random_tensor(const IoEntry& e, uint64_t seed) {
+  uint64_t state = seed;
+  for (char c : e.name) state = state * 131 + static_cast<unsigned char>(c);  // distinct per tensor
+  const size_t n = e.elements();
+  std::vector<uint8_t> out(n * isa::dtype_size(e.dtype));
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t r = splitmix64(state);
+    uint32_t v;
+    if (e.dtype == Dtype::kI32) {
+      v = static_cast<uint32_t>(r % 16);
+    } else {
+      // 24 random bits -> k * 2^-23 - 1, exactly representable in fp32.
+      const float f = static_cast<float>(static_cast<int32_t>(r >> 40) - (1 << 23)) * (1.0f / 8388608.0f);
+      v = e.dtype == Dtype::kBf16 ? num::fp32_to_bf16(f) : num::f32_bits(f);
+    }
+    for (size_t b = 0; b < isa::dtype_size(e.dtype); ++b) out[i * isa::dtype_size(e.dtype) + b] = static_cast<uint8_t>(v >> (8 * b));
+  }
+  return out;
+}
+
+void write_tensor(Machine& m, const IoEntry& e, const std::vector<uint8_t>& dense) {
+  Memory& mem = m.memory(e.space, e.chip, e.core);
+  const size_t es = isa::dtype_size(e.dtype);
+  if (dense.size() != e.elements() * es) throw std::runtime_error("tensor '" + e.name + "': wrong data size");
+  mem.check(static_cast<int64_t>(e.addr), e.extent_bytes());
+  if (e.strides.empty()) {
+    mem.write(e.addr, dense.data(), dense.size());
+    return;
+  }
+  const auto offs = e.element_offsets();
+  for (size_t i = 0; i < offs.size(); ++i) mem.write(e.addr + offs[i], dense.data() + i * es, es);
+}
+
+std::vector<uint8_t> read_tensor(const Machine& m, const IoEntry& e) {
+  const Memory& mem = m.memory(e.space, e.chip, e.core);
+  const size_t es = isa::dtype_size(e.dtype);
+  std::vector<uint8_t> out(e.elements() * es);
+  mem.check(static_cast<int64_t>(e.addr), e.extent_bytes());
+  if (e.strides.empty()) {
+    mem.read(e.addr, out.data(), out.size());
+    return out;
+  }
+  const auto offs = e.element_offsets();
+  for (size_t i = 0; i < offs.size(); ++i) mem.read(e.addr + offs[i], out.data() + i * es, es);
+  return out;
+}
+
+void load_constants(Machine& m, const isa::Bundle& b) {
+  for (const auto& e : b.io)
+    if (e.kind == isa::IoKind::kConst) write_tensor(m, e, e.data);
+}
+
+}  // namespace tpusim::exec
