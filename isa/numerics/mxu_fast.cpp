@@ -67,8 +67,17 @@ struct KernelSpec {
   MicroKernel fn;
 };
 
-// Portable micro-kernel: the contract's scalar operations from fp32.h, laid out
-// so that the compiler may vectorise the j loop.
+// Flush-to-zero without a branch, for the portable kernel: inputs there are
+// already DAZ'd and NaN-canonical, so only subnormal results need handling, and a
+// branch-free form lets the compiler vectorise with whatever the baseline ISA has.
+inline float ftz(float x) {
+  const uint32_t u = f32_bits(x);
+  const uint32_t keep = (u & kF32ExpMask) != 0 ? 0xFFFFFFFFu : kF32SignMask;
+  return f32_from_bits(u & keep);
+}
+
+// Portable micro-kernel: plain C++ with the contract's flushes written out. NaNs
+// are canonicalised by the final pass, as in the vector paths.
 template <int MR, int NR>
 void kernel_portable(const TileJob& t) {
   for (int off = 0; off < t.kc; off += t.rows) {
@@ -80,14 +89,14 @@ void kernel_portable(const TileJob& t) {
     const float* w = t.w + static_cast<size_t>(off) * NR;
     for (int k = 0; k < len; ++k, a += MR, w += NR)
       for (int r = 0; r < MR; ++r)
-        for (int j = 0; j < NR; ++j) s[r][j] = add(s[r][j], mul(a[r], w[j]));
+        for (int j = 0; j < NR; ++j) s[r][j] = ftz(s[r][j] + ftz(a[r] * w[j]));
     const bool short_chunk = len < t.rows;
     const bool overwrite = off == 0 && t.overwrite_first;
     for (int r = 0; r < MR; ++r) {
       float* c = t.c + r * t.ldc;
       for (int j = 0; j < NR; ++j) {
-        float v = short_chunk ? add(s[r][j], 0.0f) : s[r][j];
-        c[j] = overwrite ? v : add(c[j], v);
+        const float v = short_chunk ? ftz(s[r][j] + 0.0f) : s[r][j];
+        c[j] = overwrite ? v : ftz(ftz(c[j]) + v);
       }
     }
   }
@@ -345,6 +354,7 @@ void mxu_matmul_with(MxuPath path, const MatmulArgs& p) {
   switch (path) {
     case MxuPath::kPortable:
       run_blocked(p, KernelSpec{4, 16, &kernel_portable<4, 16>});
+      canonicalize_nans(p);
       return;
 #if TPUSIM_MXU_X86
     case MxuPath::kAvx2: {

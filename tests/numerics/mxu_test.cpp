@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -156,6 +157,12 @@ std::vector<uint32_t> run_path(MxuPath path, const Problem& q) {
   return out;
 }
 
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
 ::testing::AssertionResult same_bits(const std::vector<uint32_t>& got, const std::vector<uint32_t>& want,
                                      const Problem& q) {
   for (size_t i = 0; i < want.size(); ++i)
@@ -163,7 +170,7 @@ std::vector<uint32_t> run_path(MxuPath path, const Problem& q) {
       return ::testing::AssertionFailure()
              << "m=" << q.m << " k=" << q.k << " n=" << q.n << " R=" << q.rows << " acc=" << q.accumulate
              << " lda=" << q.lda << ": element " << i << " (row " << i / q.ldc << ", col " << i % q.ldc
-             << ") got 0x" << std::hex << got[i] << " want 0x" << want[i];
+             << ") got " << hex32(got[i]) << " want " << hex32(want[i]);
   return ::testing::AssertionSuccess();
 }
 
