@@ -1,0 +1,91 @@
+// HBM behind the memory-port interface: every pseudo-channel of every stack, the
+// splitting of requests into bursts, and the request completions.
+//
+// Two ways to move time, one result (tests hold them equal):
+//  * tick(): one DRAM cycle, every channel evaluated (the detailed mode);
+//  * skip(n) / advance_to(t): n cycles, evaluating only the channels that can act,
+//    jumping over cycles in which none can (the fast mode). skip(n) == n x tick().
+#pragma once
+
+#include "hw/hbm/hbm_channel.h"
+#include "hw/hbm/hbm_config.h"
+#include "hw/mem/latency_histogram.h"
+#include "hw/mem/memory_port.h"
+
+#include <queue>
+#include <vector>
+
+namespace tpusim::hbm {
+
+class HbmMemory final : public mem::MemoryPort {
+ public:
+  explicit HbmMemory(const HbmConfig& cfg);
+  HbmMemory(const HbmMemory&) = delete;  // channels point at cfg_
+  HbmMemory& operator=(const HbmMemory&) = delete;
+
+  // MemoryPort. try_enqueue throws std::invalid_argument on an empty request or one
+  // that runs past the capacity.
+  bool try_enqueue(const mem::MemRequest& req, uint64_t now_ps) override;
+  void advance_to(uint64_t t_ps) override;
+  uint64_t next_event_ps() const override;
+  bool pop_completion(mem::MemCompletion& out) override;
+  uint64_t outstanding() const override { return outstanding_; }
+  double peak_bytes_per_s() const override { return cfg_.peak_bytes_per_s(); }
+  nlohmann::json stats_json() const override;
+
+  // The unit-core view, in DRAM cycles.
+  void tick();
+  void skip(uint64_t cycles);
+  uint64_t cycle() const { return next_cycle_; }  // cycles processed so far
+  // The earliest cycle >= cycle() at which any channel, idle or not, may act.
+  uint64_t next_active_cycle() const;
+  // Detailed mode: advance_to() and try_enqueue() tick every cycle instead of skipping.
+  void set_every_cycle(bool on) { every_cycle_ = on; }
+
+  const HbmConfig& config() const { return cfg_; }
+  const ClockConversion& clock() const { return clock_; }
+  const HbmChannel& channel(uint32_t i) const { return channels_[i]; }
+  HbmChannel& channel(uint32_t i) { return channels_[i]; }
+  uint32_t channel_count() const { return uint32_t(channels_.size()); }
+  const mem::LatencyHistogram& request_latency_ps() const { return request_latency_ps_; }
+
+ private:
+  struct Slot {
+    uint64_t id;
+    uint64_t enqueue_ps;
+    uint64_t last_end_cycle;
+    uint32_t remaining;
+    uint32_t source;
+    bool is_write;
+  };
+  struct Later {
+    bool operator()(const mem::MemCompletion& a, const mem::MemCompletion& b) const {
+      return a.done_ps != b.done_ps ? a.done_ps > b.done_ps : a.id > b.id;
+    }
+  };
+  void run_cycle(uint64_t c, bool all_channels);
+  void advance_cycles_to(uint64_t end_cycle);  // process cycles < end_cycle
+  void take_samples_until(uint64_t c);         // boundaries <= c not yet sampled
+  void finish_bursts();
+
+  HbmConfig cfg_;
+  ClockConversion clock_;
+  std::vector<HbmChannel> channels_;
+  uint64_t next_cycle_ = 0;
+  uint64_t now_ps_ = 0;
+  uint64_t next_sample_ = 0;
+  bool every_cycle_ = false;
+
+  std::vector<Slot> slots_;
+  std::vector<uint32_t> free_slots_;
+  std::vector<uint32_t> bursts_per_channel_;  // scratch for try_enqueue
+  std::vector<uint32_t> touched_;
+  std::vector<BurstDone> done_;
+  std::priority_queue<mem::MemCompletion, std::vector<mem::MemCompletion>, Later> completions_;
+  uint64_t outstanding_ = 0;
+
+  uint64_t requests_read_ = 0, requests_write_ = 0, bytes_read_ = 0, bytes_written_ = 0, rejected_ = 0;
+  mem::LatencyHistogram request_latency_ps_;
+};
+
+}  // namespace tpusim::hbm

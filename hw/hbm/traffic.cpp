@@ -1,0 +1,104 @@
+#include "hw/hbm/traffic.h"
+
+#include <algorithm>
+#include <random>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace tpusim::hbm {
+
+Pattern parse_pattern(const std::string& name) {
+  for (Pattern p : {Pattern::kSequential, Pattern::kStrided, Pattern::kRandomRead, Pattern::kRandomWrite, Pattern::kMix})
+    if (name == pattern_name(p)) return p;
+  throw std::invalid_argument("unknown traffic pattern '" + name +
+                              "' (known: sequential, strided, random_read, random_write, mix)");
+}
+
+const char* pattern_name(Pattern p) {
+  switch (p) {
+    case Pattern::kSequential: return "sequential";
+    case Pattern::kStrided: return "strided";
+    case Pattern::kRandomRead: return "random_read";
+    case Pattern::kRandomWrite: return "random_write";
+    case Pattern::kMix: return "mix";
+  }
+  return "?";
+}
+
+TrafficSpec TrafficSpec::defaults(Pattern p, uint64_t requests) {
+  TrafficSpec s;
+  s.pattern = p;
+  s.requests = requests;
+  switch (p) {
+    case Pattern::kSequential:
+    case Pattern::kMix: s.request_bytes = 4096; break;
+    case Pattern::kStrided: s.request_bytes = 512, s.stride_bytes = 16384; break;
+    case Pattern::kRandomRead:
+    case Pattern::kRandomWrite: s.request_bytes = 64; break;
+  }
+  return s;
+}
+
+TrafficResult run_traffic(mem::MemoryPort& port, const TrafficSpec& spec, uint64_t capacity_bytes, uint64_t start_ps,
+                          bool keep_completions) {
+  const uint64_t region = spec.region_bytes ? std::min(spec.region_bytes, capacity_bytes) : capacity_bytes;
+  if (spec.request_bytes == 0 || spec.request_bytes > region)
+    throw std::invalid_argument("traffic: request_bytes must be in 1..region");
+  std::mt19937_64 rng(spec.seed);
+  const uint64_t slots = region / spec.request_bytes;
+  auto make = [&](uint64_t i) {
+    mem::MemRequest r;
+    r.id = i;
+    r.bytes = spec.request_bytes;
+    switch (spec.pattern) {
+      case Pattern::kSequential: r.addr = (i % slots) * spec.request_bytes; break;
+      case Pattern::kStrided: r.addr = (i * spec.stride_bytes) % (region - spec.request_bytes + 1); break;
+      case Pattern::kRandomRead:
+      case Pattern::kRandomWrite: r.addr = (rng() % slots) * spec.request_bytes; break;
+      case Pattern::kMix: {
+        // A copy-like stream: reads walk the lower half, writes the upper half.
+        const uint64_t half = std::max<uint64_t>(1, slots / 2);
+        r.is_write = (i % 8) < spec.writes_per_8;
+        r.addr = ((i % half) + (r.is_write ? half : 0)) * spec.request_bytes;
+        break;
+      }
+    }
+    r.is_write = r.is_write || spec.pattern == Pattern::kRandomWrite;
+    return r;
+  };
+
+  TrafficResult res;
+  res.start_ps = start_ps;
+  std::unordered_map<uint64_t, uint64_t> issued_at;
+  issued_at.reserve(spec.max_outstanding * 2);
+  uint64_t now = start_ps, next = 0;
+  mem::MemRequest pending = make(0);
+  while (res.requests < spec.requests) {
+    while (next < spec.requests && issued_at.size() < spec.max_outstanding) {
+      if (!port.try_enqueue(pending, now)) break;
+      issued_at.emplace(pending.id, now);
+      if (++next < spec.requests) pending = make(next);
+    }
+    const uint64_t t = port.next_event_ps();
+    if (t == mem::kNever) throw std::logic_error("traffic: the port has no next event but requests are outstanding");
+    now = t;
+    port.advance_to(now);
+    mem::MemCompletion c;
+    while (port.pop_completion(c)) {
+      auto it = issued_at.find(c.id);
+      if (it == issued_at.end()) throw std::logic_error("traffic: completion for an unknown request");
+      res.latency_ns.add((c.done_ps - it->second) / 1000);
+      issued_at.erase(it);
+      ++res.requests;
+      res.bytes += spec.request_bytes;
+      res.end_ps = std::max(res.end_ps, c.done_ps);
+      if (keep_completions) res.completions.push_back(c);
+    }
+  }
+  const double seconds = double(res.end_ps - res.start_ps) * 1e-12;
+  res.bytes_per_s = seconds > 0 ? double(res.bytes) / seconds : 0;
+  res.fraction_of_peak = res.bytes_per_s / port.peak_bytes_per_s();
+  return res;
+}
+
+}  // namespace tpusim::hbm

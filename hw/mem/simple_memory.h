@@ -1,0 +1,47 @@
+// The placeholder memory: a fixed latency behind one bandwidth-limited pipe. A request
+// occupies the pipe for bytes / bandwidth, queued behind the ones before it, and
+// completes `latency_ps` after it leaves the pipe. Enough for a TensorCore model
+// to run before (or instead of) the HBM controller.
+#pragma once
+
+#include "hw/mem/latency_histogram.h"
+#include "hw/mem/memory_port.h"
+
+#include <queue>
+#include <vector>
+
+namespace tpusim::mem {
+
+struct SimpleMemoryConfig {
+  uint64_t latency_ps = 100000;
+  double bytes_per_s = 900e9;
+  uint32_t max_outstanding = 256;  // back-pressure beyond this many requests in flight
+};
+
+class SimpleMemory final : public MemoryPort {
+ public:
+  explicit SimpleMemory(const SimpleMemoryConfig& cfg);
+  bool try_enqueue(const MemRequest& req, uint64_t now_ps) override;
+  void advance_to(uint64_t t_ps) override;
+  uint64_t next_event_ps() const override;
+  bool pop_completion(MemCompletion& out) override;
+  uint64_t outstanding() const override { return outstanding_; }
+  double peak_bytes_per_s() const override { return cfg_.bytes_per_s; }
+  nlohmann::json stats_json() const override;
+
+ private:
+  struct Later {
+    bool operator()(const MemCompletion& a, const MemCompletion& b) const {
+      return a.done_ps != b.done_ps ? a.done_ps > b.done_ps : a.id > b.id;
+    }
+  };
+  SimpleMemoryConfig cfg_;
+  uint64_t now_ps_ = 0;
+  uint64_t pipe_free_ps_ = 0;
+  uint64_t outstanding_ = 0;
+  std::priority_queue<MemCompletion, std::vector<MemCompletion>, Later> pending_;
+  uint64_t reads_ = 0, writes_ = 0, bytes_ = 0, rejected_ = 0;
+  LatencyHistogram latency_ns_;
+};
+
+}  // namespace tpusim::mem
