@@ -1,15 +1,19 @@
 #include "hw/system/system.h"
 
+#include "isa/exec/tensors.h"
+
 namespace tpusim::hw {
 
 struct System::Impl {
   const config::Params& preset;
   const isa::Bundle& bundle;
-  Inputs inputs;
+  exec::Machine machine;
 };
 
-System::System(const config::Params& preset, const isa::Bundle& bundle, const Inputs& inputs)
-    : impl_(new Impl{preset, bundle, inputs}) {}
+System::System(const config::Params& preset, const isa::Bundle& bundle)
+    : impl_(new Impl{preset, bundle, exec::Machine(bundle.target)}) {
+  exec::load_constants(impl_->machine, bundle);
+}
 
 System::~System() = default;
 
@@ -20,12 +24,7 @@ RunResult System::run(const RunOptions& /*options*/) {
   return r;
 }
 
-io::NpyArray System::read_output(const std::string& name) const {
-  throw SystemError("output '" + name + "': the chip model is not built yet");
-}
-
-std::vector<uint8_t> System::read_bytes(isa::Space, uint32_t, uint32_t, uint64_t, uint64_t) const {
-  throw SystemError("the chip model is not built yet");
-}
+exec::Machine& System::machine() { return impl_->machine; }
+const exec::Machine& System::machine() const { return impl_->machine; }
 
 }  // namespace tpusim::hw

@@ -15,7 +15,7 @@
 
 #include "hw/config/params.h"
 #include "isa/asm/instr.h"
-#include "isa/io/npy.h"
+#include "isa/exec/state.h"
 
 namespace tpusim::timeline {
 class Timeline;
@@ -47,10 +47,6 @@ struct RunResult {
   uint64_t hbm_bytes_written = 0;  // all chips
 };
 
-// Bundle inputs by IoEntry name, as `--input NAME=FILE.npy` reads them (float32,
-// bf16 as uint16 bits, int32). Every input entry of the bundle must be present.
-using Inputs = std::map<std::string, io::NpyArray>;
-
 // A problem with the preset, the bundle or the inputs: one line naming it.
 class SystemError : public std::runtime_error {
  public:
@@ -59,9 +55,10 @@ class SystemError : public std::runtime_error {
 
 class System {
  public:
-  // Builds the chips of `preset` for `bundle` (its target must fit the preset),
-  // loads constants and inputs into their memory spaces. Throws SystemError.
-  System(const config::Params& preset, const isa::Bundle& bundle, const Inputs& inputs);
+  // Builds the chips of `preset` for `bundle` (its target must fit the preset) and
+  // loads the bundle's constants, as exec::Interpreter does. Throws SystemError.
+  // `bundle` must outlive the System.
+  System(const config::Params& preset, const isa::Bundle& bundle);
   ~System();
   System(const System&) = delete;
   System& operator=(const System&) = delete;
@@ -70,13 +67,11 @@ class System {
   // passes. Call once.
   RunResult run(const RunOptions& options);
 
-  // Final memory, read exactly as the functional reference reads it: an output
-  // IoEntry's elements in row-major order, dtype as the bundle declares it
-  // (f32 -> kF32, bf16 -> kU16 bit patterns, i32 -> kI32).
-  io::NpyArray read_output(const std::string& name) const;
-  // Raw bytes of one memory space (HBM and host per chip, VMEM/SMEM per core).
-  std::vector<uint8_t> read_bytes(isa::Space space, uint32_t chip, uint32_t core, uint64_t addr,
-                                  uint64_t bytes) const;
+  // The architectural state in the functional reference's own type, so inputs go
+  // in and outputs come out exactly as `tpusim ref` does it: exec::write_tensor
+  // before run(), exec::read_tensor after.
+  exec::Machine& machine();
+  const exec::Machine& machine() const;
 
  private:
   struct Impl;
