@@ -12,8 +12,13 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "tpusim 0.1.0");
   int exit_code = tpusim::cli::kExitOk;
   tpusim::cli::add_demo_command(app, exit_code);
+  tpusim::cli::add_asm_command(app, exit_code);
+  tpusim::cli::add_disasm_command(app, exit_code);
+  tpusim::cli::add_ref_command(app, exit_code);
+  tpusim::cli::add_diff_command(app, exit_code);
   tpusim::cli::add_presets_command(app, exit_code);
   tpusim::cli::add_report_command(app, exit_code);
+  tpusim::cli::add_run_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

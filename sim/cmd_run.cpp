@@ -1,0 +1,161 @@
+// `tpusim run BUNDLE --preset NAME ...`: runs a bundle on the SystemC chip model
+// and leaves DIR/<output>.npy, DIR/stats.json and a short report (shared/spec/cli.md).
+// stats.json is written last, so its presence marks a complete run; a failed run
+// removes a stale one rather than leave a previous run's record looking current.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hw/config/params.h"
+#include "hw/config/peaks.h"
+#include "hw/system/system.h"
+#include "hw/timeline/timeline.h"
+#include "isa/bundle/bundle_file.h"
+#include "isa/exec/tensors.h"
+#include "sim/commands.h"
+#include "sim/run/report.h"
+#include "sim/run/stats.h"
+#include "sim/run/tensor_io.h"
+
+namespace tpusim::cli {
+
+namespace {
+
+struct RunArgs {
+  std::string bundle;
+  std::string preset;
+  std::string mode = "fast";
+  std::vector<std::string> inputs;
+  std::optional<uint64_t> random_seed;
+  std::string out = "tpusim-out";
+  std::string timeline;
+  std::string wave;
+  std::vector<std::string> wave_scopes;
+  uint64_t wave_begin = 0;
+  uint64_t wave_end = UINT64_MAX;
+  std::vector<std::string> sets;
+  uint64_t max_cycles = 0;
+  bool raw_bf16 = false;
+  bool quiet = false;
+};
+
+int fail(int code, const std::string& message) {
+  std::fprintf(stderr, "tpusim run: error: %s\n", message.c_str());
+  return code;
+}
+
+int run_run(const RunArgs& a) {
+  config::Params preset;
+  isa::Bundle bundle;
+  std::map<std::string, std::vector<uint8_t>> inputs;
+  const std::string stats_path = a.out + "/stats.json";
+  // Everything that can be wrong with the command line or its files is found
+  // before the simulation starts.
+  try {
+    preset = config::load_preset(a.preset, a.sets);
+    bundle = isa::read_bundle(a.bundle);
+    inputs = run::bind_inputs(bundle, a.bundle, a.inputs, a.random_seed);
+    run::prepare_out_dir(a.out);
+    if (!a.timeline.empty()) run::check_writable_file(a.timeline, "--timeline");
+    if (!a.wave.empty()) run::check_writable_file(a.wave, "--wave");
+  } catch (const std::exception& e) {
+    return fail(kExitBadInput, e.what());
+  }
+  std::error_code ec;
+  std::filesystem::remove(stats_path, ec);
+
+  const double clock_hz = preset.get_double("clock_hz");
+  std::unique_ptr<timeline::Timeline> tl;
+  if (!a.timeline.empty()) {
+    timeline::Options topt;
+    topt.clock_hz = clock_hz;
+    tl = std::make_unique<timeline::Timeline>(topt);
+  }
+  hw::RunOptions ropt;
+  ropt.mode = a.mode == "detailed" ? hw::Mode::kDetailed : hw::Mode::kFast;
+  ropt.wave_path = a.wave;
+  ropt.wave_scopes = a.wave_scopes;
+  ropt.wave_begin = a.wave_begin;
+  ropt.wave_end = a.wave_end;
+  ropt.timeline = tl.get();
+  ropt.max_cycles = a.max_cycles;
+
+  std::unique_ptr<hw::System> system;
+  try {
+    system = std::make_unique<hw::System>(preset, bundle);
+    for (const auto& e : bundle.io)
+      if (e.kind == isa::IoKind::kInput) exec::write_tensor(system->machine(), e, inputs.at(e.name));
+  } catch (const std::exception& e) {
+    // The preset cannot host the bundle (too few cores, memory too small, ...).
+    return fail(kExitBadInput, e.what());
+  }
+  // Wall time covers the simulation only: loading and output writing are not
+  // what a cycles-per-second figure should measure.
+  const auto t0 = std::chrono::steady_clock::now();
+  hw::RunResult result;
+  try {
+    result = system->run(ropt);
+  } catch (const std::exception& e) {
+    return fail(kExitProgramFault, e.what());
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (result.faulted) return fail(kExitProgramFault, a.bundle + ": " + result.fault);
+
+  run::RunFigures f;
+  f.preset = preset.get_string("name");
+  f.mode = a.mode;
+  f.clock_hz = clock_hz;
+  f.cycles = result.cycles;
+  f.flops = result.flops;
+  f.peak_flops_per_s = config::peak_figures(preset).flops_per_s;
+  f.hbm_bytes_read = result.hbm_bytes_read;
+  f.hbm_bytes_written = result.hbm_bytes_written;
+  f.hbm_peak_bytes_per_s = config::peak_figures(preset).hbm_bytes_per_s;
+  f.wall_seconds = wall;
+  f.units = result.units;
+  const auto stats = run::make_stats(f);
+  try {
+    for (const auto& e : bundle.io)
+      if (e.kind == isa::IoKind::kOutput) run::write_output(a.out, e, exec::read_tensor(system->machine(), e), a.raw_bf16);
+    if (tl) tl->write(a.timeline);
+    run::write_stats(stats_path, stats);
+  } catch (const std::exception& e) {
+    return fail(kExitBadInput, e.what());
+  }
+  if (!a.quiet) fmt::print("{}", run::format_report(stats));
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("run", "Run a bundle on the cycle-level chip model");
+  auto a = std::make_shared<RunArgs>();
+  cmd->add_option("bundle", a->bundle, "Program bundle (.tpu) from `tpusim asm` or `tpusim compile`")->required();
+  cmd->add_option("--preset", a->preset, "Chip or board preset (e.g. v3, v4-8) or a preset YAML file")->required();
+  cmd->add_option("--mode", a->mode, "fast (event-driven) or detailed (clocked); identical results")
+      ->check(CLI::IsMember({"fast", "detailed"}));
+  cmd->add_option("--input", a->inputs, "NAME=FILE.npy for an input of the bundle (repeatable)");
+  cmd->add_option("--random-inputs", a->random_seed, "Fill inputs not given with --input from SEED");
+  cmd->add_option("--out", a->out, "Output directory for <output>.npy and stats.json")->capture_default_str();
+  cmd->add_option("--timeline", a->timeline, "Write a Perfetto/Chrome trace-event JSON timeline");
+  cmd->add_option("--wave", a->wave, "Write a waveform (.vcd or .fst)");
+  cmd->add_option("--wave-scope", a->wave_scopes, "Glob on hierarchical names to trace (repeatable; default all)");
+  cmd->add_option("--wave-begin", a->wave_begin, "First cycle of the waveform window");
+  cmd->add_option("--wave-end", a->wave_end, "Last cycle of the waveform window");
+  cmd->add_option("--set", a->sets, "Override a preset parameter, KEY=VALUE (repeatable)");
+  cmd->add_option("--max-cycles", a->max_cycles, "Fault when the run passes this many cycles (0 = no limit)");
+  cmd->add_flag("--raw-bf16", a->raw_bf16, "Write bf16 outputs as uint16 bit patterns instead of float32");
+  cmd->add_flag("-q,--quiet", a->quiet, "Do not print the report");
+  cmd->callback([a, &exit_code] { exit_code = run_run(*a); });
+}
+
+}  // namespace tpusim::cli
