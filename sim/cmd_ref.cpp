@@ -1,0 +1,116 @@
+// `tpusim ref BUNDLE [--input NAME=FILE.npy]... [--out DIR] [--random-inputs SEED]`:
+// runs the functional reference (isa/exec) and writes each output as DIR/NAME.npy.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "isa/bundle/bundle_file.h"
+#include "isa/exec/interpreter.h"
+#include "isa/exec/tensors.h"
+#include "isa/io/npy.h"
+#include "sim/commands.h"
+
+namespace tpusim::cli {
+
+namespace {
+
+struct RefOptions {
+  std::string bundle;
+  std::vector<std::string> inputs;
+  std::string out = "tpusim-out";
+  int64_t seed = -1;
+  bool raw_bf16 = false;
+  uint64_t max_instructions = exec::RunOptions{}.max_instructions;
+};
+
+int run_ref(const RefOptions& o) {
+  isa::Bundle b;
+  std::map<std::string, std::vector<uint8_t>> data;
+  try {
+    b = isa::read_bundle(o.bundle);
+    std::map<std::string, std::string> files;
+    for (const auto& s : o.inputs) {
+      const size_t eq = s.find('=');
+      if (eq == std::string::npos || eq == 0) throw std::runtime_error("--input expects NAME=FILE.npy, got '" + s + "'");
+      files[s.substr(0, eq)] = s.substr(eq + 1);
+    }
+    for (const auto& f : files) {
+      bool known = false;
+      for (const auto& e : b.io) known |= e.kind == isa::IoKind::kInput && e.name == f.first;
+      if (!known) throw std::runtime_error("--input " + f.first + ": the bundle has no input of that name");
+    }
+    for (const auto& e : b.io) {
+      if (e.kind != isa::IoKind::kInput) continue;
+      auto it = files.find(e.name);
+      if (it != files.end()) {
+        try {
+          data[e.name] = exec::tensor_from_npy(io::read_npy(it->second), e);
+        } catch (const io::NpyError&) {
+          throw;
+        } catch (const std::exception& ex) {
+          throw std::runtime_error(it->second + ": " + ex.what());
+        }
+      } else if (o.seed >= 0) {
+        data[e.name] = exec::random_tensor(e, static_cast<uint64_t>(o.seed));
+      } else {
+        throw std::runtime_error("missing input '" + e.name + "' (give --input " + e.name +
+                                 "=FILE.npy or --random-inputs SEED)");
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tpusim ref: error: %s\n", e.what());
+    return kExitBadInput;
+  }
+  exec::Interpreter interp(b);
+  try {
+    for (const auto& e : b.io)
+      if (e.kind == isa::IoKind::kInput) exec::write_tensor(interp.machine(), e, data[e.name]);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tpusim ref: error: placing inputs: %s\n", e.what());
+    return kExitBadInput;
+  }
+  exec::RunOptions ro;
+  ro.max_instructions = o.max_instructions;
+  const exec::RunResult r = interp.run(ro);
+  if (!r.ok()) {
+    std::fprintf(stderr, "tpusim ref: %s: %s\n", o.bundle.c_str(), r.message.c_str());
+    return kExitProgramFault;
+  }
+  try {
+    std::filesystem::create_directories(o.out);
+    for (const auto& e : b.io) {
+      if (e.kind != isa::IoKind::kOutput) continue;
+      io::write_npy(o.out + "/" + e.name + ".npy",
+                    exec::tensor_to_npy(e, exec::read_tensor(interp.machine(), e), o.raw_bf16));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tpusim ref: error: writing outputs: %s\n", e.what());
+    return kExitBadInput;
+  }
+  std::fprintf(stderr, "tpusim ref: %llu instructions, outputs in %s\n",
+               static_cast<unsigned long long>(r.instructions), o.out.c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_ref_command(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("ref", "Run a bundle on the functional reference");
+  auto opt = std::make_shared<RefOptions>();
+  cmd->add_option("bundle", opt->bundle, "Bundle file")->required();
+  cmd->add_option("--input", opt->inputs, "NAME=FILE.npy (repeatable)");
+  cmd->add_option("--out", opt->out, "Output directory (default ./tpusim-out)");
+  cmd->add_option("--random-inputs", opt->seed, "Fill inputs not given with deterministic random values")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--raw-bf16", opt->raw_bf16, "Write bf16 outputs as uint16 bit patterns");
+  cmd->add_option("--max-instructions", opt->max_instructions,
+                  "Instruction budget over all cores (a run that exceeds it faults as a likely infinite loop)");
+  cmd->callback([opt, &exit_code]() { exit_code = run_ref(*opt); });
+}
+
+}  // namespace tpusim::cli
