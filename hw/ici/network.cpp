@@ -1,0 +1,421 @@
+#include "hw/ici/network.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "hw/config/params.h"
+
+namespace tpusim::ici {
+
+NetworkParams NetworkParams::from_params(const config::Params& p) {
+  NetworkParams n;
+  n.clock_hz = p.get_double("clock_hz");
+  n.cores_per_chip = int(p.get_int("cores_per_chip"));
+  n.link_bytes_per_s = p.get_double("ici.link_bytes_per_s");
+  n.link_payload_efficiency = p.get_double("ici.link_payload_efficiency");
+  n.link_latency_cycles = p.get_int("ici.link_latency_cycles");
+  n.router_latency_cycles = p.get_int("ici.router_latency_cycles");
+  n.onchip_bytes_per_cycle = p.get_double("ici.onchip_bytes_per_cycle");
+  n.onchip_latency_cycles = p.get_int("ici.onchip_latency_cycles");
+  n.packet_bytes = p.get_int("ici.packet_bytes");
+  n.buffer_packets = p.get_int("ici.buffer_packets");
+  n.dma_setup_cycles = p.get_int("ici.dma_setup_cycles");
+  n.remote_setup_cycles = p.get_int("ici.remote_setup_cycles");
+  n.completion_cycles = p.get_int("ici.completion_cycles");
+  try {
+    n.validate();
+  } catch (const IciError& e) {
+    throw IciError(p.source() + ": " + e.what());
+  }
+  return n;
+}
+
+void NetworkParams::validate() const {
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) throw IciError(what);
+  };
+  need(clock_hz > 0, "clock_hz must be > 0");
+  need(cores_per_chip >= 1 && cores_per_chip <= 64, "cores_per_chip must be in 1..64");
+  need(link_payload_efficiency > 0 && link_payload_efficiency <= 1, "ici.link_payload_efficiency must be in (0, 1]");
+  const double rate = link_payload_bytes_per_cycle();
+  need(rate >= 0.01 && rate <= 1e6, "ici.link_bytes_per_s gives " + std::to_string(rate) +
+                                        " payload bytes/cycle, outside 0.01..1e6");
+  need(onchip_bytes_per_cycle >= 0.01 && onchip_bytes_per_cycle <= 1e6, "ici.onchip_bytes_per_cycle outside 0.01..1e6");
+  // At least one cycle per link: the lookahead a partitioned (MPI) run needs.
+  need(link_latency_cycles >= 1 && link_latency_cycles <= 1000000, "ici.link_latency_cycles must be in 1..1e6");
+  need(onchip_latency_cycles >= 1 && onchip_latency_cycles <= 1000000, "ici.onchip_latency_cycles must be in 1..1e6");
+  need(router_latency_cycles >= 0 && router_latency_cycles <= 1000000, "ici.router_latency_cycles must be in 0..1e6");
+  need(packet_bytes >= 1 && packet_bytes <= (1 << 20), "ici.packet_bytes must be in 1..1048576");
+  need(buffer_packets >= 1 && buffer_packets <= 65536, "ici.buffer_packets must be in 1..65536");
+  need(dma_setup_cycles >= 0 && remote_setup_cycles >= 0 && completion_cycles >= 0,
+       "ici.dma_setup_cycles, remote_setup_cycles and completion_cycles must be >= 0");
+}
+
+Network::Network(const Topology& topology, const NetworkParams& params) : topo_(topology), prm_(params) {
+  prm_.validate();
+  build();
+}
+
+Network Network::from_params(const config::Params& p) {
+  return Network(Topology::from_params(p), NetworkParams::from_params(p));
+}
+
+namespace {
+uint64_t q32_per_byte(double bytes_per_cycle) { return uint64_t(std::llround(4294967296.0 / bytes_per_cycle)); }
+uint64_t ceil16(uint64_t q16) { return (q16 + 0xFFFF) >> 16; }
+const char* port_name(int port) {
+  static const char* n[] = {"x+", "x-", "y+", "y-", "z+", "z-"};
+  return port < 6 ? n[port] : "?";
+}
+}  // namespace
+
+void Network::build() {
+  const int chips = topo_.chips(), cores = prm_.cores_per_chip, ports = 2 * topo_.num_dims();
+  chip_port_link_.assign(chips, std::vector<int>(ports, -1));
+  router_inputs_.assign(chips, {});
+  const uint64_t chip_q32 = q32_per_byte(prm_.link_payload_bytes_per_cycle());
+  const uint64_t on_q32 = q32_per_byte(prm_.onchip_bytes_per_cycle);
+  auto add = [&](LinkKind k, int chip, int port, uint64_t q32, uint64_t lat, std::string name) {
+    Link l;
+    l.kind = k;
+    l.chip = chip;
+    l.port = port;
+    l.q32_cycles_per_byte = q32;
+    l.latency = lat;
+    l.ctr.name = std::move(name);
+    links_.push_back(std::move(l));
+    return uint32_t(links_.size() - 1);
+  };
+  for (int c = 0; c < chips; ++c)
+    for (int p = 0; p < ports; ++p)
+      if (topo_.neighbour(c, p) >= 0)
+        chip_port_link_[c][p] = int(add(LinkKind::kChip, c, p, chip_q32, uint64_t(prm_.link_latency_cycles),
+                                        "chip" + std::to_string(c) + ".ici." + port_name(p)));
+  inject_link_.resize(size_t(chips) * cores);
+  eject_link_.resize(size_t(chips) * cores);
+  active_.assign(size_t(chips) * cores, {});
+  for (int c = 0; c < chips; ++c)
+    for (int k = 0; k < cores; ++k) {
+      const std::string base = "chip" + std::to_string(c) + ".core" + std::to_string(k) + ".ici.";
+      const int ep = c * cores + k;
+      inject_link_[ep] = add(LinkKind::kInject, c, k, on_q32, uint64_t(prm_.onchip_latency_cycles), base + "inject");
+      eject_link_[ep] = add(LinkKind::kEject, c, k, on_q32, uint64_t(prm_.onchip_latency_cycles), base + "eject");
+      links_[inject_link_[ep]].endpoint = ep;
+      links_[eject_link_[ep]].endpoint = ep;
+    }
+  // Router inputs: the chip links arriving at a chip, then its cores' inject links.
+  for (uint32_t i = 0; i < links_.size(); ++i) {
+    const Link& l = links_[i];
+    if (l.kind == LinkKind::kChip) router_inputs_[topo_.neighbour(l.chip, l.port)].push_back(i);
+    if (l.kind == LinkKind::kInject) router_inputs_[l.chip].push_back(i);
+  }
+  for (auto& l : links_) {
+    if (l.kind == LinkKind::kInject) continue;
+    const auto& inputs = router_inputs_[l.chip];
+    l.slots.resize(inputs.size() * 2);  // two VCs: before and after the dateline
+    for (size_t s = 0; s < l.slots.size(); ++s) {
+      l.slots[s].input_link = inputs[s / 2];
+      l.slots[s].credits.ring.assign(size_t(prm_.buffer_packets), 0);
+      l.slots[s].credits.count = size_t(prm_.buffer_packets);
+    }
+  }
+}
+
+void Network::push(Event e) {
+  e.seq = seq_++;
+  events_.push(e);
+}
+
+void Network::wake(uint32_t link, uint64_t t) {
+  Link& l = links_[link];
+  if (l.wake_at != kNever && l.wake_at >= now_ && l.wake_at <= t) return;  // an earlier wake re-arbitrates anyway
+  l.wake_at = t;
+  Event e;
+  e.time = t;
+  e.kind = EvKind::kWake;
+  e.target = link;
+  push(e);
+}
+
+void Network::mark_dirty(uint32_t link) {
+  if (!links_[link].dirty) {
+    links_[link].dirty = true;
+    dirty_.push_back(link);
+  }
+}
+
+MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at, DeliveryCallback on_delivery,
+                        int tie_direction) {
+  auto check_ep = [&](Endpoint e, const char* what) {
+    if (e.chip < 0 || e.chip >= topo_.chips() || e.core < 0 || e.core >= prm_.cores_per_chip)
+      throw IciError(std::string("ici send: ") + what + " (chip " + std::to_string(e.chip) + ", core " +
+                     std::to_string(e.core) + ") not in " + topo_.name() + " with " +
+                     std::to_string(prm_.cores_per_chip) + " cores per chip");
+  };
+  check_ep(src, "source");
+  check_ep(dst, "destination");
+  if (at < now_)
+    throw IciError("ici send: issue cycle " + std::to_string(at) + " is before the current cycle " +
+                   std::to_string(now_));
+  if (bytes > (uint64_t(1) << 40)) throw IciError("ici send: message of " + std::to_string(bytes) + " bytes > 1 TiB");
+  if (msgs_.size() >= UINT32_MAX - 1) throw IciError("ici send: too many messages");
+  Message m;
+  m.src_ep = endpoint_id(src);
+  m.dst_ep = endpoint_id(dst);
+  m.bytes = bytes;
+  const uint64_t P = uint64_t(prm_.packet_bytes);
+  m.packets = uint32_t(std::max<uint64_t>(1, (bytes + P - 1) / P));  // an empty message still carries a header
+  m.callback = std::move(on_delivery);
+  // Route: inject, chip links in dimension order, eject.
+  m.route.push_back({inject_link_[m.src_ep], 0});
+  uint32_t prev = inject_link_[m.src_ep];
+  int chip = src.chip, vc = 0, prev_dim = -1;
+  auto slot_of = [&](int at_chip, uint32_t in_link, int v) {
+    const auto& in = router_inputs_[at_chip];
+    const auto it = std::find(in.begin(), in.end(), in_link);
+    return uint32_t((it - in.begin()) * 2 + v);
+  };
+  for (int port : topo_.route_ports(src.chip, dst.chip, tie_direction)) {
+    const uint32_t link = uint32_t(chip_port_link_[chip][port]);
+    m.route.push_back({link, slot_of(chip, prev, vc)});
+    const int dim = port / 2;
+    if (dim != prev_dim) vc = 0;
+    if (topo_.is_wrap_link(chip, port)) vc = 1;
+    prev_dim = dim;
+    prev = link;
+    chip = topo_.neighbour(chip, port);
+  }
+  m.route.push_back({eject_link_[m.dst_ep], slot_of(chip, prev, vc)});
+  const bool remote = src.chip != dst.chip;
+  m.active = at + uint64_t(prm_.dma_setup_cycles) + (remote ? uint64_t(prm_.remote_setup_cycles) : 0);
+  msgs_.push_back(std::move(m));
+  const MessageId id = MessageId(msgs_.size() - 1);
+  ++in_flight_;
+  Event e;
+  e.time = msgs_[id].active;
+  e.kind = EvKind::kActivate;
+  e.target = id;
+  push(e);
+  return id;
+}
+
+void Network::tick() { skip(1); }
+
+void Network::skip(uint64_t n) {
+  const uint64_t end = now_ + n;
+  while (!events_.empty() && events_.top().time < end) process_cycle(events_.top().time);
+  now_ = end;
+}
+
+void Network::run(uint64_t max_cycles) {
+  while (!events_.empty()) {
+    const uint64_t t = events_.top().time;
+    if (max_cycles != kNever && t >= max_cycles)
+      throw IciError("ici: still " + std::to_string(in_flight_) + " messages in flight at the cycle limit " +
+                     std::to_string(max_cycles));
+    process_cycle(t);
+    now_ = t + 1;
+  }
+  if (in_flight_)
+    throw IciError("ici: deadlock: " + std::to_string(in_flight_) + " messages undelivered and no event pending at cycle " +
+                   std::to_string(now_));
+}
+
+void Network::process_cycle(uint64_t t) {
+  now_ = t;
+  while (!events_.empty() && events_.top().time == t) {
+    while (!events_.empty() && events_.top().time == t) {
+      const Event e = events_.top();
+      events_.pop();
+      switch (e.kind) {
+        case EvKind::kActivate: {
+          Message& m = msgs_[e.target];
+          active_[m.src_ep].push_back(e.target);
+          mark_dirty(inject_link_[m.src_ep]);
+          break;
+        }
+        case EvKind::kReady:
+          links_[e.target].slots[e.slot].queue.push_back(e.pkt);
+          mark_dirty(e.target);
+          break;
+        case EvKind::kArrive: {
+          Message& m = msgs_[e.pkt.msg];
+          if (++m.arrived == m.packets) {
+            Event d;
+            d.time = t + uint64_t(prm_.completion_cycles);
+            d.kind = EvKind::kDeliver;
+            d.target = e.pkt.msg;
+            push(d);
+          }
+          break;
+        }
+        case EvKind::kDeliver: {
+          Message& m = msgs_[e.target];
+          m.delivered = t;
+          --in_flight_;
+          if (m.callback) {
+            // Moved out first: the callback may send, which may grow msgs_.
+            auto cb = std::move(m.callback);
+            m.callback = nullptr;
+            cb(e.target, t);
+          }
+          break;
+        }
+        case EvKind::kWake:
+          if (links_[e.target].wake_at == t) links_[e.target].wake_at = kNever;
+          mark_dirty(e.target);
+          break;
+      }
+    }
+    // Arbitration after every arrival of the cycle is in, in link order, so the
+    // choice depends on the cycle's state, not on the order events were queued.
+    std::sort(dirty_.begin(), dirty_.end());
+    std::vector<uint32_t> work;
+    work.swap(dirty_);
+    for (uint32_t l : work) {
+      links_[l].dirty = false;
+      arbitrate(l, t);
+    }
+  }
+}
+
+void Network::arbitrate(uint32_t li, uint64_t t) {
+  Link& L = links_[li];
+  for (;;) {
+    if (ceil16(L.free_q16) > t) {
+      wake(li, ceil16(L.free_q16));
+      return;
+    }
+    // Candidates: (ready, source endpoint, message, packet) smallest first.
+    int best = -1;  // slot index, or index into active_ for inject links
+    uint64_t best_ready = 0, best_credit = 0, next_try = kNever;
+    uint32_t best_msg = 0, best_idx = 0;
+    int best_src = 0;
+    bool any = false;
+    auto consider = [&](int cand, uint64_t ready, uint32_t msg, uint32_t idx, uint32_t hop) {
+      any = true;
+      const Message& m = msgs_[msg];
+      uint64_t credit = 0;
+      if (L.kind != LinkKind::kEject) {
+        const Hop& next = m.route[hop + 1];
+        credit = links_[next.link].slots[next.slot].credits.front();
+        if (credit > t) {
+          if (credit != kNever) next_try = std::min(next_try, credit);
+          return;
+        }
+      }
+      if (best < 0 || std::tie(ready, m.src_ep, msg, idx) < std::tie(best_ready, best_src, best_msg, best_idx)) {
+        best = cand;
+        best_ready = ready;
+        best_credit = credit;
+        best_msg = msg;
+        best_idx = idx;
+        best_src = m.src_ep;
+      }
+    };
+    if (L.kind == LinkKind::kInject) {
+      const auto& act = active_[L.endpoint];
+      for (size_t i = 0; i < act.size(); ++i) {
+        const Message& m = msgs_[act[i]];
+        consider(int(i), m.active, act[i], m.injected, 0);
+      }
+    } else {
+      for (size_t s = 0; s < L.slots.size(); ++s) {
+        const auto& q = L.slots[s].queue;
+        if (!q.empty()) consider(int(s), q.front().ready, q.front().msg, q.front().index, q.front().hop);
+      }
+    }
+    if (best < 0) {
+      if (any) {
+        if (!L.stalled) {
+          L.stalled = true;
+          L.stall_since = std::max(t, ceil16(L.free_q16));
+        }
+        if (next_try != kNever) wake(li, next_try);
+        // else: every candidate waits on a credit still in flight; its return wakes us.
+      }
+      return;
+    }
+    if (L.stalled) {
+      L.ctr.credit_stall_cycles += t - L.stall_since;
+      L.stalled = false;
+    }
+    Packet p;
+    if (L.kind == LinkKind::kInject) {
+      auto& act = active_[L.endpoint];
+      Message& m = msgs_[act[size_t(best)]];
+      p.ready = m.active;
+      p.msg = act[size_t(best)];
+      p.index = m.injected;
+      const uint64_t P = uint64_t(prm_.packet_bytes);
+      p.bytes = uint32_t(std::min<uint64_t>(P, m.bytes - std::min<uint64_t>(m.bytes, uint64_t(m.injected) * P)));
+      p.hop = 0;
+      if (++m.injected == m.packets) act.erase(act.begin() + best);
+    } else {
+      Slot& s = L.slots[size_t(best)];
+      p = s.queue.front();
+      s.queue.pop_front();
+    }
+    const Message& m = msgs_[p.msg];
+    if (L.kind != LinkKind::kEject) {
+      const Hop& next = m.route[p.hop + 1];
+      links_[next.link].slots[next.slot].credits.pop();
+    }
+    const uint64_t start = std::max({L.free_q16, best_ready << 16, best_credit << 16});
+    const uint64_t ser = ser_q16(L, p.bytes);
+    const uint64_t end = start + ser;
+    const uint64_t start_cycle = std::max(t, ceil16(start));
+    L.free_q16 = end;
+    L.busy_q16 += ser;
+    L.ctr.bytes += p.bytes;
+    L.ctr.packets += 1;
+    // The buffer this packet leaves frees a slot; the sender upstream learns of it
+    // one link latency later.
+    if (L.kind != LinkKind::kInject) {
+      Slot& s = L.slots[size_t(best)];
+      const uint32_t up = s.input_link;
+      const uint64_t back = start_cycle + links_[up].latency;
+      s.credits.push(back);
+      if (links_[up].stalled) wake(up, back);
+    }
+    const uint64_t arrival = ceil16(end) + L.latency;
+    Event e;
+    if (L.kind == LinkKind::kEject) {
+      e.time = arrival;
+      e.kind = EvKind::kArrive;
+      e.pkt = p;
+    } else {
+      const Hop& next = m.route[p.hop + 1];
+      e.time = arrival + uint64_t(prm_.router_latency_cycles);
+      e.kind = EvKind::kReady;
+      e.target = next.link;
+      e.slot = next.slot;
+      e.pkt = p;
+      e.pkt.hop = p.hop + 1;
+      e.pkt.ready = e.time;
+    }
+    push(e);
+  }
+}
+
+std::vector<LinkCounters> Network::link_counters() const {
+  std::vector<LinkCounters> out;
+  for (const auto& l : links_) {
+    LinkCounters c = l.ctr;
+    c.busy_cycles = double(l.busy_q16) / 65536.0;
+    out.push_back(c);
+  }
+  return out;
+}
+
+Network::AlphaBeta Network::neighbour_alpha_beta() const {
+  AlphaBeta ab;
+  const double P = double(prm_.packet_bytes);
+  ab.alpha_cycles = double(prm_.dma_setup_cycles + prm_.remote_setup_cycles + 2 * prm_.onchip_latency_cycles +
+                           2 * prm_.router_latency_cycles + prm_.link_latency_cycles + prm_.completion_cycles) +
+                    2 * P / prm_.onchip_bytes_per_cycle;
+  ab.beta_cycles_per_byte = 1.0 / prm_.link_payload_bytes_per_cycle();
+  return ab;
+}
+
+}  // namespace tpusim::ici
