@@ -8,7 +8,7 @@
 //    chunk sums are folded into C in increasing chunk order.
 //  * Rounding: products and adds are separate instructions (no FMA; the library is
 //    built with -ffp-contract=off), each IEEE RNE.
-//  * DAZ: operands are unpacked from bf16 with bf16_to_fp32 (subnormal -> signed
+//  * DAZ: operands are unpacked from bf16 as bf16_to_fp32 does (subnormal -> signed
 //    zero, NaN -> canonical) while packing, so the kernel only sees normal values,
 //    zeros, Inf and the canonical NaN. MXCSR.DAZ covers an accumulated C value.
 //  * FTZ: MXCSR.FTZ flushes when x86 signals underflow, and x86 detects tininess
@@ -215,6 +215,16 @@ PackBuffer make_pack_buffer(size_t count) {
   return PackBuffer(static_cast<float*>(::operator new[](count * sizeof(float), std::align_val_t{64})));
 }
 
+// bf16_to_fp32 without branches, so that the packing loops vectorise: packing is
+// most of the time of a small matmul.
+inline float unpack_bf16(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  const uint32_t exp = u & kF32ExpMask;
+  u = exp == 0 ? (u & kF32SignMask) : u;                                          // DAZ
+  u = (exp == kF32ExpMask && (u & kF32FracMask) != 0) ? kCanonicalNanF32 : u;  // NaN
+  return f32_from_bits(u);
+}
+
 // W[pc..pc+kc) x [jc..jc+nc) -> micro-panels of NR columns, k-major; columns past
 // N are +0.0 (their results are never stored).
 void pack_w(const MatmulArgs& p, int pc, int kc, int jc, int nc, int nr, float* out) {
@@ -223,7 +233,7 @@ void pack_w(const MatmulArgs& p, int pc, int kc, int jc, int nc, int nr, float* 
     for (int k = 0; k < kc; ++k) {
       const uint16_t* src = p.w + static_cast<size_t>(pc + k) * p.ldw + jc + jr;
       float* dst = out + static_cast<size_t>(jr) * kc + static_cast<size_t>(k) * nr;
-      for (int j = 0; j < cols; ++j) dst[j] = bf16_to_fp32(src[j]);
+      for (int j = 0; j < cols; ++j) dst[j] = unpack_bf16(src[j]);
       for (int j = cols; j < nr; ++j) dst[j] = 0.0f;
     }
   }
@@ -237,7 +247,7 @@ void pack_a(const MatmulArgs& p, int ic, int mc, int pc, int kc, int mr, float* 
     for (int r = 0; r < mr; ++r) {
       if (ir + r < mc) {
         const uint16_t* src = p.a + static_cast<size_t>(ic + ir + r) * p.lda + pc;
-        for (int k = 0; k < kc; ++k) panel[static_cast<size_t>(k) * mr + r] = bf16_to_fp32(src[k]);
+        for (int k = 0; k < kc; ++k) panel[static_cast<size_t>(k) * mr + r] = unpack_bf16(src[k]);
       } else {
         for (int k = 0; k < kc; ++k) panel[static_cast<size_t>(k) * mr + r] = 0.0f;
       }

@@ -44,7 +44,7 @@ class ProductExponentSweep : public ::testing::TestWithParam<int> {};
 
 TEST_P(ProductExponentSweep, AllSignExponentCombinations) {
   std::mt19937 rng(1234 + GetParam());
-  const int fractions = 6;
+  const int fractions = 24;
   uint64_t bad = 0;
   for (int ea = GetParam() * 32; ea < GetParam() * 32 + 32; ++ea)
     for (int sa = 0; sa < 2; ++sa)
