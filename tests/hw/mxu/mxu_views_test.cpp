@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <random>
 #include <fstream>
 #include <sstream>
 #include <systemc>
@@ -109,8 +110,19 @@ TEST_P(MxuViews, PerPeGridTileModelFastAndDetailedAgree) {
         const bool transposed = index % 2 == 0;
         const auto prob = random_problem(m, k, n, static_cast<uint32_t>(index), index % 4 == 1);
         const auto prog = compile_matmul(prob, hw, transposed, std::min(hw.result_fifo_vregs - 1, 6), 17u + index);
-        for (MxuUnit* u : {static_cast<MxuUnit*>(&fast), static_cast<MxuUnit*>(&ticked), static_cast<MxuUnit*>(&grid)})
-          for (const auto& op : prog.ops) u->submit(op);
+        // Every third shape trickles in: random bursts of ops at random cycles (the
+        // random input stalls of a MatchLib testbench), so the event-driven view
+        // must wake for new work exactly when the clocked one sees it.
+        const bool trickle = index % 3 == 0;
+        std::mt19937 gaps(static_cast<uint32_t>(index));
+        size_t sent = 0;
+        while (sent < prog.ops.size()) {
+          const size_t burst = trickle ? 1 + gaps() % 6 : prog.ops.size();
+          for (size_t i = 0; i < burst && sent < prog.ops.size(); ++i, ++sent)
+            for (MxuUnit* u : {static_cast<MxuUnit*>(&fast), static_cast<MxuUnit*>(&ticked), static_cast<MxuUnit*>(&grid)})
+              u->submit(prog.ops[sent]);
+          if (trickle) sc_core::sc_start(sc_core::sc_time(1 + gaps() % 40, sc_core::SC_NS));
+        }
         for (int guard = 0;; ++guard) {
           sc_core::sc_start(sc_core::sc_time(256, sc_core::SC_NS));
           fast.sync();
