@@ -131,6 +131,34 @@ TEST_P(Conv, ReferenceAndFastMatchNaiveConvolution) {
 
 INSTANTIATE_TEST_SUITE_P(Data, Conv, ::testing::Bool());
 
+TEST(Conv, PaddingTapIsAProductWithTheWeightsSign) {
+  // One output over taps x0, x1 and one right-padding tap, R = K = 3 (no short
+  // chunk): s = ((0 + -1.5*2^-126) + 2^-126) = -2^-127 -> flushed to -0.0; then the
+  // padding product +0.0 * w2 is -0.0 when w2 < 0 (sum stays -0.0) and +0.0 when
+  // w2 > 0 (sum becomes +0.0). Skipping the tap would give -0.0 for both.
+  Conv2dShape s;
+  s.h = 1;
+  s.w = 2;
+  s.kw = 3;
+  s.pad_right = 1;
+  const uint16_t x[2] = {0xBFC0, 0x3F80};
+  for (uint16_t w2 : {uint16_t{0xBF80}, uint16_t{0x3F80}}) {
+    const uint16_t w[3] = {0x0080, 0x0080, w2};
+    float y = 3.0f;
+    Conv2dArgs args;
+    args.shape = s;
+    args.x = x;
+    args.w = w;
+    args.y = &y;
+    args.rows = 3;
+    conv2d_reference(args);
+    EXPECT_EQ(bits_of(y), w2 == 0xBF80 ? 0x80000000u : 0u);
+    y = 3.0f;
+    conv2d(args);
+    EXPECT_EQ(bits_of(y), w2 == 0xBF80 ? 0x80000000u : 0u);
+  }
+}
+
 TEST(ConvShape, ReductionIndexIsCinFastest) {
   Conv2dShape s;
   s.kh = 3;
