@@ -301,7 +301,13 @@ int Assembler::reg(const std::vector<Token>& t, Range r, char prefix, int limit,
     if (!std::isdigit(static_cast<unsigned char>(s[j]))) error(k, std::string("expected ") + what + ", got '" + s + "'");
     v = v * 10 + (s[j] - '0');
   }
-  if (v >= limit) error(k, std::string(what) + " '" + s + "' out of range (0.." + std::to_string(limit - 1) + ")");
+  if (v >= limit) {
+    std::string noun = what;
+    if (noun.rfind("a ", 0) == 0) noun = noun.substr(2);
+    if (noun.rfind("an ", 0) == 0) noun = noun.substr(3);
+    noun = noun.substr(0, noun.find(" ("));
+    error(k, noun + " '" + s + "' out of range (0.." + std::to_string(limit - 1) + ")");
+  }
   return v;
 }
 
@@ -408,7 +414,7 @@ void Assembler::parse_with(const OpInfo& info, const std::vector<Token>& t, cons
            t[ops[positional].first + 1].text == "="))
     ++positional;
   if (positional != npos) {
-    const Token& k = ops.empty() ? t[0] : t[ops[std::min(positional, ops.size() - 1)].first];
+    const Token& k = ops.empty() ? t.back() : t[ops[0].first - 1];  // the mnemonic
     error(k, std::string("'") + info.mnemonic + "' takes " + std::to_string(npos) + " operand(s), got " +
                  std::to_string(positional));
   }
@@ -503,7 +509,10 @@ void Assembler::instruction(const std::vector<Token>& t, size_t start) {
   const auto ops = split_commas(t, start + 1, t.size());
   CoreProgram& prog = current();
   code_seen_ = true;
-  std::string first_error;
+  // With overloads (add reg/imm, vbcast imm/reg) report the candidate that got
+  // furthest into the line; on a tie, the later (more general) one.
+  std::string best_error;
+  int best_col = -1;
   for (const OpInfo* info : cands) {
     Instr in;
     in.op = info->op;
@@ -512,7 +521,14 @@ void Assembler::instruction(const std::vector<Token>& t, size_t start) {
     try {
       parse_with(*info, t, ops, in, label, label_col);
     } catch (const AsmError& e) {
-      if (first_error.empty()) first_error = e.what();
+      const std::string msg = e.what();
+      const size_t c1 = msg.find(':', file_.size());
+      const size_t c2 = c1 == std::string::npos ? c1 : msg.find(':', c1 + 1);
+      const int col = c2 == std::string::npos ? 0 : std::atoi(msg.c_str() + c2 + 1);
+      if (col >= best_col) {
+        best_col = col;
+        best_error = msg;
+      }
       continue;
     }
     if (in.op == Op::kOpMark) op_id_ = in.imm;
@@ -523,7 +539,7 @@ void Assembler::instruction(const std::vector<Token>& t, size_t start) {
     prog.code.push_back(in);
     return;
   }
-  throw AsmError(first_error);
+  throw AsmError(best_error);
 }
 
 void Assembler::io_directive(const std::vector<Token>& t, IoKind kind) {

@@ -1,0 +1,523 @@
+// Per-instruction semantics and the reference scheduler. Expected values come
+// from closed forms, exact small-integer arithmetic, IEEE facts (signed zeros,
+// NaN), the contract's literal MXU reference, or counting.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "isa/asm/assembler.h"
+#include "isa/exec/interpreter.h"
+#include "isa/exec/semantics.h"
+#include "isa/exec/tensors.h"
+#include "isa/numerics/bf16.h"
+#include "isa/numerics/mxu.h"
+
+namespace tpusim::exec {
+namespace {
+
+using isa::assemble;
+
+struct Sim {
+  isa::Bundle bundle;
+  std::unique_ptr<Interpreter> interp;
+  RunResult result;
+  CoreState& core(uint32_t c = 0) { return interp->machine().core(0, c); }
+};
+
+Sim run_program(const std::string& text, uint64_t budget = 1'000'000) {
+  Sim r;
+  r.bundle = assemble(text, "t.s");
+  r.interp = std::make_unique<Interpreter>(r.bundle);
+  RunOptions o;
+  o.max_instructions = budget;
+  r.result = r.interp->run(o);
+  return r;
+}
+
+float bits_f(uint32_t u) { return num::f32_from_bits(u); }
+
+TEST(IsaExecScalar, AluMatchesInt64ClosedForms) {
+  std::mt19937 g(5);
+  const char* ops[] = {"add", "sub", "mul", "div", "rem", "and", "or", "xor", "shl", "shr", "sra", "min", "max"};
+  for (int trial = 0; trial < 40; ++trial) {
+    const int32_t a = static_cast<int32_t>(g()), b = static_cast<int32_t>(g() % 2000) - 1000 + (trial == 0 ? 0 : 0);
+    if (b == 0) continue;
+    for (int form = 0; form < 2; ++form) {
+      std::string text = "  li s1, " + std::to_string(a) + "\n  li s2, " + std::to_string(b) + "\n";
+      for (int i = 0; i < 13; ++i)
+        text += std::string("  ") + ops[i] + " s" + std::to_string(10 + i) + ", s1, " +
+                (form ? std::to_string(b) : "s2") + "\n";
+      Sim r = run_program(text + "  halt\n");
+      ASSERT_TRUE(r.result.ok()) << r.result.message;
+      const int64_t A = a, B = b;
+      const auto wrap = [](int64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(v))); };
+      const uint32_t sh = static_cast<uint32_t>(b) & 31;
+      const int32_t expect[13] = {wrap(A + B), wrap(A - B), wrap(A * B), static_cast<int32_t>(A / B),
+                                  static_cast<int32_t>(A % B), a & b, a | b, a ^ b,
+                                  wrap(static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(a)) << sh)),
+                                  static_cast<int32_t>(static_cast<uint32_t>(a) >> sh),
+                                  static_cast<int32_t>(std::floor(static_cast<double>(A) / std::pow(2.0, sh))),
+                                  std::min(a, b), std::max(a, b)};
+      for (int i = 0; i < 13; ++i) EXPECT_EQ(r.core().s[10 + i], expect[i]) << ops[i] << " " << a << ", " << b;
+    }
+  }
+}
+
+TEST(IsaExecScalar, S0ReadsZeroLoopsAndBranches) {
+  Sim r = run_program(R"(
+  li s0, 55
+  li s1, 10
+  li s2, 0
+l:
+  add s2, s2, s1        # 10 + 9 + ... + 1
+  loop s1, l
+  li s3, -1
+  blt s3, s0, neg       # signed compare
+  li s4, 111
+neg:
+  bge s0, s3, ge
+  li s5, 222
+ge:
+  beq s2, s2, eq
+  li s6, 333
+eq:
+  bne s0, s0, never
+  st s2, [s0 + 8]
+  ld s7, [s0 + 8]
+never:
+  halt
+)");
+  ASSERT_TRUE(r.result.ok()) << r.result.message;
+  EXPECT_EQ(r.core().s[0], 0);
+  EXPECT_EQ(r.core().s[2], 55);
+  EXPECT_EQ(r.core().s[4], 0);
+  EXPECT_EQ(r.core().s[5], 0);
+  EXPECT_EQ(r.core().s[6], 0);
+  EXPECT_EQ(r.core().s[7], 55);
+}
+
+TEST(IsaExecFaults, NameCoreInstructionLineAndCause) {
+  struct Case {
+    const char* text;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"  li s1, 0\n  div s2, s1, s1\n", "fault: chip0.core0 instruction 1 (t.s:2, div): division by zero"},
+      {"  ld s1, [s0 + 3]\n", "misaligned SMEM word address 3"},
+      {".target smem=64\n  ld s1, [s0 + 64]\n", "address range [64, 68) outside smem of chip0.core0 (64 bytes)"},
+      {"  vld v1, [s0 + 2]\n", "misaligned tile"},
+      {".target vmem=4096\n  vld v1, [s0 + 512]\n", "outside vmem of chip0.core0"},
+      {"  mpop v1, mxu0\n", "result FIFO underflow"},
+      {".target fifo_rows=16\n  mmul mxu0, v0\n  mmul mxu0, v0\n  mmul mxu0, v0\n", "instruction 2 (t.s:4, mmul): result FIFO overflow"},
+      {".target mxu_rows=16\n  mpush mxu0, v0\n  mpush mxu0, v0\n  mpush mxu0, v0\n", "weight staging overflow"},
+      {"  vmask m0, 1, 1\n", "m0 is read-only"},
+      {"  dma vmem:[s0 + 0], hbm:[s0 - 4], bytes=8\n", "address range [-4, 4) outside hbm of chip0"},
+  };
+  for (const auto& c : cases) {
+    Sim r = run_program(c.text);
+    EXPECT_EQ(r.result.status, RunResult::Status::kFault) << c.text;
+    EXPECT_NE(r.result.message.find(c.expect), std::string::npos) << c.text << " -> " << r.result.message;
+  }
+}
+
+TEST(IsaExecSched, BudgetStopsInfiniteLoop) {
+  Sim r = run_program("l:\n  jmp l\n", 1000);
+  EXPECT_EQ(r.result.status, RunResult::Status::kBudget);
+  EXPECT_NE(r.result.message.find("likely an infinite loop"), std::string::npos);
+  EXPECT_EQ(r.result.instructions, 1000u);
+}
+
+TEST(IsaExecSched, DeadlockNamesEveryBlockedCore) {
+  Sim r = run_program(".target cores=3\n.core 0\n  wait f3, 2\n.core 1\n  barrier\n.core 2\n  fadd f3, 1\n  halt\n");
+  EXPECT_EQ(r.result.status, RunResult::Status::kDeadlock);
+  EXPECT_NE(r.result.message.find("chip0.core0 instruction 0 (t.s:3, wait) waits for f3 >= 2 (is 0)"),
+            std::string::npos)
+      << r.result.message;
+  EXPECT_NE(r.result.message.find("chip0.core1 instruction 0 (t.s:5, barrier) waits at barrier (1 of 3"),
+            std::string::npos)
+      << r.result.message;
+}
+
+TEST(IsaExecSched, RemoteFlagsBarrierAndWaitSub) {
+  // core 1 sends 3 DMAs to core 0's SMEM with rflag; core 0 consumes them with wait.sub.
+  Sim r = run_program(R"(
+.target cores=2
+.core 0
+  wait.sub f2, 3
+  ld s1, [s0 + 0]
+  ld s2, [s0 + 4]
+  ld s3, [s0 + 8]
+  barrier
+  ld s4, [s0 + 12]
+  halt
+.core 1
+  li s1, 7
+  st s1, [s0 + 64]
+  dma smem@c0:[s0 + 0], smem:[s0 + 64], bytes=4, rflag=f2, flag=f9
+  dma smem@c0:[s0 + 4], smem:[s0 + 64], bytes=4, rflag=f2, flag=f9
+  dma smem@chip0.c0:[s0 + 8], smem:[s0 + 64], bytes=4, rflag=f2, flag=f9
+  barrier
+  dma smem@c0:[s0 + 12], smem:[s0 + 64], bytes=4
+  halt
+)");
+  ASSERT_TRUE(r.result.ok()) << r.result.message;
+  EXPECT_EQ(r.core(0).s[1] + r.core(0).s[2] + r.core(0).s[3], 21);
+  EXPECT_EQ(r.core(0).flags[2], 0);  // wait.sub took all three
+  EXPECT_EQ(r.core(1).flags[9], 3);
+  EXPECT_EQ(r.core(1).flags[2], 0);  // rflag goes to the destination only
+  // Round robin: core 0 blocks first, core 1 runs to its barrier, core 0 passes
+  // its barrier last and reads before core 1's fourth DMA.
+  EXPECT_EQ(r.core(0).s[4], 0);
+}
+
+TEST(IsaExecDma, StridedDimsAndReplication) {
+  Sim r = run_program(R"(
+.target chips=2
+.core chip0.core0
+  li s1, 0
+  li s2, 100
+w:
+  st s1, [s1 + 0]        # word i of SMEM = 4*i ... use the byte address as data
+  add s1, s1, 4
+  blt s1, s2, w
+  dma hbm:[s0 + 0], smem:[s0 + 0], bytes=100
+  # gather words 1,2 of rows 0..2 (row = 5 words = 20 bytes) and repeat twice
+  dma hbm@chip1:[s0 + 1000], hbm:[s0 + 4], bytes=8, dim=3:20:8, dim=2:0:24, flag=f1
+  wait f1, 1
+  halt
+)");
+  ASSERT_TRUE(r.result.ok()) << r.result.message;
+  const Memory& h1 = r.interp->machine().chips[1].hbm;
+  const uint32_t expect[12] = {4, 8, 24, 28, 44, 48, 4, 8, 24, 28, 44, 48};
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(h1.read_u32(1000 + 4 * static_cast<uint64_t>(i)), expect[i]) << i;
+  EXPECT_EQ(h1.read_u32(1048), 0u);
+}
+
+// ---- vector unit -----------------------------------------------------------
+
+VReg filled(std::mt19937& g, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  VReg v;
+  for (auto& b : v.bits) b = num::f32_bits(d(g));
+  return v;
+}
+
+isa::Instr vinstr(isa::Op op, int a, int b = 0, int c = 0, int d = 0) {
+  isa::Instr in;
+  in.op = op;
+  in.a = static_cast<uint8_t>(a);
+  in.b = static_cast<uint8_t>(b);
+  in.c = static_cast<uint8_t>(c);
+  in.d = static_cast<uint8_t>(d);
+  return in;
+}
+
+TEST(IsaExecVector, ElementwiseIeeeFacts) {
+  isa::Target t;
+  CoreState c(t, 0, 0);
+  // Exactly representable operands: results are exact, so known in closed form.
+  for (int i = 0; i < 1024; ++i) {
+    c.v[1].bits[static_cast<size_t>(i)] = num::f32_bits(static_cast<float>(i - 512));
+    c.v[2].bits[static_cast<size_t>(i)] = num::f32_bits(static_cast<float>((i % 7) + 1) * 0.25f);
+  }
+  exec_vector(c, vinstr(isa::Op::kVadd, 3, 1, 2));
+  exec_vector(c, vinstr(isa::Op::kVmul, 4, 1, 2));
+  exec_vector(c, vinstr(isa::Op::kVsub, 5, 1, 2));
+  exec_vector(c, vinstr(isa::Op::kVmax, 6, 1, 2));
+  exec_vector(c, vinstr(isa::Op::kVneg, 7, 1));
+  exec_vector(c, vinstr(isa::Op::kVabs, 8, 1));
+  for (int i = 0; i < 1024; ++i) {
+    const double x = i - 512, y = ((i % 7) + 1) * 0.25;
+    const size_t k = static_cast<size_t>(i);
+    EXPECT_EQ(bits_f(c.v[3].bits[k]), x + y);
+    EXPECT_EQ(bits_f(c.v[4].bits[k]), x * y);
+    EXPECT_EQ(bits_f(c.v[5].bits[k]), x - y);
+    EXPECT_EQ(bits_f(c.v[6].bits[k]), std::max(x, y));
+    EXPECT_EQ(bits_f(c.v[8].bits[k]), std::fabs(x));
+  }
+  // Signed zeros and NaN: -0 - (+0) = -0; neg(+0) = -0; max(-0, +0) = +0; NaN canonical.
+  c.v[1].bits.fill(0x80000000u);
+  c.v[2].bits.fill(0);
+  exec_vector(c, vinstr(isa::Op::kVsub, 3, 1, 2));
+  exec_vector(c, vinstr(isa::Op::kVneg, 4, 2));
+  exec_vector(c, vinstr(isa::Op::kVmax, 5, 1, 2));
+  exec_vector(c, vinstr(isa::Op::kVdiv, 6, 2, 2));  // 0/0
+  EXPECT_EQ(c.v[3].bits[0], 0x80000000u);
+  EXPECT_EQ(c.v[4].bits[0], 0x80000000u);
+  EXPECT_EQ(c.v[5].bits[0], 0u);
+  EXPECT_EQ(c.v[6].bits[0], 0x7FC00000u);
+  // Subnormal inputs read as zero: 2^-140 + 0 = +0 (DAZ), and FTZ of 2^-70 * 2^-70.
+  c.v[1].bits.fill(num::f32_bits(std::ldexp(1.0f, -140)));
+  exec_vector(c, vinstr(isa::Op::kVadd, 3, 1, 2));
+  EXPECT_EQ(c.v[3].bits[5], 0u);
+  c.v[1].bits.fill(num::f32_bits(std::ldexp(1.0f, -70)));
+  exec_vector(c, vinstr(isa::Op::kVmul, 3, 1, 1));
+  EXPECT_EQ(c.v[3].bits[5], 0u);
+}
+
+TEST(IsaExecVector, ConversionsCompareSelectMask) {
+  isa::Target t;
+  CoreState c(t, 0, 0);
+  // bf16 rounding: 1 + 2^-8 is a tie -> even (1.0); 1 + 3*2^-8 -> 1 + 2^-6 ... known bit patterns.
+  const float in[4] = {1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8), -2.5f, 3.4e38f};
+  const uint32_t out[4] = {0x3F800000u, 0x3F820000u, 0xC0200000u, 0x7F800000u};  // 3.4e38 rounds past the largest bf16: +Inf
+  for (int i = 0; i < 4; ++i) c.v[1].bits[static_cast<size_t>(i)] = num::f32_bits(in[i]);
+  exec_vector(c, vinstr(isa::Op::kVcvtBf16, 2, 1));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.v[2].bits[static_cast<size_t>(i)], out[i]) << i;
+  // fp32 -> int32: round half to even, saturate, NaN -> 0.
+  const float fi[6] = {2.5f, -3.5f, 1e10f, -1e10f, NAN, -0.4f};
+  const int32_t ii[6] = {2, -4, INT32_MAX, INT32_MIN, 0, 0};
+  for (int i = 0; i < 6; ++i) c.v[1].bits[static_cast<size_t>(i)] = num::f32_bits(fi[i]);
+  exec_vector(c, vinstr(isa::Op::kVcvtS32F32, 2, 1));
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(static_cast<int32_t>(c.v[2].bits[static_cast<size_t>(i)]), ii[i]) << i;
+  c.v[1].bits[0] = static_cast<uint32_t>(16777217);  // 2^24 + 1 -> 2^24 (ties to even)
+  exec_vector(c, vinstr(isa::Op::kVcvtF32S32, 2, 1));
+  EXPECT_EQ(bits_f(c.v[2].bits[0]), 16777216.0f);
+  // Compare + select with NaN: NaN != x is true, every ordered compare false.
+  c.v[1].bits.fill(num::f32_bits(1.0f));
+  c.v[2].bits.fill(num::f32_bits(2.0f));
+  c.v[2].bits[3] = 0x7FC00000u;
+  c.v[2].bits[4] = num::f32_bits(1.0f);
+  exec_vector(c, vinstr(isa::Op::kVcmpLt, 1, 1, 2));
+  exec_vector(c, vinstr(isa::Op::kVcmpNe, 2, 1, 2));
+  exec_vector(c, vinstr(isa::Op::kVcmpGe, 3, 1, 2));
+  EXPECT_TRUE(c.m[1].on[0]);
+  EXPECT_FALSE(c.m[1].on[3]);
+  EXPECT_TRUE(c.m[2].on[3]);
+  EXPECT_FALSE(c.m[2].on[4]);
+  EXPECT_TRUE(c.m[3].on[4]);
+  EXPECT_FALSE(c.m[3].on[3]);
+  exec_vector(c, vinstr(isa::Op::kVsel, 5, 1, 1, 2));  // lt ? v1 : v2
+  EXPECT_EQ(bits_f(c.v[5].bits[0]), 1.0f);
+  EXPECT_EQ(c.v[5].bits[3], 0x7FC00000u);
+  isa::Instr vm = vinstr(isa::Op::kVmask, 4);
+  vm.imm = 3;
+  vm.imm2 = 5;
+  exec_vector(c, vm);
+  int on = 0;
+  for (int s = 0; s < 8; ++s)
+    for (int l = 0; l < 128; ++l) {
+      on += c.m[4].at(s, l);
+      EXPECT_EQ(c.m[4].at(s, l), s < 3 && l < 5);
+    }
+  EXPECT_EQ(on, 15);
+  exec_vector(c, vinstr(isa::Op::kMnot, 5, 4));
+  exec_vector(c, vinstr(isa::Op::kMand, 6, 4, 5));
+  exec_vector(c, vinstr(isa::Op::kMor, 7, 4, 5));
+  EXPECT_FALSE(c.m[6].on[0]);
+  EXPECT_TRUE(c.m[7].all());
+}
+
+TEST(IsaExecVector, ReductionsBroadcastAndTranspose) {
+  isa::Target t;
+  CoreState c(t, 0, 0);
+  for (int s = 0; s < 8; ++s)
+    for (int l = 0; l < 128; ++l) c.v[1].set_f(s, l, static_cast<float>((s + 1) * l));  // integers: exact sums
+  exec_vector(c, vinstr(isa::Op::kVredLaneSum, 2, 1));
+  exec_vector(c, vinstr(isa::Op::kVredSubMax, 3, 1));
+  exec_vector(c, vinstr(isa::Op::kVredLaneMin, 4, 1));
+  for (int s = 0; s < 8; ++s)
+    for (int l = 0; l < 128; ++l) {
+      EXPECT_EQ(c.v[2].f(s, l), static_cast<float>((s + 1) * 127 * 128 / 2));
+      EXPECT_EQ(c.v[3].f(s, l), static_cast<float>(8 * l));
+      EXPECT_EQ(c.v[4].f(s, l), 0.0f);
+    }
+  // A sum whose order matters: 2^24 + 1 + 1 ... the halving tree pairs lane i with i+64.
+  c.v[1].bits.fill(0);
+  c.v[1].set_f(0, 0, 16777216.0f);
+  c.v[1].set_f(0, 64, 1.0f);
+  c.v[1].set_f(0, 1, 1.0f);
+  exec_vector(c, vinstr(isa::Op::kVredLaneSum, 2, 1));
+  // Tree: (2^24 + 1) rounds to 2^24 at w=64; later (2^24 + 1) again -> 2^24.
+  EXPECT_EQ(c.v[2].f(0, 0), 16777216.0f);
+  isa::Instr bc = vinstr(isa::Op::kVbcast, 9);
+  bc.imm = static_cast<int32_t>(num::f32_bits(-1.5f));
+  exec_vector(c, bc);
+  EXPECT_EQ(c.v[9].f(7, 127), -1.5f);
+  for (int i = 0; i < 16; ++i)
+    for (int s = 0; s < 8; ++s)
+      for (int l = 0; l < 128; ++l) c.v[static_cast<size_t>(16 + i)].at(s, l) = static_cast<uint32_t>((8 * i + s) * 1000 + l);
+  exec_vector(c, vinstr(isa::Op::kVxpose, 0, 16));
+  for (int r = 0; r < 128; ++r)
+    for (int col = 0; col < 128; ++col)
+      ASSERT_EQ(c.v[static_cast<size_t>(r / 8)].at(r % 8, col), static_cast<uint32_t>(col * 1000 + r));
+}
+
+TEST(IsaExecVector, LoadStoreMasksStridesAndBf16) {
+  Sim r = run_program(R"(
+.target vmem=8192
+  vbcast v1, 2.5
+  vmask m1, 2, 3
+  li s1, 4096
+  vst v1, [s1 + 0], stride=-512, mask=m1     # rows at 4096 and 3584, lanes 0..2
+  vld v2, [s0 + 3584], stride=512
+  vbcast v3, 1.00390625                    # 1 + 2^-8: a tie, rounds to 1.0 in bf16
+  vst.bf16 v3, [s0 + 0]
+  vld.bf16 v4, [s0 + 0]
+  vld v5, [s0 + 8000], mask=m0              # would run past the end of VMEM
+  halt
+)");
+  EXPECT_EQ(r.result.status, RunResult::Status::kFault);  // the last vld faults
+  EXPECT_NE(r.result.message.find("instruction 8"), std::string::npos) << r.result.message;
+  CoreState& c = r.core();
+  EXPECT_EQ(c.v[2].f(0, 0), 2.5f);   // row at 3584 (second stored row)
+  EXPECT_EQ(c.v[2].f(0, 3), 0.0f);   // lane 3 masked off on store
+  EXPECT_EQ(c.v[2].f(1, 2), 2.5f);   // row at 4096 (first stored row), lanes 0..2
+  EXPECT_EQ(c.v[2].f(1, 3), 0.0f);
+  EXPECT_EQ(c.v[2].f(2, 0), 0.0f);   // rows of m1 beyond 2 were not stored
+  EXPECT_EQ(c.v[4].f(5, 77), 1.0f);
+  // Masked-off positions are not range checked: a load whose enabled lanes fit works.
+  Sim ok = run_program(".target vmem=8192\n  vmask m1, 1, 4\n  vld v5, [s0 + 8176], mask=m1\n  halt\n");
+  EXPECT_TRUE(ok.result.ok()) << ok.result.message;
+}
+
+// ---- matrix unit -----------------------------------------------------------
+
+TEST(IsaExecMatrix, MmulMatchesContractReferenceIncludingChunks) {
+  // K = 200 > R = 64 (4 chunks, the last short), N = 48 < 128: compare the
+  // program's result with the contract's literal reference on the whole matmul.
+  const int R = 64, C = 48, K = 200, M = 8;
+  std::mt19937 g(11);
+  std::uniform_real_distribution<float> d(-2, 2);
+  isa::Target t;
+  t.mxu_rows = R;
+  t.mxu_cols = C;
+  CoreState c(t, 0, 0);
+  std::vector<float> a(M * K), w(K * C);
+  for (auto& x : a) x = d(g);
+  for (auto& x : w) x = d(g);
+  MxuState& m = c.mxus[0];
+  VReg acc;
+  for (int chunk = 0; chunk * R < K; ++chunk) {
+    const int rows = std::min(R, K - chunk * R);
+    for (int k0 = 0; k0 < rows; k0 += 8) {
+      VReg v;
+      for (int s = 0; s < 8; ++s)
+        for (int j = 0; j < C; ++j) v.set_f(s, j, k0 + s < rows ? w[static_cast<size_t>((chunk * R + k0 + s) * C + j)] : 0.0f);
+      mxu_push(m, v, false);
+    }
+    mxu_swap(m, rows);
+    VReg lhs = filled(g, 1e30f, 1e31f);  // lanes >= rows hold junk that must not matter
+    for (int s = 0; s < 8; ++s) {
+      for (int k = 0; k < rows; ++k) lhs.set_f(s, k, a[static_cast<size_t>(s * K + chunk * R + k)]);
+      for (int k = rows; k < 128; ++k) lhs.at(s, k) = 0x7FC00000u;  // even NaN
+    }
+    mxu_fifo_push(m, mxu_compute(m, lhs));
+    mxu_pop_into(m, acc, chunk > 0);
+  }
+  std::vector<uint16_t> ab(M * K), wb(K * C);
+  for (size_t i = 0; i < ab.size(); ++i) ab[i] = num::fp32_to_bf16(a[i]);
+  for (size_t i = 0; i < wb.size(); ++i) wb[i] = num::fp32_to_bf16(w[i]);
+  std::vector<float> ref(M * C);
+  num::MatmulArgs args;
+  args.a = ab.data();
+  args.lda = K;
+  args.w = wb.data();
+  args.ldw = C;
+  args.c = ref.data();
+  args.ldc = C;
+  args.m = M;
+  args.k = K;
+  args.n = C;
+  args.rows = R;
+  num::mxu_matmul_reference(args);
+  for (int s = 0; s < 8; ++s) {
+    for (int j = 0; j < C; ++j)
+      ASSERT_EQ(acc.at(s, j), num::f32_bits(ref[static_cast<size_t>(s * C + j)])) << s << "," << j;
+    for (int j = C; j < 128; ++j) ASSERT_EQ(acc.at(s, j), 0u);
+  }
+}
+
+TEST(IsaExecMatrix, TransposedPushEqualsRowPush) {
+  isa::Target t;
+  CoreState c(t, 0, 0);
+  std::mt19937 g(3);
+  // W[k][n]: push rows with mpush into mxu 0 and, transposed (column n = sublane),
+  // with mpush.t into a second state; results must agree.
+  std::vector<VReg> wt(16);
+  for (auto& v : wt) v = filled(g, -1, 1);  // wt[i] sublane s = column 8i+s, lane k
+  MxuState a(128, 128, 64), b(128, 128, 64);
+  for (int i = 0; i < 16; ++i) {
+    VReg rows;
+    for (int s = 0; s < 8; ++s)
+      for (int n = 0; n < 128; ++n) rows.at(s, n) = wt[static_cast<size_t>(n / 8)].at(n % 8, 8 * i + s);
+    mxu_push(a, rows, false);
+    mxu_push(b, wt[static_cast<size_t>(i)], true);
+  }
+  mxu_swap(a, 0);
+  mxu_swap(b, 0);
+  EXPECT_EQ(a.weights, b.weights);
+  const VReg lhs = filled(g, -1, 1);
+  EXPECT_EQ(mxu_compute(a, lhs).v, mxu_compute(b, lhs).v);
+}
+
+TEST(IsaExecMatrix, ProgramLevelIdentityMatmul) {
+  // W = identity (8 rows pushed): y = bf16(x) for the first 8 lanes, +0.0 elsewhere;
+  // with mpop.add the popped rows add onto vd.
+  Sim r = run_program(R"(
+  vmask m1, 8, 128
+  li s1, 0
+  li s2, 8
+  li s3, 0x3f800000
+  vbcast v9, s3            # 1.0 everywhere
+  # v0 = identity rows 0..7: lane s of sublane s is 1.0
+  vbcast v0, 0.0
+  vst v0, [s0 + 0]
+  li s4, 0
+e:
+  st s3, [s0 + 0]          # SMEM scratch unused; build identity through VMEM instead
+  mul s5, s4, 516          # sublane s, lane s: byte 512*s + 4*s
+  dma vmem:[s5 + 0], smem:[s0 + 0], bytes=4
+  add s4, s4, 1
+  blt s4, s2, e
+  vld v0, [s0 + 0]
+  mpush mxu0, v0
+  mswap mxu0
+  vbcast v1, 1.00390625    # rounds to 1.0 on entry to the MXU
+  mmul mxu0, v1
+  mmul mxu0, v1
+  mpop v2, mxu0
+  vbcast v3, 0.5
+  mpop.add v3, mxu0
+  halt
+)");
+  ASSERT_TRUE(r.result.ok()) << r.result.message;
+  CoreState& c = r.core();
+  for (int s = 0; s < 8; ++s)
+    for (int l = 0; l < 128; ++l) {
+      EXPECT_EQ(c.v[2].f(s, l), l < 8 ? 1.0f : 0.0f) << s << "," << l;
+      EXPECT_EQ(c.v[3].f(s, l), l < 8 ? 1.5f : 0.5f);
+    }
+}
+
+TEST(IsaExecTensors, LayoutStridesAndNpyConversion) {
+  isa::Bundle b = assemble(".input x bf16 [2, 3] vmem:64 strides=[256, 2]\n  halt\n", "t.s");
+  Machine m(b.target);
+  io::NpyArray a;
+  a.dtype = io::NpyDtype::kF32;
+  a.shape = {2, 3};
+  const float vals[6] = {1, 2, 3, 4, 5, 1.00390625f};
+  a.data.resize(24);
+  std::memcpy(a.data.data(), vals, 24);
+  const auto dense = tensor_from_npy(a, b.io[0]);
+  write_tensor(m, b.io[0], dense);
+  const Memory& v = m.core(0, 0).vmem;
+  uint8_t two[2];
+  v.read(64 + 256 + 4, two, 2);  // element [1][2]
+  EXPECT_EQ(two[0] | two[1] << 8, 0x3F80);  // 1 + 2^-8 rounded to bf16 1.0
+  v.read(64 + 2, two, 2);
+  EXPECT_EQ(two[0] | two[1] << 8, 0x4000);  // 2.0
+  const auto back = tensor_to_npy(b.io[0], read_tensor(m, b.io[0]), false);
+  EXPECT_EQ(back.dtype, io::NpyDtype::kF32);
+  float f[6];
+  std::memcpy(f, back.data.data(), 24);
+  EXPECT_EQ(f[4], 5.0f);
+  EXPECT_EQ(f[5], 1.0f);
+  a.shape = {3, 2};
+  EXPECT_THROW(tensor_from_npy(a, b.io[0]), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace tpusim::exec
