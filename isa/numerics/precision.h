@@ -43,6 +43,11 @@ inline uint32_t stored_bits(PrecisionPolicy p, float x) {
   return p == PrecisionPolicy::kBf16 ? fp32_to_bf16(x) : f32_bits(flush(x));
 }
 
+// The fp32 value a load of stored_bits(p, x) reads back: stored_value(p, x).
+inline float loaded_value(PrecisionPolicy p, uint32_t bits) {
+  return p == PrecisionPolicy::kBf16 ? bf16_to_fp32(static_cast<uint16_t>(bits)) : flush(f32_from_bits(bits));
+}
+
 // The bf16 operand an fp32 tensor value becomes as it enters the MXU. The same
 // rule under both policies; under `bf16` the value is already bf16, so it is exact.
 inline uint16_t mxu_operand(float x) { return fp32_to_bf16(x); }

@@ -210,6 +210,11 @@ TEST(Precision, PolicyHelpers) {
   EXPECT_EQ(stored_bits(PrecisionPolicy::kBf16, x), 0x3F81u);
   EXPECT_EQ(stored_bits(PrecisionPolicy::kDefault, float_of(0x80000001u)), 0x80000000u);  // FTZ on store
   EXPECT_EQ(bits_of(stored_value(PrecisionPolicy::kBf16, float_of(0xFFC00001u))), 0x7FC00000u);
+  for (PrecisionPolicy p : {PrecisionPolicy::kDefault, PrecisionPolicy::kBf16})
+    for (uint32_t u : {0x3F808010u, 0x80000001u, 0xFFC00001u, 0x7F7FFFFFu, 0xC0490FDBu})
+      EXPECT_EQ(bits_of(loaded_value(p, stored_bits(p, float_of(u)))), bits_of(stored_value(p, float_of(u))))
+          << precision_policy_name(p) << " " << std::hex << u;
+  EXPECT_EQ(bits_of(loaded_value(PrecisionPolicy::kBf16, 0x7F7Fu)), 0x7F7F0000u);
   EXPECT_EQ(mxu_operand(x), 0x3F81u);
   EXPECT_EQ(mxu_operand(stored_value(PrecisionPolicy::kBf16, x)), 0x3F81u);  // exact once stored as bf16
 }

@@ -246,7 +246,8 @@ TEST_P(MxuFastPath, AdversarialShapes) {
   const Shape shapes[] = {{1, 1, 1, 8},     {3, 1, 17, 128},  {5, 7, 33, 8},    {9, 8, 31, 8},
                           {17, 9, 65, 8},   {7, 32, 16, 32},  {13, 33, 47, 32},  {8, 100, 32, 32},
                           {25, 127, 19, 128}, {6, 128, 48, 128}, {11, 129, 70, 128}, {2, 300, 130, 128},
-                          {33, 257, 97, 8}, {1, 700, 3, 100}, {19, 64, 600, 32}};
+                          {33, 257, 97, 8}, {1, 700, 3, 100}, {19, 64, 600, 32},
+                          {5, 9, 40, 1},    {4, 10, 35, 3}};
   uint64_t seed = 100;
   for (const Shape& s : shapes)
     for (Data d : {Data::kRandom, Data::kCancel, Data::kSpecial, Data::kTiny, Data::kHuge, Data::kNegZeroFlush})
