@@ -49,6 +49,8 @@ void BM_MxuTileCore(benchmark::State& state, bool use_skip, bool values) {
   }
   state.counters["sim_cycles/s"] = benchmark::Counter(double(cycles), benchmark::Counter::kIsRate);
   state.counters["MAC/s"] = benchmark::Counter(double(macs), benchmark::Counter::kIsRate);
+  // Simulated MXU utilisation: MACs over R x C per simulated cycle.
+  state.counters["utilization"] = double(macs) / (double(cycles) * hw.rows * hw.cols);
 }
 
 BENCHMARK_CAPTURE(BM_MxuTileCore, skip_values, true, true)->Unit(benchmark::kMillisecond);
