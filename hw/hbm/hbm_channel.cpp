@@ -57,25 +57,53 @@ HbmChannel::HbmChannel(const HbmConfig& cfg, uint32_t index) : cfg_(&cfg), index
   group_next_.assign(cfg.bank_groups, {});
   open_row_.assign(banks, kClosed);
   closed_for_conflict_.assign(banks, 0);
+  bank_head_.assign(banks, -1);
+  bank_tail_.assign(banks, -1);
+  bank_count_.assign(banks, 0);
+  bank_writes_.assign(banks, 0);
+  hit_count_.assign(banks, 0);
+  pool_.resize(cfg.queue_entries);
+  for (int32_t i = int32_t(cfg.queue_entries) - 1; i >= 0; --i) free_.push_back(i);
   all_banks_mask_ = banks == 64 ? ~uint64_t(0) : bit(banks) - 1;
   refresh_interval_ = cfg.refresh_mode == RefreshMode::kAllBank ? t[tREFI] : t[tREFI] / banks;
   // Channels refresh at staggered times, as controllers do, so the whole stack
   // never pauses at once.
   refresh_due_ = refresh_interval_ + refresh_interval_ * index / std::max<uint32_t>(1, cfg.channels());
   next_try_ = refresh_due_;
-  queue_.reserve(cfg.queue_entries);
 }
 
 void HbmChannel::enqueue(const QueuedBurst& b) {
   account_occupancy(b.arrival_cycle);
-  queue_.push_back(b);
-  counters_.occupancy_max = std::max<uint64_t>(counters_.occupancy_max, queue_.size());
+  const int32_t idx = free_.back();
+  free_.pop_back();
+  pool_[size_t(idx)] = {b, seq_++, -1};
+  if (bank_tail_[b.bank] >= 0) pool_[size_t(bank_tail_[b.bank])].next = idx;
+  else bank_head_[b.bank] = idx;
+  bank_tail_[b.bank] = idx;
+  ++bank_count_[b.bank];
+  bank_writes_[b.bank] += b.is_write;
+  nonempty_mask_ |= bit(b.bank);
+  if (open_row_[b.bank] == b.row) ++hit_count_[b.bank];
+  ++queued_;
+  counters_.occupancy_max = std::max<uint64_t>(counters_.occupancy_max, queued_);
   next_try_ = std::min(next_try_, b.arrival_cycle);
+}
+
+void HbmChannel::unlink(int32_t entry, int32_t prev) {
+  const uint32_t b = pool_[size_t(entry)].burst.bank;
+  const int32_t next = pool_[size_t(entry)].next;
+  if (prev >= 0) pool_[size_t(prev)].next = next;
+  else bank_head_[b] = next;
+  if (bank_tail_[b] == entry) bank_tail_[b] = prev;
+  bank_writes_[b] -= pool_[size_t(entry)].burst.is_write;
+  if (--bank_count_[b] == 0) nonempty_mask_ &= ~bit(b);
+  free_.push_back(entry);
+  --queued_;
 }
 
 void HbmChannel::account_occupancy(uint64_t up_to_cycle) {
   if (up_to_cycle > occupancy_since_) {
-    counters_.occupancy_integral += queue_.size() * (up_to_cycle - occupancy_since_);
+    counters_.occupancy_integral += queued_ * (up_to_cycle - occupancy_since_);
     occupancy_since_ = up_to_cycle;
   }
 }
@@ -100,6 +128,9 @@ void HbmChannel::issue(uint64_t c, Command cmd, uint32_t bank, uint32_t group, u
     case Command::kAct:
       open_row_[bank] = row;
       open_mask_ |= bit(bank);
+      hit_count_[bank] = 0;
+      for (int32_t e = bank_head_[bank]; e >= 0; e = pool_[size_t(e)].next)
+        hit_count_[bank] += pool_[size_t(e)].burst.row == row;
       last_acts_[act_ring_pos_] = c;
       act_ring_pos_ = (act_ring_pos_ + 1) % 4;
       ++acts_seen_;
@@ -111,6 +142,7 @@ void HbmChannel::issue(uint64_t c, Command cmd, uint32_t bank, uint32_t group, u
     case Command::kPre:
       open_row_[bank] = kClosed;
       open_mask_ &= ~bit(bank);
+      hit_count_[bank] = 0;
       ++counters_.precharges;
       break;
     case Command::kRef:
@@ -138,7 +170,7 @@ void HbmChannel::start_refresh_if_due(uint64_t c) {
     candidates = all_banks_mask_;
   }
   std::array<uint32_t, 64> demand{};
-  for (const auto& e : queue_) ++demand[e.bank];
+  for (uint32_t b = 0; b < cfg_->banks(); ++b) demand[b] = bank_count_[b];
   uint32_t best = 64;
   for (uint32_t b = 0; b < cfg_->banks(); ++b) {
     if (!(candidates & bit(b))) continue;
@@ -154,111 +186,123 @@ void HbmChannel::start_refresh_if_due(uint64_t c) {
   pending_refresh_mask_ = bit(best);
 }
 
-void HbmChannel::evaluate(uint64_t c, std::vector<BurstDone>& done) {
-  start_refresh_if_due(c);
-  uint64_t min_next = kNeverCycle;
+HbmChannel::Choice HbmChannel::choose(uint64_t c) const {
+  Choice ch;
   const uint32_t per_group = cfg_->banks_per_group;
-
-  // First ready: the oldest row hit whose column command is legal now.
-  uint64_t hit_mask = 0;
-  int col = -1;
-  for (size_t i = 0; i < queue_.size(); ++i) {
-    const QueuedBurst& e = queue_[i];
-    if (open_row_[e.bank] != e.row) continue;
-    hit_mask |= bit(e.bank);
-    if (col >= 0) continue;
-    const uint64_t t = earliest(e.is_write ? Command::kWr : Command::kRd, e.bank, e.bank_group);
-    if (t <= c) col = int(i);
-    else min_next = std::min(min_next, t);
+  // Column bus, first ready: the oldest row hit whose RD/WR is legal now. Within a
+  // bank only the oldest read hit and the oldest write hit can be that one.
+  for (uint64_t m = nonempty_mask_ & open_mask_; m; m &= m - 1) {
+    const uint32_t b = uint32_t(__builtin_ctzll(m));
+    if (!hit_count_[b]) continue;
+    // A kind the bank does not hold counts as seen, so the walk stops at the first hit.
+    bool seen_wr = bank_writes_[b] == 0, seen_rd = bank_writes_[b] == bank_count_[b];
+    for (int32_t e = bank_head_[b], prev = -1; e >= 0 && !(seen_rd && seen_wr); prev = e, e = pool_[size_t(e)].next) {
+      const Entry& x = pool_[size_t(e)];
+      if (x.burst.row != open_row_[b]) continue;
+      bool& seen = x.burst.is_write ? seen_wr : seen_rd;
+      if (seen) continue;
+      seen = true;
+      const uint64_t t = earliest(x.burst.is_write ? Command::kWr : Command::kRd, b, x.burst.bank_group);
+      if (t > c) ch.min_next = std::min(ch.min_next, t);
+      else if (x.seq < ch.col_seq) ch.col_entry = e, ch.col_prev = prev, ch.col_seq = x.seq;
+    }
   }
 
-  // The row command bus: refresh first, then the oldest request's ACT or PRE.
-  bool row_issued = false;
+  // Row bus: a due refresh first, then the oldest request's ACT or PRE, then (closed
+  // page) the PRE of an open row nobody is waiting for.
   if (pending_refresh_mask_) {
     const uint64_t open_in = pending_refresh_mask_ & open_mask_;
     if (open_in) {
-      for (uint32_t b = 0; b < cfg_->banks(); ++b) {
-        if (!(open_in & bit(b))) continue;
+      for (uint64_t m = open_in; m; m &= m - 1) {
+        const uint32_t b = uint32_t(__builtin_ctzll(m));
         const uint64_t t = earliest(Command::kPre, b, b / per_group);
-        if (t <= c && !row_issued) {
-          issue(c, Command::kPre, b, b / per_group, 0);
-          row_issued = true;
-        } else {
-          min_next = std::min(min_next, t);
+        if (t > c) {
+          ch.min_next = std::min(ch.min_next, t);
+        } else if (ch.row_bank < 0) {
+          ch.row_bank = int32_t(b), ch.row_cmd = Command::kPre, ch.row_for_refresh = true;
         }
       }
     } else {
       const Command ref = cfg_->refresh_mode == RefreshMode::kAllBank ? Command::kRef : Command::kRefSb;
       uint64_t t = channel_next_[size_t(ref)];
       uint32_t target = 0;
-      for (uint32_t b = 0; b < cfg_->banks(); ++b)
-        if (pending_refresh_mask_ & bit(b)) t = std::max(t, bank_next_[b][size_t(ref)]), target = b;
-      if (t <= c) {
-        issue(c, ref, ref == Command::kRef ? 0 : target, target / per_group, 0);
-        pending_refresh_mask_ = 0;
-        row_issued = true;
-      } else {
-        min_next = std::min(min_next, t);
+      for (uint64_t m = pending_refresh_mask_; m; m &= m - 1) {
+        target = uint32_t(__builtin_ctzll(m));
+        t = std::max(t, bank_next_[target][size_t(ref)]);
       }
+      if (t > c) ch.min_next = std::min(ch.min_next, t);
+      else ch.row_bank = int32_t(target), ch.row_cmd = ref, ch.row_for_refresh = true;
     }
   }
-  if (!row_issued) {
-    uint64_t seen = pending_refresh_mask_;  // no ACT to a bank waiting for its refresh
-    for (const QueuedBurst& e : queue_) {
-      if (seen & bit(e.bank)) continue;
-      seen |= bit(e.bank);
-      Command cmd;
-      if (open_row_[e.bank] == kClosed) cmd = Command::kAct;
-      else if (open_row_[e.bank] != e.row && !(hit_mask & bit(e.bank))) cmd = Command::kPre;
-      else continue;
-      const uint64_t t = earliest(cmd, e.bank, e.bank_group);
-      if (t <= c) {
-        if (cmd == Command::kPre) closed_for_conflict_[e.bank] = 1;
-        issue(c, cmd, e.bank, e.bank_group, e.row);
-        row_issued = true;
-        break;
-      }
-      min_next = std::min(min_next, t);
+  if (ch.row_bank >= 0) return ch;
+  for (uint64_t m = nonempty_mask_ & ~pending_refresh_mask_; m; m &= m - 1) {
+    const uint32_t b = uint32_t(__builtin_ctzll(m));
+    const Entry& head = pool_[size_t(bank_head_[b])];
+    Command cmd;
+    if (open_row_[b] == kClosed) cmd = Command::kAct;
+    else if (open_row_[b] != head.burst.row && hit_count_[b] == 0) cmd = Command::kPre;
+    else continue;
+    const uint64_t t = earliest(cmd, b, head.burst.bank_group);
+    if (t > c) {
+      ch.min_next = std::min(ch.min_next, t);
+    } else if (head.seq < ch.row_seq) {
+      ch.row_bank = int32_t(b), ch.row_cmd = cmd, ch.row_seq = head.seq, ch.row_conflict = cmd == Command::kPre;
     }
   }
-  if (!row_issued && cfg_->page_policy == PagePolicy::kClosed) {
-    const uint64_t idle_open = open_mask_ & ~hit_mask & ~pending_refresh_mask_;
-    for (uint32_t b = 0; idle_open && b < cfg_->banks(); ++b) {
-      if (!(idle_open & bit(b))) continue;
-      const uint64_t t = earliest(Command::kPre, b, b / per_group);
-      if (t <= c) {
-        issue(c, Command::kPre, b, b / per_group, 0);
-        row_issued = true;
-        break;
-      }
-      min_next = std::min(min_next, t);
+  if (ch.row_bank >= 0 || cfg_->page_policy != PagePolicy::kClosed) return ch;
+  for (uint64_t m = open_mask_ & ~pending_refresh_mask_; m; m &= m - 1) {
+    const uint32_t b = uint32_t(__builtin_ctzll(m));
+    if (hit_count_[b]) continue;
+    const uint64_t t = earliest(Command::kPre, b, b / per_group);
+    if (t > c) {
+      ch.min_next = std::min(ch.min_next, t);
+    } else if (ch.row_bank < 0) {
+      ch.row_bank = int32_t(b), ch.row_cmd = Command::kPre;
+      // A waiting request for another row makes this PRE a conflict, as in open page.
+      ch.row_conflict = (nonempty_mask_ & bit(b)) != 0;
     }
   }
+  return ch;
+}
 
-  if (col >= 0) {
-    const QueuedBurst e = queue_[size_t(col)];
-    const Command cmd = e.is_write ? Command::kWr : Command::kRd;
-    issue(c, cmd, e.bank, e.bank_group, e.row);
+void HbmChannel::evaluate(uint64_t c, std::vector<BurstDone>& done) {
+  start_refresh_if_due(c);
+  const Choice ch = choose(c);
+  const bool issued = ch.row_bank >= 0 || ch.col_entry >= 0;
+  if (ch.row_bank >= 0) {
+    const uint32_t b = uint32_t(ch.row_bank);
+    const uint32_t group = b / cfg_->banks_per_group;
+    if (ch.row_conflict) closed_for_conflict_[b] = 1;
+    const uint32_t row = ch.row_cmd == Command::kAct ? pool_[size_t(bank_head_[b])].burst.row : 0;
+    issue(c, ch.row_cmd, ch.row_cmd == Command::kRef ? 0 : b, group, row);
+    if (ch.row_cmd == Command::kRef || ch.row_cmd == Command::kRefSb) pending_refresh_mask_ = 0;
+  }
+  if (ch.col_entry >= 0) {
+    const QueuedBurst e = pool_[size_t(ch.col_entry)].burst;
+    issue(c, e.is_write ? Command::kWr : Command::kRd, e.bank, e.bank_group, e.row);
     const TimingTable& t = cfg_->timing;
     const uint64_t end = c + (e.is_write ? t[tCWL] : t[tCL]) + t.tBURST();
     done.push_back({e.slot, end});
     latency_cycles_.add(end - e.arrival_cycle);
     ++(e.is_write ? counters_.writes : counters_.reads);
     account_occupancy(c);
-    queue_.erase(queue_.begin() + col);
+    unlink(ch.col_entry, ch.col_prev);
+    --hit_count_[e.bank];
   }
-
-  if (row_issued || col >= 0) {
-    next_try_ = c + 1;
-  } else {
-    next_try_ = min_next;
-    if (!pending_refresh_mask_) next_try_ = std::min(next_try_, refresh_due_);
+  uint64_t next = ch.min_next;
+  if (issued) {
+    // What is legal now but lost its bus this cycle goes next cycle; the rest
+    // waits for its constraint.
+    const Choice after = choose(c);
+    next = (after.row_bank >= 0 || after.col_entry >= 0) ? c + 1 : std::max(c + 1, after.min_next);
   }
+  if (!pending_refresh_mask_) next = std::min(next, std::max(c + 1, refresh_due_));
+  next_try_ = next;
 }
 
 void HbmChannel::sample(uint64_t cycle) {
   samples_.push_back({cycle, counters_.reads, counters_.writes, counters_.activates, counters_.refreshes,
-                      uint64_t(queue_.size())});
+                      uint64_t(queued_)});
 }
 
 nlohmann::json HbmChannel::stats_json(uint64_t elapsed_cycles) const {
@@ -277,7 +321,7 @@ nlohmann::json HbmChannel::stats_json(uint64_t elapsed_cycles) const {
       {"refreshes", counters_.refreshes},
       {"queue_occupancy",
        {{"mean", double(counters_.occupancy_integral +
-                        queue_.size() * (elapsed_cycles - std::min(elapsed_cycles, occupancy_since_))) /
+                        queued_ * (elapsed_cycles - std::min(elapsed_cycles, occupancy_since_))) /
                      cycles},
         {"max", counters_.occupancy_max}}},
       {"bandwidth_bytes_per_cycle", double((counters_.reads + counters_.writes) * burst) / cycles},

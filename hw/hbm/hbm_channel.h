@@ -66,8 +66,8 @@ class HbmChannel {
  public:
   HbmChannel(const HbmConfig& cfg, uint32_t index);
 
-  bool has_room(uint32_t bursts) const { return queue_.size() + bursts <= cfg_->queue_entries; }
-  size_t queued() const { return queue_.size(); }
+  bool has_room(uint32_t bursts) const { return queued_ + bursts <= cfg_->queue_entries; }
+  size_t queued() const { return queued_; }
   void enqueue(const QueuedBurst& b);
   // Everything at cycle c; appends finished bursts to `done`.
   void evaluate(uint64_t c, std::vector<BurstDone>& done);
@@ -99,6 +99,20 @@ class HbmChannel {
   uint64_t earliest(Command cmd, uint32_t bank, uint32_t group) const;
   void issue(uint64_t c, Command cmd, uint32_t bank, uint32_t group, uint32_t row);
   void start_refresh_if_due(uint64_t c);
+  // The best command each bus could issue at cycle c, and the earliest cycle any
+  // candidate becomes legal (for next_try_).
+  struct Choice {
+    int32_t col_entry = -1, col_prev = -1;
+    uint64_t col_seq = kNeverCycle;
+    int32_t row_bank = -1;
+    Command row_cmd = Command::kAct;
+    bool row_for_refresh = false;
+    bool row_conflict = false;  // a PRE that closes a row another request's row displaces
+    uint64_t row_seq = kNeverCycle;
+    uint64_t min_next = kNeverCycle;
+  };
+  Choice choose(uint64_t c) const;
+  void unlink(int32_t entry, int32_t prev);
 
   const HbmConfig* cfg_;
   uint32_t index_;
@@ -116,7 +130,22 @@ class HbmChannel {
   std::vector<uint8_t> closed_for_conflict_;
   uint64_t open_mask_ = 0;
 
-  std::vector<QueuedBurst> queue_;  // arrival order
+  // The queue: a pool of entries, threaded into one arrival-ordered list per bank,
+  // so the scheduler looks at banks (16) instead of entries (64).
+  struct Entry {
+    QueuedBurst burst;
+    uint64_t seq;  // arrival order within the channel
+    int32_t next;  // next entry of the same bank, or -1
+  };
+  std::vector<Entry> pool_;
+  std::vector<int32_t> free_;
+  std::vector<int32_t> bank_head_, bank_tail_;
+  std::vector<uint32_t> bank_count_;
+  std::vector<uint32_t> bank_writes_;  // of bank_count_, how many are writes
+  std::vector<uint32_t> hit_count_;  // queued entries for the bank's open row
+  uint64_t nonempty_mask_ = 0;
+  uint64_t seq_ = 0;
+  size_t queued_ = 0;
   uint64_t next_try_ = kNeverCycle;
 
   // Refresh: due every refresh_interval_ cycles; pending_refresh_mask_ names the

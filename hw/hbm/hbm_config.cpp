@@ -286,10 +286,15 @@ ClockConversion::ClockConversion(uint64_t clock_hz) {
   den_ = clock_hz / g;
 }
 
+// 128-bit division is a library call; most products fit in 64 bits.
 uint64_t ClockConversion::cycle_to_ps(uint64_t cycle) const {
+  if (cycle <= (UINT64_MAX - den_) / num_) return (cycle * num_ + den_ - 1) / den_;
   return uint64_t((u128(cycle) * num_ + den_ - 1) / den_);
 }
 
-uint64_t ClockConversion::last_cycle_at_or_before(uint64_t ps) const { return uint64_t(u128(ps) * den_ / num_); }
+uint64_t ClockConversion::last_cycle_at_or_before(uint64_t ps) const {
+  if (ps <= UINT64_MAX / den_) return ps * den_ / num_;
+  return uint64_t(u128(ps) * den_ / num_);
+}
 
 }  // namespace tpusim::hbm

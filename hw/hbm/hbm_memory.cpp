@@ -24,19 +24,24 @@ bool HbmMemory::try_enqueue(const mem::MemRequest& req, uint64_t now_ps) {
   const uint32_t shift = cfg_.mapping.offset_bits;
   const uint64_t first = req.addr >> shift, last = (req.addr + req.bytes - 1) >> shift;
   // All or nothing: a request never sits half in the queues.
-  touched_.clear();
-  bool room = true;
-  for (uint64_t b = first; b <= last; ++b) {
-    const uint32_t ch = decode_address(cfg_, b << shift).channel;
-    if (bursts_per_channel_[ch]++ == 0) touched_.push_back(ch);
+  if (memo_bytes_ != req.bytes || memo_addr_ != req.addr) {
+    memo_counts_.clear();
+    memo_bursts_.clear();
+    for (uint64_t b = first; b <= last; ++b) {
+      memo_bursts_.push_back(decode_address(cfg_, b << shift));
+      ++bursts_per_channel_[memo_bursts_.back().channel];
+    }
+    for (const DecodedAddress& d : memo_bursts_) {
+      const uint32_t ch = d.channel;
+      if (bursts_per_channel_[ch]) memo_counts_.push_back({ch, bursts_per_channel_[ch]}), bursts_per_channel_[ch] = 0;
+    }
+    memo_addr_ = req.addr, memo_bytes_ = req.bytes;
   }
-  for (uint32_t ch : touched_) {
-    room = room && channels_[ch].has_room(bursts_per_channel_[ch]);
-    bursts_per_channel_[ch] = 0;
-  }
-  if (!room) {
-    ++rejected_;
-    return false;
+  for (const auto& [ch, n] : memo_counts_) {
+    if (!channels_[ch].has_room(n)) {
+      ++rejected_;
+      return false;
+    }
   }
   uint32_t slot;
   if (!free_slots_.empty()) {
@@ -47,8 +52,7 @@ bool HbmMemory::try_enqueue(const mem::MemRequest& req, uint64_t now_ps) {
     slots_.emplace_back();
   }
   slots_[slot] = {req.id, now_ps, 0, uint32_t(last - first + 1), req.source, req.is_write};
-  for (uint64_t b = first; b <= last; ++b) {
-    const DecodedAddress d = decode_address(cfg_, b << shift);
+  for (const DecodedAddress& d : memo_bursts_) {
     channels_[d.channel].enqueue({slot, uint16_t(d.bank_group * cfg_.banks_per_group + d.bank),
                                   uint16_t(d.bank_group), d.row, d.column, next_cycle_, req.is_write});
   }

@@ -79,7 +79,12 @@ class HbmMemory final : public mem::MemoryPort {
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;
   std::vector<uint32_t> bursts_per_channel_;  // scratch for try_enqueue
-  std::vector<uint32_t> touched_;
+  // Bursts per channel of the last request looked at: a requester retrying after
+  // back-pressure offers the same request again, and decoding it every time was
+  // most of the simulation time.
+  uint64_t memo_addr_ = 0, memo_bytes_ = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> memo_counts_;
+  std::vector<DecodedAddress> memo_bursts_;
   std::vector<BurstDone> done_;
   std::priority_queue<mem::MemCompletion, std::vector<mem::MemCompletion>, Later> completions_;
   uint64_t outstanding_ = 0;

@@ -25,7 +25,7 @@ struct TrafficSpec {
   uint64_t stride_bytes = 16384;     // strided: distance between request starts
   uint32_t writes_per_8 = 3;         // mix: of every 8 requests, this many are writes
   uint64_t requests = 10000;
-  uint32_t max_outstanding = 256;
+  uint32_t max_outstanding = 1u << 16;  // the port's back-pressure is the real limit
   uint64_t region_bytes = 0;         // 0 = the whole capacity
   uint64_t seed = 1;
   // Typical DMA sizes and strides per pattern (sequential and mix: 4 KiB; strided:
