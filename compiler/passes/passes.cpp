@@ -1,0 +1,275 @@
+#include "compiler/passes/passes.h"
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "isa/numerics/bf16.h"
+#include "isa/numerics/fp32.h"
+#include "isa/numerics/vpu.h"
+
+namespace tpusim::compiler {
+
+void run_passes(Graph& g, const std::vector<Pass>& passes) {
+  for (const Pass& p : passes) {
+    p.run(g);
+    verify(g, "after pass " + p.name);
+  }
+}
+
+std::vector<Pass> import_pipeline() {
+  return {pass_by_name("fuse-layernorm"), pass_by_name("fuse-gelu"), pass_by_name("fold-batchnorm"), pass_by_name("dce")};
+}
+
+Pass pass_by_name(const std::string& name) {
+  if (name == "fuse-layernorm") return {name, fuse_layernorm};
+  if (name == "fuse-gelu") return {name, fuse_gelu};
+  if (name == "fold-batchnorm") return {name, fold_batchnorm};
+  if (name == "fuse-elementwise") return {name, fuse_elementwise};
+  if (name == "dce") return {name, eliminate_dead_code};
+  if (name == "precision-default") return {name, [](Graph& g) { apply_precision(g, num::PrecisionPolicy::kDefault); }};
+  if (name == "precision-bf16") return {name, [](Graph& g) { apply_precision(g, num::PrecisionPolicy::kBf16); }};
+  throw CompileError("unknown pass '" + name + "'");
+}
+
+void apply_precision(Graph& g, num::PrecisionPolicy policy) {
+  if (policy != num::PrecisionPolicy::kBf16) return;
+  auto retype = [](TensorType& t) {
+    if (t.dtype == DType::kF32) t.dtype = DType::kBf16;
+  };
+  for (GraphInput& i : g.inputs) retype(i.type);
+  for (Constant& c : g.constants) {
+    if (c.type.dtype != DType::kF32) continue;
+    retype(c.type);
+    for (float& v : c.f) v = num::round_to_bf16(v);
+  }
+  for (Node& n : g.nodes) {
+    retype(n.type);
+    if (n.op == OpKind::kCast) n.attrs["to"] = Attr::String("bf16");
+  }
+}
+
+namespace {
+
+// Uses of every tensor by nodes, plus one per graph output.
+std::map<std::string, int> use_counts(const Graph& g) {
+  std::map<std::string, int> u;
+  for (const Node& n : g.nodes)
+    for (const std::string& s : n.inputs) ++u[s];
+  for (const std::string& o : g.outputs) ++u[o];
+  return u;
+}
+
+std::string fresh_name(const Graph& g, const std::string& base) {
+  const auto types = g.types();
+  std::string s = base;
+  for (int k = 1; types.count(s); ++k) s = base + "." + std::to_string(k);
+  return s;
+}
+
+// A scalar (any shape with one element) float constant's value.
+bool scalar_constant(const Graph& g, const std::string& name, float* v) {
+  const Constant* c = g.find_constant(name);
+  if (!c || c->type.dtype == DType::kI64 || c->f.size() != 1) return false;
+  *v = c->f[0];
+  return true;
+}
+
+const Node* single_use_producer(const Graph& g, const std::map<std::string, int>& uses, const std::string& t, OpKind op) {
+  const Node* p = g.producer(t);
+  if (!p || p->op != op) return nullptr;
+  auto it = uses.find(t);
+  if (it == uses.end() || it->second != 1) return nullptr;
+  return p;
+}
+
+void replace_node(Graph& g, const std::set<int>& remove, Node fused, int insert_at_id) {
+  std::vector<Node> out;
+  for (Node& n : g.nodes) {
+    if (n.id == insert_at_id) out.push_back(fused);
+    if (!remove.count(n.id)) out.push_back(std::move(n));
+  }
+  g.nodes = std::move(out);
+}
+
+}  // namespace
+
+void fold_batchnorm(Graph& g) {
+  for (size_t idx = 0; idx < g.nodes.size(); ++idx) {
+    const Node bn = g.nodes[idx];
+    if (bn.op != OpKind::kBatchNorm) continue;
+    const auto uses = use_counts(g);
+    const Node* conv = single_use_producer(g, uses, bn.inputs[0], OpKind::kConv2d);
+    if (!conv) continue;
+    const Constant* w = g.find_constant(conv->inputs[1]);
+    const Constant* b = conv->inputs.size() == 3 ? g.find_constant(conv->inputs[2]) : nullptr;
+    const Constant *scale = g.find_constant(bn.inputs[1]), *beta = g.find_constant(bn.inputs[2]),
+                   *mean = g.find_constant(bn.inputs[3]), *var = g.find_constant(bn.inputs[4]);
+    if (!w || (conv->inputs.size() == 3 && !b) || !scale || !beta || !mean || !var) continue;
+    const float eps = bn.attr_float("epsilon");
+    const int64_t cout = w->type.shape[0], per_out = num_elements(w->type.shape) / cout;
+    Constant nw{fresh_name(g, w->name + ".bnfold"), w->type, w->f, {}};
+    Constant nb{fresh_name(g, bn.output + ".bias"), {w->type.dtype, {cout}}, std::vector<float>(cout), {}};
+    for (int64_t o = 0; o < cout; ++o) {
+      const float s = num::div(scale->f[o], num::sqrt(num::add(var->f[o], eps)));
+      for (int64_t k = 0; k < per_out; ++k) nw.f[o * per_out + k] = num::mul(w->f[o * per_out + k], s);
+      const float bo = b ? b->f[o] : 0.0f;
+      nb.f[o] = num::add(num::mul(num::sub(bo, mean->f[o]), s), beta->f[o]);
+    }
+    for (Node& n : g.nodes)
+      if (n.id == conv->id) {
+        n.inputs = {n.inputs[0], nw.name, nb.name};
+        n.output = bn.output;
+      }
+    g.constants.push_back(std::move(nw));
+    g.constants.push_back(std::move(nb));
+    g.nodes.erase(g.nodes.begin() + static_cast<long>(idx));
+    --idx;
+  }
+  eliminate_dead_code(g);
+}
+
+void fuse_gelu(Graph& g) {
+  const float kSqrt2 = 1.41421356237309504880f;
+  for (size_t idx = 0; idx < g.nodes.size(); ++idx) {
+    const auto uses = use_counts(g);
+    const Node& outer = g.nodes[idx];  // mul(v, 0.5)
+    if (outer.op != OpKind::kMul) continue;
+    float c;
+    int half = -1;
+    for (int i = 0; i < 2; ++i)
+      if (scalar_constant(g, outer.inputs[i], &c) && c == 0.5f) half = i;
+    if (half < 0) continue;
+    const Node* v = single_use_producer(g, uses, outer.inputs[1 - half], OpKind::kMul);
+    if (!v) continue;
+    for (int xi = 0; xi < 2; ++xi) {
+      const std::string& x = v->inputs[xi];
+      const Node* u = single_use_producer(g, uses, v->inputs[1 - xi], OpKind::kAdd);
+      if (!u) continue;
+      int one = -1;
+      for (int i = 0; i < 2; ++i)
+        if (scalar_constant(g, u->inputs[i], &c) && c == 1.0f) one = i;
+      if (one < 0) continue;
+      const Node* e = single_use_producer(g, uses, u->inputs[1 - one], OpKind::kErf);
+      if (!e) continue;
+      const Node* t = single_use_producer(g, uses, e->inputs[0], OpKind::kDiv);
+      if (!t || t->inputs[0] != x || !scalar_constant(g, t->inputs[1], &c) || c != kSqrt2) continue;
+      Node fused;
+      fused.id = g.next_id();
+      fused.op = OpKind::kGelu;
+      fused.inputs = {x};
+      fused.output = outer.output;
+      fused.type = outer.type;
+      const std::set<int> remove = {outer.id, v->id, u->id, e->id, t->id};
+      replace_node(g, remove, fused, outer.id);
+      idx = 0;
+      break;
+    }
+  }
+  eliminate_dead_code(g);
+}
+
+void fuse_layernorm(Graph& g) {
+  for (size_t idx = 0; idx < g.nodes.size(); ++idx) {
+    const auto uses = use_counts(g);
+    const Node& out = g.nodes[idx];  // add(mul(div(d, sqrt(..)), gamma), beta)
+    if (out.op != OpKind::kAdd) continue;
+    for (int bi = 0; bi < 2; ++bi) {
+      const Constant* beta = g.find_constant(out.inputs[bi]);
+      const Node* scaled = single_use_producer(g, uses, out.inputs[1 - bi], OpKind::kMul);
+      if (!beta || !scaled) continue;
+      for (int gi = 0; gi < 2; ++gi) {
+        const Constant* gamma = g.find_constant(scaled->inputs[gi]);
+        const Node* norm = single_use_producer(g, uses, scaled->inputs[1 - gi], OpKind::kDiv);
+        if (!gamma || !norm) continue;
+        const Node* sq = single_use_producer(g, uses, norm->inputs[1], OpKind::kSqrt);
+        const Node* d = g.producer(norm->inputs[0]);
+        if (!sq || !d || d->op != OpKind::kSub || uses.at(d->output) != 2) continue;
+        const Node* ve = single_use_producer(g, uses, sq->inputs[0], OpKind::kAdd);
+        if (!ve) continue;
+        float eps = 0;
+        int ei = -1;
+        for (int i = 0; i < 2; ++i)
+          if (scalar_constant(g, ve->inputs[i], &eps)) ei = i;
+        if (ei < 0) continue;
+        const Node* var = single_use_producer(g, uses, ve->inputs[1 - ei], OpKind::kReduceMean);
+        if (!var) continue;
+        const Node* p = g.producer(var->inputs[0]);
+        if (!p || uses.at(p->output) != 1) continue;
+        const bool square = (p->op == OpKind::kPow && p->attr_float("exponent") == 2.0f && p->inputs[0] == d->output) ||
+                            (p->op == OpKind::kMul && p->inputs[0] == d->output && p->inputs[1] == d->output);
+        if (!square) continue;
+        const std::string& x = d->inputs[0];
+        const Node* mean = single_use_producer(g, uses, d->inputs[1], OpKind::kReduceMean);
+        if (!mean || mean->inputs[0] != x) continue;
+        const auto& xt = g.types().at(x);
+        const int64_t last = static_cast<int64_t>(xt.shape.size()) - 1;
+        const std::vector<int64_t> want_axes = {last};
+        if (mean->attr_ints("axes") != want_axes || var->attr_ints("axes") != want_axes || mean->attr_int("keepdims") != 1 ||
+            var->attr_int("keepdims") != 1)
+          continue;
+        const Shape cshape = {xt.shape.back()};
+        if (gamma->type.shape != cshape || beta->type.shape != cshape || out.type != xt) continue;
+        Node fused;
+        fused.id = g.next_id();
+        fused.op = OpKind::kLayerNorm;
+        fused.inputs = {x, gamma->name, beta->name};
+        fused.output = out.output;
+        fused.type = out.type;
+        fused.attrs["axis"] = Attr::Int(last);
+        fused.attrs["epsilon"] = Attr::Float(eps);
+        const std::set<int> remove = {out.id, scaled->id, norm->id, sq->id, d->id, ve->id, var->id, p->id, mean->id};
+        replace_node(g, remove, fused, out.id);
+        idx = static_cast<size_t>(-1);
+        goto next;
+      }
+    }
+  next:;
+  }
+  eliminate_dead_code(g);
+}
+
+void fuse_elementwise(Graph& g) {
+  const auto uses = use_counts(g);
+  std::map<std::string, Node*> producer;
+  for (Node& n : g.nodes) producer[n.output] = &n;
+  for (Node& n : g.nodes) {
+    if (!is_elementwise(n.op) || n.fusion_group >= 0) continue;
+    for (const std::string& in : n.inputs) {
+      auto it = producer.find(in);
+      if (it == producer.end() || uses.at(in) != 1) continue;
+      const Node& p = *it->second;
+      // A tile of the producer's result feeds this op: same element count, so the
+      // op runs on the producer's output tiles (no broadcast of the fused operand).
+      if (num_elements(p.type.shape) != num_elements(n.type.shape)) continue;
+      n.fusion_group = p.fusion_group >= 0 ? p.fusion_group : p.id;
+      break;
+    }
+  }
+}
+
+void eliminate_dead_code(Graph& g) {
+  std::set<std::string> live(g.outputs.begin(), g.outputs.end());
+  std::vector<bool> keep(g.nodes.size(), false);
+  for (size_t k = g.nodes.size(); k-- > 0;) {
+    if (!live.count(g.nodes[k].output)) continue;
+    keep[k] = true;
+    for (const std::string& s : g.nodes[k].inputs) live.insert(s);
+  }
+  std::vector<Node> nodes;
+  std::set<int> kept_ids;
+  for (size_t k = 0; k < g.nodes.size(); ++k)
+    if (keep[k]) {
+      nodes.push_back(std::move(g.nodes[k]));
+      kept_ids.insert(nodes.back().id);
+    }
+  for (Node& n : nodes)
+    if (n.fusion_group >= 0 && !kept_ids.count(n.fusion_group)) n.fusion_group = -1;
+  g.nodes = std::move(nodes);
+  std::vector<Constant> consts;
+  for (Constant& c : g.constants)
+    if (live.count(c.name)) consts.push_back(std::move(c));
+  g.constants = std::move(consts);
+}
+
+}  // namespace tpusim::compiler

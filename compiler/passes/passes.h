@@ -1,0 +1,62 @@
+// Graph-level passes that need no ISA. Each is small, named and testable alone on
+// IR text (tests/compiler/passes_test.cpp); run_passes() runs the verifier after
+// every one, so a pass that breaks the graph is caught where it happened.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "compiler/ir/graph.h"
+#include "isa/numerics/precision.h"
+
+namespace tpusim::compiler {
+
+struct Pass {
+  std::string name;
+  std::function<void(Graph&)> run;
+};
+
+// Runs each pass, then verify(g, "after pass <name>").
+void run_passes(Graph& g, const std::vector<Pass>& passes);
+
+// Looks a pass up by its name ("fuse-layernorm", "fuse-gelu", "fold-batchnorm",
+// "fuse-elementwise", "dce", "precision-default", "precision-bf16"); throws
+// CompileError for an unknown name.
+Pass pass_by_name(const std::string& name);
+
+// The passes that canonicalise an imported graph: fuse-layernorm, fuse-gelu,
+// fold-batchnorm, dce.
+std::vector<Pass> import_pipeline();
+
+// `default`: nothing changes (fp32 tensors; the MXU rounds its operands itself).
+// `bf16`: every f32 tensor (inputs, constants rounded to bf16, node results, cast
+// targets) becomes bf16; i64 tensors stay.
+void apply_precision(Graph& g, num::PrecisionPolicy policy);
+
+// batchnorm(conv2d(x, w, b), scale, bias, mean, var) with constant parameters and a
+// conv result used only there -> conv2d(x, w', b'), per output channel o:
+//   s_o  = div(scale_o, sqrt(add(var_o, eps)))
+//   w'   = mul(w[o,...], s_o)
+//   b'_o = add(mul(sub(b_o, mean_o), s_o), bias_o)      (b_o = +0.0 without a bias)
+// The conv keeps its id and takes the batchnorm's output name.
+void fold_batchnorm(Graph& g);
+
+// The decomposition exporters emit for LayerNormalization before opset 17:
+//   m = reduce_mean(x, last); d = sub(x, m); v = reduce_mean(pow(d, 2) | mul(d, d));
+//   y = add(mul(div(d, sqrt(add(v, eps))), gamma), beta)
+// -> layernorm(x, gamma, beta) {axis, epsilon}. The fused op gets a fresh id.
+void fuse_layernorm(Graph& g);
+
+// torch's exact-erf GELU: mul(mul(x, add(erf(div(x, sqrt2)), 1)), 0.5) -> gelu(x).
+void fuse_gelu(Graph& g);
+
+// Marks fusion groups: an elementwise op whose operand is the only use of another
+// node's result joins that node's group (fusion_group = the root's id), so the
+// later lowering applies it to the producer's output tile before storing it.
+void fuse_elementwise(Graph& g);
+
+// Removes nodes and constants that no graph output depends on.
+void eliminate_dead_code(Graph& g);
+
+}  // namespace tpusim::compiler
