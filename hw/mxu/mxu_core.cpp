@@ -76,13 +76,13 @@ MxuReadiness MxuCore::check_at(MxuOpKind kind) const {
   const int R = params_.rows, C = params_.cols;
   switch (kind) {
     case MxuOpKind::kPush:
-      if (staging_rows_ >= R)
+      if (staging_rows_ + kSublanes > R)
         r.fault = "mpush: the staging buffer already holds all " + std::to_string(R) + " weight rows (mswap first)";
       else if (now_ < staging_port_free_)
         r.stall = MxuStall::kStagingPortBusy;
       break;
     case MxuOpKind::kPushTransposed:
-      if (staging_cols_ >= C)
+      if (staging_cols_ + kSublanes > C)
         r.fault = "mpush.t: the staging buffer already holds all " + std::to_string(C) + " weight columns (mswap first)";
       else if (now_ < staging_port_free_)
         r.stall = MxuStall::kStagingPortBusy;
@@ -169,15 +169,15 @@ void MxuCore::push(const Vreg& v, bool transposed) {
   require_issue(transposed ? MxuOpKind::kPushTransposed : MxuOpKind::kPush);
   const int R = params_.rows, C = params_.cols;
   if (!transposed) {
-    for (int s = 0; s < kSublanes && staging_rows_ + s < R; ++s)
+    for (int s = 0; s < kSublanes; ++s)
       for (int n = 0; n < C; ++n)
         staging_[static_cast<size_t>((staging_rows_ + s) * C + n)] = num::fp32_to_bf16(v.at(s, n));
-    staging_rows_ = std::min(R, staging_rows_ + kSublanes);
+    staging_rows_ += kSublanes;
   } else {
-    for (int s = 0; s < kSublanes && staging_cols_ + s < C; ++s)
+    for (int s = 0; s < kSublanes; ++s)
       for (int k = 0; k < R; ++k)
         staging_[static_cast<size_t>(k * C + staging_cols_ + s)] = num::fp32_to_bf16(v.at(s, k));
-    staging_cols_ = std::min(C, staging_cols_ + kSublanes);
+    staging_cols_ += kSublanes;
   }
   staging_port_free_ = now_ + static_cast<uint64_t>(params_.weight_push_cycles_per_vreg);
   busy_until_ = std::max(busy_until_, staging_port_free_);
@@ -191,7 +191,8 @@ void MxuCore::swap(int valid_rows) {
     throw MxuFault("mxu" + std::to_string(params_.index) + ": mswap k=" + std::to_string(valid_rows) +
                    " exceeds the array's " + std::to_string(R) + " rows");
   auto tile = std::make_shared<WeightTile>();
-  tile->valid_rows = valid_rows >= 0 ? valid_rows : (staging_cols_ > 0 ? R : staging_rows_);
+  // k=0 is how the ISA writes "no k" (isa/exec: weights_k = k > 0 ? k : ...).
+  tile->valid_rows = valid_rows > 0 ? valid_rows : (staging_cols_ > 0 ? R : staging_rows_);
   tile->w = staging_;
   // Rows that are not valid hold zero weights (and see zero activations, see matmul).
   std::fill(tile->w.begin() + static_cast<std::ptrdiff_t>(tile->valid_rows) * C, tile->w.end(), uint16_t{0});

@@ -158,8 +158,8 @@ class MxuCore {
   // Issue at now(). Each throws MxuFault (naming the op and the problem) when
   // check() would not allow it.
   void push(const Vreg& v, bool transposed);
-  // valid_rows < 0: rows [0, rows pushed) are valid (all R after an mpush.t);
-  // otherwise mswap k=valid_rows.
+  // mswap k=valid_rows; valid_rows <= 0 (no k, as the ISA encodes it): rows
+  // [0, rows pushed) are valid, all R after an mpush.t.
   void swap(int valid_rows = -1);
   MatmulTicket matmul(const Vreg& lhs);
   // Returns the cycle its vreg is written; collect it with take_popped().

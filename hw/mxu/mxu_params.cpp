@@ -24,10 +24,12 @@ int MxuParams::first_result_latency_cycles() const { return fixed_latency_cycles
 int MxuParams::pop_cycles() const { return ceil_div(kSublanes, result_rows_per_cycle); }
 
 void MxuParams::validate() const {
-  require(rows >= 1 && rows <= kLanes,
-          "rows=" + std::to_string(rows) + " must be 1.." + std::to_string(kLanes) + " (k comes from the vreg's lanes)");
-  require(cols >= 1 && cols <= kLanes,
-          "cols=" + std::to_string(cols) + " must be 1.." + std::to_string(kLanes) + " (n goes to the vreg's lanes)");
+  // As the ISA's target (isa/asm: mxu_rows/mxu_cols): k and n are vreg lanes, and
+  // an mpush / mpush.t fills 8 rows / columns at a time.
+  require(rows >= kSublanes && rows <= kLanes && rows % kSublanes == 0,
+          "rows=" + std::to_string(rows) + " must be a multiple of 8 in 8..128");
+  require(cols >= kSublanes && cols <= kLanes && cols % kSublanes == 0,
+          "cols=" + std::to_string(cols) + " must be a multiple of 8 in 8..128");
   require(pes_per_cycle >= 1, "pes_per_cycle=" + std::to_string(pes_per_cycle) + " must be at least 1");
   // The array takes one LHS row per cycle, so an 8-row vreg needs at least 8.
   require(lhs_cycles_per_vreg >= kSublanes,

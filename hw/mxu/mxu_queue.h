@@ -18,7 +18,7 @@ namespace tpusim::hw::mxu {
 struct MxuOp {
   MxuOpKind kind = MxuOpKind::kMatmul;
   Vreg data;            // mpush/mpush.t: the weight vreg; mmul: the LHS vreg
-  int valid_rows = -1;  // mswap k=ROWS (-1: as pushed)
+  int valid_rows = 0;   // mswap k=ROWS (0: as pushed, as the ISA encodes no k)
   uint64_t tag = 0;     // the owner's id (instruction index), echoed in PoppedVreg and faults
 };
 

@@ -164,14 +164,14 @@ TEST_P(MxuViews, PerPeGridTileModelFastAndDetailedAgree) {
 
 INSTANTIATE_TEST_SUITE_P(Arrays, MxuViews,
                          ::testing::Values(ArrayCase{8, 8, 1, 1, 4}, ArrayCase{8, 16, 2, 3, 8},
-                                           ArrayCase{12, 20, 3, 2, 3}, ArrayCase{32, 32, 4, 20, 32},
+                                           ArrayCase{16, 24, 3, 2, 3}, ArrayCase{32, 32, 4, 20, 32},
                                            ArrayCase{32, 32, 1, 1, 8}),
                          case_name);
 
 TEST(MxuViewsTrace, WaveformHasUnitStateAndEveryPePartialSum) {
   MxuParams hw;
-  hw.rows = 4;
-  hw.cols = 4;
+  hw.rows = 8;
+  hw.cols = 8;
   hw.pes_per_cycle = 1;
   hw.fixed_latency_cycles = 2;
   const sc_core::sc_time cycle(1, sc_core::SC_NS);
@@ -183,7 +183,7 @@ TEST(MxuViewsTrace, WaveformHasUnitStateAndEveryPePartialSum) {
   mxu.trace(tf);
   Vreg w, a;
   for (int s = 0; s < 8; ++s)
-    for (int l = 0; l < 4; ++l) w.at(s, l) = 1.0f, a.at(s, l) = float(s + 1);
+    for (int l = 0; l < 8; ++l) w.at(s, l) = 1.0f, a.at(s, l) = float(s + 1);
   mxu.submit({MxuOpKind::kPush, w, -1, 0});
   mxu.submit({MxuOpKind::kSwap, Vreg{}, -1, 0});
   mxu.submit({MxuOpKind::kMatmul, a, -1, 0});
@@ -196,11 +196,11 @@ TEST(MxuViewsTrace, WaveformHasUnitStateAndEveryPePartialSum) {
   const std::string vcd = text.str();
   for (const char* sig : {"busy", "fifo_rows", "inflight_rows", "staging_rows", "queue_depth", "last_op", "stall_reason"})
     EXPECT_NE(vcd.find(sig), std::string::npos) << sig;
-  for (int r = 0; r < 4; ++r)
-    for (int c = 0; c < 4; ++c)
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 8; ++c)
       EXPECT_NE(vcd.find("pe_" + std::to_string(r) + "_" + std::to_string(c)), std::string::npos) << r << "," << c;
-  // The last PE of column 0 ends with the full sum of LHS row 7: 4 x 8 = 32.
-  EXPECT_EQ(mxu.grid()->pe(3, 0).psum, 32.0f);
+  // The last PE of column 0 ends with the full sum of LHS row 7: 8 x 8 = 64.
+  EXPECT_EQ(mxu.grid()->pe(7, 0).psum, 64.0f);
   std::remove((base + ".vcd").c_str());
 }
 
