@@ -18,7 +18,7 @@ void run_passes(Graph& g, const std::vector<Pass>& passes) {
 }
 
 std::vector<Pass> import_pipeline() {
-  return {pass_by_name("fuse-layernorm"), pass_by_name("fuse-gelu"), pass_by_name("fold-batchnorm"), pass_by_name("dce")};
+  return {pass_by_name("fold-identity"), pass_by_name("fuse-layernorm"), pass_by_name("fuse-gelu"), pass_by_name("fold-batchnorm"), pass_by_name("dce")};
 }
 
 Pass pass_by_name(const std::string& name) {
@@ -27,6 +27,7 @@ Pass pass_by_name(const std::string& name) {
   if (name == "fold-batchnorm") return {name, fold_batchnorm};
   if (name == "fuse-elementwise") return {name, fuse_elementwise};
   if (name == "dce") return {name, eliminate_dead_code};
+  if (name == "fold-identity") return {name, fold_identity};
   if (name == "precision-default") return {name, [](Graph& g) { apply_precision(g, num::PrecisionPolicy::kDefault); }};
   if (name == "precision-bf16") return {name, [](Graph& g) { apply_precision(g, num::PrecisionPolicy::kBf16); }};
   throw CompileError("unknown pass '" + name + "'");
@@ -202,7 +203,7 @@ void fuse_layernorm(Graph& g) {
         const std::string& x = d->inputs[0];
         const Node* mean = single_use_producer(g, uses, d->inputs[1], OpKind::kReduceMean);
         if (!mean || mean->inputs[0] != x) continue;
-        const auto& xt = g.types().at(x);
+        const TensorType xt = g.types().at(x);
         const int64_t last = static_cast<int64_t>(xt.shape.size()) - 1;
         const std::vector<int64_t> want_axes = {last};
         if (mean->attr_ints("axes") != want_axes || var->attr_ints("axes") != want_axes || mean->attr_int("keepdims") != 1 ||
@@ -246,6 +247,22 @@ void fuse_elementwise(Graph& g) {
       break;
     }
   }
+}
+
+void fold_identity(Graph& g) {
+  const std::set<std::string> outputs(g.outputs.begin(), g.outputs.end());
+  std::map<std::string, std::string> alias;
+  std::vector<Node> kept;
+  for (Node& n : g.nodes) {
+    for (std::string& s : n.inputs)
+      if (alias.count(s)) s = alias[s];
+    if (n.op == OpKind::kIdentity && !outputs.count(n.output)) {
+      alias[n.output] = n.inputs[0];
+      continue;
+    }
+    kept.push_back(std::move(n));
+  }
+  g.nodes = std::move(kept);
 }
 
 void eliminate_dead_code(Graph& g) {

@@ -21,11 +21,11 @@ struct Pass {
 void run_passes(Graph& g, const std::vector<Pass>& passes);
 
 // Looks a pass up by its name ("fuse-layernorm", "fuse-gelu", "fold-batchnorm",
-// "fuse-elementwise", "dce", "precision-default", "precision-bf16"); throws
+// "fuse-elementwise", "fold-identity", "dce", "precision-default", "precision-bf16"); throws
 // CompileError for an unknown name.
 Pass pass_by_name(const std::string& name);
 
-// The passes that canonicalise an imported graph: fuse-layernorm, fuse-gelu,
+// The passes that canonicalise an imported graph: fold-identity, fuse-layernorm, fuse-gelu,
 // fold-batchnorm, dce.
 std::vector<Pass> import_pipeline();
 
@@ -55,6 +55,10 @@ void fuse_gelu(Graph& g);
 // node's result joins that node's group (fusion_group = the root's id), so the
 // later lowering applies it to the producer's output tile before storing it.
 void fuse_elementwise(Graph& g);
+
+// Removes identity nodes (exporters emit them for shared initializers) whose
+// result is not a graph output; their users read the operand instead.
+void fold_identity(Graph& g);
 
 // Removes nodes and constants that no graph output depends on.
 void eliminate_dead_code(Graph& g);
