@@ -1,4 +1,4 @@
-// `tpusim ref BUNDLE [--input NAME=FILE.npy]... [--out DIR] [--random-inputs SEED]`:
+// `tpusim ref BUNDLE [--input NAME=FILE.npy]... [--out DIR] [--random-inputs SEED] [--check-races]`:
 // runs the functional reference (isa/exec) and writes each output as DIR/NAME.npy.
 #include <CLI/CLI.hpp>
 
@@ -25,6 +25,7 @@ struct RefOptions {
   std::string out = "tpusim-out";
   int64_t seed = -1;
   bool raw_bf16 = false;
+  bool check_races = false;
   uint64_t max_instructions = exec::RunOptions{}.max_instructions;
 };
 
@@ -76,6 +77,7 @@ int run_ref(const RefOptions& o) {
   }
   exec::RunOptions ro;
   ro.max_instructions = o.max_instructions;
+  ro.check_races = o.check_races;
   const exec::RunResult r = interp.run(ro);
   if (!r.ok()) {
     std::fprintf(stderr, "tpusim ref: %s: %s\n", o.bundle.c_str(), r.message.c_str());
@@ -108,6 +110,8 @@ void add_ref_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--random-inputs", opt->seed, "Fill inputs not given with deterministic random values")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--raw-bf16", opt->raw_bf16, "Write bf16 outputs as uint16 bit patterns");
+  cmd->add_flag("--check-races", opt->check_races,
+                "Fault when a core touches a DMA's bytes before waiting on its completion flag");
   cmd->add_option("--max-instructions", opt->max_instructions,
                   "Instruction budget over all cores (a run that exceeds it faults as a likely infinite loop)");
   cmd->callback([opt, &exit_code]() { exit_code = run_ref(*opt); });

@@ -1,7 +1,9 @@
 #include "isa/exec/interpreter.h"
 
 #include <algorithm>
+#include <memory>
 
+#include "isa/exec/race_checker.h"
 #include "isa/exec/semantics.h"
 #include "isa/exec/tensors.h"
 
@@ -31,12 +33,47 @@ std::string Interpreter::where(const Context& c) const {
   return s;
 }
 
+namespace {
+
+// The memory bytes an instruction touches, for the race checker.
+void check_access(const RaceChecker& rc, size_t who, CoreState& st, const isa::Instr& in) {
+  switch (in.op) {
+    case Op::kLd:
+    case Op::kSt: {
+      const int64_t a = effective_address(st, in.b, in.imm);
+      rc.access(who, &st.smem, a, a + 4, in.op == Op::kSt);
+      return;
+    }
+    case Op::kVld:
+    case Op::kVldBf16:
+    case Op::kVst:
+    case Op::kVstBf16: {
+      const int64_t es = (in.op == Op::kVldBf16 || in.op == Op::kVstBf16) ? 2 : 4;
+      const int64_t a = effective_address(st, in.b, in.imm), span = 7 * static_cast<int64_t>(in.imm2);
+      rc.access(who, &st.vmem, a + std::min<int64_t>(0, span), a + std::max<int64_t>(0, span) + 128 * es,
+                in.op == Op::kVst || in.op == Op::kVstBf16);
+      return;
+    }
+    default: return;
+  }
+}
+
+}  // namespace
+
 RunResult Interpreter::run(const RunOptions& opts) {
   RunResult res;
   const size_t n = cores_.size();
+  std::unique_ptr<RaceChecker> races;
+  if (opts.check_races) races = std::make_unique<RaceChecker>(n);
+  auto index_of = [&](const CoreState* s) {
+    for (size_t i = 0; i < n; ++i)
+      if (cores_[i].state == s) return i;
+    return RaceChecker::kNoCore;
+  };
   for (;;) {
     bool progress = false, all_halted = true;
-    for (auto& c : cores_) {
+    for (size_t ci = 0; ci < n; ++ci) {
+      Context& c = cores_[ci];
       if (c.status == CoreStatus::kHalted) continue;
       if (c.status == CoreStatus::kBarrier) {
         if (c.barrier_generation == barrier_generation_) continue;
@@ -59,6 +96,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
               break;
             }
             c.status = CoreStatus::kReady;
+            if (races) races->wait_satisfied(ci, in.a);
           }
           if (res.instructions >= opts.max_instructions) {
             res.status = RunResult::Status::kBudget;
@@ -76,6 +114,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
             if (++barrier_arrived_ == n) {
               barrier_arrived_ = 0;
               ++barrier_generation_;
+              if (races) races->barrier_released();
               ++c.pc;  // the last to arrive goes on; the others resume when visited
               continue;
             }
@@ -83,12 +122,22 @@ RunResult Interpreter::run(const RunOptions& opts) {
             c.barrier_generation = barrier_generation_;
             break;
           }
+          if (races) check_access(*races, ci, st, in);
           switch (isa::op_info(in.op).unit) {
             case Unit::kScalar: c.pc = exec_scalar(st, in, c.pc); break;
             case Unit::kVector: exec_vector(st, in); ++c.pc; break;
             case Unit::kMatrix: exec_matrix(st, in); ++c.pc; break;
             case Unit::kDma: {
               const DmaPlan p = plan_dma(machine_, st, in);
+              if (races) {
+                int64_t slo, shi, dlo, dhi;
+                RaceChecker::dma_spans(p, slo, shi, dlo, dhi);
+                if (p.total_bytes() > 0) {
+                  races->access(ci, p.src, slo, shi, false);
+                  races->access(ci, p.dst, dlo, dhi, true);
+                }
+                races->dma_issued(ci, p, index_of(p.rflag_core), where(c));
+              }
               dma_copy(p);
               dma_signal_issuer(p);
               dma_signal_destination(p);

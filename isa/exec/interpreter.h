@@ -15,6 +15,7 @@ namespace tpusim::exec {
 
 struct RunOptions {
   uint64_t max_instructions = 2'000'000'000;  // total over all cores; beyond it: "likely an infinite loop"
+  bool check_races = false;  // fault on accesses that break the synchronisation rule (race_checker.h)
 };
 
 struct RunResult {
