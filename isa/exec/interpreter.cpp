@@ -12,7 +12,7 @@ namespace tpusim::exec {
 using isa::Op;
 using isa::Unit;
 
-Interpreter::Interpreter(const isa::Bundle& b) : bundle_(b), machine_(b.target) {
+Interpreter::Interpreter(const isa::Bundle& b) : machine_(b.target) {
   load_constants(machine_, b);
   for (const auto& p : b.cores) cores_.push_back(Context{&p, &machine_.core(p.chip, p.core)});
   std::sort(cores_.begin(), cores_.end(), [](const Context& x, const Context& y) {

@@ -28,7 +28,7 @@ struct RunResult {
 
 class Interpreter {
  public:
-  // Builds the machine and loads the bundle's constants.
+  // Builds the machine and loads the bundle's constants; `b` must outlive the interpreter.
   explicit Interpreter(const isa::Bundle& b);
   Machine& machine() { return machine_; }
   const Machine& machine() const { return machine_; }
@@ -45,7 +45,6 @@ class Interpreter {
   };
   std::string where(const Context& c) const;
 
-  const isa::Bundle& bundle_;
   Machine machine_;
   std::vector<Context> cores_;
   uint64_t barrier_generation_ = 0;
