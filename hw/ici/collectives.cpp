@@ -187,7 +187,8 @@ std::vector<Group> make_groups(Algorithm algo, const Topology& t, int64_t elemen
   } else {
     const std::vector<int> dims = active_dims(t);
     const size_t D = dims.size();
-    for (size_t j = 0; j < std::max<size_t>(D, 1); ++j)
+    if (D == 0) plans.push_back({});  // one chip: nothing to reduce
+    for (size_t j = 0; j < D; ++j)
       for (int dir : {+1, -1}) {
         std::vector<Phase> phases;
         for (size_t h = 0; h < D; ++h) phases.push_back(Phase{dim_lines(t, dims[(j + h) % D], dir), dir});

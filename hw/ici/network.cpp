@@ -71,6 +71,8 @@ const char* port_name(int port) {
 
 void Network::build() {
   const int chips = topo_.chips(), cores = prm_.cores_per_chip, ports = 2 * topo_.num_dims();
+  wheel_.assign(kWheel, {});
+  wheel_bits_.assign(kWheel / 64, 0);
   chip_port_link_.assign(chips, std::vector<int>(ports, -1));
   router_inputs_.assign(chips, {});
   const uint64_t chip_q32 = q32_per_byte(prm_.link_payload_bytes_per_cycle());
@@ -113,6 +115,7 @@ void Network::build() {
     if (l.kind == LinkKind::kInject) continue;
     const auto& inputs = router_inputs_[l.chip];
     l.slots.resize(inputs.size() * 2);  // two VCs: before and after the dateline
+    l.busy_slots.assign((l.slots.size() + 63) / 64, 0);
     for (size_t s = 0; s < l.slots.size(); ++s) {
       l.slots[s].input_link = inputs[s / 2];
       l.slots[s].credits.ring.assign(size_t(prm_.buffer_packets), 0);
@@ -122,8 +125,33 @@ void Network::build() {
 }
 
 void Network::push(Event e) {
-  e.seq = seq_++;
-  events_.push(e);
+  ++pending_;
+  if (e.time >= now_ + kWheel) {
+    far_.push({e, seq_++});
+    return;
+  }
+  const uint64_t b = e.time % kWheel;
+  wheel_[b].push_back(e);
+  wheel_bits_[b / 64] |= uint64_t(1) << (b % 64);
+}
+
+uint64_t Network::next_event() const {
+  if (pending_ == 0) return kNever;
+  uint64_t best = far_.empty() ? kNever : far_.top().e.time;
+  // First non-empty bucket at or after now_, scanning the bitmap round the wheel.
+  const uint64_t start = now_ % kWheel, words = kWheel / 64;
+  for (uint64_t i = 0; i <= words; ++i) {
+    const uint64_t w = (start / 64 + i) % words;
+    uint64_t bits = wheel_bits_[w];
+    if (i == 0) bits &= ~uint64_t(0) << (start % 64);
+    if (i == words) bits &= (start % 64) ? ~(~uint64_t(0) << (start % 64)) : 0;
+    if (bits) {
+      const uint64_t b = w * 64 + uint64_t(__builtin_ctzll(bits));
+      const uint64_t t = now_ + (b + kWheel - start) % kWheel;
+      return std::min(best, t);
+    }
+  }
+  return best;
 }
 
 void Network::wake(uint32_t link, uint64_t t) {
@@ -132,7 +160,7 @@ void Network::wake(uint32_t link, uint64_t t) {
   l.wake_at = t;
   Event e;
   e.time = t;
-  e.kind = EvKind::kWake;
+  e.kind = uint32_t(EvKind::kWake);
   e.target = link;
   push(e);
 }
@@ -193,7 +221,7 @@ MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at,
   ++in_flight_;
   Event e;
   e.time = msgs_[id].active;
-  e.kind = EvKind::kActivate;
+  e.kind = uint32_t(EvKind::kActivate);
   e.target = id;
   push(e);
   return id;
@@ -203,13 +231,12 @@ void Network::tick() { skip(1); }
 
 void Network::skip(uint64_t n) {
   const uint64_t end = now_ + n;
-  while (!events_.empty() && events_.top().time < end) process_cycle(events_.top().time);
+  for (uint64_t t = next_event(); t < end; t = next_event()) process_cycle(t);
   now_ = end;
 }
 
 void Network::run(uint64_t max_cycles) {
-  while (!events_.empty()) {
-    const uint64_t t = events_.top().time;
+  for (uint64_t t = next_event(); t != kNever; t = next_event()) {
     if (max_cycles != kNever && t >= max_cycles)
       throw IciError("ici: still " + std::to_string(in_flight_) + " messages in flight at the cycle limit " +
                      std::to_string(max_cycles));
@@ -223,28 +250,48 @@ void Network::run(uint64_t max_cycles) {
 
 void Network::process_cycle(uint64_t t) {
   now_ = t;
-  while (!events_.empty() && events_.top().time == t) {
-    while (!events_.empty() && events_.top().time == t) {
-      const Event e = events_.top();
-      events_.pop();
-      switch (e.kind) {
+  std::vector<Event>& bucket = wheel_[t % kWheel];
+  for (;;) {
+    // Events queued far ahead come first, then the cycle's bucket in queue order.
+    size_t handled = 0;
+    for (size_t i = 0;; ++i) {
+      Event e;
+      if (!far_.empty() && far_.top().e.time == t) {
+        e = far_.top().e;
+        far_.pop();
+        --i;
+      } else if (i < bucket.size()) {
+        e = bucket[i];  // a copy: handling may append to the bucket
+      } else {
+        break;
+      }
+      ++handled;
+      --pending_;
+      switch (e.what()) {
         case EvKind::kActivate: {
           Message& m = msgs_[e.target];
           active_[m.src_ep].push_back(e.target);
           mark_dirty(inject_link_[m.src_ep]);
           break;
         }
-        case EvKind::kReady:
-          links_[e.target].slots[e.slot].queue.push_back(e.pkt);
-          mark_dirty(e.target);
+        case EvKind::kReady: {
+          Link& l = links_[e.target];
+          l.slots[e.slot].queue.push_back(e.packet());
+          l.busy_slots[e.slot / 64] |= uint64_t(1) << (e.slot % 64);
+          // A busy link only needs its wake at the end of the current packet.
+          if (ceil16(l.free_q16) > t)
+            wake(e.target, ceil16(l.free_q16));
+          else
+            mark_dirty(e.target);
           break;
+        }
         case EvKind::kArrive: {
-          Message& m = msgs_[e.pkt.msg];
+          Message& m = msgs_[e.msg];
           if (++m.arrived == m.packets) {
             Event d;
             d.time = t + uint64_t(prm_.completion_cycles);
-            d.kind = EvKind::kDeliver;
-            d.target = e.pkt.msg;
+            d.kind = uint32_t(EvKind::kDeliver);
+            d.target = e.msg;
             push(d);
           }
           break;
@@ -267,15 +314,18 @@ void Network::process_cycle(uint64_t t) {
           break;
       }
     }
+    bucket.clear();
+    wheel_bits_[(t % kWheel) / 64] &= ~(uint64_t(1) << ((t % kWheel) % 64));
+    if (handled == 0) break;
     // Arbitration after every arrival of the cycle is in, in link order, so the
     // choice depends on the cycle's state, not on the order events were queued.
     std::sort(dirty_.begin(), dirty_.end());
-    std::vector<uint32_t> work;
-    work.swap(dirty_);
-    for (uint32_t l : work) {
+    work_.swap(dirty_);
+    for (uint32_t l : work_) {
       links_[l].dirty = false;
       arbitrate(l, t);
     }
+    work_.clear();
   }
 }
 
@@ -320,10 +370,12 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
         consider(int(i), m.active, act[i], m.injected, 0);
       }
     } else {
-      for (size_t s = 0; s < L.slots.size(); ++s) {
-        const auto& q = L.slots[s].queue;
-        if (!q.empty()) consider(int(s), q.front().ready, q.front().msg, q.front().index, q.front().hop);
-      }
+      for (size_t w = 0; w < L.busy_slots.size(); ++w)
+        for (uint64_t bits = L.busy_slots[w]; bits; bits &= bits - 1) {
+          const size_t s = w * 64 + size_t(__builtin_ctzll(bits));
+          const Packet& h = L.slots[s].queue.front();
+          consider(int(s), h.ready, h.msg, h.index, h.hop);
+        }
     }
     if (best < 0) {
       if (any) {
@@ -355,6 +407,7 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
       Slot& s = L.slots[size_t(best)];
       p = s.queue.front();
       s.queue.pop_front();
+      if (s.queue.empty()) L.busy_slots[size_t(best) / 64] &= ~(uint64_t(1) << (best % 64));
     }
     const Message& m = msgs_[p.msg];
     if (L.kind != LinkKind::kEject) {
@@ -382,19 +435,23 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
     Event e;
     if (L.kind == LinkKind::kEject) {
       e.time = arrival;
-      e.kind = EvKind::kArrive;
-      e.pkt = p;
+      e.kind = uint32_t(EvKind::kArrive);
+      e.set_packet(p);
     } else {
       const Hop& next = m.route[p.hop + 1];
       e.time = arrival + uint64_t(prm_.router_latency_cycles);
-      e.kind = EvKind::kReady;
+      e.kind = uint32_t(EvKind::kReady);
       e.target = next.link;
       e.slot = next.slot;
-      e.pkt = p;
-      e.pkt.hop = p.hop + 1;
-      e.pkt.ready = e.time;
+      e.set_packet(p);
+      e.hop = p.hop + 1;
     }
     push(e);
+    // Only a link with more work queued needs waking when this packet is out.
+    const bool more = L.kind == LinkKind::kInject ? !active_[L.endpoint].empty()
+                                                   : std::any_of(L.busy_slots.begin(), L.busy_slots.end(),
+                                                                 [](uint64_t w) { return w != 0; });
+    if (!more) return;
   }
 }
 

@@ -48,10 +48,10 @@ struct NetworkParams {
   int64_t router_latency_cycles = 30;      // input to output, per router traversal
   double onchip_bytes_per_cycle = 512;     // core <-> router path
   int64_t onchip_latency_cycles = 40;
-  int64_t packet_bytes = 1024;             // payload per packet
+  int64_t packet_bytes = 2048;             // payload per packet
   int64_t buffer_packets = 64;             // router input buffer per (input, output, VC)
   int64_t dma_setup_cycles = 250;          // descriptor to first packet, every message
-  int64_t remote_setup_cycles = 997;       // extra for a message to another chip
+  int64_t remote_setup_cycles = 993;       // extra for a message to another chip
   int64_t completion_cycles = 50;          // last packet in to data visible + sync flag
 
   static NetworkParams from_params(const config::Params& p);  // throws IciError / ConfigError
@@ -100,7 +100,7 @@ class Network {
   // skip(n) equals n ticks; next_event() is the cycle of the earliest pending
   // event (kNever if none), so a caller may skip(next_event() - now()).
   uint64_t now() const { return now_; }
-  uint64_t next_event() const { return events_.empty() ? kNever : events_.top().time; }
+  uint64_t next_event() const;
   void tick();
   void skip(uint64_t n);
   // Runs the event loop until nothing is pending; throws IciError if messages
@@ -149,6 +149,7 @@ class Network {
     uint64_t latency = 1;
     uint64_t free_q16 = 0;
     std::vector<Slot> slots;       // router-side links only
+    std::vector<uint64_t> busy_slots;  // bit per slot with a packet queued: arbitration scans only those
     int endpoint = -1;             // inject/eject: the endpoint
     uint64_t wake_at = kNever;
     bool stalled = false;
@@ -171,14 +172,27 @@ class Network {
     DeliveryCallback callback;
   };
   enum class EvKind : uint8_t { kActivate, kReady, kArrive, kDeliver, kWake };
+  // 32 bytes: the event queue is the hot data structure of a large run.
   struct Event {
     uint64_t time = 0;
-    uint64_t seq = 0;
-    EvKind kind = EvKind::kWake;
-    uint32_t target = 0;  // link, slot or message
-    uint32_t slot = 0;
-    Packet pkt;
-    bool operator>(const Event& o) const { return time != o.time ? time > o.time : seq > o.seq; }
+    uint32_t target = 0;  // link (kReady, kWake) or message (kActivate, kDeliver)
+    uint32_t slot : 24;   // kReady: the queue at the target link
+    uint32_t kind : 8;
+    uint32_t msg = 0, index = 0, bytes = 0, hop = 0;  // kReady, kArrive: the packet
+    Event() : slot(0), kind(0) {}
+    EvKind what() const { return EvKind(kind); }
+    Packet packet() const { return {time, msg, index, bytes, hop}; }
+    void set_packet(const Packet& p) {
+      msg = p.msg;
+      index = p.index;
+      bytes = p.bytes;
+      hop = p.hop;
+    }
+  };
+  struct FarEvent {
+    Event e;
+    uint64_t seq;
+    bool operator>(const FarEvent& o) const { return e.time != o.e.time ? e.time > o.e.time : seq > o.seq; }
   };
 
   void build();
@@ -198,8 +212,15 @@ class Network {
   std::vector<std::vector<uint32_t>> router_inputs_;  // per chip: input links
   std::vector<std::vector<uint32_t>> active_;         // per endpoint: messages still injecting
   std::vector<Message> msgs_;
-  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
-  std::vector<uint32_t> dirty_;
+  // Pending events: a timing wheel for the next kWheel cycles (every latency of
+  // the model falls in it; a bucket holds one cycle's events in the order they
+  // were queued) and a heap for anything further out (sends issued ahead).
+  static constexpr uint64_t kWheel = 2048;
+  std::vector<std::vector<Event>> wheel_;
+  std::vector<uint64_t> wheel_bits_;
+  std::priority_queue<FarEvent, std::vector<FarEvent>, std::greater<FarEvent>> far_;
+  size_t pending_ = 0;
+  std::vector<uint32_t> dirty_, work_;
   uint64_t seq_ = 0;
   uint64_t now_ = 0;
   size_t in_flight_ = 0;

@@ -21,6 +21,9 @@ int ring_distance(int a, int b, int k, bool wrap) {
 }
 
 class TopologyShapes : public ::testing::TestWithParam<Topology> {};
+}  // namespace
+void PrintTo(const Topology& t, std::ostream* os) { *os << t.name(); }
+namespace {
 
 TEST_P(TopologyShapes, RoutesAreShortestAndDimensionOrdered) {
   const Topology& t = GetParam();
