@@ -159,3 +159,9 @@ void add_run_command(CLI::App& app, int& exit_code) {
 }
 
 }  // namespace tpusim::cli
+
+// libsystemc.so defines main() and references sc_main(). tpusim's own main()
+// takes precedence over the library's, so this is never called; it exists only so
+// the executable links once the chip model brings SystemC in. The run command
+// drives the kernel directly (one elaboration per process).
+extern "C" int sc_main(int, char**) { return 0; }

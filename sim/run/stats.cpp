@@ -42,6 +42,14 @@ void require(std::vector<std::string>& problems, const json& j, const std::strin
   }
 }
 
+void check_leaves(std::vector<std::string>& problems, const json& j, const std::string& path) {
+  for (const auto& [name, value] : j.items()) {
+    if (value.is_object()) check_leaves(problems, value, path + "." + name);
+    else if (!value.is_number() && !value.is_string() && !value.is_boolean())
+      problems.push_back(path + "." + name + " is neither a number nor a string");
+  }
+}
+
 bool close(double a, double b) {
   const double scale = std::max(std::abs(a), std::abs(b));
   return std::abs(a - b) <= 1e-12 * scale + 1e-300;
@@ -68,13 +76,14 @@ std::vector<std::string> check_stats(const json& s) {
   require(p, s["hbm"], "hbm.", "bytes_written", &json::is_number_unsigned, "an unsigned integer");
   require(p, s["hbm"], "hbm.", "peak_bytes_per_s", &json::is_number, "a number");
   require(p, s["host"], "host.", "wall_seconds", &json::is_number, "a number");
+  // Units report counters, but also histograms (nested objects) and labels
+  // (strings); what no unit may write is null (a NaN or an unset value).
   for (const auto& [unit, counters] : s["units"].items()) {
     if (!counters.is_object()) {
       p.push_back("units." + unit + " is not an object");
       continue;
     }
-    for (const auto& [name, value] : counters.items())
-      if (!value.is_number()) p.push_back("units." + unit + "." + name + " is not a number");
+    check_leaves(p, counters, "units." + unit);
   }
   const std::string mode = s["mode"].get<std::string>();
   if (mode != "fast" && mode != "detailed") p.push_back("mode is \"" + mode + "\", not fast or detailed");

@@ -101,8 +101,18 @@ TEST(Stats, WrongTypesAndInconsistentFiguresAreReported) {
   s["mxu_utilization"] = 0.5;
   EXPECT_FALSE(check_stats(s).empty());
   s = good;
-  s["units"]["chip0.core0.mxu0"]["busy_cycles"] = "many";
+  s["units"]["chip0.core0.mxu0"]["busy_cycles"] = nullptr;
   EXPECT_FALSE(check_stats(s).empty());
+  s = good;
+  s["units"]["chip0.hbm"]["latency_ns"]["p99"] = nullptr;
+  EXPECT_FALSE(check_stats(s).empty());
+  s = good;
+  s["units"]["chip0.mxu"] = 3;
+  EXPECT_FALSE(check_stats(s).empty());
+  // Histograms and labels are fine.
+  s = good;
+  s["units"]["chip0.hbm"] = {{"model", "simple"}, {"latency_ns", {{"p50", 100}, {"mean", 100.0}}}};
+  EXPECT_TRUE(check_stats(s).empty());
   EXPECT_FALSE(check_stats(json::array()).empty());
 }
 

@@ -1,0 +1,232 @@
+// `tpusim run` / `tpusim report` as a user meets them: every bad preset, override,
+// input file or output path is one line on stderr naming the problem and exit
+// status 2; program faults and deadlocks are exit status 1; none of them leaves a
+// stats.json behind (shared/spec/cli.md). Runs the real binary.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "isa/io/npy.h"
+#include "sim/run/stats.h"
+#include "tests/sim/spawn.h"
+
+namespace tpusim {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Completed;
+using testing::spawn;
+
+// One input x [8,128] f32 in HBM, y = x + x written back to HBM.
+constexpr const char* kProgram = R"(.target chips=1 cores=1 mxus=1
+.input  x f32 [8, 128] hbm:0x0
+.output y f32 [8, 128] hbm:0x10000
+.core chip0.core0
+  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4096, flag=f1
+  wait f1, 1
+  vld v1, [s0 + 0]
+  vadd v2, v1, v1
+  vst v2, [s0 + 0x1000]
+  dma hbm:[s0 + 0x10000], vmem:[s0 + 0x1000], bytes=4096, flag=f2
+  wait f2, 1
+  halt
+)";
+
+class RunCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "tpusim_cli_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    bundle_ = assemble("prog", kProgram);
+    io::NpyArray x;
+    x.dtype = io::NpyDtype::kF32;
+    x.shape = {8, 128};
+    x.data.resize(8 * 128 * 4);
+    for (size_t i = 0; i < 8 * 128; ++i) {
+      const float f = float(i) * 0.25f - 100.0f;
+      std::memcpy(x.data.data() + 4 * i, &f, 4);
+    }
+    good_input_ = dir_ + "/x.npy";
+    io::write_npy(good_input_, x);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string assemble(const std::string& name, const std::string& text) {
+    const std::string src = dir_ + "/" + name + ".s", out = dir_ + "/" + name + ".tpu";
+    std::ofstream(src) << text;
+    const Completed c = spawn({TPUSIM_BIN, "asm", src, "-o", out}, dir_);
+    EXPECT_EQ(c.exit_code, 0) << c.err;
+    return out;
+  }
+
+  Completed tpusim(std::vector<std::string> args) {
+    args.insert(args.begin(), TPUSIM_BIN);
+    return spawn(args, dir_);
+  }
+
+  // Exit status `code`, exactly one line on stderr containing every `needles`,
+  // and no stats.json in DIR.
+  void expect_error(const Completed& c, int code, const std::vector<std::string>& needles) {
+    EXPECT_EQ(c.exit_code, code) << c.err;
+    EXPECT_EQ(testing::count_lines(c.err), 1) << c.err;
+    for (const auto& n : needles) EXPECT_NE(c.err.find(n), std::string::npos) << "'" << n << "' not in: " << c.err;
+    EXPECT_FALSE(fs::exists(out() + "/stats.json"));
+  }
+
+  std::string out() const { return dir_ + "/out"; }
+  std::string input_arg(const std::string& file) const { return "x=" + file; }
+
+  std::string dir_, bundle_, good_input_;
+};
+
+TEST_F(RunCli, UnknownPreset) {
+  expect_error(tpusim({"run", bundle_, "--preset", "v99", "--input", input_arg(good_input_), "--out", out()}), 2,
+               {"v99"});
+}
+
+TEST_F(RunCli, UnknownSetKeyNamesTheKey) {
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--set", "core.mxu.rowz=64", "--input",
+                       input_arg(good_input_), "--out", out()}),
+               2, {"core.mxu.rowz"});
+}
+
+TEST_F(RunCli, BadSetValueNamesTheKey) {
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--set", "clock_hz=fast", "--input", input_arg(good_input_),
+                       "--out", out()}),
+               2, {"clock_hz"});
+}
+
+TEST_F(RunCli, MissingInputNamesIt) {
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--out", out()}), 2, {"'x'", "--random-inputs"});
+}
+
+TEST_F(RunCli, UnknownInputNameListsTheInputs) {
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--input", "z=" + good_input_, "--out", out()}), 2,
+               {"'z'", "x"});
+}
+
+TEST_F(RunCli, WrongShapeNamesBothShapes) {
+  io::NpyArray a;
+  a.dtype = io::NpyDtype::kF32;
+  a.shape = {4, 128};
+  a.data.resize(4 * 128 * 4);
+  io::write_npy(dir_ + "/short.npy", a);
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--input", input_arg(dir_ + "/short.npy"), "--out", out()}),
+               2, {"short.npy", "[8, 128]", "[4, 128]"});
+}
+
+TEST_F(RunCli, WrongDtypeNamesBoth) {
+  io::NpyArray a;
+  a.dtype = io::NpyDtype::kI32;
+  a.shape = {8, 128};
+  a.data.resize(8 * 128 * 4);
+  io::write_npy(dir_ + "/ints.npy", a);
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--input", input_arg(dir_ + "/ints.npy"), "--out", out()}),
+               2, {"ints.npy", "f32", "<i4"});
+}
+
+TEST_F(RunCli, NotAnNpyFile) {
+  std::ofstream(dir_ + "/junk.npy") << "this is not numpy";
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--input", input_arg(dir_ + "/junk.npy"), "--out", out()}),
+               2, {"junk.npy"});
+}
+
+TEST_F(RunCli, UnwritableOutputDirectory) {
+  // A path below a regular file can never be created, even by root (which
+  // permission bits would not stop).
+  std::ofstream(dir_ + "/plainfile") << "x";
+  const std::string bad = dir_ + "/plainfile/out";
+  const Completed c =
+      tpusim({"run", bundle_, "--preset", "v4", "--input", input_arg(good_input_), "--out", bad});
+  expect_error(c, 2, {bad});
+}
+
+TEST_F(RunCli, BadBundleFile) {
+  std::ofstream(dir_ + "/junk.tpu") << "not a bundle at all";
+  expect_error(tpusim({"run", dir_ + "/junk.tpu", "--preset", "v4", "--random-inputs", "1", "--out", out()}), 2,
+               {"junk.tpu"});
+}
+
+TEST_F(RunCli, BadModeAndMissingPresetAreUsageErrors) {
+  Completed c = tpusim({"run", bundle_, "--preset", "v4", "--mode", "turbo", "--random-inputs", "1", "--out", out()});
+  EXPECT_EQ(c.exit_code, 2) << c.err;
+  EXPECT_NE(c.err.find("turbo"), std::string::npos) << c.err;
+  c = tpusim({"run", bundle_, "--random-inputs", "1", "--out", out()});
+  EXPECT_EQ(c.exit_code, 2) << c.err;
+  EXPECT_NE(c.err.find("--preset"), std::string::npos) << c.err;
+  EXPECT_FALSE(fs::exists(out() + "/stats.json"));
+}
+
+TEST_F(RunCli, ReportOfAMissingOrForeignFile) {
+  expect_error(tpusim({"report", dir_ + "/absent.json"}), 2, {"absent.json"});
+  std::ofstream(dir_ + "/other.json") << "{\"cycles\": 12}";
+  expect_error(tpusim({"report", dir_ + "/other.json"}), 2, {"other.json", "missing key"});
+}
+
+// ---- with the chip model ---------------------------------------------------------
+
+bool chip_model_missing(const Completed& c) { return c.err.find("chip model is not built yet") != std::string::npos; }
+
+TEST_F(RunCli, SuccessfulRunWritesOutputsStatsAndTheSameReportTwice) {
+  const Completed c = tpusim({"run", bundle_, "--preset", "v4", "--input", input_arg(good_input_), "--out", out()});
+  if (chip_model_missing(c)) GTEST_SKIP() << c.err;
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  // y = x + x exactly (every x is a multiple of 0.25 far from overflow).
+  const io::NpyArray y = io::read_npy(out() + "/y.npy");
+  ASSERT_EQ(y.shape, (std::vector<int64_t>{8, 128}));
+  for (size_t i = 0; i < 8 * 128; ++i) ASSERT_EQ(y.as<float>()[i], 2.0f * (float(i) * 0.25f - 100.0f)) << i;
+  const auto stats = run::read_stats(out() + "/stats.json");
+  EXPECT_EQ(stats["preset"], "v4");
+  EXPECT_EQ(stats["mode"], "fast");
+  EXPECT_EQ(stats["clock_hz"].get<double>(), 1.05e9);
+  EXPECT_GT(stats["cycles"].get<uint64_t>(), 0u);
+  EXPECT_EQ(stats["flops"].get<uint64_t>(), 0u);  // no MXU work in this program
+  // One 4 KiB tile in and one out through HBM.
+  EXPECT_EQ(stats["hbm"]["bytes_read"].get<uint64_t>(), 4096u);
+  EXPECT_EQ(stats["hbm"]["bytes_written"].get<uint64_t>(), 4096u);
+  // v4: 2 cores x 4 MXUs x 128 x 128 x 2 FLOP x 1.05 GHz.
+  EXPECT_DOUBLE_EQ(stats["peak_flops_per_s"].get<double>(), 2.0 * 4 * 128 * 128 * 2 * 1.05e9);
+  const Completed rep = tpusim({"report", out() + "/stats.json"});
+  EXPECT_EQ(rep.exit_code, 0) << rep.err;
+  EXPECT_EQ(rep.out, c.out);
+  // No temporary file left next to the outputs.
+  for (const auto& e : fs::directory_iterator(out()))
+    EXPECT_TRUE(e.path().extension() == ".npy" || e.path().filename() == "stats.json") << e.path();
+}
+
+TEST_F(RunCli, ProgramFaultExitsOneAndRemovesAStaleStatsFile) {
+  const std::string bad = assemble("fault", R"(.target chips=1 cores=1 mxus=1
+.output y f32 [8, 128] vmem:0x0
+.core chip0.core0
+  li s1, 0x7fff0000
+  vld v1, [s1 + 0]
+  halt
+)");
+  fs::create_directories(out());
+  std::ofstream(out() + "/stats.json") << "{}";  // left by an earlier run
+  const Completed c = tpusim({"run", bad, "--preset", "v4", "--out", out()});
+  if (chip_model_missing(c)) GTEST_SKIP() << c.err;
+  expect_error(c, 1, {"vld"});
+}
+
+TEST_F(RunCli, DeadlockExitsOne) {
+  const std::string bad = assemble("deadlock", R"(.target chips=1 cores=1 mxus=1
+.output y f32 [8, 128] vmem:0x0
+.core chip0.core0
+  wait f3, 1
+  halt
+)");
+  const Completed c = tpusim({"run", bad, "--preset", "v4", "--out", out()});
+  if (chip_model_missing(c)) GTEST_SKIP() << c.err;
+  expect_error(c, 1, {"f3"});
+}
+
+}  // namespace
+}  // namespace tpusim
