@@ -155,12 +155,13 @@ uint64_t MxuCore::head_ready_cycle() const {
   return results_[pop_ ? 1 : 0].arrival[0];
 }
 
-void MxuCore::require_issue(MxuOpKind kind) const {
+void MxuCore::require_issue(MxuOpKind kind) {
   const MxuReadiness r = check_at(kind);
   if (!r.fault.empty()) throw MxuFault("mxu" + std::to_string(params_.index) + ": " + r.fault);
   if (r.stall != MxuStall::kNone)
     throw MxuFault("mxu" + std::to_string(params_.index) + ": " + op_name(kind) + " issued at cycle " +
                    std::to_string(now_) + " while stalled (" + stall_name(r.stall) + ")");
+  last_issue_cycle_ = now_;
 }
 
 // ---------------------------------------------------------------- issue
@@ -185,11 +186,11 @@ void MxuCore::push(const Vreg& v, bool transposed) {
 }
 
 void MxuCore::swap(int valid_rows) {
-  require_issue(MxuOpKind::kSwap);
   const int R = params_.rows, C = params_.cols;
   if (valid_rows > R)
     throw MxuFault("mxu" + std::to_string(params_.index) + ": mswap k=" + std::to_string(valid_rows) +
                    " exceeds the array's " + std::to_string(R) + " rows");
+  require_issue(MxuOpKind::kSwap);
   auto tile = std::make_shared<WeightTile>();
   // k=0 is how the ISA writes "no k" (isa/exec: weights_k = k > 0 ? k : ...).
   tile->valid_rows = valid_rows > 0 ? valid_rows : (staging_cols_ > 0 ? R : staging_rows_);
@@ -339,10 +340,10 @@ uint64_t MxuCore::next_event_cycle() const {
 void MxuCore::account(uint64_t cycles) {
   if (busy()) counters_.busy_cycles += cycles;
   const uint64_t end = now_ + cycles;
-  if (pending_ && end > pending_from_) {
+  const uint64_t from = std::max({now_, pending_from_, last_issue_cycle_ == kNever ? 0 : last_issue_cycle_ + 1});
+  if (pending_ && end > from) {
     const MxuReadiness r = check_at(*pending_);
-    if (r.fault.empty() && r.stall != MxuStall::kNone)
-      counters_.stall_cycles[static_cast<size_t>(r.stall)] += end - std::max(now_, pending_from_);
+    if (r.fault.empty() && r.stall != MxuStall::kNone) counters_.stall_cycles[static_cast<size_t>(r.stall)] += end - from;
   }
 }
 

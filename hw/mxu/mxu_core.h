@@ -148,7 +148,8 @@ class MxuCore {
   uint64_t earliest_issue_cycle(MxuOpKind kind) const;
   // The op waiting at the head of this unit's queue (or none): each cycle from
   // `from_cycle` on in which it cannot issue is counted as a stall of its reason.
-  // (The queue passes now() + 1 when it has just issued the op before it.)
+  // The unit takes one op per cycle, so the cycle of the previous issue never
+  // counts, whatever `from_cycle` says.
   void set_pending(std::optional<MxuOpKind> kind, uint64_t from_cycle = 0) {
     pending_ = kind;
     pending_from_ = from_cycle;
@@ -214,7 +215,7 @@ class MxuCore {
   };
 
   MxuReadiness check_at(MxuOpKind kind) const;
-  void require_issue(MxuOpKind kind) const;
+  void require_issue(MxuOpKind kind);  // and notes the issue cycle
   void account(uint64_t cycles);
   void enter_cycle();  // the events of cycle now_
   void ensure_computed(size_t index);
@@ -227,6 +228,7 @@ class MxuCore {
   MxuCounters counters_;
   std::optional<MxuOpKind> pending_;
   uint64_t pending_from_ = 0;
+  uint64_t last_issue_cycle_ = kNever;
   bool compute_values_ = true;
 
   // staging buffer and the two weight banks' bookkeeping

@@ -285,6 +285,19 @@ TEST(MxuCore, StallReasonsAndTheirDurations) {
   EXPECT_EQ(c.macs, 2u * 8 * 16 * 8);
 }
 
+TEST(MxuCore, TheIssueCycleIsNeverAStallOfTheNextOp) {
+  // An owner that declares the next op pending right after issuing (no from_cycle)
+  // counts the same stalls as MxuOpQueue: one op per cycle, so only the cycles
+  // after the issue can be stalls.
+  MxuParams hw = small_params(16, 8);
+  MxuCore core(hw);
+  core.push(Vreg{}, false);
+  core.set_pending(MxuOpKind::kPush);
+  while (!core.check(MxuOpKind::kPush).can_issue()) core.tick();
+  EXPECT_EQ(core.now(), uint64_t(hw.weight_push_cycles_per_vreg));
+  EXPECT_EQ(core.counters().stall_cycles[size_t(MxuStall::kStagingPortBusy)], uint64_t(hw.weight_push_cycles_per_vreg - 1));
+}
+
 TEST(MxuCore, FaultsAreReportedNotCrashes) {
   MxuParams hw = small_params(8, 8);
   hw.result_fifo_vregs = 2;
