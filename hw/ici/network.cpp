@@ -338,11 +338,14 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
     }
     // Candidates: (ready, source endpoint, message, packet) smallest first.
     int best = -1;  // slot index, or index into active_ for inject links
-    uint64_t best_ready = 0, best_credit = 0, next_try = kNever;
+    uint64_t best_order = 0, best_ready = 0, best_credit = 0, next_try = kNever;
     uint32_t best_msg = 0, best_idx = 0;
     int best_src = 0;
     bool any = false;
-    auto consider = [&](int cand, uint64_t ready, uint32_t msg, uint32_t idx, uint32_t hop) {
+    // `order` is the packet's age at a router; at a core's inject link it is when
+    // the message was last served, so concurrent DMAs interleave packet by packet
+    // (round robin) instead of the oldest one bursting through all its credits.
+    auto consider = [&](int cand, uint64_t order, uint64_t ready, uint32_t msg, uint32_t idx, uint32_t hop) {
       any = true;
       const Message& m = msgs_[msg];
       uint64_t credit = 0;
@@ -354,8 +357,9 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
           return;
         }
       }
-      if (best < 0 || std::tie(ready, m.src_ep, msg, idx) < std::tie(best_ready, best_src, best_msg, best_idx)) {
+      if (best < 0 || std::tie(order, m.src_ep, msg, idx) < std::tie(best_order, best_src, best_msg, best_idx)) {
         best = cand;
+        best_order = order;
         best_ready = ready;
         best_credit = credit;
         best_msg = msg;
@@ -367,14 +371,14 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
       const auto& act = active_[L.endpoint];
       for (size_t i = 0; i < act.size(); ++i) {
         const Message& m = msgs_[act[i]];
-        consider(int(i), m.active, act[i], m.injected, 0);
+        consider(int(i), m.last_served_q16, m.active, act[i], m.injected, 0);
       }
     } else {
       for (size_t w = 0; w < L.busy_slots.size(); ++w)
         for (uint64_t bits = L.busy_slots[w]; bits; bits &= bits - 1) {
           const size_t s = w * 64 + size_t(__builtin_ctzll(bits));
           const Packet& h = L.slots[s].queue.front();
-          consider(int(s), h.ready, h.msg, h.index, h.hop);
+          consider(int(s), h.ready, h.ready, h.msg, h.index, h.hop);
         }
     }
     if (best < 0) {
@@ -409,7 +413,7 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
       s.queue.pop_front();
       if (s.queue.empty()) L.busy_slots[size_t(best) / 64] &= ~(uint64_t(1) << (best % 64));
     }
-    const Message& m = msgs_[p.msg];
+    Message& m = msgs_[p.msg];
     if (L.kind != LinkKind::kEject) {
       const Hop& next = m.route[p.hop + 1];
       links_[next.link].slots[next.slot].credits.pop();
@@ -418,6 +422,7 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
     const uint64_t ser = ser_q16(L, p.bytes);
     const uint64_t end = start + ser;
     const uint64_t start_cycle = std::max(t, ceil16(start));
+    if (L.kind == LinkKind::kInject) m.last_served_q16 = start + 1;
     L.free_q16 = end;
     L.busy_q16 += ser;
     L.ctr.bytes += p.bytes;

@@ -166,6 +166,7 @@ class Network {
     int src_ep = 0, dst_ep = 0;
     uint64_t bytes = 0;
     uint64_t active = kNever;
+    uint64_t last_served_q16 = 0;  // when its last packet left the core; 0 = never
     uint32_t packets = 0, injected = 0, arrived = 0;
     uint64_t delivered = kNever;
     std::vector<Hop> route;

@@ -351,3 +351,35 @@ TEST(Bandwidth, SmallAllReduceIsLatencyBound) {
 
 }  // namespace
 }  // namespace tpusim::ici
+
+namespace tpusim::ici {
+namespace {
+
+TEST(Bandwidth, ReduceScatterAndAllGatherAloneTakeHalfTheClosedForm) {
+  for (CollectiveKind kind : {CollectiveKind::kReduceScatter, CollectiveKind::kAllGather}) {
+    Network net = Network::from_params(config::load_preset("v2-4x4"));
+    const uint64_t bytes = 16 << 20;
+    const Schedule s = make_schedule(kind, Algorithm::kTorus, net.topology(), int64_t(bytes / 4));
+    const CollectiveRun r = simulate(net, s, 4);
+    const auto ab = net.neighbour_alpha_beta();
+    const double all_reduce = closed_form_cycles(CollectiveKind::kAllReduce, Algorithm::kTorus, net.topology(),
+                                                 double(bytes), ab.alpha_cycles, ab.beta_cycles_per_byte);
+    EXPECT_NEAR(double(r.cycles) / (all_reduce / 2), 1.0, 0.05) << to_string(kind);
+  }
+}
+
+TEST(Bandwidth, AllToAllMovesEveryBlockAcrossTheNetwork) {
+  Network net = Network::from_params(config::load_preset("v3-4x4"));
+  const int p = net.topology().chips();
+  const int64_t block = 4096;  // elements per destination
+  const Schedule s = make_schedule(CollectiveKind::kAllToAll, Algorithm::kRing, net.topology(), block * p);
+  const CollectiveRun r = simulate(net, s, 4);
+  EXPECT_EQ(r.messages, uint64_t(p) * uint64_t(p));
+  EXPECT_EQ(r.bytes_moved, uint64_t(p) * uint64_t(p) * uint64_t(block) * 4);
+  // Lower bound: every chip must receive (p-1) blocks through its 4 links.
+  const auto ab = net.neighbour_alpha_beta();
+  EXPECT_GT(double(r.cycles), double(p - 1) * double(block) * 4 * ab.beta_cycles_per_byte / 4);
+}
+
+}  // namespace
+}  // namespace tpusim::ici
