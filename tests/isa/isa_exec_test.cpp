@@ -417,6 +417,32 @@ TEST(IsaExecVector, LoadStoreMasksStridesAndBf16) {
   EXPECT_TRUE(ok.result.ok()) << ok.result.message;
 }
 
+TEST(IsaExecVector, MovMinSublaneSumFlagsAndNop) {
+  Sim r = run_program(R"(
+  vbcast v1, 3.0
+  vbcast v2, -0.0
+  vmin v3, v1, v2          # -0.0
+  vbcast v4, 0.0
+  vmin v5, v2, v4          # min(-0, +0) = -0
+  vmov v6, v1
+  vbcast v7, 0.25
+  vreduce.sublanes.sum v8, v7   # 8 x 0.25 = 2
+  fset f7, 41
+  fadd f7, 1
+  nop
+  wait.sub f7, 40
+  halt
+)");
+  ASSERT_TRUE(r.result.ok()) << r.result.message;
+  CoreState& c = r.core();
+  EXPECT_EQ(c.v[3].at(2, 9), 0x80000000u);
+  EXPECT_EQ(c.v[5].at(7, 127), 0x80000000u);
+  EXPECT_EQ(c.v[6].bits, c.v[1].bits);
+  EXPECT_EQ(c.v[8].f(5, 3), 2.0f);
+  EXPECT_EQ(c.flags[7], 2);
+  EXPECT_EQ(r.result.instructions, 13u);
+}
+
 // ---- matrix unit -----------------------------------------------------------
 
 TEST(IsaExecMatrix, MmulMatchesContractReferenceIncludingChunks) {

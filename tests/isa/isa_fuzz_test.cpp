@@ -46,7 +46,7 @@ TEST(IsaFuzz, AssemblerSurvivesRandomMutations) {
   const auto base = seeds(false);
   ASSERT_FALSE(base.empty());
   std::mt19937 g(1234);
-  for (int i = 0; i < 3000; ++i) {
+  for (int i = 0; i < 12000; ++i) {
     const auto input = mutate(g, base[static_cast<size_t>(i) % base.size()], true);
     fuzz::assemble_once(input.data(), input.size());
   }
