@@ -102,7 +102,12 @@ void PeGrid::load_weights(int bank, const std::vector<uint16_t>& w) {
 }
 
 void PeGrid::trace(sc_core::sc_trace_file* tf) {
-  for (auto& pe : pes_) sc_core::sc_trace(tf, pe->psum, std::string(pe->name()) + ".psum");
+  for (int r = 0; r < params_.rows; ++r)
+    for (int c = 0; c < params_.cols; ++c) {
+      const std::string n = pe(r, c).name();
+      sc_core::sc_trace(tf, pe(r, c).psum, n + ".psum");
+      sc_trace(tf, act_[idx_act(r, c)]->read(), n + ".act");  // the activation entering the PE
+    }
 }
 
 }  // namespace tpusim::hw::mxu

@@ -83,7 +83,8 @@ class PeGrid : public sc_core::sc_module {
   // Bulk load of one weight bank (R x C bf16, row-major).
   void load_weights(int bank, const std::vector<uint16_t>& w);
   Pe& pe(int r, int c) { return *pes_[static_cast<size_t>(r * params_.cols + c)]; }
-  // Every PE's partial sum as "<grid>.pe_R_C.psum".
+  // Every PE's partial sum ("<grid>.pe_R_C.psum") and the activation entering it
+  // ("<grid>.pe_R_C.act.valid", ".act.value").
   void trace(sc_core::sc_trace_file* tf);
 
  private:

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <fstream>
 #include <sstream>
@@ -201,7 +202,8 @@ TEST(MxuViewsTrace, WaveformHasUnitStateAndEveryPePartialSum) {
       EXPECT_NE(vcd.find("pe_" + std::to_string(r) + "_" + std::to_string(c)), std::string::npos) << r << "," << c;
   // The last PE of column 0 ends with the full sum of LHS row 7: 8 x 8 = 64.
   EXPECT_EQ(mxu.grid()->pe(7, 0).psum, 64.0f);
-  std::remove((base + ".vcd").c_str());
+  EXPECT_NE(vcd.find("act"), std::string::npos);
+  if (std::getenv("TPUSIM_KEEP_VCD") == nullptr) std::remove((base + ".vcd").c_str());
 }
 
 }  // namespace
