@@ -48,10 +48,9 @@ void check_access(const RaceChecker& rc, size_t who, CoreState& st, const isa::I
     case Op::kVldBf16:
     case Op::kVst:
     case Op::kVstBf16: {
-      const int64_t es = (in.op == Op::kVldBf16 || in.op == Op::kVstBf16) ? 2 : 4;
-      const int64_t a = effective_address(st, in.b, in.imm), span = 7 * static_cast<int64_t>(in.imm2);
-      rc.access(who, &st.vmem, a + std::min<int64_t>(0, span), a + std::max<int64_t>(0, span) + 128 * es,
-                in.op == Op::kVst || in.op == Op::kVstBf16);
+      int64_t lo, hi;
+      vector_tile_span(st, in, lo, hi);
+      rc.access(who, &st.vmem, lo, hi, in.op == Op::kVst || in.op == Op::kVstBf16);
       return;
     }
     default: return;
