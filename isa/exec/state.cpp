@@ -47,7 +47,11 @@ void Memory::write(uint64_t addr, const void* src, uint64_t n) {
   while (n) {
     const uint64_t page = addr >> kPageBits, off = addr & (kPageBytes - 1);
     const uint64_t chunk = std::min(n, kPageBytes - off);
-    std::memcpy(page_for_write(page) + off, in, chunk);
+    // Zeros into a page never written change nothing: a large copy out of
+    // untouched memory must not allocate gigabytes.
+    const bool zeros = pages_.find(page) == pages_.end() &&
+                       std::all_of(in, in + chunk, [](uint8_t b) { return b == 0; });
+    if (!zeros) std::memcpy(page_for_write(page) + off, in, chunk);
     in += chunk;
     addr += chunk;
     n -= chunk;
