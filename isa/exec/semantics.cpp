@@ -80,9 +80,10 @@ MaskReg& mreg_w(CoreState& c, int r) {
   return c.m[static_cast<size_t>(r)];
 }
 
+// Elementwise ops read each element before writing it, so vD may alias a source.
 template <typename F>
 void unary(CoreState& c, const Instr& in, F f) {
-  const VReg src = vreg(c, in.b);
+  const VReg& src = vreg(c, in.b);
   VReg& d = vreg(c, in.a);
   for (size_t i = 0; i < src.bits.size(); ++i)
     d.bits[i] = num::f32_bits(f(num::f32_from_bits(src.bits[i])));
@@ -90,7 +91,8 @@ void unary(CoreState& c, const Instr& in, F f) {
 
 template <typename F>
 void binary(CoreState& c, const Instr& in, F f) {
-  const VReg x = vreg(c, in.b), y = vreg(c, in.c);
+  const VReg& x = vreg(c, in.b);
+  const VReg& y = vreg(c, in.c);
   VReg& d = vreg(c, in.a);
   for (size_t i = 0; i < x.bits.size(); ++i)
     d.bits[i] = num::f32_bits(f(num::f32_from_bits(x.bits[i]), num::f32_from_bits(y.bits[i])));
