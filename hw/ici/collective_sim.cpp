@@ -1,11 +1,11 @@
 #include "hw/ici/collective_sim.h"
 
 #include <algorithm>
-#include <functional>
 
 namespace tpusim::ici {
 
-CollectiveRun simulate(Network& net, const Schedule& s, int64_t bytes_per_element) {
+CollectiveDriver::CollectiveDriver(Network& net, const Schedule& s, int64_t bytes_per_element)
+    : net_(net), s_(s), bytes_per_element_(bytes_per_element) {
   if (net.topology().chips() != s.chips)
     throw IciError(s.name + ": schedule is for " + std::to_string(s.chips) + " chips, network has " +
                    std::to_string(net.topology().chips()));
@@ -25,13 +25,7 @@ CollectiveRun simulate(Network& net, const Schedule& s, int64_t bytes_per_elemen
     return std::make_pair(a, b);
   };
 
-  struct Node {
-    const Move* move = nullptr;
-    std::vector<uint32_t> dependents;
-    uint32_t waiting = 0;
-    uint64_t bytes = 0;
-  };
-  std::vector<Node> nodes;
+  std::vector<Node>& nodes = nodes_;
   nodes.reserve(s.moves());
   const uint32_t kNone = UINT32_MAX;
   std::vector<std::vector<uint32_t>> last_writer(size_t(s.chips), std::vector<uint32_t>(atoms, kNone));
@@ -77,42 +71,52 @@ CollectiveRun simulate(Network& net, const Schedule& s, int64_t bytes_per_elemen
     }
   }
 
-  CollectiveRun run;
-  const uint64_t start = net.now();
-  uint64_t last = start;
-  size_t done = 0;
-  // Issue is recursive through delivery callbacks; empty moves complete at once.
-  std::vector<uint32_t> ready;
-  std::function<void(uint32_t, uint64_t)> finish;
-  auto issue = [&](uint32_t i, uint64_t t) {
-    Node& n = nodes[i];
-    const Move& m = *n.move;
-    if (n.bytes == 0) {
-      finish(i, t);
-      return;
-    }
-    ++run.messages;
-    run.bytes_moved += n.bytes;
-    net.send({m.src, 0}, {m.dst, 0}, n.bytes, t, [&finish, i](MessageId, uint64_t when) { finish(i, when); },
-             m.direction);
-  };
-  finish = [&](uint32_t i, uint64_t t) {
-    ++done;
-    last = std::max(last, t);
-    for (uint32_t d : nodes[i].dependents)
-      if (--nodes[d].waiting == 0) issue(d, t);
-  };
-  for (uint32_t i = 0; i < nodes.size(); ++i)
-    if (nodes[i].waiting == 0) issue(i, start);
-  net.run();
-  if (done != nodes.size())
-    throw IciError(s.name + ": " + std::to_string(nodes.size() - done) + " moves never became ready");
-  run.cycles = last - start;
-  run.seconds = double(run.cycles) / net.params().clock_hz;
-  const double buffer_bytes = double(s.kind == CollectiveKind::kAllToAll ? s.elements / 2 : s.elements) *
-                              double(bytes_per_element);
+}
+
+void CollectiveDriver::start() {
+  start_ = last_ = net_.now();
+  for (uint32_t i = 0; i < nodes_.size(); ++i)
+    if (nodes_[i].waiting == 0) issue(i, start_);
+}
+
+// Recursive through delivery callbacks; empty moves complete at once.
+void CollectiveDriver::issue(uint32_t i, uint64_t t) {
+  const Node& n = nodes_[i];
+  const Move& m = *n.move;
+  if (n.bytes == 0) {
+    finish(i, t);
+    return;
+  }
+  ++run_.messages;
+  run_.bytes_moved += n.bytes;
+  net_.send({m.src, 0}, {m.dst, 0}, n.bytes, t, [this, i](MessageId, uint64_t when) { finish(i, when); },
+            m.direction);
+}
+
+void CollectiveDriver::finish(uint32_t i, uint64_t t) {
+  ++finished_;
+  last_ = std::max(last_, t);
+  for (uint32_t d : nodes_[i].dependents)
+    if (--nodes_[d].waiting == 0) issue(d, t);
+}
+
+CollectiveRun CollectiveDriver::result() const {
+  if (!done())
+    throw IciError(s_.name + ": " + std::to_string(nodes_.size() - finished_) + " moves never completed");
+  CollectiveRun run = run_;
+  run.cycles = last_ - start_;
+  run.seconds = double(run.cycles) / net_.params().clock_hz;
+  const double buffer_bytes = double(s_.kind == CollectiveKind::kAllToAll ? s_.elements / 2 : s_.elements) *
+                              double(bytes_per_element_);
   run.algorithm_bytes_per_s = run.seconds > 0 ? buffer_bytes / run.seconds : 0;
   return run;
+}
+
+CollectiveRun simulate(Network& net, const Schedule& s, int64_t bytes_per_element) {
+  CollectiveDriver driver(net, s, bytes_per_element);
+  driver.start();
+  net.run();
+  return driver.result();
 }
 
 }  // namespace tpusim::ici

@@ -27,6 +27,35 @@ struct CollectiveRun {
   double algorithm_bytes_per_s = 0;  // buffer bytes / seconds
 };
 
+// A schedule in flight on a network. start() issues the moves that depend on
+// nothing at network.now(); the rest follow from delivery callbacks, so whoever
+// advances the network (Network::run, IciFast, IciClocked) drives it. The driver
+// and the schedule must outlive the run.
+class CollectiveDriver {
+ public:
+  CollectiveDriver(Network& network, const Schedule& s, int64_t bytes_per_element);
+  void start();
+  bool done() const { return finished_ == nodes_.size(); }
+  CollectiveRun result() const;  // throws IciError if not done
+
+ private:
+  struct Node {
+    const Move* move = nullptr;
+    std::vector<uint32_t> dependents;
+    uint32_t waiting = 0;
+    uint64_t bytes = 0;
+  };
+  void issue(uint32_t i, uint64_t t);
+  void finish(uint32_t i, uint64_t t);
+  Network& net_;
+  const Schedule& s_;
+  int64_t bytes_per_element_;
+  std::vector<Node> nodes_;
+  size_t finished_ = 0;
+  uint64_t start_ = 0, last_ = 0;
+  CollectiveRun run_;
+};
+
 // Runs `s` with `bytes_per_element` bytes per element, starting at network.now().
 // Runs the network until the collective completes (throws IciError on deadlock).
 CollectiveRun simulate(Network& network, const Schedule& s, int64_t bytes_per_element);
