@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -180,8 +181,11 @@ class RandomProgramsBitExact : public ::testing::TestWithParam<int> {};
 
 TEST_P(RandomProgramsBitExact, ReferenceFastDetailedAndRerunAgree) {
   WorkDir work("rand" + std::to_string(GetParam()));
-  int failures = 0;
-  for (int i = 0; i < kProgramsPerChunk && failures < 5; ++i) {
+  // Every program runs even after a failure, so the summary says how many fail;
+  // the first few are detailed with a command line that reproduces them.
+  constexpr int kDetailed = 3;
+  std::vector<uint64_t> failed;
+  for (int i = 0; i < kProgramsPerChunk; ++i) {
     const uint64_t seed = uint64_t(GetParam()) * kProgramsPerChunk + uint64_t(i);
     const std::string dir = work.path + "/p";
     fs::remove_all(dir);
@@ -190,9 +194,16 @@ TEST_P(RandomProgramsBitExact, ReferenceFastDetailedAndRerunAgree) {
     const std::string problem = check_bundle(bundle, inputs, dir, seed % kDetailedRerunEvery == 0);
     if (problem.empty()) continue;
     if (i == 0 && chip_model_missing(problem)) GTEST_SKIP() << "chip model not built yet: " << problem;
-    ++failures;
-    ADD_FAILURE() << "seed " << seed << ": " << problem << "\n  reproduce: tpusim_randprog --seed " << seed
-                  << " --out /tmp/p && tpusim asm /tmp/p/prog.s -o /tmp/p/prog.tpu";
+    failed.push_back(seed);
+    if (failed.size() <= kDetailed)
+      ADD_FAILURE() << "seed " << seed << ": " << problem << "\n  reproduce: tpusim_randprog --seed " << seed
+                    << " --out /tmp/p  (prints the --input arguments), tpusim asm /tmp/p/prog.s -o /tmp/p/prog.tpu, "
+                    << "then tpusim ref / tpusim run /tmp/p/prog.tpu --preset " << kPreset << " --mode fast|detailed";
+  }
+  if (!failed.empty()) {
+    std::string seeds;
+    for (uint64_t s : failed) seeds += " " + std::to_string(s);
+    ADD_FAILURE() << failed.size() << " of " << kProgramsPerChunk << " programs disagree; seeds:" << seeds;
   }
 }
 
@@ -212,34 +223,40 @@ std::vector<std::string> trace_dirs() {
   return dirs;
 }
 
-TEST(TracesBitExact, EveryTraceAgreesWithTheReferenceInBothModes) {
-  const auto dirs = trace_dirs();
-  ASSERT_FALSE(dirs.empty()) << "no traces under " << TPUSIM_TRACES_DIR;
-  WorkDir work("traces");
-  for (const auto& dir : dirs) {
-    const std::string name = fs::path(dir).filename().string();
-    const std::string w = work.path + "/" + name;
-    fs::create_directories(w);
-    const std::string bundle = w + "/prog.tpu";
-    auto r = spawn({tpusim_bin(), "asm", dir + "/prog.s", "-o", bundle}, w);
-    ASSERT_EQ(r.exit_code, 0) << dir << ": " << r.err;
-    // Inputs as traces/run_trace.sh passes them: in_NAME.npy is input NAME.
-    std::vector<std::string> files, inputs;
-    for (const auto& e : fs::directory_iterator(dir)) {
-      const std::string f = e.path().filename().string();
-      if (f.rfind("in_", 0) == 0 && e.path().extension() == ".npy") files.push_back(f);
-    }
-    std::sort(files.begin(), files.end());
-    for (const auto& f : files) {
-      inputs.push_back("--input");
-      inputs.push_back(f.substr(3, f.size() - 7) + "=" + dir + "/" + f);
-    }
-    if (inputs.empty()) inputs = {"--random-inputs", "1"};
-    const std::string problem = check_bundle(bundle, inputs, w, true);
-    if (chip_model_missing(problem)) GTEST_SKIP() << "chip model not built yet: " << problem;
-    EXPECT_EQ(problem, "") << "trace " << name;
+class TracesBitExact : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TracesBitExact, AgreesWithTheReferenceInBothModes) {
+  const std::string dir = GetParam();
+  const std::string name = fs::path(dir).filename().string();
+  WorkDir work("trace_" + name);
+  const std::string bundle = work.path + "/prog.tpu";
+  auto r = spawn({tpusim_bin(), "asm", dir + "/prog.s", "-o", bundle}, work.path);
+  ASSERT_EQ(r.exit_code, 0) << dir << ": " << r.err;
+  // Inputs as traces/run_trace.sh passes them: in_NAME.npy is input NAME.
+  std::vector<std::string> files, inputs;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind("in_", 0) == 0 && e.path().extension() == ".npy") files.push_back(f);
   }
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files) {
+    inputs.push_back("--input");
+    inputs.push_back(f.substr(3, f.size() - 7) + "=" + dir + "/" + f);
+  }
+  if (inputs.empty()) inputs = {"--random-inputs", "1"};
+  const std::string problem = check_bundle(bundle, inputs, work.path, true);
+  if (chip_model_missing(problem)) GTEST_SKIP() << "chip model not built yet: " << problem;
+  EXPECT_EQ(problem, "") << "trace " << dir;
 }
+
+INSTANTIATE_TEST_SUITE_P(Traces, TracesBitExact, ::testing::ValuesIn(trace_dirs()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string n = fs::path(info.param).parent_path().filename().string() + "_" +
+                                           fs::path(info.param).filename().string();
+                           for (auto& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace tpusim
