@@ -470,6 +470,16 @@ std::vector<LinkCounters> Network::link_counters() const {
   return out;
 }
 
+void Network::add_stats(nlohmann::json& units) const {
+  for (const auto& c : link_counters()) {
+    if (c.packets == 0) continue;
+    units[c.name] = {{"bytes", c.bytes},
+                     {"packets", c.packets},
+                     {"busy_cycles", c.busy_cycles},
+                     {"credit_stall_cycles", c.credit_stall_cycles}};
+  }
+}
+
 Network::AlphaBeta Network::neighbour_alpha_beta() const {
   AlphaBeta ab;
   const double P = double(prm_.packet_bytes);

@@ -23,6 +23,8 @@
 // of that cycle, so the outcome does not depend on the order events were queued.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -108,6 +110,10 @@ class Network {
   void run(uint64_t max_cycles = kNever);
 
   std::vector<LinkCounters> link_counters() const;
+  // The counters in the stats.json "units" shape, keyed by hierarchical name:
+  // units["chip3.ici.x+"] = {"bytes": .., "packets": .., "busy_cycles": ..,
+  // "credit_stall_cycles": ..}; links that never carried a packet are left out.
+  void add_stats(nlohmann::json& units) const;
   // The analytic time of one message over an otherwise idle network: the fixed
   // part (setup, latencies, the first/last packet on the faster links) and the
   // cycles per byte of the slowest link on the path. Used by calibration and

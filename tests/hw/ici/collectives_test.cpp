@@ -284,6 +284,19 @@ TEST(AllToAll, EveryBlockLandsInItsSlot) {
                IciError);
 }
 
+TEST(Schedules, BadRequestsAreErrors) {
+  const Topology t(TopologyKind::kTorus2d, {2, 2});
+  EXPECT_THROW(make_schedule(CollectiveKind::kAllReduce, Algorithm::kRing, t, -1), IciError);
+  EXPECT_THROW(parse_algorithm("tree"), IciError);
+  EXPECT_THROW(parse_collective("broadcast"), IciError);
+  // A schedule for 4 chips on a 16-chip network.
+  Network net = Network::from_params(config::load_preset("v2-4x4"));
+  const Schedule s = make_schedule(CollectiveKind::kAllReduce, Algorithm::kRing, t, 64);
+  EXPECT_THROW(simulate(net, s, 4), IciError);
+  std::vector<std::vector<int>> wrong(3, std::vector<int>(64, 0));
+  EXPECT_THROW(execute(s, wrong, -1, [](int a, int) { return a; }), IciError);
+}
+
 TEST(Schedules, ExecuteRejectsConflictsAndUnsetReads) {
   Schedule s = make_schedule(CollectiveKind::kAllGather, Algorithm::kRing, Topology(TopologyKind::kRing, {3}), 3);
   std::vector<std::vector<int>> state(3, std::vector<int>(3, -1));

@@ -197,6 +197,22 @@ TEST(FlowControl, TwoStreamsShareALinkFairlyEnough) {
     }
 }
 
+TEST(Counters, StatsJsonKeyedByHierarchicalName) {
+  Network net = Network::from_params(config::load_preset("v3-8"));
+  net.send({0, 1}, {1, 0}, 10000, 0);  // chip 0 -> chip 1 is +x
+  net.run();
+  nlohmann::json units = nlohmann::json::object();
+  net.add_stats(units);
+  ASSERT_TRUE(units.contains("chip0.core1.ici.inject"));
+  ASSERT_TRUE(units.contains("chip0.ici.x+"));
+  ASSERT_TRUE(units.contains("chip1.core0.ici.eject"));
+  EXPECT_EQ(units.size(), 3u);  // idle links are left out
+  EXPECT_EQ(units["chip0.ici.x+"]["bytes"], 10000);
+  EXPECT_EQ(units["chip0.ici.x+"]["packets"], (10000 + net.params().packet_bytes - 1) / net.params().packet_bytes);
+  EXPECT_NEAR(units["chip0.ici.x+"]["busy_cycles"].get<double>(), 10000 / net.params().link_payload_bytes_per_cycle(),
+              0.01);
+}
+
 struct Traffic {
   Endpoint src, dst;
   uint64_t bytes, at;
