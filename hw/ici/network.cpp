@@ -300,6 +300,7 @@ void Network::process_cycle(uint64_t t) {
           Message& m = msgs_[e.target];
           m.delivered = t;
           --in_flight_;
+          m.route = {};  // a long run issues millions of DMAs; keep only the delivery cycle
           if (m.callback) {
             // Moved out first: the callback may send, which may grow msgs_.
             auto cb = std::move(m.callback);
