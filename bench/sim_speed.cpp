@@ -1,0 +1,128 @@
+// Simulation speed of `tpusim run`: simulated core-cycles per host second in fast
+// and detailed mode on an MXU-bound GEMM loop and on a DMA-latency-bound loop (one
+// small HBM->VMEM transfer in flight at a time), plus the simulated MACs per host
+// second of the GEMM. Drives the real binary, as a user does, and reads cycles,
+// flops and host.wall_seconds (simulation only) from stats.json.
+//   sim_speed [--tpusim PATH] [--preset v4] [--scale 1.0]
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "sim/run/stats.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every MXU of one core streams 8 LHS vregs per iteration against full 128-row
+// weights, then the results are popped; the loop is long enough that start-up
+// (weight staging) is noise.
+std::string gemm_program(int mxus, int iterations) {
+  std::string s = ".target chips=1 cores=1 mxus=" + std::to_string(mxus) + "\n";
+  s += ".output y f32 [8, 128] vmem:0x0\n.core chip0.core0\n";
+  s += "  vbcast v0, 0.5\n  vbcast v1, 1.25\n";
+  for (int m = 0; m < mxus; ++m) {
+    for (int i = 0; i < 16; ++i) s += "  mpush mxu" + std::to_string(m) + ", v0\n";
+    s += "  mswap mxu" + std::to_string(m) + "\n";
+  }
+  s += "  li s4, " + std::to_string(iterations) + "\nloop:\n";
+  for (int j = 0; j < 8; ++j)
+    for (int m = 0; m < mxus; ++m) s += "  mmul mxu" + std::to_string(m) + ", v1\n";
+  for (int j = 0; j < 8; ++j)
+    for (int m = 0; m < mxus; ++m)
+      s += "  mpop v" + std::to_string(8 + (j * mxus + m) % 16) + ", mxu" + std::to_string(m) + "\n";
+  s += "  loop s4, loop\n  vst v8, [s0 + 0]\n  halt\n";
+  return s;
+}
+
+// One 4 KiB HBM->VMEM transfer at a time, each waited before the next: the run
+// is the DMA latency times the iteration count, and the simulator has almost
+// nothing to do between the events.
+std::string dma_program(int iterations) {
+  return ".target chips=1 cores=1 mxus=1\n.input x f32 [8, 128] hbm:0x0\n.output y f32 [8, 128] vmem:0x0\n"
+         ".core chip0.core0\n  li s4, " +
+         std::to_string(iterations) +
+         "\nloop:\n  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4096, flag=f1\n  wait.sub f1, 1\n  loop s4, loop\n"
+         "  halt\n";
+}
+
+struct Measured {
+  uint64_t cycles = 0;
+  uint64_t flops = 0;
+  double wall = 0;
+};
+
+Measured run(const std::string& tpusim, const std::string& dir, const std::string& name, const std::string& text,
+             const std::string& preset, const std::string& mode) {
+  const std::string src = dir + "/" + name + ".s", bundle = dir + "/" + name + ".tpu", out = dir + "/" + name + "_" + mode;
+  std::ofstream(src) << text;
+  std::string cmd = tpusim + " asm " + src + " -o " + bundle + " >/dev/null";
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("assembling " + src + " failed");
+  cmd = "SYSTEMC_DISABLE_COPYRIGHT_MESSAGE=1 " + tpusim + " run " + bundle + " --preset " + preset + " --mode " +
+        mode + " --random-inputs 1 -q --out " + out;
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("'" + cmd + "' failed");
+  const auto s = tpusim::run::read_stats(out + "/stats.json");
+  return {s["cycles"].get<uint64_t>(), s["flops"].get<uint64_t>(), s["host"]["wall_seconds"].get<double>()};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Simulation speed of tpusim run (fast and detailed mode)"};
+  std::string tpusim = TPUSIM_BIN, preset = "v4";
+  double scale = 1.0;
+  int mxus = 4;
+  app.add_option("--tpusim", tpusim, "The tpusim binary");
+  app.add_option("--preset", preset, "Chip preset");
+  app.add_option("--mxus", mxus, "MXUs the GEMM uses (at most the preset's)")->check(CLI::Range(1, 16));
+  app.add_option("--scale", scale, "Multiply every iteration count")->check(CLI::Range(0.001, 1000.0));
+  CLI11_PARSE(app, argc, argv);
+
+  const std::string dir = (fs::temp_directory_path() / ("tpusim_sim_speed_" + std::to_string(::getpid()))).string();
+  fs::create_directories(dir);
+  struct Case {
+    const char* workload;
+    const char* mode;
+    std::string text;
+  };
+  // Detailed mode ticks every unit every cycle: a tenth of the work keeps it short.
+  const int gemm_fast = int(40000 * scale), gemm_detailed = int(4000 * scale);
+  const int dma_fast = int(4000 * scale), dma_detailed = int(400 * scale);
+  const std::vector<Case> cases = {
+      {"MXU-bound GEMM", "fast", gemm_program(mxus, std::max(1, gemm_fast))},
+      {"DMA-latency-bound", "fast", dma_program(std::max(1, dma_fast))},
+      {"MXU-bound GEMM", "detailed", gemm_program(mxus, std::max(1, gemm_detailed))},
+      {"DMA-latency-bound", "detailed", dma_program(std::max(1, dma_detailed))},
+  };
+  fmt::print("tpusim run speed, preset {}, one TensorCore ({} MXUs in the GEMM)\n\n", preset, mxus);
+  fmt::print("| workload | mode | simulated cycles | host s | core-cycles/s | simulated MAC/s | MXU util |\n");
+  fmt::print("|---|---|---:|---:|---:|---:|---:|\n");
+  int rc = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    try {
+      const Measured m = run(tpusim, dir, "case" + std::to_string(i), c.text, preset, c.mode);
+      const double cps = m.wall > 0 ? double(m.cycles) / m.wall : 0;
+      const double macs = m.wall > 0 ? double(m.flops) / 2 / m.wall : 0;
+      const double peak_macs_per_cycle = 128.0 * 128.0 * mxus;
+      const double util = m.cycles ? double(m.flops) / 2 / (peak_macs_per_cycle * double(m.cycles)) : 0;
+      fmt::print("| {} | {} | {} | {:.3f} | {:.3g} | {} | {} |\n", c.workload, c.mode, m.cycles, m.wall, cps,
+                 m.flops ? fmt::format("{:.3g}", macs) : std::string("-"),
+                 m.flops ? fmt::format("{:.1f}%", util * 100) : std::string("-"));
+    } catch (const std::exception& e) {
+      fmt::print("| {} | {} | error: {} | | | | |\n", c.workload, c.mode, e.what());
+      rc = 1;
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  return rc;
+}
