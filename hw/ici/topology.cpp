@@ -1,6 +1,7 @@
 #include "hw/ici/topology.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "hw/config/params.h"
 
