@@ -4,6 +4,7 @@
 // removes a stale one rather than leave a previous run's record looking current.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <systemc>
 
 #include <chrono>
 #include <cstdio>
@@ -88,6 +89,9 @@ int run_run(const RunArgs& a) {
   ropt.timeline = tl.get();
   ropt.max_cycles = a.max_cycles;
 
+  // SystemC's informational notes (e.g. the VCD timescale) would land in the
+  // middle of the report on stdout; warnings and errors still show.
+  sc_core::sc_report_handler::set_actions(sc_core::SC_INFO, sc_core::SC_DO_NOTHING);
   std::unique_ptr<hw::System> system;
   try {
     system = std::make_unique<hw::System>(preset, bundle);
