@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "hw/config/params.h"
+#include "hw/timeline/timeline.h"
 
 namespace tpusim::ici {
 
@@ -214,6 +215,7 @@ MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at,
     chip = topo_.neighbour(chip, port);
   }
   m.route.push_back({eject_link_[m.dst_ep], slot_of(chip, prev, vc)});
+  m.issued = at;
   const bool remote = src.chip != dst.chip;
   m.active = at + uint64_t(prm_.dma_setup_cycles) + (remote ? uint64_t(prm_.remote_setup_cycles) : 0);
   msgs_.push_back(std::move(m));
@@ -300,6 +302,15 @@ void Network::process_cycle(uint64_t t) {
           Message& m = msgs_[e.target];
           m.delivered = t;
           --in_flight_;
+          if (timeline_) {
+            const int cores = prm_.cores_per_chip;
+            const timeline::TrackId tr = timeline_->track("chip" + std::to_string(m.src_ep / cores),
+                                                          "core" + std::to_string(m.src_ep % cores) + ".ici");
+            timeline_->slice(tr, "dma " + std::to_string(m.bytes) + " B", m.issued, t,
+                             {{"to", "chip" + std::to_string(m.dst_ep / cores) + ".core" +
+                                         std::to_string(m.dst_ep % cores)},
+                              {"message", std::to_string(e.target)}});
+          }
           m.route = {};  // a long run issues millions of DMAs; keep only the delivery cycle
           if (m.callback) {
             // Moved out first: the callback may send, which may grow msgs_.

@@ -37,6 +37,9 @@
 namespace tpusim::config {
 class Params;
 }
+namespace tpusim::timeline {
+class Timeline;
+}
 
 namespace tpusim::ici {
 
@@ -114,6 +117,10 @@ class Network {
   // units["chip3.ici.x+"] = {"bytes": .., "packets": .., "busy_cycles": ..,
   // "credit_stall_cycles": ..}; links that never carried a packet are left out.
   void add_stats(nlohmann::json& units) const;
+  // Records every message from then on as a slice, issue to delivery, on the
+  // track ("chipC", "coreK.ici") of its source core (nullptr stops recording).
+  // The timeline must outlive the network's run.
+  void set_timeline(timeline::Timeline* t) { timeline_ = t; }
   // The analytic time of one message over an otherwise idle network: the fixed
   // part (setup, latencies, the first/last packet on the faster links) and the
   // cycles per byte of the slowest link on the path. Used by calibration and
@@ -171,6 +178,7 @@ class Network {
   struct Message {
     int src_ep = 0, dst_ep = 0;
     uint64_t bytes = 0;
+    uint64_t issued = 0;
     uint64_t active = kNever;
     uint64_t last_served_q16 = 0;  // when its last packet left the core; 0 = never
     uint32_t packets = 0, injected = 0, arrived = 0;
@@ -228,6 +236,7 @@ class Network {
   std::priority_queue<FarEvent, std::vector<FarEvent>, std::greater<FarEvent>> far_;
   size_t pending_ = 0;
   std::vector<uint32_t> dirty_, work_;
+  timeline::Timeline* timeline_ = nullptr;
   uint64_t seq_ = 0;
   uint64_t now_ = 0;
   size_t in_flight_ = 0;

@@ -1,26 +1,305 @@
 #include "hw/system/system.h"
 
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <systemc>
+
+#include "hw/chip/chip.h"
+#include "hw/mem/memory_factory.h"
+#include "hw/mem/simple_memory.h"
+#include "hw/wave/vcd_filter.h"
 #include "isa/exec/tensors.h"
 
 namespace tpusim::hw {
+
+namespace {
+
+// The chips of a board, as plain C++: both SystemC views drive this one object.
+class Board {
+ public:
+  std::vector<std::unique_ptr<Chip>> chips;
+  std::unique_ptr<Barrier> barrier;
+  uint64_t max_cycles = 0;
+
+  void tick(uint64_t cycle) {
+    for (auto& c : chips) c->tick(cycle);
+  }
+  void skip(uint64_t n) {
+    for (auto& c : chips) c->skip(n);
+  }
+  uint64_t next_event_cycle(uint64_t now) const {
+    uint64_t n = kNever;
+    for (const auto& c : chips) n = std::min(n, c->next_event_cycle(now));
+    return n;
+  }
+  bool done() const {
+    for (const auto& c : chips)
+      if (!c->done()) return false;
+    return true;
+  }
+  std::string fault() const {
+    for (const auto& c : chips) {
+      std::string f = c->fault();
+      if (!f.empty()) return f;
+    }
+    return {};
+  }
+  uint64_t last_activity_cycle() const {
+    uint64_t t = 0;
+    for (const auto& c : chips) t = std::max(t, c->last_activity_cycle());
+    return t;
+  }
+  std::string deadlock_report() const {
+    std::string s = "deadlock: no core can proceed and no transfer is in flight;";
+    for (const auto& c : chips)
+      for (const auto& k : c->cores())
+        if (k->has_program() && !k->done()) s += " " + k->blocked_on() + ";";
+    return s;
+  }
+
+  // After the ticks of `cycle`: whether the run ends here, and why.
+  enum class End { kNo, kDone, kFault, kDeadlock, kLimit };
+  End end_after(uint64_t cycle, std::string& why) const {
+    why = fault();
+    if (!why.empty()) return End::kFault;
+    if (done()) return End::kDone;
+    if (max_cycles && cycle + 1 >= max_cycles) {
+      why = "cycle limit of " + std::to_string(max_cycles) + " reached (max_cycles)";
+      return End::kLimit;
+    }
+    if (next_event_cycle(cycle) == kNever) {
+      why = deadlock_report();
+      return End::kDeadlock;
+    }
+    return End::kNo;
+  }
+};
+
+// Named, traceable stand-ins for each unit, so waveforms and reports read
+// chip0.core1.vpu.busy. The units themselves are plain C++ (hw/core, hw/vpu, ...).
+// SystemC takes the parent of a module from the constructor being run, so each
+// level builds its children in its own constructor.
+struct Tracing {
+  sc_core::sc_trace_file* tf = nullptr;
+  std::vector<std::string> scopes;
+  template <typename T>
+  void trace(const T& value, const std::string& full) const {
+    if (tf && wave::scope_matches(scopes, full)) sc_core::sc_trace(tf, value, full);
+  }
+};
+struct UnitModule : sc_core::sc_module {
+  explicit UnitModule(sc_core::sc_module_name n) : sc_module(n) {}
+};
+struct CoreModule : sc_core::sc_module {
+  std::vector<std::unique_ptr<UnitModule>> units;
+  std::string unit(const std::string& n) {
+    units.push_back(std::make_unique<UnitModule>(n.c_str()));
+    return units.back()->name();
+  }
+  CoreModule(sc_core::sc_module_name n, TensorCore& core, const Tracing& t) : sc_module(n) {
+    std::string u = unit("sequencer");
+    t.trace(core.sequencer().pc_now_, u + ".pc");
+    t.trace(core.sequencer().stall_reason_, u + ".stall_reason");
+    u = unit("vpu");
+    t.trace(core.vpu().busy_, u + ".busy");
+    t.trace(core.vpu().queue_depth_now_, u + ".queue_depth");
+    t.trace(core.vpu().current_op_, u + ".current_op");
+    for (size_t i = 0; i < core.mxus().size(); ++i) {
+      u = unit("mxu" + std::to_string(i));
+      t.trace(core.mxus()[i]->busy_, u + ".busy");
+      t.trace(core.mxus()[i]->queue_depth_now_, u + ".queue_depth");
+      t.trace(core.mxus()[i]->current_op_, u + ".current_op");
+    }
+    for (int e = 0; e < core.dma().engines(); ++e) {
+      u = unit("dma" + std::to_string(e));
+      if (e == 0) {  // the queue and the count of busy engines are shared by all engines
+        t.trace(core.dma().queue_depth_now_, u + ".queue_depth");
+        t.trace(core.dma().active_now_, u + ".active_engines");
+      }
+    }
+  }
+};
+struct ChipModule : sc_core::sc_module {
+  std::vector<std::unique_ptr<CoreModule>> cores;
+  ChipModule(sc_core::sc_module_name n, Chip& chip, const Tracing& t) : sc_module(n) {
+    for (auto& core : chip.cores()) {
+      const std::string cname = core->name().substr(core->name().find('.') + 1);
+      cores.push_back(std::make_unique<CoreModule>(cname.c_str(), *core, t));
+    }
+  }
+};
+
+// The two views of one Board.
+struct Driver : sc_core::sc_module {
+  Board& board;
+  sc_core::sc_time period;
+  Mode mode;
+  std::unique_ptr<sc_core::sc_clock> clock;
+  uint64_t cycle = 0;
+  bool finished = false;
+  Board::End end = Board::End::kNo;
+  std::string why;
+
+  SC_HAS_PROCESS(Driver);
+  Driver(sc_core::sc_module_name n, Board& b, sc_core::sc_time p, Mode m) : sc_module(n), board(b), period(p), mode(m) {
+    if (mode == Mode::kFast) {
+      SC_THREAD(run_fast);
+    } else {
+      clock = std::make_unique<sc_core::sc_clock>("clock", period);
+      SC_METHOD(on_edge);
+      sensitive << clock->posedge_event();
+      dont_initialize();
+    }
+  }
+
+  // Event-driven: sleep until the next cycle at which any unit has work, and
+  // account the cycles between with skip().
+  void run_fast() {
+    for (;;) {
+      board.tick(cycle);
+      end = board.end_after(cycle, why);
+      if (end != Board::End::kNo) break;
+      const uint64_t next = board.next_event_cycle(cycle);
+      board.skip(next - cycle - 1);
+      wait(static_cast<double>(next - cycle) * period);
+      cycle = next;
+    }
+    finished = true;
+    wait(period);  // one more step, so the trace file writes the last values
+  }
+
+  // Clocked: every unit ticks every cycle.
+  void on_edge() {
+    if (finished) {
+      sc_core::sc_stop();
+      return;
+    }
+    board.tick(cycle);
+    end = board.end_after(cycle, why);
+    if (end != Board::End::kNo) finished = true;
+    else ++cycle;
+  }
+};
+
+}  // namespace
 
 struct System::Impl {
   const config::Params& preset;
   const isa::Bundle& bundle;
   exec::Machine machine;
+  bool ran = false;
 };
 
 System::System(const config::Params& preset, const isa::Bundle& bundle)
     : impl_(new Impl{preset, bundle, exec::Machine(bundle.target)}) {
+  const std::string err = isa::check_bundle(bundle);
+  if (!err.empty()) throw SystemError("bundle: " + err);
+  const isa::Target& t = bundle.target;
+  const auto need = [&](bool ok, const std::string& what) {
+    if (!ok) throw SystemError("bundle target does not fit preset '" + preset.source() + "': " + what);
+  };
+  need(t.chips <= static_cast<uint64_t>(preset.get_int("system.chips")),
+       std::to_string(t.chips) + " chips, the preset has " + std::to_string(preset.get_int("system.chips")));
+  need(t.cores_per_chip <= static_cast<uint64_t>(preset.get_int("cores_per_chip")),
+       std::to_string(t.cores_per_chip) + " cores per chip, the preset has " +
+           std::to_string(preset.get_int("cores_per_chip")));
+  need(t.mxus_per_core <= static_cast<uint64_t>(preset.get_int("core.mxu.count")),
+       std::to_string(t.mxus_per_core) + " MXUs per core, the preset has " +
+           std::to_string(preset.get_int("core.mxu.count")));
+  need(t.mxu_rows == static_cast<uint64_t>(preset.get_int("core.mxu.rows")) &&
+           t.mxu_cols == static_cast<uint64_t>(preset.get_int("core.mxu.cols")),
+       "MXU " + std::to_string(t.mxu_rows) + "x" + std::to_string(t.mxu_cols) + ", the preset's is " +
+           std::to_string(preset.get_int("core.mxu.rows")) + "x" + std::to_string(preset.get_int("core.mxu.cols")));
   exec::load_constants(impl_->machine, bundle);
 }
 
 System::~System() = default;
 
-RunResult System::run(const RunOptions& /*options*/) {
+RunResult System::run(const RunOptions& opt) {
+  if (impl_->ran) throw SystemError("System::run called twice (SystemC allows one elaboration per process)");
+  impl_->ran = true;
+  const config::Params& preset = impl_->preset;
+  const isa::Bundle& bundle = impl_->bundle;
+  const double clock_hz = preset.get_double("clock_hz");
+  if (!(clock_hz > 0)) throw SystemError(preset.source() + ": clock_hz must be positive");
+  const uint64_t cycle_ps = std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(1e12 / clock_hz)));
+
+  CoreParams cp = CoreParams::from_config(preset, static_cast<int>(bundle.target.mxus_per_core));
+  std::function<std::unique_ptr<mem::MemoryPort>()> make_memory;
+  const YAML::Node hbm = preset.node("hbm");
+  if (hbm["model"]) {
+    make_memory = [hbm, &preset] { return mem::make_memory(hbm, preset.source()); };
+  } else {
+    // A preset without an HBM timing table: a latency + bandwidth pipe at its peak.
+    mem::SimpleMemoryConfig sc;
+    sc.bytes_per_s = preset.get_double("hbm.peak_bytes_per_s");
+    sc.latency_ps = 100000;
+    make_memory = [sc] { return std::make_unique<mem::SimpleMemory>(sc); };
+  }
+
+  Board board;
+  board.max_cycles = opt.max_cycles;
+  board.barrier = std::make_unique<Barrier>(bundle.cores.size());
+  for (uint32_t c = 0; c < bundle.target.chips; ++c) {
+    auto send = [&board](LinkDelivery&& d) { board.chips.at(d.dest_chip)->deliver(std::move(d)); };
+    board.chips.push_back(std::make_unique<Chip>(cp, impl_->machine, bundle, c, make_memory, cycle_ps,
+                                                 *board.barrier, opt.timeline, send));
+  }
+
+  // SystemC hierarchy with explicit names: chip0.core1.vpu, chip0.core1.mxu0, ...
+  std::vector<std::unique_ptr<ChipModule>> chip_modules;
+  sc_core::sc_trace_file* tf = nullptr;
+  std::string raw_vcd;
+  if (!opt.wave_path.empty()) {
+    raw_vcd = opt.wave_path + ".raw." + std::to_string(::getpid());
+    tf = sc_core::sc_create_vcd_trace_file(raw_vcd.c_str());
+    tf->set_time_unit(1, sc_core::SC_PS);
+  }
+  Tracing tracing{tf, opt.wave_scopes};
+  for (auto& chip : board.chips)
+    chip_modules.push_back(
+        std::make_unique<ChipModule>(("chip" + std::to_string(chip->index())).c_str(), *chip, tracing));
+  const sc_core::sc_time period(static_cast<double>(cycle_ps), sc_core::SC_PS);
+  Driver driver("scheduler", board, period, opt.mode);
+
   RunResult r;
-  r.faulted = true;
-  r.fault = "the chip model is not built yet";
+  sc_core::sc_report_handler::set_actions(sc_core::SC_INFO, sc_core::SC_DO_NOTHING);  // stop and timescale notes
+  try {
+    sc_core::sc_start();
+  } catch (const std::exception& e) {
+    if (tf) sc_core::sc_close_vcd_trace_file(tf);
+    throw SystemError(std::string("simulation error: ") + e.what());
+  }
+  if (tf) {
+    sc_core::sc_close_vcd_trace_file(tf);
+    wave::FilterOptions fo;
+    fo.scopes = opt.wave_scopes;
+    fo.begin_ps = opt.wave_begin == 0 ? 0 : opt.wave_begin * cycle_ps;
+    fo.end_ps = opt.wave_end == UINT64_MAX ? UINT64_MAX : opt.wave_end * cycle_ps;
+    const std::string raw_file = raw_vcd + ".vcd";
+    try {
+      wave::finish_wave(raw_file, opt.wave_path, fo);
+    } catch (...) {
+      std::remove(raw_file.c_str());
+      throw;
+    }
+    std::remove(raw_file.c_str());
+  }
+
+  r.cycles = board.last_activity_cycle() + 1;
+  r.faulted = driver.end != Board::End::kDone;
+  if (r.faulted) r.fault = driver.why;
+  for (auto& chip : board.chips) {
+    for (auto& core : chip->cores()) {
+      core->add_counters(r.units);
+      r.flops += 2 * core->macs();
+    }
+    r.hbm_bytes_read += chip->hub().bytes_read;
+    r.hbm_bytes_written += chip->hub().bytes_written;
+    r.units["chip" + std::to_string(chip->index()) + ".hbm"] = chip->hub().port().stats_json();
+  }
   return r;
 }
 

@@ -11,6 +11,7 @@
 #include "hw/config/params.h"
 #include "hw/ici/network.h"
 #include "hw/ici/topology.h"
+#include "hw/timeline/timeline.h"
 
 namespace tpusim::ici {
 namespace {
@@ -211,6 +212,30 @@ TEST(Counters, StatsJsonKeyedByHierarchicalName) {
   EXPECT_EQ(units["chip0.ici.x+"]["packets"], (10000 + net.params().packet_bytes - 1) / net.params().packet_bytes);
   EXPECT_NEAR(units["chip0.ici.x+"]["busy_cycles"].get<double>(), 10000 / net.params().link_payload_bytes_per_cycle(),
               0.01);
+}
+
+TEST(Counters, MessagesBecomeTimelineSlices) {
+  Network net = Network::from_params(config::load_preset("v3-8"));
+  timeline::Options opt;
+  opt.clock_hz = net.params().clock_hz;
+  timeline::Timeline tl(opt);
+  net.set_timeline(&tl);
+  const MessageId a = net.send({0, 1}, {3, 0}, 5000, 10);
+  const MessageId b = net.send({0, 1}, {1, 1}, 100, 20);
+  net.run();
+  EXPECT_EQ(tl.recorded_events(), 2u);
+  const auto j = nlohmann::json::parse(tl.to_json());
+  int found = 0;
+  for (const auto& ev : j["traceEvents"])
+    if (ev.value("name", "") == "dma 5000 B" || ev.value("name", "") == "dma 100 B") {
+      ++found;
+      const bool big = ev["name"] == "dma 5000 B";
+      const double us_per_cycle = 1e6 / net.params().clock_hz;
+      EXPECT_NEAR(ev["ts"].get<double>(), (big ? 10 : 20) * us_per_cycle, 1e-6);
+      EXPECT_NEAR(ev["dur"].get<double>(),
+                  double(net.delivery_cycle(big ? a : b) - (big ? 10 : 20)) * us_per_cycle, 1e-6);
+    }
+  EXPECT_EQ(found, 2);
 }
 
 struct Traffic {

@@ -1,0 +1,115 @@
+#include "hw/chip/core.h"
+
+#include <algorithm>
+
+namespace tpusim::hw {
+
+CoreParams CoreParams::from_config(const config::Params& c, int mxus) {
+  CoreParams p;
+  const auto depth = [&](const std::string& k) {
+    const int64_t v = c.get_int("core.sequencer.queue_depth." + k);
+    if (v < 1 || v > 4096) throw config::ConfigError(c.source() + ": core.sequencer.queue_depth." + k + " must be 1..4096");
+    return static_cast<size_t>(v);
+  };
+  p.vector_queue = depth("vector");
+  p.matrix_queue = depth("matrix");
+  p.dma_queue = depth("dma");
+  p.vmem_banks = static_cast<int>(c.get_int("core.vmem.banks"));
+  p.vmem_bank_bytes = static_cast<int>(c.get_int("core.vmem.bank_bytes_per_cycle"));
+  p.vpu = VpuParams::from_config(c);
+  p.dma = DmaParams::from_config(c);
+  for (int i = 0; i < mxus; ++i) p.mxus.push_back(mxu::MxuParams::from_config(c, i));
+  return p;
+}
+
+TensorCore::TensorCore(const CoreParams& p, exec::Machine& m, uint32_t chip, uint32_t core,
+                       const isa::CoreProgram* prog, Barrier& barrier, MemoryHub& hub, uint64_t read_beat_cycles,
+                       uint64_t write_beat_cycles, timeline::Timeline* tl,
+                       std::function<void(LinkDelivery&&)> send_remote)
+    : banks_(p.vmem_banks, p.vmem_bank_bytes) {
+  env_.machine = &m;
+  env_.state = &m.core(chip, core);
+  env_.prog = prog;
+  env_.name = "chip" + std::to_string(chip) + ".core" + std::to_string(core);
+  env_.timeline = tl;
+  vpu_ = std::make_unique<Vpu>(env_, banks_, p.vpu, p.vector_queue);
+  for (size_t i = 0; i < p.mxus.size(); ++i)
+    mxus_.push_back(std::make_unique<MatrixQueue>(env_, p.mxus[i], static_cast<int>(i), p.matrix_queue));
+  dma_ = std::make_unique<DmaEngines>(env_, banks_, hub, p.dma, p.dma_queue, read_beat_cycles, write_beat_cycles,
+                                      core, std::move(send_remote));
+  dma_->set_vmem_ops_retired([this] { return vpu_->mem_ops_retired(); });
+  Sequencer::Sinks sinks;
+  sinks.queue_full = [this](isa::Unit u, const isa::Instr& in) {
+    switch (u) {
+      case isa::Unit::kVector: return vpu_->queue_full();
+      case isa::Unit::kMatrix: {
+        const int x = (in.op == isa::Op::kMpop || in.op == isa::Op::kMpopAdd) ? in.b : in.a;
+        return mxus_[static_cast<size_t>(x)]->queue_full();
+      }
+      default: return dma_->queue_full();
+    }
+  };
+  sinks.push = [this](isa::Unit u, Issued&& it) {
+    switch (u) {
+      case isa::Unit::kVector: vpu_->push(std::move(it)); break;
+      case isa::Unit::kMatrix: {
+        const isa::Instr& in = *it.in;
+        const int x = (in.op == isa::Op::kMpop || in.op == isa::Op::kMpopAdd) ? in.b : in.a;
+        mxus_[static_cast<size_t>(x)]->push(std::move(it));
+        break;
+      }
+      default: dma_->push(std::move(it));
+    }
+  };
+  sinks.vector_matrix_drained = [this] {
+    if (!vpu_->idle()) return false;
+    for (const auto& x : mxus_)
+      if (!x->idle()) return false;
+    return true;
+  };
+  seq_ = std::make_unique<Sequencer>(env_, barrier, std::move(sinks));
+}
+
+void TensorCore::tick(uint64_t cycle) {
+  dma_->tick(cycle);
+  for (auto& x : mxus_) x->tick(cycle);
+  vpu_->tick(cycle);
+  seq_->tick(cycle);
+}
+
+void TensorCore::skip(uint64_t n) {
+  if (n == 0) return;
+  dma_->skip(n);
+  for (auto& x : mxus_) x->skip(n);
+  vpu_->skip(n);
+  seq_->skip(n);
+}
+
+uint64_t TensorCore::next_event_cycle(uint64_t now) const {
+  if (!env_.fault.empty()) return kNever;
+  uint64_t next = std::min(dma_->next_event_cycle(now), vpu_->next_event_cycle(now));
+  for (const auto& x : mxus_) next = std::min(next, x->next_event_cycle(now));
+  return std::min(next, seq_->next_event_cycle(now));
+}
+
+bool TensorCore::done() const {
+  if (!seq_->halted() || !vpu_->idle() || !dma_->idle()) return false;
+  for (const auto& x : mxus_)
+    if (!x->idle()) return false;
+  return true;
+}
+
+uint64_t TensorCore::macs() const {
+  uint64_t n = 0;
+  for (const auto& x : mxus_) n += x->macs();
+  return n;
+}
+
+void TensorCore::add_counters(nlohmann::json& units) const {
+  units[env_.name + ".sequencer"] = seq_->counters().to_json();
+  units[env_.name + ".vpu"] = vpu_->counters().to_json();
+  for (size_t i = 0; i < mxus_.size(); ++i) units[env_.name + ".mxu" + std::to_string(i)] = mxus_[i]->counters_json();
+  for (int e = 0; e < dma_->engines(); ++e) units[env_.name + ".dma" + std::to_string(e)] = dma_->engine_json(e);
+}
+
+}  // namespace tpusim::hw

@@ -1,0 +1,63 @@
+// One TensorCore: sequencer, vector unit, MXUs, DMA engines and VMEM banks, ticked
+// in a fixed order each cycle (DMA, MXUs, VPU, sequencer) so that every view of the
+// model (event-driven or clocked) sees the same interleaving.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hw/config/params.h"
+#include "hw/core/core_env.h"
+#include "hw/core/matrix_queue.h"
+#include "hw/core/sequencer.h"
+#include "hw/dma/dma_engines.h"
+#include "hw/vmem/vmem_banks.h"
+#include "hw/vpu/vpu.h"
+
+namespace tpusim::hw {
+
+struct CoreParams {
+  size_t vector_queue = 16, matrix_queue = 16, dma_queue = 16;
+  int vmem_banks = 16, vmem_bank_bytes = 256;
+  VpuParams vpu;
+  DmaParams dma;
+  std::vector<mxu::MxuParams> mxus;
+  static CoreParams from_config(const config::Params& p, int mxus);
+};
+
+class TensorCore {
+ public:
+  TensorCore(const CoreParams& p, exec::Machine& m, uint32_t chip, uint32_t core, const isa::CoreProgram* prog,
+             Barrier& barrier, MemoryHub& hub, uint64_t read_beat_cycles, uint64_t write_beat_cycles,
+             timeline::Timeline* tl, std::function<void(LinkDelivery&&)> send_remote);
+
+  void tick(uint64_t cycle);
+  void skip(uint64_t n);
+  uint64_t next_event_cycle(uint64_t now) const;
+
+  bool done() const;
+  const std::string& fault() const { return env_.fault; }
+  std::string blocked_on() const { return seq_->blocked_on(); }
+  bool has_program() const { return env_.prog != nullptr; }
+  uint64_t last_activity_cycle() const { return env_.last_activity_cycle; }
+  uint64_t macs() const;
+  const std::string& name() const { return env_.name; }
+  // "chip0.core0.vpu": {...}, ...
+  void add_counters(nlohmann::json& units) const;
+
+  Sequencer& sequencer() { return *seq_; }
+  Vpu& vpu() { return *vpu_; }
+  DmaEngines& dma() { return *dma_; }
+  std::vector<std::unique_ptr<MatrixQueue>>& mxus() { return mxus_; }
+
+ private:
+  CoreEnv env_;
+  VmemBanks banks_;
+  std::unique_ptr<Vpu> vpu_;
+  std::vector<std::unique_ptr<MatrixQueue>> mxus_;
+  std::unique_ptr<DmaEngines> dma_;
+  std::unique_ptr<Sequencer> seq_;
+};
+
+}  // namespace tpusim::hw

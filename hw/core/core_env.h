@@ -1,0 +1,110 @@
+// What every unit of a TensorCore shares: the architectural state (in the
+// functional reference's types), the program, the scoreboard, fault reporting and
+// the timeline. Units are plain C++ (state + tick + skip + next_event_cycle); the
+// SystemC views in hw/system wrap them.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "hw/core/reg_use.h"
+#include "hw/core/scoreboard.h"
+#include "hw/timeline/timeline.h"
+#include "isa/exec/semantics.h"
+#include "isa/exec/state.h"
+
+namespace tpusim::hw {
+
+inline constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+
+// Named event counters of one unit, written to stats.json under its hierarchical name.
+class Counters {
+ public:
+  uint64_t& operator[](const std::string& name) { return values_[name]; }
+  uint64_t get(const std::string& name) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? 0 : it->second;
+  }
+  nlohmann::json to_json() const {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [k, v] : values_) j[k] = v;
+    return j;
+  }
+
+ private:
+  std::map<std::string, uint64_t> values_;
+};
+
+// An instruction the sequencer has issued into a unit queue.
+struct Issued {
+  const isa::Instr* in = nullptr;
+  uint32_t pc = 0;
+  uint64_t seq = 0;          // program order within the core
+  uint64_t issue_cycle = 0;
+  RegUse use;
+  std::array<int32_t, isa::kScalarRegs> s{};  // scalar registers at issue (addresses)
+  uint64_t vmem_ops_before = 0;               // DMA: vld/vst issued before it
+  exec::DmaPlan plan;                         // DMA: resolved at issue
+};
+
+// Runs a vector instruction's semantics with the scalar registers it saw at issue:
+// the sequencer runs ahead, so the live scalar file may already be newer.
+inline void exec_vector_issued(exec::CoreState& st, const Issued& it) {
+  if (!reads_scalar_regs(*it.in)) {
+    exec::exec_vector(st, *it.in);
+    return;
+  }
+  const auto live = st.s;
+  st.s = it.s;
+  try {
+    exec::exec_vector(st, *it.in);
+  } catch (...) {
+    st.s = live;
+    throw;
+  }
+  st.s = live;
+}
+
+struct CoreEnv {
+  exec::Machine* machine = nullptr;
+  exec::CoreState* state = nullptr;
+  const isa::CoreProgram* prog = nullptr;
+  std::string name;  // "chip0.core1"
+  Scoreboard scoreboard;
+  timeline::Timeline* timeline = nullptr;
+  uint32_t timeline_process = 0;
+  // First fault of this core; the run stops at the end of the cycle it happened in.
+  std::string fault;
+  uint64_t last_activity_cycle = 0;  // the last cycle anything architectural changed
+
+  void note_activity(uint64_t cycle) {
+    if (cycle > last_activity_cycle) last_activity_cycle = cycle;
+  }
+  std::string where(uint32_t pc) const {
+    std::string s = name + " instruction " + std::to_string(pc);
+    if (prog && pc < prog->code.size()) {
+      const isa::Instr& in = prog->code[pc];
+      s += " (";
+      if (in.line) s += prog->source + ":" + std::to_string(in.line) + ", ";
+      s += isa::op_info(in.op).mnemonic;
+      if (in.op_id >= 0) s += ", op " + std::to_string(in.op_id);
+      s += ")";
+    }
+    return s;
+  }
+  void raise(uint32_t pc, const std::string& cause) {
+    if (fault.empty()) fault = "fault: " + where(pc) + ": " + cause;
+  }
+  // Timeline slice name: the graph op when known, else the mnemonic.
+  static std::string slice_name(const isa::Instr& in) {
+    return in.op_id >= 0 ? "op " + std::to_string(in.op_id) : std::string(isa::op_info(in.op).mnemonic);
+  }
+};
+
+}  // namespace tpusim::hw

@@ -1,0 +1,132 @@
+#include "hw/core/matrix_queue.h"
+
+#include <algorithm>
+
+namespace tpusim::hw {
+
+using isa::Op;
+
+MatrixQueue::MatrixQueue(CoreEnv& env, const mxu::MxuParams& p, int index, size_t queue_depth)
+    : env_(env), index_(index), depth_(queue_depth), core_(p), scratch_(1, 1, isa::kSublanes) {
+  core_.set_compute_values(false);  // values come from isa/exec
+  if (env_.timeline)
+    track_ = env_.timeline->track(env_.name.substr(0, env_.name.find('.')),
+                                  env_.name.substr(env_.name.find('.') + 1) + ".mxu" + std::to_string(index));
+}
+
+mxu::MxuOpKind MatrixQueue::kind_of(const isa::Instr& in) {
+  switch (in.op) {
+    case Op::kMpush: return mxu::MxuOpKind::kPush;
+    case Op::kMpushT: return mxu::MxuOpKind::kPushTransposed;
+    case Op::kMswap: return mxu::MxuOpKind::kSwap;
+    case Op::kMmul: return mxu::MxuOpKind::kMatmul;
+    case Op::kMpop: return mxu::MxuOpKind::kPop;
+    default: return mxu::MxuOpKind::kPopAdd;
+  }
+}
+
+bool MatrixQueue::idle() const { return queue_.empty() && pops_.empty() && !core_.busy(); }
+
+bool MatrixQueue::head_ready() const {
+  return !queue_.empty() && env_.scoreboard.ready(queue_.front().use, queue_.front().seq);
+}
+
+void MatrixQueue::declare_pending() {
+  dependency_stalled_ = !queue_.empty() && !head_ready();
+  if (head_ready()) core_.set_pending(kind_of(*queue_.front().in));
+  else core_.set_pending(std::nullopt);
+}
+
+void MatrixQueue::tick(uint64_t cycle) {
+  // Finished mpops write their register.
+  while (!pops_.empty() && pops_.front().done <= cycle) {
+    PendingPop& p = pops_.front();
+    try {
+      scratch_.fifo.clear();
+      scratch_.fifo.push_back(p.held);
+      exec::mxu_pop_into(scratch_, env_.state->v[p.it.in->a], p.it.in->op == Op::kMpopAdd);
+    } catch (const exec::Fault& e) {
+      env_.raise(p.it.pc, e.what());
+    }
+    env_.scoreboard.release(p.it.use, p.it.seq);
+    env_.note_activity(cycle);
+    if (env_.timeline) env_.timeline->slice(track_, CoreEnv::slice_name(*p.it.in), p.it.issue_cycle, cycle);
+    pops_.pop_front();
+  }
+  while (core_.take_popped()) {
+  }
+  if (head_ready()) {
+    Issued& head = queue_.front();
+    const isa::Instr& in = *head.in;
+    const mxu::MxuReadiness r = core_.check(kind_of(in));
+    if (r.can_issue() || !r.fault.empty()) {
+      exec::CoreState& st = *env_.state;
+      const bool pop = in.op == Op::kMpop || in.op == Op::kMpopAdd;
+      try {
+        if (pop) {
+          exec::MxuResult popped = exec::mxu_fifo_pop(exec::mxu_at(st, in.b));
+          if (!r.fault.empty()) throw exec::Fault(r.fault);
+          const uint64_t done = core_.pop(in.op == Op::kMpopAdd, head.pc);
+          pops_.push_back(PendingPop{std::move(head), done, popped});
+        } else {
+          exec::exec_matrix(st, in);  // values in program order (mmul fills the FIFO now)
+          if (!r.fault.empty()) throw exec::Fault(r.fault);
+          const mxu::Vreg none;
+          switch (in.op) {
+            case Op::kMpush: core_.push(none, false); break;
+            case Op::kMpushT: core_.push(none, true); break;
+            case Op::kMswap: core_.swap(in.imm > 0 ? in.imm : -1); break;
+            default: {
+              const exec::MxuState& ms = exec::mxu_at(st, in.a);
+              real_macs_ += static_cast<uint64_t>(isa::kSublanes) * static_cast<uint64_t>(ms.weights_k) *
+                            static_cast<uint64_t>(ms.cols);
+              const mxu::MatmulTicket t = core_.matmul(none);
+              if (env_.timeline) env_.timeline->slice(track_, CoreEnv::slice_name(in), cycle, t.last_row_cycle + 1);
+            }
+          }
+          env_.scoreboard.release(head.use, head.seq);
+        }
+      } catch (const exec::Fault& e) {
+        env_.raise(head.pc, e.what());
+      } catch (const mxu::MxuFault& e) {
+        env_.raise(head.pc, e.what());
+      }
+      current_op_ = static_cast<int>(in.op);
+      queue_.pop_front();
+      env_.note_activity(cycle);
+    }
+  }
+  declare_pending();
+  if (dependency_stalled_) ++stall_dependency_;
+  core_.tick();
+  busy_ = core_.busy() || !pops_.empty();
+  queue_depth_now_ = static_cast<int>(queue_.size());
+  if (!busy_) current_op_ = -1;
+}
+
+void MatrixQueue::skip(uint64_t n) {
+  declare_pending();
+  if (dependency_stalled_) stall_dependency_ += n;
+  core_.skip(n);
+}
+
+uint64_t MatrixQueue::next_event_cycle(uint64_t now) const {
+  uint64_t next = kNever;
+  if (!pops_.empty()) next = std::max(now + 1, pops_.front().done);
+  if (head_ready()) {
+    const uint64_t c = core_.earliest_issue_cycle(kind_of(*queue_.front().in));
+    // A fault is reported when the op reaches the head: issue it next cycle.
+    next = std::min(next, c == mxu::kNever ? now + 1 : std::max(now + 1, c));
+  }
+  return next;
+}
+
+nlohmann::json MatrixQueue::counters_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : core_.counters().named()) j[k] = v;
+  j["stall_cycles.register_dependency"] = stall_dependency_;
+  j["real_macs"] = real_macs_;
+  return j;
+}
+
+}  // namespace tpusim::hw

@@ -1,0 +1,59 @@
+// The sequencer's queue in front of one MXU and the glue to the MXU engineer's
+// timing core (hw/mxu/mxu_core.h). The MXU core decides WHEN each op issues and
+// when an mpop's vreg is written; the values come from isa/exec applied to the
+// reference's MxuState in program order: mpush/mswap/mmul at issue, mpop pops the
+// FIFO at issue and writes its register when the MXU core finishes reading the rows.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+
+#include "hw/core/core_env.h"
+#include "hw/mxu/mxu_core.h"
+
+namespace tpusim::hw {
+
+class MatrixQueue {
+ public:
+  MatrixQueue(CoreEnv& env, const mxu::MxuParams& p, int index, size_t queue_depth);
+
+  bool queue_full() const { return queue_.size() >= depth_; }
+  void push(Issued&& it) { queue_.push_back(std::move(it)); }
+  bool idle() const;
+
+  void tick(uint64_t cycle);
+  void skip(uint64_t n);
+  uint64_t next_event_cycle(uint64_t now) const;
+
+  nlohmann::json counters_json() const;
+  uint64_t macs() const { return real_macs_; }
+  // Traced state.
+  bool busy_ = false;
+  int queue_depth_now_ = 0;
+  int current_op_ = -1;
+
+ private:
+  struct PendingPop {
+    Issued it;
+    uint64_t done;
+    exec::MxuResult held;  // popped from the FIFO at issue, written at done
+  };
+  static mxu::MxuOpKind kind_of(const isa::Instr& in);
+  bool head_ready() const;
+  void declare_pending();
+
+  CoreEnv& env_;
+  int index_;
+  size_t depth_;
+  mxu::MxuCore core_;
+  exec::MxuState scratch_;  // a one-entry FIFO, so mxu_pop_into writes the register
+  std::deque<Issued> queue_;
+  std::deque<PendingPop> pops_;
+  uint64_t real_macs_ = 0;
+  uint64_t stall_dependency_ = 0;
+  bool dependency_stalled_ = false;
+  timeline::TrackId track_ = 0;
+};
+
+}  // namespace tpusim::hw

@@ -1,0 +1,94 @@
+// The TensorCore's scalar sequencer: fetches one instruction per cycle, runs the
+// scalar unit (ALU, SMEM ld/st, branches, loops) itself, and issues vector, matrix
+// and DMA instructions in order into their units' queues, reserving their vector
+// and mask registers in the scoreboard. Sync instructions retire here: wait and
+// wait.sub stall until the flag is high enough, fset/fadd change it, barrier
+// waits (after the core's vector and matrix work has finished) until every core
+// with a program has arrived. Every stalled cycle is counted under its reason.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "hw/core/core_env.h"
+
+namespace tpusim::hw {
+
+// The barrier over every core with a program. Arrivals in one cycle release
+// everyone one cycle later, whatever order the cores are ticked in.
+class Barrier {
+ public:
+  explicit Barrier(size_t participants) : participants_(participants) {}
+  // Returns the generation the caller waits on.
+  uint64_t arrive(uint64_t cycle) {
+    if (++arrived_ == participants_) {
+      arrived_ = 0;
+      release_cycle_[generation_ & 1] = cycle + 1;
+      return generation_++;
+    }
+    release_cycle_[generation_ & 1] = kNever;
+    return generation_;
+  }
+  // Cycle at which generation `g` is released (kNever while incomplete).
+  uint64_t release_cycle(uint64_t g) const {
+    if (g + 1 < generation_) return 0;
+    return g < generation_ ? release_cycle_[g & 1] : kNever;
+  }
+  size_t arrived() const { return arrived_; }
+  size_t participants() const { return participants_; }
+
+ private:
+  size_t participants_;
+  size_t arrived_ = 0;
+  uint64_t generation_ = 0;
+  uint64_t release_cycle_[2] = {kNever, kNever};
+};
+
+class Sequencer {
+ public:
+  enum class Stall { kNone, kFlag, kQueueFull, kBarrier, kFence };
+  struct Sinks {
+    std::function<bool(isa::Unit, const isa::Instr&)> queue_full;
+    std::function<void(isa::Unit, Issued&&)> push;
+    std::function<bool()> vector_matrix_drained;  // barrier fence
+  };
+
+  Sequencer(CoreEnv& env, Barrier& barrier, Sinks sinks);
+
+  bool halted() const { return halted_; }
+  uint64_t halt_cycle() const { return halt_cycle_; }
+  uint64_t vmem_ops_issued() const { return vmem_ops_issued_; }
+  uint32_t pc() const { return pc_; }
+  Stall stall() const { return stall_; }
+  // One line on what the sequencer waits for (deadlock reports).
+  std::string blocked_on() const;
+
+  void tick(uint64_t cycle);
+  void skip(uint64_t n);
+  uint64_t next_event_cycle(uint64_t now) const;
+  const Counters& counters() const { return counters_; }
+  // Traced state.
+  int stall_reason_ = 0;
+  int pc_now_ = 0;
+
+ private:
+  Stall blocked(uint64_t cycle) const;  // why the instruction at pc cannot go now
+  void count(Stall s, uint64_t n);
+
+  CoreEnv& env_;
+  Barrier& barrier_;
+  Sinks sinks_;
+  uint32_t pc_ = 0;
+  uint64_t seq_ = 0;
+  bool halted_ = false;
+  uint64_t halt_cycle_ = 0;
+  bool at_barrier_ = false;
+  uint64_t barrier_generation_ = 0;
+  uint64_t vmem_ops_issued_ = 0;
+  Stall stall_ = Stall::kNone;
+  uint64_t last_cycle_ = 0;
+  Counters counters_;
+};
+
+}  // namespace tpusim::hw

@@ -1,0 +1,320 @@
+#include "hw/dma/dma_engines.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace tpusim::hw {
+
+using isa::Space;
+
+namespace {
+DmaPath path(const config::Params& c, const std::string& key) {
+  DmaPath p{c.get_double(key + ".latency_cycles"), c.get_double(key + ".cycles_per_kib")};
+  if (p.latency_cycles < 0 || p.cycles_per_kib < 0) throw config::ConfigError(c.source() + ": " + key + ": negative figure");
+  return p;
+}
+}  // namespace
+
+DmaParams DmaParams::from_config(const config::Params& c) {
+  DmaParams p;
+  p.engines = static_cast<int>(c.get_int("core.dma.engines"));
+  p.chunk_bytes = static_cast<uint32_t>(c.get_int("core.dma.chunk_bytes"));
+  if (p.engines < 1 || p.engines > 64) throw config::ConfigError(c.source() + ": core.dma.engines must be 1..64");
+  if (p.chunk_bytes < 32 || p.chunk_bytes > (1u << 20))
+    throw config::ConfigError(c.source() + ": core.dma.chunk_bytes must be 32..1048576");
+  p.hbm_to_vmem = path(c, "core.dma.hbm_to_vmem");
+  p.vmem_to_hbm = path(c, "core.dma.vmem_to_hbm");
+  p.core_to_core = path(c, "core.dma.core_to_core");
+  p.ici = path(c, "ici.neighbour_vmem_to_vmem");
+  p.host = path(c, "host.hbm_to_host");
+  return p;
+}
+
+// ---- MemoryHub ---------------------------------------------------------------
+
+MemoryHub::MemoryHub(std::unique_ptr<mem::MemoryPort> port, uint64_t cycle_ps) : port_(std::move(port)), cycle_ps_(cycle_ps) {}
+
+bool MemoryHub::enqueue(uint64_t addr, uint32_t bytes, bool write, uint32_t source, uint64_t cycle, Sink* sink,
+                        uint64_t token) {
+  mem::MemRequest r;
+  r.id = next_id_;
+  r.addr = addr;
+  r.bytes = bytes;
+  r.is_write = write;
+  r.source = source;
+  if (!port_->try_enqueue(r, cycle * cycle_ps_)) return false;
+  waiting_[next_id_++] = {sink, token};
+  (write ? bytes_written : bytes_read) += bytes;
+  return true;
+}
+
+void MemoryHub::tick(uint64_t cycle) {
+  if (waiting_.empty()) return;
+  port_->advance_to(cycle * cycle_ps_);
+  mem::MemCompletion c;
+  while (port_->pop_completion(c)) {
+    auto it = waiting_.find(c.id);
+    if (it == waiting_.end()) continue;
+    (*it->second.first)(it->second.second, cycle);
+    waiting_.erase(it);
+  }
+}
+
+uint64_t MemoryHub::next_event_cycle(uint64_t now) const {
+  if (waiting_.empty()) return kNever;
+  const uint64_t ps = port_->next_event_ps();
+  if (ps == mem::kNever) return kNever;
+  return std::max(now + 1, (ps + cycle_ps_ - 1) / cycle_ps_);
+}
+
+uint64_t MemoryHub::unloaded_beat_cycles(mem::MemoryPort& fresh, uint32_t bytes, bool write, uint64_t cycle_ps) {
+  mem::MemRequest r;
+  r.id = 1;
+  r.bytes = bytes;
+  r.is_write = write;
+  if (!fresh.try_enqueue(r, 0)) return 0;
+  uint64_t t = fresh.next_event_ps();
+  mem::MemCompletion c;
+  for (int guard = 0; guard < 1000000 && t != mem::kNever; ++guard) {
+    fresh.advance_to(t);
+    if (fresh.pop_completion(c)) return (c.done_ps + cycle_ps - 1) / cycle_ps;
+    t = fresh.next_event_ps();
+  }
+  return 0;
+}
+
+// ---- DmaEngines ----------------------------------------------------------------
+
+DmaEngines::DmaEngines(CoreEnv& env, VmemBanks& banks, MemoryHub& hub, const DmaParams& p, size_t queue_depth,
+                       uint64_t hbm_read_beat_cycles, uint64_t hbm_write_beat_cycles, uint32_t core_index,
+                       std::function<void(LinkDelivery&&)> send_remote)
+    : env_(env),
+      banks_(banks),
+      hub_(hub),
+      p_(p),
+      depth_(queue_depth),
+      read_beat_cycles_(hbm_read_beat_cycles),
+      write_beat_cycles_(hbm_write_beat_cycles),
+      core_index_(core_index),
+      send_remote_(std::move(send_remote)),
+      active_(static_cast<size_t>(p.engines)),
+      engine_counters_(static_cast<size_t>(p.engines)) {
+  sink_ = [this](uint64_t token, uint64_t cycle) { landed_.push_back({token, cycle}); };
+  if (env_.timeline)
+    track_ = env_.timeline->track(env_.name.substr(0, env_.name.find('.')),
+                                  env_.name.substr(env_.name.find('.') + 1) + ".dma");
+}
+
+bool DmaEngines::idle() const {
+  if (!queue_.empty()) return false;
+  for (const auto& t : active_)
+    if (t) return false;
+  return true;
+}
+
+DmaEngines::Kind DmaEngines::classify(const Issued& it, bool& dst_local_vmem, bool& src_local_vmem) const {
+  const isa::Instr& in = *it.in;
+  const uint32_t chip = env_.state->chip, core = env_.state->core;
+  auto where = [&](const isa::DmaEndpoint& e, uint32_t& c, uint32_t& k) {
+    c = e.chip >= 0 ? static_cast<uint32_t>(e.chip) : chip;
+    const bool per_core = e.space == Space::kVmem || e.space == Space::kSmem;
+    k = e.core >= 0 ? static_cast<uint32_t>(e.core) : (per_core && e.chip < 0 ? core : 0);
+  };
+  uint32_t dc, dk, sc, sk;
+  where(in.dst, dc, dk);
+  where(in.src, sc, sk);
+  dst_local_vmem = in.dst.space == Space::kVmem && dc == chip && dk == core;
+  src_local_vmem = in.src.space == Space::kVmem && sc == chip && sk == core;
+  if (dc != chip || sc != chip) return Kind::kRemote;
+  if (in.src.space == Space::kHost || in.dst.space == Space::kHost) return Kind::kFixed;
+  if (in.src.space == Space::kHbm) return Kind::kHbmRead;
+  if (in.dst.space == Space::kHbm) return Kind::kHbmWrite;
+  return Kind::kFixed;
+}
+
+void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
+  auto t = std::make_unique<Transfer>();
+  t->it = std::move(it);
+  t->engine = engine;
+  t->start = cycle;
+  t->kind = classify(t->it, t->dst_local_vmem, t->src_local_vmem);
+  const exec::DmaPlan& pl = t->it.plan;
+  const isa::Instr& in = *t->it.in;
+  const uint64_t total = pl.total_bytes();
+  engine_counters_[static_cast<size_t>(engine)]["transfers"]++;
+  engine_counters_[static_cast<size_t>(engine)]["bytes"] += total;
+  const auto fixed_done = [&](const DmaPath& p) {
+    return cycle + std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(
+                                             p.latency_cycles + static_cast<double>(total) * p.cycles_per_kib / 1024.0)));
+  };
+  if (t->kind == Kind::kFixed) {
+    const bool host = in.src.space == Space::kHost || in.dst.space == Space::kHost;
+    t->done = fixed_done(host ? p_.host : p_.core_to_core);
+  } else if (t->kind == Kind::kRemote) {
+    t->done = fixed_done(p_.ici);
+    LinkDelivery d;
+    d.arrive_cycle = t->done;
+    d.source_chip = env_.state->chip;
+    d.sequence = (static_cast<uint64_t>(core_index_) << 48) | remote_sequence_++;
+    d.plan = pl;
+    d.dest_chip = in.dst.chip >= 0 ? static_cast<uint32_t>(in.dst.chip) : env_.state->chip;
+    send_remote_(std::move(d));
+  } else {
+    const bool read = t->kind == Kind::kHbmRead;
+    const DmaPath& p = read ? p_.hbm_to_vmem : p_.vmem_to_hbm;
+    const uint64_t beat = read ? read_beat_cycles_ : write_beat_cycles_;
+    // The published latency includes one beat's trip through the memory; the rest
+    // is the engine's own fixed cost (descriptor, address generation, write-back).
+    const double head = std::max(0.0, p.latency_cycles - static_cast<double>(beat));
+    t->first_issue = cycle + static_cast<uint64_t>(std::llround(head));
+    t->cycles_per_byte = p.cycles_per_kib / 1024.0;
+    uint32_t count[isa::kMaxDmaDims] = {1, 1, 1};
+    for (int d = 0; d < pl.ndims; ++d) count[d] = pl.dims[d].count;
+    for (uint32_t i2 = 0; i2 < count[2]; ++i2)
+      for (uint32_t i1 = 0; i1 < count[1]; ++i1)
+        for (uint32_t i0 = 0; i0 < count[0]; ++i0) {
+          int64_t s = pl.src_addr, d = pl.dst_addr;
+          const uint32_t idx[3] = {i0, i1, i2};
+          for (int k = 0; k < pl.ndims; ++k) {
+            s += static_cast<int64_t>(idx[k]) * pl.dims[k].src_stride;
+            d += static_cast<int64_t>(idx[k]) * pl.dims[k].dst_stride;
+          }
+          for (uint64_t off = 0; off < pl.bytes; off += p_.chunk_bytes) {
+            const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(p_.chunk_bytes, pl.bytes - off));
+            const uint64_t mem = static_cast<uint64_t>(read ? s : d) + off;
+            const bool local = read ? t->dst_local_vmem : t->src_local_vmem;
+            const uint64_t vm = local ? static_cast<uint64_t>(read ? d : s) + off : ~0ull;
+            t->beats.push_back({mem, vm, n});
+          }
+        }
+    if (t->beats.empty()) t->done = cycle + 1;
+  }
+  active_[static_cast<size_t>(engine)] = std::move(t);
+}
+
+uint64_t DmaEngines::next_issue_cycle(const Transfer& t) const {
+  return t.first_issue +
+         static_cast<uint64_t>(std::floor(static_cast<double>(t.bytes_before_next) * t.cycles_per_byte));
+}
+
+void DmaEngines::finish(Transfer& t, uint64_t cycle) {
+  try {
+    if (t.kind != Kind::kRemote) {
+      exec::dma_copy(t.it.plan);
+      exec::dma_signal_destination(t.it.plan);
+    }
+    exec::dma_signal_issuer(t.it.plan);
+  } catch (const exec::Fault& e) {
+    env_.raise(t.it.pc, e.what());
+  }
+  env_.note_activity(cycle);
+  if (env_.timeline) {
+    env_.timeline->slice(track_, CoreEnv::slice_name(*t.it.in), t.start, cycle,
+                         {{"engine", std::to_string(t.engine)}, {"transfer", t.it.plan.describe()}});
+  }
+}
+
+void DmaEngines::tick(uint64_t cycle) {
+  banks_.begin_cycle(cycle);
+  // Beats the memory finished.
+  for (const auto& [token, at] : landed_) {
+    (void)at;
+    const size_t e = static_cast<size_t>(token >> 40);
+    Transfer* t = active_[e].get();
+    if (!t) continue;
+    const Beat& b = t->beats[token & ((1ull << 40) - 1)];
+    if (t->kind == Kind::kHbmRead && b.vmem_addr != ~0ull) banks_.claim_dma(banks_.banks_of(b.vmem_addr, b.bytes));
+    if (++t->landed == t->beats.size()) t->done = cycle;
+  }
+  landed_.clear();
+  for (auto& slot : active_) {
+    if (slot && slot->done == cycle) {
+      finish(*slot, cycle);
+      slot.reset();
+    }
+  }
+  // Beats due to go out.
+  backpressured_ = false;
+  for (auto& slot : active_) {
+    if (!slot || (slot->kind != Kind::kHbmRead && slot->kind != Kind::kHbmWrite)) continue;
+    Transfer& t = *slot;
+    while (t.issued < t.beats.size() && next_issue_cycle(t) <= cycle) {
+      const Beat& b = t.beats[t.issued];
+      const bool write = t.kind == Kind::kHbmWrite;
+      const uint64_t token = (static_cast<uint64_t>(t.engine) << 40) | t.issued;
+      if (!hub_.enqueue(b.mem_addr, b.bytes, write, core_index_, cycle, &sink_, token)) {
+        backpressured_ = true;
+        break;
+      }
+      if (write && b.vmem_addr != ~0ull) banks_.claim_dma(banks_.banks_of(b.vmem_addr, b.bytes));
+      t.bytes_before_next += b.bytes;
+      ++t.issued;
+    }
+  }
+  // A new transfer.
+  ordering_stall_ = false;
+  int free_engine = -1;
+  for (int e = 0; e < p_.engines && free_engine < 0; ++e)
+    if (!active_[static_cast<size_t>(e)]) free_engine = e;
+  if (!queue_.empty()) {
+    if (free_engine < 0) {
+      ++stall_no_engine_cycles_;
+    } else if (vmem_ops_retired_ && vmem_ops_retired_() < queue_.front().vmem_ops_before) {
+      ordering_stall_ = true;
+      ++stall_ordering_cycles_;
+    } else {
+      start(std::move(queue_.front()), free_engine, cycle);
+      queue_.pop_front();
+      env_.note_activity(cycle);
+    }
+  }
+  if (backpressured_) ++stall_backpressure_cycles_;
+  active_now_ = 0;
+  for (size_t e = 0; e < active_.size(); ++e)
+    if (active_[e]) {
+      ++engine_counters_[e]["busy_cycles"];
+      ++active_now_;
+    }
+  queue_depth_now_ = static_cast<int>(queue_.size());
+}
+
+void DmaEngines::skip(uint64_t n) {
+  for (size_t e = 0; e < active_.size(); ++e)
+    if (active_[e]) engine_counters_[e]["busy_cycles"] += n;
+  if (!queue_.empty()) {
+    bool free_engine = false;
+    for (const auto& t : active_) free_engine |= !t;
+    if (!free_engine) stall_no_engine_cycles_ += n;
+    else stall_ordering_cycles_ += n;  // otherwise it would have started
+  }
+}
+
+uint64_t DmaEngines::next_event_cycle(uint64_t now) const {
+  uint64_t next = kNever;
+  bool free_engine = false;
+  for (const auto& slot : active_) {
+    if (!slot) {
+      free_engine = true;
+      continue;
+    }
+    if (slot->done != kNever) next = std::min(next, std::max(now + 1, slot->done));
+    if (slot->issued < slot->beats.size())
+      next = std::min(next, backpressured_ ? now + 1 : std::max(now + 1, next_issue_cycle(*slot)));
+  }
+  if (!queue_.empty() && free_engine &&
+      (!vmem_ops_retired_ || vmem_ops_retired_() >= queue_.front().vmem_ops_before))
+    next = std::min(next, now + 1);
+  return next;
+}
+
+nlohmann::json DmaEngines::engine_json(int e) const {
+  nlohmann::json j = engine_counters_[static_cast<size_t>(e)].to_json();
+  if (e == 0) {
+    j["stall_ordering_cycles"] = stall_ordering_cycles_;
+    j["stall_no_engine_cycles"] = stall_no_engine_cycles_;
+    j["stall_memory_backpressure_cycles"] = stall_backpressure_cycles_;
+  }
+  return j;
+}
+
+}  // namespace tpusim::hw

@@ -1,0 +1,144 @@
+// The DMA engines of one TensorCore. A DMA descriptor (up to 3 outer strided
+// dimensions around a contiguous run) is resolved at issue (exec::plan_dma); an
+// engine then moves it in beats of core.dma.chunk_bytes. Beats to or from HBM go
+// through the chip's memory port (hw/mem/memory_port.h), which decides when each
+// completes; the engine issues beats no faster than its path's streaming rate.
+// Other paths (core to core, chip to chip over ICI, host) are latency + rate
+// figures from the preset. The data moves (exec::dma_copy) and the flags count
+// (flag on the issuing core, rflag on the destination core) at the cycle the last
+// beat lands, so a program that waits on the flags sees exactly the reference.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "hw/config/params.h"
+#include "hw/core/core_env.h"
+#include "hw/mem/memory_port.h"
+#include "hw/vmem/vmem_banks.h"
+
+namespace tpusim::hw {
+
+struct DmaPath {
+  double latency_cycles = 0;
+  double cycles_per_kib = 0;
+};
+
+struct DmaParams {
+  int engines = 4;
+  uint32_t chunk_bytes = 512;
+  DmaPath hbm_to_vmem, vmem_to_hbm, core_to_core, ici, host;
+  static DmaParams from_config(const config::Params& p);
+};
+
+// The chip's memory port shared by every core's DMA engines, in core cycles.
+class MemoryHub {
+ public:
+  using Sink = std::function<void(uint64_t token, uint64_t cycle)>;
+  MemoryHub(std::unique_ptr<mem::MemoryPort> port, uint64_t cycle_ps);
+  // Returns false on back-pressure.
+  bool enqueue(uint64_t addr, uint32_t bytes, bool write, uint32_t source, uint64_t cycle, Sink* sink,
+               uint64_t token);
+  // Delivers the completions due by `cycle` to their sinks.
+  void tick(uint64_t cycle);
+  uint64_t next_event_cycle(uint64_t now) const;
+  uint64_t cycle_ps() const { return cycle_ps_; }
+  mem::MemoryPort& port() { return *port_; }
+  uint64_t bytes_read = 0, bytes_written = 0;
+  // Cycles one beat of `bytes` takes through an idle copy of this memory (for the
+  // engines' fixed overhead, so the sum matches the published figure).
+  static uint64_t unloaded_beat_cycles(mem::MemoryPort& fresh, uint32_t bytes, bool write, uint64_t cycle_ps);
+
+ private:
+  std::unique_ptr<mem::MemoryPort> port_;
+  uint64_t cycle_ps_;
+  uint64_t next_id_ = 1;
+  std::unordered_map<uint64_t, std::pair<Sink*, uint64_t>> waiting_;
+};
+
+// A finished remote transfer's landing on another chip, carried by a link.
+struct LinkDelivery {
+  uint64_t arrive_cycle = 0;
+  uint32_t source_chip = 0;
+  uint64_t sequence = 0;
+  exec::DmaPlan plan;
+  uint32_t dest_chip = 0;
+};
+
+class DmaEngines {
+ public:
+  // `send_remote` hands a transfer whose destination is another chip to the link
+  // (it lands there at arrive_cycle >= now + 1).
+  DmaEngines(CoreEnv& env, VmemBanks& banks, MemoryHub& hub, const DmaParams& p, size_t queue_depth,
+             uint64_t hbm_read_beat_cycles, uint64_t hbm_write_beat_cycles, uint32_t core_index,
+             std::function<void(LinkDelivery&&)> send_remote);
+
+  bool queue_full() const { return queue_.size() >= depth_; }
+  void push(Issued&& it) { queue_.push_back(std::move(it)); }
+  bool idle() const;
+  // Ordering rule: a DMA starts only after the vld/vst issued before it are done.
+  void set_vmem_ops_retired(std::function<uint64_t()> f) { vmem_ops_retired_ = std::move(f); }
+
+  void tick(uint64_t cycle);
+  void skip(uint64_t n);
+  uint64_t next_event_cycle(uint64_t now) const;
+
+  nlohmann::json engine_json(int e) const;
+  int engines() const { return p_.engines; }
+  // Traced state.
+  int queue_depth_now_ = 0;
+  int active_now_ = 0;
+
+ private:
+  enum class Kind { kHbmRead, kHbmWrite, kFixed, kRemote };
+  struct Beat {
+    uint64_t mem_addr;    // HBM side
+    uint64_t vmem_addr;   // local VMEM side (bank claims); ~0 when none
+    uint32_t bytes;
+  };
+  struct Transfer {
+    Issued it;
+    Kind kind = Kind::kFixed;
+    int engine = 0;
+    uint64_t start = 0;
+    uint64_t first_issue = 0;   // cycle of beat 0
+    double cycles_per_byte = 0;
+    std::vector<Beat> beats;
+    size_t issued = 0, landed = 0;
+    uint64_t bytes_before_next = 0;  // bytes of beats already issued
+    uint64_t done = kNever;          // known for fixed/remote paths, set when the last beat lands
+    std::vector<uint64_t> land_cycles;  // beats landed this cycle (VMEM bank claims)
+    bool dst_local_vmem = false, src_local_vmem = false;
+  };
+  Kind classify(const Issued& it, bool& dst_local_vmem, bool& src_local_vmem) const;
+  void start(Issued&& it, int engine, uint64_t cycle);
+  void finish(Transfer& t, uint64_t cycle);
+  uint64_t next_issue_cycle(const Transfer& t) const;
+
+  CoreEnv& env_;
+  VmemBanks& banks_;
+  MemoryHub& hub_;
+  DmaParams p_;
+  size_t depth_;
+  uint64_t read_beat_cycles_, write_beat_cycles_;
+  uint32_t core_index_;
+  std::function<void(LinkDelivery&&)> send_remote_;
+  std::deque<Issued> queue_;
+  std::vector<std::unique_ptr<Transfer>> active_;  // by engine, null when free
+  std::function<uint64_t()> vmem_ops_retired_;
+  MemoryHub::Sink sink_;
+  std::vector<std::pair<uint64_t, uint64_t>> landed_;  // (token, cycle) from the hub
+  std::vector<Counters> engine_counters_;
+  uint64_t remote_sequence_ = 0;
+  bool ordering_stall_ = false;
+  uint64_t stall_ordering_cycles_ = 0, stall_no_engine_cycles_ = 0, stall_backpressure_cycles_ = 0;
+  bool backpressured_ = false;
+  timeline::TrackId track_ = 0;
+};
+
+}  // namespace tpusim::hw

@@ -1,0 +1,215 @@
+// The chip model against independent expectations: every trace bit-exact with the
+// functional reference, both modes identical (cycles, counters, bytes), and
+// closed-form cycle counts for small programs built from the preset's figures.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <algorithm>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct RunOut {
+  nlohmann::json j;
+  int status = -1;
+};
+
+RunOut core_run(const std::string& prog, const std::string& mode, const std::vector<std::string>& extra = {},
+             const std::string& preset = "v4") {
+  static int counter = 0;
+  const fs::path out = fs::temp_directory_path() /
+                       ("core_run_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".json");
+  std::string cmd = std::string(TPUSIM_CORE_RUN) + " '" + prog + "' " + preset + " " + mode + " '" + out.string() + "'";
+  for (const auto& e : extra) cmd += " '" + e + "'";
+  RunOut r;
+  r.status = std::system(cmd.c_str());
+  std::ifstream in(out);
+  if (in) in >> r.j;
+  fs::remove(out);
+  return r;
+}
+
+std::vector<std::string> trace_inputs(const fs::path& dir) {
+  std::vector<std::string> v;
+  for (const auto& f : fs::directory_iterator(dir)) {
+    const std::string n = f.path().filename().string();
+    if (n.rfind("in_", 0) == 0 && f.path().extension() == ".npy")
+      v.push_back(n.substr(3, n.size() - 7) + "=" + f.path().string());
+  }
+  return v;
+}
+
+// Writes a program to a temporary .s file.
+std::string temp_program(const std::string& name, const std::string& text) {
+  const fs::path p = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()) + ".s");
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+uint64_t cycles_of(const std::string& text, const std::vector<std::string>& extra = {}, const std::string& mode = "fast") {
+  const std::string p = temp_program("prog", text);
+  RunOut r = core_run(p, mode, extra);
+  fs::remove(p);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_FALSE(r.j.value("faulted", true)) << r.j.value("fault", std::string());
+  return r.j.value("cycles", uint64_t{0});
+}
+
+std::string repeat(const std::string& line, int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += line;
+  return s;
+}
+
+const char* kHeader = ".target chips=1 cores=1 mxus=1\n.core chip0.core0\n";
+
+// N copies of `body` (with {r} replaced by a register cycling through v1..v30).
+std::string program_of(const std::string& body, int n, const std::string& prologue = "") {
+  std::string s = std::string(kHeader) + prologue;
+  for (int i = 0; i < n; ++i) {
+    std::string line = body;
+    const auto at = line.find("{r}");
+    if (at != std::string::npos) line.replace(at, 3, "v" + std::to_string(1 + i % 30));
+    s += "  " + line + "\n";
+  }
+  return s + "  halt\n";
+}
+
+// Extra cycles that N more copies of `body` cost: the per-instruction cost with
+// every fixed overhead cancelled.
+int64_t marginal(const std::string& body, int n, const std::vector<std::string>& extra = {},
+                 const std::string& prologue = "") {
+  const uint64_t a = cycles_of(program_of(body, n, prologue), extra);
+  const uint64_t b = cycles_of(program_of(body, 2 * n, prologue), extra);
+  return static_cast<int64_t>(b) - static_cast<int64_t>(a);
+}
+
+// Closed forms from the v4 preset's figures (configs/chips/v4.yaml, core.vpu).
+TEST(VpuTiming, DependentAddsTakeLatencyEach) {
+  EXPECT_EQ(marginal("vadd v1, v1, v2", 20), 20 * 1);
+  EXPECT_EQ(marginal("vadd v1, v1, v2", 20, {"--set", "core.vpu.alu_latency_cycles.add=3"}), 20 * 3);
+}
+
+TEST(VpuTiming, DependentMulsTakeLatencyEach) { EXPECT_EQ(marginal("vmul v1, v1, v2", 20), 20 * 2); }
+
+TEST(VpuTiming, IndependentAddsIssueOnePerCycle) { EXPECT_EQ(marginal("vadd {r}, v0, v31", 40), 40); }
+
+TEST(VpuTiming, TranscendentalLatencyAndIssueInterval) {
+  EXPECT_EQ(marginal("vexp v1, v1", 10), 10 * 7);     // dependent: latency 7
+  EXPECT_EQ(marginal("vexp {r}, v0", 20), 20 * 2);    // independent: one every 2 cycles
+}
+
+TEST(VpuTiming, VldOnePerCycleWhenConflictFree) { EXPECT_EQ(marginal("vld {r}, [s0 + 0]", 64), 64); }
+
+TEST(VpuTiming, StridedVldSerialisesOnOneBankPair) {
+  // Rows 4096 B apart start in the same bank (16 banks x 256 B interleave): each
+  // of the two banks a 512 B row touches must deliver 8 granules, one per cycle.
+  EXPECT_EQ(marginal("vld {r}, [s0 + 0], stride=4096", 16), 16 * 8);
+  // 16 banks x 256 B: rows 512 B apart are a dense tile, one pass.
+  EXPECT_EQ(marginal("vld {r}, [s0 + 0], stride=512", 16), 16);
+}
+
+TEST(VpuTiming, TransposeAndLaneReduce) {
+  EXPECT_EQ(marginal("vxpose v16, v0", 2), 2 * 259);
+  EXPECT_EQ(marginal("vreduce.lanes.sum v1, v1", 4), 4 * 79);
+  EXPECT_EQ(marginal("vreduce.sublanes.sum v1, v1", 4), 4 * 8);
+}
+
+TEST(SequencerTiming, QueueFullStallsWithoutChangingTime) {
+  const std::string p = temp_program("qf", program_of("vmul v1, v1, v2", 40));
+  const RunOut deep = core_run(p, "fast", {"--set", "core.sequencer.queue_depth.vector=64"});
+  const RunOut shallow = core_run(p, "fast", {"--set", "core.sequencer.queue_depth.vector=2"});
+  fs::remove(p);
+  // The VPU is the bottleneck either way (one vmul per 2 cycles).
+  EXPECT_EQ(deep.j["cycles"], shallow.j["cycles"]);
+  EXPECT_EQ(deep.j["units"]["chip0.core0.sequencer"].value("stall_queue_full_cycles", 0), 0);
+  // vmul k leaves the queue (dispatches) in cycle 1 + 2k. With 2 entries the
+  // sequencer fills the queue by cycle 2 and from then on issues vmul k in cycle
+  // 2k - 3 (k >= 3), right after vmul k - 2 left: the cycles between, 4, 6, ...,
+  // 2 * 40 - 6, are queue-full stalls: 40 - 4 of them.
+  EXPECT_EQ(shallow.j["units"]["chip0.core0.sequencer"].value("stall_queue_full_cycles", 0), 40 - 4);
+}
+
+TEST(SequencerTiming, WaitOnFlagThatNeverRisesIsADeadlock) {
+  const std::string p = temp_program("dl", std::string(kHeader) + "  wait f3, 1\n  halt\n");
+  const RunOut r = core_run(p, "fast");
+  fs::remove(p);
+  ASSERT_EQ(r.status, 0);
+  EXPECT_TRUE(r.j["faulted"].get<bool>());
+  EXPECT_NE(r.j["fault"].get<std::string>().find("deadlock"), std::string::npos) << r.j["fault"];
+  EXPECT_NE(r.j["fault"].get<std::string>().find("waits for f3 >= 1"), std::string::npos) << r.j["fault"];
+}
+
+TEST(SequencerTiming, OutOfRangeVldFaultsWithInstructionAndLine) {
+  const std::string p = temp_program("oob", std::string(kHeader) + "  li s1, 0x7fffff00\n  vld v1, [s1 + 0]\n  halt\n");
+  const RunOut r = core_run(p, "fast");
+  fs::remove(p);
+  ASSERT_EQ(r.status, 0);
+  EXPECT_TRUE(r.j["faulted"].get<bool>());
+  EXPECT_NE(r.j["fault"].get<std::string>().find("instruction 1"), std::string::npos) << r.j["fault"];
+  EXPECT_NE(r.j["fault"].get<std::string>().find(":4, vld"), std::string::npos) << r.j["fault"];
+}
+
+// DMA of K KiB, one in flight, against the published v4 figures (within 10%).
+double dma_cycles(bool to_vmem, uint64_t kib) {
+  const std::string op = to_vmem ? "dma vmem:[s0 + 0], hbm:[s0 + 0]" : "dma hbm:[s0 + 0], vmem:[s0 + 0]";
+  return static_cast<double>(cycles_of(std::string(kHeader) + "  " + op + ", bytes=" + std::to_string(kib * 1024) +
+                                       ", flag=f1\n  wait.sub f1, 1\n  halt\n"));
+}
+
+TEST(DmaCalibration, HbmToVmemWithinTenPercent) {
+  for (uint64_t k : {1, 16, 256, 2048}) {
+    const double want = 483.6 + 1.105 * static_cast<double>(k);
+    EXPECT_NEAR(dma_cycles(true, k), want, 0.1 * want) << k << " KiB";
+  }
+}
+
+TEST(DmaCalibration, VmemToHbmWithinTenPercent) {
+  for (uint64_t k : {1, 16, 256, 2048}) {
+    const double want = 417.5 + 1.051 * static_cast<double>(k);
+    EXPECT_NEAR(dma_cycles(false, k), want, 0.1 * want) << k << " KiB";
+  }
+}
+
+class TraceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TraceTest, FastAndDetailedMatchReferenceAndEachOther) {
+  const fs::path dir = fs::path(TPUSIM_TRACES_DIR) / GetParam();
+  const auto inputs = trace_inputs(dir);
+  const RunOut fast = core_run((dir / "prog.s").string(), "fast", inputs);
+  ASSERT_EQ(fast.status, 0);
+  ASSERT_TRUE(fast.j.value("ref_ok", false)) << fast.j.value("ref_message", std::string());
+  ASSERT_FALSE(fast.j["faulted"].get<bool>()) << fast.j["fault"].get<std::string>();
+  for (auto& [name, bytes] : fast.j["ref_outputs"].items())
+    EXPECT_TRUE(bytes == fast.j["outputs"][name]) << "output " << name << " differs from the reference";
+  const RunOut det = core_run((dir / "prog.s").string(), "detailed", inputs);
+  ASSERT_EQ(det.status, 0);
+  EXPECT_EQ(det.j["cycles"], fast.j["cycles"]);
+  EXPECT_EQ(det.j["outputs"], fast.j["outputs"]);
+  EXPECT_EQ(det.j["units"], fast.j["units"]) << "fast:\n" << fast.j["units"].dump(1) << "\ndetailed:\n"
+                                               << det.j["units"].dump(1);
+  EXPECT_GT(fast.j["cycles"].get<uint64_t>(), 0u);
+}
+
+std::vector<std::string> traces() {
+  std::vector<std::string> v;
+  for (const auto& d : fs::directory_iterator(TPUSIM_TRACES_DIR))
+    if (fs::exists(d.path() / "prog.s")) v.push_back(d.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Traces, TraceTest, ::testing::ValuesIn(traces()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
