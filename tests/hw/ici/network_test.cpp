@@ -144,6 +144,23 @@ TEST(Calibration, SingleTransferEqualsAlphaBeta) {
   }
 }
 
+TEST(Calibration, PacketSizeIsAParameter) {
+  // Other packet sizes keep the single-transfer closed form; only the on-chip
+  // store-and-forward share of alpha (2 P / onchip rate) moves.
+  for (const char* packet : {"256", "8192"}) {
+    const auto p = config::load_preset("v4-8", {std::string("ici.packet_bytes=") + packet});
+    Network net = Network::from_params(p);
+    const auto ab = net.neighbour_alpha_beta();
+    const uint64_t n = 40 * uint64_t(net.params().packet_bytes);
+    const double got = double(one_transfer(net, {0, 0}, {1, 0}, n));
+    EXPECT_NEAR(got, ab.alpha_cycles + double(n) * ab.beta_cycles_per_byte, 4.0) << packet;
+    uint64_t packets = 0;
+    for (const auto& c : net.link_counters())
+      if (c.name == "chip0.ici.x+") packets = c.packets;
+    EXPECT_EQ(packets, 40u);
+  }
+}
+
 TEST(Calibration, EachExtraHopCostsLinkAndRouterLatency) {
   const auto p = config::load_preset("v4-4x4x4");
   Network a = Network::from_params(p), b = Network::from_params(p);
