@@ -58,6 +58,7 @@ Topology::Topology(TopologyKind kind, std::vector<int> dims) : kind_(kind), dims
   for (int d : dims_) {
     if (d < 1 || d > 4096) throw IciError("system.dims: dim " + std::to_string(d) + " out of range 1..4096");
     chips_ *= d;
+    if (chips_ > 65536) throw IciError("system.dims: " + name() + " has more than 65536 chips");
   }
 }
 

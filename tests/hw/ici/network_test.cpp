@@ -94,6 +94,9 @@ TEST(Topology, PresetMismatchesAreOneLineErrors) {
                                                                   "system.chips=8"})),
                IciError);
   EXPECT_THROW(Topology::from_params(config::load_preset("v2-8", {"system.topology=hypercube"})), IciError);
+  EXPECT_THROW(Topology(TopologyKind::kTorus2d, {4096, 4096}), IciError);  // 16 M chips: refused, not allocated
+  EXPECT_THROW(Topology(TopologyKind::kTorus2d, {0, 4}), IciError);
+  EXPECT_THROW(Topology(TopologyKind::kTorus2d, {2, 2, 2}), IciError);
   EXPECT_THROW(NetworkParams::from_params(config::load_preset("v4", {"ici.link_latency_cycles=0"})), IciError);
   EXPECT_THROW(NetworkParams::from_params(config::load_preset("v4", {"ici.packet_bytes=0"})), IciError);
 }
