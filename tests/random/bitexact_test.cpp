@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,24 @@ using testing::spawn;
 
 constexpr int kChunks = 10;
 constexpr int kProgramsPerChunk = 100;
-constexpr const char* kPreset = "v4";  // 2 cores x 4 MXUs: room for every generated target
+// Each seed runs on one chip preset, with a target that fits it, so the harness
+// covers every chip's parameters: v4 (2 cores x 4 MXUs) most often, then v3
+// (2 x 2), v5e (1 x 4), v2 (2 x 1).
+struct Variant {
+  const char* preset;
+  int cores, mxus;
+};
+Variant variant(uint64_t seed) {
+  static const Variant kVariants[8] = {{"v4", 2, 4}, {"v3", 2, 2}, {"v5e", 1, 4}, {"v4", 2, 4},
+                                       {"v2", 2, 1}, {"v3", 2, 2}, {"v4", 2, 4}, {"v5e", 1, 4}};
+  return kVariants[seed % 8];
+}
+randprog::GenOptions gen_options(uint64_t seed) {
+  randprog::GenOptions o;
+  o.max_cores = variant(seed).cores;
+  o.mxus = variant(seed).mxus;
+  return o;
+}
 // Detailed mode ticks every cycle; rerunning it for every program would double the
 // harness's time for little: every 10th program is rerun in detailed mode too.
 constexpr int kDetailedRerunEvery = 10;
@@ -90,7 +108,7 @@ std::string diff_keys(const nlohmann::json& a, const nlohmann::json& b) {
 // Runs one bundle through ref and the chip model and checks every agreement.
 // Returns the problems ("" when all hold). `inputs` are --input arguments.
 std::string check_bundle(const std::string& bundle, const std::vector<std::string>& inputs, const std::string& work,
-                         bool rerun_detailed) {
+                         const std::string& preset, bool rerun_detailed) {
   auto cmd = [&](std::vector<std::string> argv) {
     argv.insert(argv.begin(), tpusim_bin());
     argv.insert(argv.end(), inputs.begin(), inputs.end());
@@ -104,7 +122,7 @@ std::string check_bundle(const std::string& bundle, const std::vector<std::strin
   if (rerun_detailed) runs.push_back({"detailed", "detailed2"});
   for (const auto& [mode, dir] : runs) {
     fs::remove_all(work + "/" + dir);
-    r = cmd({"run", bundle, "--preset", kPreset, "--mode", mode, "--out", work + "/" + dir, "-q"});
+    r = cmd({"run", bundle, "--preset", preset, "--mode", mode, "--out", work + "/" + dir, "-q"});
     if (r.exit_code != 0)
       return "tpusim run --mode " + mode + " failed (" + std::to_string(r.exit_code) + "): " + one_line(r.err);
     const std::string d = compare_outputs(work + "/ref", work + "/" + dir, "ref vs " + dir);
@@ -127,7 +145,7 @@ std::string check_bundle(const std::string& bundle, const std::vector<std::strin
 // Writes a random program, its bundle and its inputs under `dir`; returns the
 // --input arguments. Fails the test when the generator's program does not assemble.
 std::vector<std::string> materialise(uint64_t seed, const std::string& dir, std::string& bundle_path) {
-  const auto p = randprog::generate(seed);
+  const auto p = randprog::generate(seed, gen_options(seed));
   fs::create_directories(dir);
   const std::string src = dir + "/prog.s";
   io::write_file_atomic(src, std::vector<uint8_t>(p.assembly.begin(), p.assembly.end()));
@@ -143,6 +161,17 @@ std::vector<std::string> materialise(uint64_t seed, const std::string& dir, std:
   return args;
 }
 
+// A short class of a problem for the chunk's summary.
+std::string kind_of(const std::string& problem) {
+  if (problem.find("tpusim ref failed") == 0) return "reference failed";
+  if (problem.find("deadlock") != std::string::npos) return "model deadlock";
+  if (problem.find("tpusim run") == 0) return "model run failed";
+  if (problem.find("ref vs") == 0) return "outputs differ";
+  if (problem.find("cycles differ") == 0) return "cycles differ between modes";
+  if (problem.find("between fast and detailed") != std::string::npos) return "stats differ between modes";
+  return "rerun differs";
+}
+
 // True when the chip model is still the stub that cannot run anything; the
 // harness then has nothing to compare and says so instead of failing.
 bool chip_model_missing(const std::string& err) { return err.find("chip model is not built yet") != std::string::npos; }
@@ -154,7 +183,7 @@ class RandomProgramsOnReference : public ::testing::TestWithParam<int> {};
 TEST_P(RandomProgramsOnReference, AssembleRoundTripAndRunWithoutFault) {
   for (int i = 0; i < kProgramsPerChunk; ++i) {
     const uint64_t seed = uint64_t(GetParam()) * kProgramsPerChunk + uint64_t(i);
-    const auto p = randprog::generate(seed);
+    const auto p = randprog::generate(seed, gen_options(seed));
     isa::Bundle b;
     try {
       b = isa::assemble(p.assembly, "seed" + std::to_string(seed) + ".s");
@@ -185,25 +214,33 @@ TEST_P(RandomProgramsBitExact, ReferenceFastDetailedAndRerunAgree) {
   // the first few are detailed with a command line that reproduces them.
   constexpr int kDetailed = 3;
   std::vector<uint64_t> failed;
+  std::map<std::string, int> kinds;
   for (int i = 0; i < kProgramsPerChunk; ++i) {
     const uint64_t seed = uint64_t(GetParam()) * kProgramsPerChunk + uint64_t(i);
     const std::string dir = work.path + "/p";
     fs::remove_all(dir);
     std::string bundle;
     const auto inputs = materialise(seed, dir, bundle);
-    const std::string problem = check_bundle(bundle, inputs, dir, seed % kDetailedRerunEvery == 0);
+    const Variant var = variant(seed);
+    const std::string problem = check_bundle(bundle, inputs, dir, var.preset, seed % kDetailedRerunEvery == 0);
     if (problem.empty()) continue;
     if (i == 0 && chip_model_missing(problem)) GTEST_SKIP() << "chip model not built yet: " << problem;
     failed.push_back(seed);
+    ++kinds[kind_of(problem)];
     if (failed.size() <= kDetailed)
-      ADD_FAILURE() << "seed " << seed << ": " << problem << "\n  reproduce: tpusim_randprog --seed " << seed
-                    << " --out /tmp/p  (prints the --input arguments), tpusim asm /tmp/p/prog.s -o /tmp/p/prog.tpu, "
-                    << "then tpusim ref / tpusim run /tmp/p/prog.tpu --preset " << kPreset << " --mode fast|detailed";
+      ADD_FAILURE() << "seed " << seed << " (" << var.preset << "): " << problem
+                    << "\n  reproduce: tpusim_randprog --seed " << seed << " --cores " << var.cores << " --mxus "
+                    << var.mxus << " --out /tmp/p  (prints the --input arguments), tpusim asm /tmp/p/prog.s -o "
+                    << "/tmp/p/prog.tpu, then tpusim ref / tpusim run /tmp/p/prog.tpu --preset " << var.preset
+                    << " --mode fast|detailed";
   }
   if (!failed.empty()) {
     std::string seeds;
     for (uint64_t s : failed) seeds += " " + std::to_string(s);
-    ADD_FAILURE() << failed.size() << " of " << kProgramsPerChunk << " programs disagree; seeds:" << seeds;
+    std::string by_kind;
+    for (const auto& [k, n] : kinds) by_kind += " " + k + ": " + std::to_string(n) + ";";
+    ADD_FAILURE() << failed.size() << " of " << kProgramsPerChunk << " programs disagree (" << by_kind
+                  << " ); seeds:" << seeds;
   }
 }
 
@@ -244,7 +281,8 @@ TEST_P(TracesBitExact, AgreesWithTheReferenceInBothModes) {
     inputs.push_back(f.substr(3, f.size() - 7) + "=" + dir + "/" + f);
   }
   if (inputs.empty()) inputs = {"--random-inputs", "1"};
-  const std::string problem = check_bundle(bundle, inputs, work.path, true);
+  // v4 has every resource a trace may target (2 cores, 4 MXUs per core).
+  const std::string problem = check_bundle(bundle, inputs, work.path, "v4", true);
   if (chip_model_missing(problem)) GTEST_SKIP() << "chip model not built yet: " << problem;
   EXPECT_EQ(problem, "") << "trace " << dir;
 }
