@@ -140,13 +140,16 @@ std::vector<int> Topology::route_ports(int src_chip, int dst_chip, int tie_direc
 }
 
 std::vector<int> Topology::ring_order() const {
-  // A mesh with an even number of rows has a true Hamiltonian cycle: snake over
-  // columns 1.. and come back down column 0.
-  if (kind_ == TopologyKind::kMesh2d && dims_[0] >= 2 && dims_[1] % 2 == 0) {
+  // A mesh with an even number of rows (or columns) has a true Hamiltonian
+  // cycle: snake over columns 1.. and come back down column 0 (or transposed).
+  if (kind_ == TopologyKind::kMesh2d && dims_[0] >= 2 && dims_[1] >= 2 && (dims_[1] % 2 == 0 || dims_[0] % 2 == 0)) {
+    const bool rows_even = dims_[1] % 2 == 0;
+    const int kx = rows_even ? dims_[0] : dims_[1], ky = rows_even ? dims_[1] : dims_[0];
+    auto at = [&](int x, int y) { return rows_even ? chip_at({x, y}) : chip_at({y, x}); };
     std::vector<int> order;
-    for (int y = 0; y < dims_[1]; ++y)
-      for (int i = 1; i < dims_[0]; ++i) order.push_back(chip_at({y % 2 == 0 ? i : dims_[0] - i, y}));
-    for (int y = dims_[1] - 1; y >= 0; --y) order.push_back(chip_at({0, y}));
+    for (int y = 0; y < ky; ++y)
+      for (int i = 1; i < kx; ++i) order.push_back(at(y % 2 == 0 ? i : kx - i, y));
+    for (int y = ky - 1; y >= 0; --y) order.push_back(at(0, y));
     std::rotate(order.begin(), order.end() - 1, order.end());  // start at chip 0
     return order;
   }
