@@ -267,7 +267,12 @@ HbmChannel::Choice HbmChannel::choose(uint64_t c) const {
 
 void HbmChannel::evaluate(uint64_t c, std::vector<BurstDone>& done) {
   start_refresh_if_due(c);
-  const Choice ch = choose(c);
+  Choice ch = choose(c);
+  // A refresh's PRE and a read of the row it closes can both be legal at c; the
+  // column command goes first and the PRE follows when tRTP/tWR allow.
+  if (ch.row_bank >= 0 && ch.row_cmd == Command::kPre && ch.col_entry >= 0 &&
+      pool_[size_t(ch.col_entry)].burst.bank == uint32_t(ch.row_bank))
+    ch.row_bank = -1;
   const bool issued = ch.row_bank >= 0 || ch.col_entry >= 0;
   if (ch.row_bank >= 0) {
     const uint32_t b = uint32_t(ch.row_bank);

@@ -38,6 +38,11 @@ bool HbmMemory::try_enqueue(const mem::MemRequest& req, uint64_t now_ps) {
     memo_addr_ = req.addr, memo_bytes_ = req.bytes;
   }
   for (const auto& [ch, n] : memo_counts_) {
+    if (n > cfg_.queue_entries)  // would be refused forever
+      throw std::invalid_argument("HBM request " + std::to_string(req.id) + ": " + std::to_string(req.bytes) +
+                                  " bytes need " + std::to_string(n) + " bursts in pseudo-channel " +
+                                  std::to_string(ch) + ", more than its queue holds (hbm.queue_entries = " +
+                                  std::to_string(cfg_.queue_entries) + ")");
     if (!channels_[ch].has_room(n)) {
       ++rejected_;
       return false;

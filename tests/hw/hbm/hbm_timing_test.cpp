@@ -304,6 +304,8 @@ TEST(HbmRequests, BadRequestsThrowClearly) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("capacity"), std::string::npos) << e.what();
   }
+  req.addr = 0, req.bytes = 65 * 32;  // 65 bursts in the one pseudo-channel, whose queue holds 64
+  EXPECT_THROW(r.mem->try_enqueue(req, 0), std::invalid_argument);
   r.run_until(10);
   EXPECT_THROW(r.mem->advance_to(0), std::logic_error);
 }

@@ -1,0 +1,133 @@
+// Presets and overrides: each preset's peak equals the chip's published bandwidth,
+// capacities match, every key can be overridden, and bad input fails with a message
+// naming the key. Address mapping: decode and encode are inverse, and a 4 KiB block
+// spreads evenly over every pseudo-channel.
+#include "hw/hbm/hbm_config.h"
+#include "hw/hbm/hbm_memory.h"
+#include "hw/mem/memory_factory.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+namespace tpusim::hbm {
+namespace {
+
+struct Published {
+  const char* preset;
+  double bytes_per_s;  // architecture.md, "TPU facts"
+  uint64_t capacity;
+  uint32_t channels;
+};
+const Published kPublished[] = {
+    {"hbm2_v2", 700e9, 16ull << 30, 64},
+    {"hbm2_v3", 900e9, 32ull << 30, 64},
+    {"hbm2_v4", 1200e9, 32ull << 30, 64},
+    {"hbm2e_v5e", 819e9, 16ull << 30, 32},  // 16 GB published; addressed as 16 GiB
+};
+
+TEST(HbmPresets, PeakEqualsPublishedBandwidth) {
+  for (const auto& p : kPublished) {
+    const HbmConfig c = load_hbm_preset(p.preset);
+    EXPECT_DOUBLE_EQ(c.peak_bytes_per_s(), p.bytes_per_s) << p.preset;
+    EXPECT_EQ(c.capacity_bytes(), p.capacity) << p.preset;
+    EXPECT_EQ(c.channels(), p.channels) << p.preset;
+    EXPECT_EQ(c.burst_bytes(), 32u) << p.preset;
+  }
+  EXPECT_EQ(hbm_preset_names(), (std::vector<std::string>{"hbm2_v2", "hbm2_v3", "hbm2_v4", "hbm2e_v5e"}));
+}
+
+TEST(HbmPresets, ClockConversionIsExact) {
+  // 878.90625 MHz: 9 cycles are exactly 10240 ps.
+  ClockConversion clk(878906250);
+  EXPECT_EQ(clk.cycle_to_ps(9), 10240u);
+  EXPECT_EQ(clk.cycle_to_ps(9000000000ull), 10240000000000ull);
+  EXPECT_EQ(clk.cycle_to_ps(1), 1138u);  // 1137.78 rounded up
+  for (uint64_t k : {0ull, 1ull, 2ull, 8ull, 9ull, 10ull, 123456789ull}) {
+    EXPECT_EQ(clk.last_cycle_at_or_before(clk.cycle_to_ps(k)), k);
+    if (clk.cycle_to_ps(k) > 0) {
+      EXPECT_EQ(clk.last_cycle_at_or_before(clk.cycle_to_ps(k) - 1), k - 1);
+    }
+  }
+}
+
+TEST(HbmOverrides, DottedKeysChangeTheConfig) {
+  const HbmConfig c = load_hbm_preset("hbm2_v3", {"hbm.tCL=16", "hbm.page_policy=closed", "hbm.refresh_mode=all_bank",
+                                                  "hbm.queue_entries=8", "hbm.stacks=2"});
+  EXPECT_EQ(c.timing[tCL], 16u);
+  EXPECT_EQ(c.page_policy, PagePolicy::kClosed);
+  EXPECT_EQ(c.refresh_mode, RefreshMode::kAllBank);
+  EXPECT_EQ(c.queue_entries, 8u);
+  EXPECT_EQ(c.channels(), 32u);  // the mapping's stack field shrinks with the count
+  EXPECT_EQ(c.capacity_bytes(), 16ull << 30);
+}
+
+void expect_error(const std::vector<std::string>& overrides, const std::string& fragment) {
+  try {
+    load_hbm_preset("hbm2_v3", overrides);
+    ADD_FAILURE() << "no error for " << overrides.back();
+  } catch (const config::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(HbmOverrides, BadKeysAndValuesFailClearly) {
+  expect_error({"hbm.tCLL=16"}, "unknown parameter 'hbm.tCLL'");
+  expect_error({"hbm.tCL=fast"}, "hbm.tCL");
+  expect_error({"hbm.page_policy=sometimes"}, "expected open or closed");
+  expect_error({"hbm.refresh_mode=never"}, "expected per_bank or all_bank");
+  expect_error({"hbm.stacks=3"}, "power of two");
+  expect_error({"hbm.queue_entries=0"}, "positive");
+  expect_error({"hbm.tRC=10"}, "at least tRAS + tRP");
+  expect_error({"hbm.tCCD_S=1"}, "BL/2");
+  expect_error({"hbm.address_mapping=row bank column"}, "needs");
+  expect_error({"hbm.address_mapping=row bank colum bank_group stack channel pseudo_channel"}, "unknown field");
+  expect_error({"hbm.tREFI=100"}, "tREFI");
+  expect_error({"hbm.tCL"}, "KEY=VALUE");
+  EXPECT_THROW(load_hbm_preset("hbm9"), config::ConfigError);
+}
+
+TEST(HbmMapping, DecodeAndEncodeAreInverse) {
+  for (const char* preset : {"hbm2_v3", "hbm2e_v5e"}) {
+    const HbmConfig c = load_hbm_preset(preset);
+    std::mt19937_64 rng(7);
+    for (int i = 0; i < 20000; ++i) {
+      const uint64_t addr = (rng() % c.capacity_bytes()) & ~uint64_t(c.burst_bytes() - 1);
+      const DecodedAddress d = decode_address(c, addr);
+      ASSERT_LT(d.channel, c.channels());
+      ASSERT_LT(d.bank_group, c.bank_groups);
+      ASSERT_LT(d.bank, c.banks_per_group);
+      ASSERT_LT(d.row, c.rows);
+      ASSERT_LT(d.column, c.bursts_per_row());
+      ASSERT_EQ(encode_address(c, d), addr);
+    }
+  }
+}
+
+TEST(HbmMapping, FourKibSpreadsOverEveryPseudoChannelAndRowsStayTogether) {
+  const HbmConfig c = load_hbm_preset("hbm2_v3");
+  std::map<uint32_t, int> per_channel;
+  for (uint64_t a = 0; a < 4096; a += 32) ++per_channel[decode_address(c, a).channel];
+  EXPECT_EQ(per_channel.size(), 64u);
+  for (const auto& [ch, n] : per_channel) EXPECT_EQ(n, 2) << ch;
+  // Bytes 0..63 are one pseudo-channel, one row, adjacent columns.
+  const DecodedAddress a = decode_address(c, 0), b = decode_address(c, 32);
+  EXPECT_EQ(a.channel, b.channel);
+  EXPECT_EQ(a.row, b.row);
+  EXPECT_EQ(b.column, a.column + 1);
+  // The next 4 KiB block moves to the next bank group.
+  EXPECT_EQ(decode_address(c, 4096).bank_group, 1u);
+}
+
+TEST(HbmFactory, BuildsEitherModelFromThePreset) {
+  auto hbm = mem::make_memory_from_preset("hbm2_v3");
+  EXPECT_EQ(hbm->stats_json()["model"], "hbm");
+  EXPECT_DOUBLE_EQ(hbm->peak_bytes_per_s(), 900e9);
+  auto simple = mem::make_memory_from_preset("hbm2_v3", {"hbm.model=simple", "hbm.simple.latency_ps=5000"});
+  EXPECT_EQ(simple->stats_json()["model"], "simple");
+  EXPECT_THROW(mem::make_memory_from_preset("hbm2_v3", {"hbm.model=magic"}), config::ConfigError);
+}
+
+}  // namespace
+}  // namespace tpusim::hbm
