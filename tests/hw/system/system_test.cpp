@@ -65,11 +65,6 @@ uint64_t cycles_of(const std::string& text, const std::vector<std::string>& extr
   return r.j.value("cycles", uint64_t{0});
 }
 
-std::string repeat(const std::string& line, int n) {
-  std::string s;
-  for (int i = 0; i < n; ++i) s += line;
-  return s;
-}
 
 const char* kHeader = ".target chips=1 cores=1 mxus=1\n.core chip0.core0\n";
 
