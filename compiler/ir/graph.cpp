@@ -114,6 +114,19 @@ int64_t pool_extent(const Node& n, int64_t in, int64_t pad_lo, int64_t pad_hi, i
   return span / stride + 1;
 }
 
+// Beyond this a tensor cannot be held anyway, and the products would overflow int64.
+constexpr int64_t kMaxElements = int64_t{1} << 40;
+
+bool too_large(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    if (d < 1) return false;  // reported by the dimension checks
+    if (n > kMaxElements / d) return true;
+    n *= d;
+  }
+  return false;
+}
+
 }  // namespace
 
 const char* dtype_name(DType t) {
@@ -216,9 +229,11 @@ TensorType infer_type(const Node& n, const std::vector<TensorType>& in) {
     fail(n, "takes " + std::to_string(oi.min_inputs) +
                 (oi.max_inputs != oi.min_inputs ? ".." + std::to_string(std::min(oi.max_inputs, 99)) : std::string()) +
                 " operands, has " + std::to_string(in.size()));
-  for (const TensorType& t : in)
+  for (const TensorType& t : in) {
     for (int64_t d : t.shape)
       if (d < 1) fail(n, "operand " + type_str(t) + " has a non-positive dimension");
+    if (too_large(t.shape)) fail(n, "operand " + type_str(t) + " has more than 2^40 elements");
+  }
   // Float operands of one op share a dtype: the precision policy retypes them together.
   if (n.op != OpKind::kGather && n.op != OpKind::kCast)
     for (const TensorType& t : in) {
@@ -413,6 +428,7 @@ void verify(const Graph& g, const std::string& where) {
   for (const GraphInput& i : g.inputs) {
     for (int64_t d : i.type.shape)
       if (d < 1) throw CompileError(pre + "input %" + i.name + " has a non-positive dimension " + type_str(i.type));
+    if (too_large(i.type.shape)) throw CompileError(pre + "input %" + i.name + " " + type_str(i.type) + " has more than 2^40 elements");
     define(i.name, i.type, "input");
   }
   for (const Constant& c : g.constants) {
@@ -437,6 +453,7 @@ void verify(const Graph& g, const std::string& where) {
       throw CompileError(pre + e.what());
     }
     if (t != n.type) throw CompileError(pre + node_where(n) + ": declared type " + type_str(n.type) + " but operands give " + type_str(t));
+    if (too_large(t.shape)) throw CompileError(pre + node_where(n) + ": result " + type_str(t) + " has more than 2^40 elements");
     define(n.output, n.type, node_where(n));
   }
   for (const Node& n : g.nodes)
@@ -710,6 +727,7 @@ class Parser {
     t.shape = int_list();
     for (int64_t d : t.shape)
       if (d < 1) error("dimensions must be >= 1 in " + type_str(t));
+    if (too_large(t.shape)) error(type_str(t) + " has more than 2^40 elements");
     return t;
   }
 

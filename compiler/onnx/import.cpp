@@ -68,7 +68,11 @@ class Importer {
   std::string where_;  // "node 'name' (Op)" while converting one
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw CompileError(label_ + ": " + (where_.empty() ? "" : where_ + ": ") + what);
+    std::string msg = label_ + ": " + (where_.empty() ? "" : where_ + ": ") + what;
+    // Names come from the file: keep the message on one printable line.
+    for (char& c : msg)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    throw CompileError(msg);
   }
 
   TensorType value_type(const onnx::ValueInfoProto& vi) {
@@ -81,6 +85,8 @@ class Importer {
       if (!d.has_dim_value() || d.dim_value() < 1)
         fail("input '" + vi.name() + "' has a dynamic dimension" + (d.has_dim_param() ? " '" + d.dim_param() + "'" : std::string()) +
              "; export it with static shapes");
+      if (d.dim_value() > (int64_t{1} << 40) || num_elements(t.shape) > (int64_t{1} << 40) / d.dim_value())
+        fail("input '" + vi.name() + "' is too large");
       t.shape.push_back(d.dim_value());
     }
     return t;
@@ -102,6 +108,7 @@ class Importer {
     c.type.dtype = elem_type(t.data_type(), "tensor '" + name + "'");
     for (int64_t d : t.dims()) {
       if (d < 1) fail("tensor '" + name + "' has a zero or negative dimension");
+      if (d > (int64_t{1} << 40) || num_elements(c.type.shape) > (int64_t{1} << 40) / d) fail("tensor '" + name + "' is too large");
       c.type.shape.push_back(d);
     }
     const size_t n = static_cast<size_t>(num_elements(c.type.shape));

@@ -216,6 +216,7 @@ TEST(GraphIr, ParserErrorsNameLineAndColumn) {
   expect_parse_error("graph g {\n  input %x : f32[2]\n  %y = relu(%x) {a=1, a=2} : f32[2] #0\n}\n", "given twice");
   expect_parse_error("graph g {\n  input %\"x : f32[2]\n}\n", "unterminated string");
   expect_parse_error("graph g {\n}\n trailing", "text after the end");
+  expect_parse_error("graph g {\n  input %x : f32[100000000,100000000,1000]\n}\n", "has more than 2^40 elements");
   expect_parse_error("", "p.ir:1:1: unexpected end of text");
 }
 
