@@ -252,6 +252,7 @@ RunResult System::run(const RunOptions& opt) {
   std::vector<std::unique_ptr<ChipModule>> chip_modules;
   sc_core::sc_trace_file* tf = nullptr;
   std::string raw_vcd;
+  sc_core::sc_report_handler::set_actions(sc_core::SC_INFO, sc_core::SC_DO_NOTHING);  // stop and timescale notes
   if (!opt.wave_path.empty()) {
     raw_vcd = opt.wave_path + ".raw." + std::to_string(::getpid());
     tf = sc_core::sc_create_vcd_trace_file(raw_vcd.c_str());
@@ -265,7 +266,6 @@ RunResult System::run(const RunOptions& opt) {
   Driver driver("scheduler", board, period, opt.mode);
 
   RunResult r;
-  sc_core::sc_report_handler::set_actions(sc_core::SC_INFO, sc_core::SC_DO_NOTHING);  // stop and timescale notes
   try {
     sc_core::sc_start();
   } catch (const std::exception& e) {

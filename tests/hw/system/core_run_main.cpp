@@ -11,6 +11,7 @@
 #include <systemc>
 
 #include "hw/config/params.h"
+#include "hw/timeline/timeline.h"
 #include "hw/system/system.h"
 #include "isa/asm/assembler.h"
 #include "isa/exec/interpreter.h"
@@ -43,6 +44,7 @@ int sc_main(int argc, char** argv) {
     std::vector<std::string> sets;
     std::vector<std::pair<std::string, std::string>> inputs;
     hw::RunOptions opt;
+    std::string timeline_path;
     opt.mode = std::string(argv[3]) == "detailed" ? hw::Mode::kDetailed : hw::Mode::kFast;
     for (int i = 5; i < argc; ++i) {
       const std::string a = argv[i];
@@ -52,6 +54,8 @@ int sc_main(int argc, char** argv) {
         opt.wave_path = argv[++i];
       } else if (a == "--scope" && i + 1 < argc) {
         opt.wave_scopes.push_back(argv[++i]);
+      } else if (a == "--timeline" && i + 1 < argc) {
+        timeline_path = argv[++i];
       } else if (a == "--max-cycles" && i + 1 < argc) {
         opt.max_cycles = std::stoull(argv[++i]);
       } else {
@@ -76,7 +80,15 @@ int sc_main(int argc, char** argv) {
       exec::write_tensor(ref.machine(), e, dense);
     }
     const exec::RunResult rr = ref.run();
+    std::unique_ptr<timeline::Timeline> tl;
+    if (!timeline_path.empty()) {
+      timeline::Options to;
+      to.clock_hz = preset.get_double("clock_hz");
+      tl = std::make_unique<timeline::Timeline>(to);
+      opt.timeline = tl.get();
+    }
     const hw::RunResult r = sys.run(opt);
+    if (tl) tl->write(timeline_path);
     nlohmann::json j;
     j["cycles"] = r.cycles;
     j["faulted"] = r.faulted;

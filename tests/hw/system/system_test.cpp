@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hw/timeline/timeline.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -206,5 +208,49 @@ std::vector<std::string> traces() {
 
 INSTANTIATE_TEST_SUITE_P(Traces, TraceTest, ::testing::ValuesIn(traces()),
                          [](const auto& info) { return info.param; });
+
+}  // namespace
+
+namespace {
+
+TEST(SystemOutputs, TimelineIsValidAndHasEveryUnitTrack) {
+  const fs::path dir = fs::path(TPUSIM_TRACES_DIR) / "matmul";
+  const fs::path tl = fs::temp_directory_path() / ("tl_" + std::to_string(::getpid()) + ".json");
+  auto args = trace_inputs(dir);
+  args.push_back("--timeline");
+  args.push_back(tl.string());
+  const RunOut r = core_run((dir / "prog.s").string(), "fast", args);
+  ASSERT_EQ(r.status, 0);
+  std::ifstream in(tl);
+  std::stringstream text;
+  text << in.rdbuf();
+  fs::remove(tl);
+  EXPECT_TRUE(tpusim::timeline::validate(text.str()).empty());
+  for (const char* track : {"core0.vpu", "core0.mxu0", "core0.dma"})
+    EXPECT_NE(text.str().find(track), std::string::npos) << track;
+}
+
+TEST(SystemOutputs, WaveformHasOnlyTheRequestedScope) {
+  const fs::path dir = fs::path(TPUSIM_TRACES_DIR) / "exchange";
+  const fs::path vcd = fs::temp_directory_path() / ("w_" + std::to_string(::getpid()) + ".vcd");
+  auto args = trace_inputs(dir);
+  for (const char* a : {"--wave", "", "--scope", "chip0.core1.*"}) args.push_back(a);
+  args[args.size() - 3] = vcd.string();
+  const RunOut r = core_run((dir / "prog.s").string(), "detailed", args);
+  ASSERT_EQ(r.status, 0);
+  std::ifstream in(vcd);
+  std::stringstream text;
+  text << in.rdbuf();
+  fs::remove(vcd);
+  const std::string v = text.str();
+  EXPECT_NE(v.find("$scope module core1 $end"), std::string::npos);
+  EXPECT_EQ(v.find("$scope module core0 $end"), std::string::npos);
+  EXPECT_NE(v.find("busy"), std::string::npos);
+  // The last cycle's values are written: the final time stamp is past the last cycle.
+  const auto last_hash = v.rfind("\n#");
+  ASSERT_NE(last_hash, std::string::npos);
+  const uint64_t last_ps = std::stoull(v.substr(last_hash + 2));
+  EXPECT_GE(last_ps, (r.j["cycles"].get<uint64_t>() - 1) * 952);
+}
 
 }  // namespace
