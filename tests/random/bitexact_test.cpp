@@ -81,8 +81,8 @@ std::string compare_outputs(const std::string& dir_a, const std::string& dir_b, 
   std::sort(names.begin(), names.end());
   if (names.empty()) return label + ": no outputs in " + dir_a;
   for (const auto& n : names) {
-    const std::string a = testing::slurp(dir_a + "/" + n), b = testing::slurp(dir_b + "/" + n);
     if (!fs::exists(dir_b + "/" + n)) return label + ": " + n + " missing";
+    const std::string a = testing::slurp(dir_a + "/" + n), b = testing::slurp(dir_b + "/" + n);
     if (a == b) continue;
     if (a.size() != b.size())
       return label + ": " + n + " has " + std::to_string(b.size()) + " bytes, expected " + std::to_string(a.size());
@@ -175,6 +175,31 @@ std::string kind_of(const std::string& problem) {
 // True when the chip model is still the stub that cannot run anything; the
 // harness then has nothing to compare and says so instead of failing.
 bool chip_model_missing(const std::string& err) { return err.find("chip model is not built yet") != std::string::npos; }
+
+// ---- the harness's own comparator ------------------------------------------------
+
+TEST(HarnessComparator, NamesTheFirstElementThatDiffersInOneBit) {
+  WorkDir work("cmp");
+  fs::create_directories(work.path + "/a");
+  fs::create_directories(work.path + "/b");
+  io::NpyArray y;
+  y.dtype = io::NpyDtype::kF32;
+  y.shape = {8, 128};
+  y.data.assign(8 * 128 * 4, 0);
+  io::write_npy(work.path + "/a/y.npy", y);
+  io::write_npy(work.path + "/b/y.npy", y);
+  EXPECT_EQ(compare_outputs(work.path + "/a", work.path + "/b", "t"), "");
+  y.data[4 * 300 + 3] ^= 0x80;  // -0.0 instead of +0.0 in element 300: equal as floats, not as bytes
+  io::write_npy(work.path + "/b/y.npy", y);
+  const std::string d = compare_outputs(work.path + "/a", work.path + "/b", "t");
+  EXPECT_NE(d.find("y.npy"), std::string::npos) << d;
+  EXPECT_NE(d.find("element 300"), std::string::npos) << d;
+  fs::remove(work.path + "/b/y.npy");
+  EXPECT_NE(compare_outputs(work.path + "/a", work.path + "/b", "t").find("missing"), std::string::npos);
+  // An output directory with nothing in it is a failure, never a vacuous pass.
+  fs::create_directories(work.path + "/empty");
+  EXPECT_NE(compare_outputs(work.path + "/empty", work.path + "/b", "t"), "");
+}
 
 // ---- the generator alone, on the reference (no chip model needed) -------------
 
