@@ -254,3 +254,52 @@ TEST(SystemOutputs, WaveformHasOnlyTheRequestedScope) {
 }
 
 }  // namespace
+
+namespace {
+
+// Two chips: chip0 sends K KiB from its VMEM to chip1's VMEM over ICI (rflag on
+// chip1), both meet at a barrier, chip1 writes what it got to its HBM. Values
+// must equal the reference; the transfer time must follow the neighbour
+// VMEM->VMEM figure (1941 + 24.77 K cycles, v4); both modes agree.
+std::string two_chip_program(uint64_t kib) {
+  const std::string bytes = std::to_string(kib * 1024);
+  return ".target chips=2 cores=1 mxus=1\n"
+         ".input x f32 [" + std::to_string(kib * 256) + "] hbm:0x0\n"
+         ".output y f32 [" + std::to_string(kib * 256) + "] hbm@chip1:0x100000\n"
+         ".core chip0.core0\n"
+         "  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=" + bytes + ", flag=f1\n"
+         "  wait.sub f1, 1\n"
+         "  dma vmem@chip1.c0:[s0 + 0], vmem:[s0 + 0], bytes=" + bytes + ", flag=f2, rflag=f3\n"
+         "  wait.sub f2, 1\n"
+         "  barrier\n"
+         "  halt\n"
+         ".core chip1.core0\n"
+         "  wait.sub f3, 1\n"
+         "  barrier\n"
+         "  dma hbm:[s0 + 0x100000], vmem:[s0 + 0], bytes=" + bytes + ", flag=f1\n"
+         "  wait.sub f1, 1\n"
+         "  halt\n";
+}
+
+TEST(MultiChip, RemoteDmaAndBarrierMatchReferenceAndFigures) {
+  uint64_t cycles[2] = {0, 0};
+  const uint64_t kib[2] = {4, 64};
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = temp_program("chips", two_chip_program(kib[i]));
+    const RunOut fast = core_run(p, "fast", {}, "v4-8");
+    const RunOut det = core_run(p, "detailed", {}, "v4-8");
+    fs::remove(p);
+    ASSERT_EQ(fast.status, 0);
+    ASSERT_FALSE(fast.j["faulted"].get<bool>()) << fast.j["fault"];
+    ASSERT_TRUE(fast.j["ref_ok"].get<bool>());
+    EXPECT_TRUE(fast.j["outputs"] == fast.j["ref_outputs"]);
+    EXPECT_EQ(det.j["cycles"], fast.j["cycles"]);
+    EXPECT_EQ(det.j["units"], fast.j["units"]);
+    cycles[i] = fast.j["cycles"].get<uint64_t>();
+  }
+  // Only the ICI leg and the two HBM legs grow with K: 24.77 + 1.105 + 1.051 cycles/KiB.
+  const double slope = static_cast<double>(cycles[1] - cycles[0]) / static_cast<double>(kib[1] - kib[0]);
+  EXPECT_NEAR(slope, 24.77 + 1.105 + 1.051, 0.1 * (24.77 + 1.105 + 1.051));
+}
+
+}  // namespace
