@@ -303,3 +303,33 @@ TEST(MultiChip, RemoteDmaAndBarrierMatchReferenceAndFigures) {
 }
 
 }  // namespace
+
+namespace {
+
+// traces/calib: the published v4 micro-benchmarks (architecture.md), each within
+// 10%. Rates are differences of two program lengths, so fixed costs cancel.
+uint64_t calib(const std::string& name) {
+  const RunOut r = core_run(std::string(TPUSIM_TRACES_DIR) + "/calib/" + name, "fast");
+  EXPECT_EQ(r.status, 0) << name;
+  EXPECT_FALSE(r.j.value("faulted", true)) << name;
+  return r.j.value("cycles", uint64_t{0});
+}
+
+double per(const std::string& a, const std::string& b, int n) {
+  return static_cast<double>(calib(b) - calib(a)) / n;
+}
+
+TEST(Calibration, V4MicroBenchmarksWithinTenPercent) {
+  EXPECT_NEAR(per("vld_64.s", "vld_128.s", 64), 1.0, 0.1);                // vld 1 per cycle
+  EXPECT_NEAR(per("vexp_dep_16.s", "vexp_dep_32.s", 16), 7.0, 0.7);       // transcendental latency
+  EXPECT_NEAR(per("vexp_indep_16.s", "vexp_indep_32.s", 16), 2.0, 0.2);   // transcendental issue interval
+  EXPECT_NEAR(per("vxpose_1.s", "vxpose_2.s", 1), 259.0, 25.9);           // 128x128 transpose
+  EXPECT_NEAR(per("lane_reduce_1.s", "lane_reduce_2.s", 1), 79.0, 7.9);   // cross-lane reduce
+  for (int k : {1, 16, 256, 2048}) {
+    const double h2v = 483.6 + 1.105 * k, v2h = 417.5 + 1.051 * k;
+    EXPECT_NEAR(static_cast<double>(calib("dma_h2v_" + std::to_string(k) + "k.s")), h2v, 0.1 * h2v) << k;
+    EXPECT_NEAR(static_cast<double>(calib("dma_v2h_" + std::to_string(k) + "k.s")), v2h, 0.1 * v2h) << k;
+  }
+}
+
+}  // namespace

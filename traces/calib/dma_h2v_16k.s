@@ -1,0 +1,6 @@
+# DMA HBM->VMEM, 16 KiB, one in flight (v4: 483.6 + 1.105 K cycles)
+.target chips=1 cores=1 mxus=1
+.core chip0.core0
+  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=16384, flag=f1
+  wait.sub f1, 1
+  halt

@@ -1,0 +1,6 @@
+# DMA VMEM->HBM, 256 KiB, one in flight (v4: 417.5 + 1.051 K cycles)
+.target chips=1 cores=1 mxus=1
+.core chip0.core0
+  dma hbm:[s0 + 0], vmem:[s0 + 0], bytes=262144, flag=f1
+  wait.sub f1, 1
+  halt
