@@ -162,7 +162,8 @@ def op_cases():
 
     # MXU ops: tolerance scaled by the sum of |products| (bf16 operands).
     for name, sa, sb in [("matmul_small", (4, 8), (8, 16)), ("matmul_ragged", (129, 200), (200, 70)),
-                         ("matmul_batched", (2, 3, 17, 40), (2, 3, 40, 9)), ("matmul_bcast", (3, 5, 130), (130, 7))]:
+                         ("matmul_batched", (2, 3, 17, 40), (2, 3, 40, 9)), ("matmul_bcast", (3, 5, 130), (130, 7)),
+                         ("matmul_bcast_batch", (3, 1, 5, 40), (4, 40, 7))]:
         a, b = rnd(rng, sa), rnd(rng, sb)
         C(Case(name, "MatMul", {"a": a}, lambda i, w: (f64(i["a"]) @ f64(w["b"]), np.abs(f64(i["a"])) @ np.abs(f64(w["b"]))),
                weights={"b": b}, tol="mxu"))
