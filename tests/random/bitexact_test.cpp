@@ -30,22 +30,26 @@ using testing::spawn;
 
 constexpr int kChunks = 10;
 constexpr int kProgramsPerChunk = 100;
-// Each seed runs on one chip preset, with a target that fits it, so the harness
-// covers every chip's parameters: v4 (2 cores x 4 MXUs) most often, then v3
-// (2 x 2), v5e (1 x 4), v2 (2 x 1).
+// Each seed runs on one preset, with a target that fits it, so the harness covers
+// every chip's parameters: v4 (2 cores x 4 MXUs) most often, then v3 (2 x 2),
+// v5e (1 x 4), v2 (2 x 1), and the v4-8 board, where half of the two-core
+// programs put their second core on chip 1.
 struct Variant {
   const char* preset;
   int cores, mxus;
+  bool two_chips;
 };
 Variant variant(uint64_t seed) {
-  static const Variant kVariants[8] = {{"v4", 2, 4}, {"v3", 2, 2}, {"v5e", 1, 4}, {"v4", 2, 4},
-                                       {"v2", 2, 1}, {"v3", 2, 2}, {"v4", 2, 4}, {"v5e", 1, 4}};
+  static const Variant kVariants[8] = {{"v4", 2, 4, false}, {"v3", 2, 2, false}, {"v5e", 1, 4, false},
+                                       {"v4", 2, 4, false}, {"v2", 2, 1, false}, {"v3", 2, 2, false},
+                                       {"v4-8", 2, 4, true}, {"v5e", 1, 4, false}};
   return kVariants[seed % 8];
 }
 randprog::GenOptions gen_options(uint64_t seed) {
   randprog::GenOptions o;
   o.max_cores = variant(seed).cores;
   o.mxus = variant(seed).mxus;
+  o.two_chips = variant(seed).two_chips;
   return o;
 }
 // Detailed mode ticks every cycle; rerunning it for every program would double the
@@ -255,7 +259,7 @@ TEST_P(RandomProgramsBitExact, ReferenceFastDetailedAndRerunAgree) {
     if (failed.size() <= kDetailed)
       ADD_FAILURE() << "seed " << seed << " (" << var.preset << "): " << problem
                     << "\n  reproduce: tpusim_randprog --seed " << seed << " --cores " << var.cores << " --mxus "
-                    << var.mxus << " --out /tmp/p  (prints the --input arguments), tpusim asm /tmp/p/prog.s -o "
+                    << var.mxus << (var.two_chips ? " --two-chips" : "") << " --out /tmp/p  (prints the --input arguments), tpusim asm /tmp/p/prog.s -o "
                     << "/tmp/p/prog.tpu, then tpusim ref / tpusim run /tmp/p/prog.tpu --preset " << var.preset
                     << " --mode fast|detailed";
   }

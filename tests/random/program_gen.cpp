@@ -110,6 +110,15 @@ class Generator {
   std::mt19937_64 rng_;
   GenOptions opt_;
   int cores_ = 1;
+  // Logical core 1 is chip1.core0 instead of chip0.core1: inputs and outputs then
+  // live in that chip's memories, and the exchange crosses the chip-to-chip link.
+  bool across_chips_ = false;
+  int chip_of(int id) const { return across_chips_ ? id : 0; }
+  int core_of(int id) const { return across_chips_ ? 0 : id; }
+  // The HBM endpoint that holds `t`, as core `c` names it.
+  std::string hbm_of(const Tensor& t, const Core& c) const {
+    return chip_of(t.core) == chip_of(c.id) ? "hbm" : "hbm@chip" + std::to_string(chip_of(t.core));
+  }
   std::vector<Tensor> inputs_, outputs_;
   std::vector<Core> core_state_;
 };
@@ -183,7 +192,7 @@ void Generator::prologue_dmas(Core& c) {
     const int flag = pick(1, 15);
     const std::string f = "f" + std::to_string(flag);
     const std::string dst = "vmem:[s0 + " + hex(t.vmem) + "]";
-    const std::string src = "hbm:[s0 + " + hex(t.hbm) + "]";
+    const std::string src = hbm_of(t, c) + ":[s0 + " + hex(t.hbm) + "]";
     switch (pick(0, 4)) {
       case 0:
         emit(c, "dma " + dst + ", " + src + ", bytes=" + std::to_string(t.bytes()) + ", flag=" + f);
@@ -199,7 +208,7 @@ void Generator::prologue_dmas(Core& c) {
         const int half = t.row_bytes() / 2;
         emit(c, "li s2, " + hex(t.hbm));
         emit(c, "li s3, " + hex(t.vmem));
-        emit(c, "dma vmem:[s3 + 0], hbm:[s2 + 0], bytes=" + std::to_string(half) + ", dim=2:" +
+        emit(c, "dma vmem:[s3 + 0], " + hbm_of(t, c) + ":[s2 + 0], bytes=" + std::to_string(half) + ", dim=2:" +
                     std::to_string(half) + ":" + std::to_string(half) + ", dim=" + std::to_string(8 * t.tiles) +
                     ":" + std::to_string(t.row_bytes()) + ":" + std::to_string(t.row_bytes()) + ", flag=" + f);
         c.flag_issued[flag] += 1;
@@ -207,7 +216,7 @@ void Generator::prologue_dmas(Core& c) {
       }
       case 3: {  // tile by tile, each its own DMA on one flag
         for (int i = 0; i < t.tiles; ++i)
-          emit(c, "dma vmem:[s0 + " + hex(t.vmem + uint32_t(i * t.tile_bytes())) + "], hbm:[s0 + " +
+          emit(c, "dma vmem:[s0 + " + hex(t.vmem + uint32_t(i * t.tile_bytes())) + "], " + hbm_of(t, c) + ":[s0 + " +
                       hex(t.hbm + uint32_t(i * t.tile_bytes())) + "], bytes=" + std::to_string(t.tile_bytes()) +
                       ", flag=" + f);
         c.flag_issued[flag] += t.tiles;
@@ -216,7 +225,7 @@ void Generator::prologue_dmas(Core& c) {
       default: {  // rows in reverse order (negative strides)
         const int rows = 8 * t.tiles;
         const uint32_t last = uint32_t((rows - 1) * t.row_bytes());
-        emit(c, "dma vmem:[s0 + " + hex(t.vmem + last) + "], hbm:[s0 + " + hex(t.hbm + last) +
+        emit(c, "dma vmem:[s0 + " + hex(t.vmem + last) + "], " + hbm_of(t, c) + ":[s0 + " + hex(t.hbm + last) +
                     "], bytes=" + std::to_string(t.row_bytes()) + ", dim=" + std::to_string(rows) + ":-" +
                     std::to_string(t.row_bytes()) + ":-" + std::to_string(t.row_bytes()) + ", flag=" + f);
         c.flag_issued[flag] += 1;
@@ -429,7 +438,7 @@ void Generator::mid_dma(Core& c) {
                 std::to_string(t.bytes()) + ", flag=" + f);
   } else {
     // A strided gather straight from HBM: every other row.
-    emit(c, "dma vmem:[s0 + " + hex(slot) + "], hbm:[s0 + " + hex(t.hbm) + "], bytes=" +
+    emit(c, "dma vmem:[s0 + " + hex(slot) + "], " + hbm_of(t, c) + ":[s0 + " + hex(t.hbm) + "], bytes=" +
                 std::to_string(t.row_bytes()) + ", dim=" + std::to_string(4 * t.tiles) + ":" +
                 std::to_string(2 * t.row_bytes()) + ":" + std::to_string(t.row_bytes()) + ", flag=" + f);
   }
@@ -500,6 +509,7 @@ void Generator::copy_out(Core& c) {
 
 Program Generator::run() {
   cores_ = opt_.max_cores > 1 && chance(0.35) ? 2 : 1;
+  across_chips_ = cores_ == 2 && opt_.two_chips && chance(0.5);
   const int n_in = pick(1, 3), n_out = pick(1, 3);
   for (int i = 0; i < n_in; ++i) {
     Tensor t;
@@ -529,16 +539,20 @@ Program Generator::run() {
 
   std::ostringstream o;
   o << "# random program (tests/random/program_gen.cpp)\n";
-  o << ".target chips=1 cores=" << cores_ << " mxus=" << opt_.mxus << "\n";
+  o << ".target chips=" << (across_chips_ ? 2 : 1) << " cores=" << (across_chips_ ? 1 : cores_)
+    << " mxus=" << opt_.mxus << "\n";
+  auto place = [&](const char* space, const Tensor& t) {
+    return std::string(space) + "@chip" + std::to_string(chip_of(t.core)) + ".c" + std::to_string(core_of(t.core)) +
+           ":" + hex(space[0] == 'h' ? t.hbm : t.vmem);
+  };
   auto shape = [](const Tensor& t) {
     return t.dims == 2 ? "[" + std::to_string(8 * t.tiles) + ", 128]" : "[" + std::to_string(t.tiles) + ", 8, 128]";
   };
   for (const auto& t : inputs_)
-    o << ".input " << t.name << (t.bf16 ? " bf16 " : " f32 ") << shape(t) << " hbm:" << hex(t.hbm) << "\n";
+    o << ".input " << t.name << (t.bf16 ? " bf16 " : " f32 ") << shape(t) << " " << place("hbm", t) << "\n";
   for (const auto& t : outputs_) {
     o << ".output " << t.name << (t.bf16 ? " bf16 " : " f32 ") << shape(t) << " ";
-    if (t.in_vmem) o << "vmem@chip0.c" << t.core << ":" << hex(t.vmem) << "\n";
-    else o << "hbm:" << hex(t.hbm) << "\n";
+    o << place(t.in_vmem ? "vmem" : "hbm", t) << "\n";
   }
 
   core_state_.resize(size_t(cores_));
@@ -559,7 +573,8 @@ Program Generator::run() {
     if (exchange && id == 0) {
       // Send the first output tile to core 1; waited before anything reuses it.
       const Tensor& t = outputs_[0];
-      emit(c, "dma vmem@c1:[s0 + " + hex(kVmemXch) + "], vmem:[s0 + " + hex(t.vmem) + "], bytes=" +
+      emit(c, std::string(across_chips_ ? "dma vmem@chip1.c0" : "dma vmem@c1") + ":[s0 + " + hex(kVmemXch) +
+                  "], vmem:[s0 + " + hex(t.vmem) + "], bytes=" +
                   std::to_string(t.tile_bytes()) + ", rflag=f" + std::to_string(kXchRflag) + ", flag=f" +
                   std::to_string(kXchFlag));
       emit(c, "wait f" + std::to_string(kXchFlag) + ", 1");
@@ -582,7 +597,7 @@ Program Generator::run() {
     if (chance(0.8)) emit(c, "halt");  // running off the end halts too
   }
   for (const auto& c : core_state_) {
-    o << "\n.core chip0.core" << c.id << "\n";
+    o << "\n.core chip" << chip_of(c.id) << ".core" << core_of(c.id) << "\n";
     for (const auto& line : c.code) o << line << "\n";
   }
   Program p;

@@ -16,7 +16,8 @@
 namespace tpusim::randprog {
 
 struct GenOptions {
-  int max_cores = 2;        // cores of chip 0 the program may use (the preset must have them)
+  int max_cores = 2;        // cores the program may use (the preset must have them)
+  bool two_chips = false;   // a two-core program may put its second core on chip 1
   int mxus = 4;             // MXUs per core in the target
   int min_ops = 20;         // compute instructions per core, before loops unroll
   int max_ops = 120;

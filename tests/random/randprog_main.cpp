@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "Directory for prog.s and the input .npy files");
   app.add_option("--cores", opt.max_cores, "Most cores the program may use")->check(CLI::Range(1, 2));
   app.add_option("--mxus", opt.mxus, "MXUs per core of the target")->check(CLI::Range(1, 16));
+  app.add_flag("--two-chips", opt.two_chips, "Let a two-core program put its second core on chip 1");
   app.add_option("--ops", opt.max_ops, "Most compute instructions per core")->check(CLI::Range(1, 100000));
   CLI11_PARSE(app, argc, argv);
   opt.min_ops = std::min(opt.min_ops, opt.max_ops);
