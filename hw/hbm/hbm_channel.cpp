@@ -84,6 +84,7 @@ void HbmChannel::enqueue(const QueuedBurst& b) {
   bank_tail_[b.bank] = idx;
   ++bank_count_[b.bank];
   bank_writes_[b.bank] += b.is_write;
+  writes_queued_ += b.is_write;
   nonempty_mask_ |= bit(b.bank);
   if (open_row_[b.bank] == b.row) ++hit_count_[b.bank];
   ++queued_;
@@ -98,6 +99,7 @@ void HbmChannel::unlink(int32_t entry, int32_t prev) {
   else bank_head_[b] = next;
   if (bank_tail_[b] == entry) bank_tail_[b] = prev;
   bank_writes_[b] -= pool_[size_t(entry)].burst.is_write;
+  writes_queued_ -= pool_[size_t(entry)].burst.is_write;
   if (--bank_count_[b] == 0) nonempty_mask_ &= ~bit(b);
   free_.push_back(entry);
   --queued_;
@@ -193,7 +195,15 @@ HbmChannel::Choice HbmChannel::choose(uint64_t c) const {
   const uint32_t per_group = cfg_->banks_per_group;
   // Column bus, first ready: the oldest row hit whose RD/WR is legal now. Within a
   // bank only the oldest read hit and the oldest write hit can be that one.
-  for (uint64_t m = nonempty_mask_ & open_mask_; m; m &= m - 1) {
+  // While the channel-wide tCCD_S/turnaround limits forbid every queued kind, no
+  // column command is legal, and their earliest time is a lower bound on when one
+  // can be: skip the walk (most evaluations right after a RD or WR).
+  uint64_t col_floor = kNeverCycle;
+  if (queued_ > writes_queued_) col_floor = std::min(col_floor, channel_next_[size_t(Command::kRd)]);
+  if (writes_queued_) col_floor = std::min(col_floor, channel_next_[size_t(Command::kWr)]);
+  const uint64_t col_banks = col_floor > c ? 0 : nonempty_mask_ & open_mask_;
+  if (col_floor > c && (nonempty_mask_ & open_mask_)) ch.min_next = col_floor;
+  for (uint64_t m = col_banks; m; m &= m - 1) {
     const uint32_t b = uint32_t(__builtin_ctzll(m));
     if (!hit_count_[b]) continue;
     // A kind the bank does not hold counts as seen, so the walk stops at the first hit.

@@ -144,6 +144,7 @@ class HbmChannel {
   std::vector<uint32_t> bank_writes_;  // of bank_count_, how many are writes
   std::vector<uint32_t> hit_count_;  // queued entries for the bank's open row
   uint64_t nonempty_mask_ = 0;
+  size_t writes_queued_ = 0;
   uint64_t seq_ = 0;
   size_t queued_ = 0;
   uint64_t next_try_ = kNeverCycle;
