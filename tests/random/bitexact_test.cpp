@@ -78,12 +78,13 @@ std::string one_line(std::string s) {
 }
 
 // "" when equal, else which element differs first (by byte offset of the .npy data).
-std::string compare_outputs(const std::string& dir_a, const std::string& dir_b, const std::string& label) {
+std::string compare_outputs(const std::string& dir_a, const std::string& dir_b, const std::string& label,
+                            bool require_outputs = true) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir_a))
     if (e.path().extension() == ".npy") names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  if (names.empty()) return label + ": no outputs in " + dir_a;
+  if (names.empty() && require_outputs) return label + ": no outputs in " + dir_a;
   for (const auto& n : names) {
     if (!fs::exists(dir_b + "/" + n)) return label + ": " + n + " missing";
     const std::string a = testing::slurp(dir_a + "/" + n), b = testing::slurp(dir_b + "/" + n);
@@ -112,7 +113,7 @@ std::string diff_keys(const nlohmann::json& a, const nlohmann::json& b) {
 // Runs one bundle through ref and the chip model and checks every agreement.
 // Returns the problems ("" when all hold). `inputs` are --input arguments.
 std::string check_bundle(const std::string& bundle, const std::vector<std::string>& inputs, const std::string& work,
-                         const std::string& preset, bool rerun_detailed) {
+                         const std::string& preset, bool rerun_detailed, bool require_outputs = true) {
   auto cmd = [&](std::vector<std::string> argv) {
     argv.insert(argv.begin(), tpusim_bin());
     argv.insert(argv.end(), inputs.begin(), inputs.end());
@@ -129,7 +130,7 @@ std::string check_bundle(const std::string& bundle, const std::vector<std::strin
     r = cmd({"run", bundle, "--preset", preset, "--mode", mode, "--out", work + "/" + dir, "-q"});
     if (r.exit_code != 0)
       return "tpusim run --mode " + mode + " failed (" + std::to_string(r.exit_code) + "): " + one_line(r.err);
-    const std::string d = compare_outputs(work + "/ref", work + "/" + dir, "ref vs " + dir);
+    const std::string d = compare_outputs(work + "/ref", work + "/" + dir, "ref vs " + dir, require_outputs);
     if (!d.empty()) return d;
   }
   const auto fast = load_stats(work + "/fast"), detailed = load_stats(work + "/detailed");
@@ -277,33 +278,40 @@ INSTANTIATE_TEST_SUITE_P(Chunks, RandomProgramsBitExact, ::testing::Range(0, kCh
 
 // ---- checked-in traces: reference vs chip model ----------------------------------
 
-std::vector<std::string> trace_dirs() {
-  std::vector<std::string> dirs;
-  for (const char* sub : {"", "calib"}) {
-    const fs::path root = fs::path(TPUSIM_TRACES_DIR) / sub;
-    if (!fs::is_directory(root)) continue;
-    for (const auto& e : fs::directory_iterator(root))
-      if (e.is_directory() && fs::exists(e.path() / "prog.s")) dirs.push_back(e.path().string());
+// Every checked-in program: traces/NAME/prog.s (with in_*.npy inputs and
+// expected outputs) and the calibration micro-benchmarks traces/calib/*.s (often
+// without outputs: then cycles and stats are what the modes must agree on).
+std::vector<std::string> trace_programs() {
+  std::vector<std::string> progs;
+  const fs::path root(TPUSIM_TRACES_DIR);
+  for (const fs::path& dir : {root, root / "calib"}) {
+    if (!fs::is_directory(dir)) continue;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.is_directory() && fs::exists(e.path() / "prog.s")) progs.push_back((e.path() / "prog.s").string());
+      if (e.is_regular_file() && e.path().extension() == ".s") progs.push_back(e.path().string());
+    }
   }
-  std::sort(dirs.begin(), dirs.end());
-  return dirs;
+  std::sort(progs.begin(), progs.end());
+  return progs;
 }
 
 class TracesBitExact : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TracesBitExact, AgreesWithTheReferenceInBothModes) {
-  const std::string dir = GetParam();
-  const std::string name = fs::path(dir).filename().string();
-  WorkDir work("trace_" + name);
+  const fs::path prog(GetParam());
+  const bool trace_dir = prog.filename() == "prog.s";
+  const std::string dir = prog.parent_path().string();
+  WorkDir work("trace_" + (trace_dir ? prog.parent_path().filename().string() : prog.stem().string()));
   const std::string bundle = work.path + "/prog.tpu";
-  auto r = spawn({tpusim_bin(), "asm", dir + "/prog.s", "-o", bundle}, work.path);
-  ASSERT_EQ(r.exit_code, 0) << dir << ": " << r.err;
+  auto r = spawn({tpusim_bin(), "asm", prog.string(), "-o", bundle}, work.path);
+  ASSERT_EQ(r.exit_code, 0) << prog << ": " << r.err;
   // Inputs as traces/run_trace.sh passes them: in_NAME.npy is input NAME.
   std::vector<std::string> files, inputs;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string f = e.path().filename().string();
-    if (f.rfind("in_", 0) == 0 && e.path().extension() == ".npy") files.push_back(f);
-  }
+  if (trace_dir)
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string f = e.path().filename().string();
+      if (f.rfind("in_", 0) == 0 && e.path().extension() == ".npy") files.push_back(f);
+    }
   std::sort(files.begin(), files.end());
   for (const auto& f : files) {
     inputs.push_back("--input");
@@ -311,15 +319,17 @@ TEST_P(TracesBitExact, AgreesWithTheReferenceInBothModes) {
   }
   if (inputs.empty()) inputs = {"--random-inputs", "1"};
   // v4 has every resource a trace may target (2 cores, 4 MXUs per core).
-  const std::string problem = check_bundle(bundle, inputs, work.path, "v4", true);
+  const std::string problem = check_bundle(bundle, inputs, work.path, "v4", true, trace_dir);
   if (chip_model_missing(problem)) GTEST_SKIP() << "chip model not built yet: " << problem;
-  EXPECT_EQ(problem, "") << "trace " << dir;
+  EXPECT_EQ(problem, "") << prog;
 }
 
-INSTANTIATE_TEST_SUITE_P(Traces, TracesBitExact, ::testing::ValuesIn(trace_dirs()),
+INSTANTIATE_TEST_SUITE_P(Traces, TracesBitExact, ::testing::ValuesIn(trace_programs()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string n = fs::path(info.param).parent_path().filename().string() + "_" +
-                                           fs::path(info.param).filename().string();
+                           const fs::path p(info.param);
+                           std::string n = p.filename() == "prog.s"
+                                               ? p.parent_path().filename().string()
+                                               : p.parent_path().filename().string() + "_" + p.stem().string();
                            for (auto& ch : n)
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
