@@ -42,6 +42,7 @@ class TensorCore {
   bool has_program() const { return env_.prog != nullptr; }
   uint64_t last_activity_cycle() const { return env_.last_activity_cycle; }
   uint64_t macs() const;
+  uint64_t instructions() const { return seq_->instructions(); }
   const std::string& name() const { return env_.name; }
   // "chip0.core0.vpu": {...}, ...
   void add_counters(nlohmann::json& units) const;

@@ -59,6 +59,7 @@ void Sequencer::tick(uint64_t cycle) {
   }
   const isa::Instr& in = code[pc_];
   counters_["instructions"]++;
+  ++instructions_;
   try {
     switch (isa::op_info(in.op).unit) {
       case Unit::kScalar: pc_ = exec::exec_scalar(*env_.state, in, pc_); break;

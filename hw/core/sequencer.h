@@ -59,6 +59,7 @@ class Sequencer {
   bool halted() const { return halted_; }
   uint64_t halt_cycle() const { return halt_cycle_; }
   uint64_t vmem_ops_issued() const { return vmem_ops_issued_; }
+  uint64_t instructions() const { return instructions_; }
   uint32_t pc() const { return pc_; }
   Stall stall() const { return stall_; }
   // One line on what the sequencer waits for (deadlock reports).
@@ -86,6 +87,7 @@ class Sequencer {
   bool at_barrier_ = false;
   uint64_t barrier_generation_ = 0;
   uint64_t vmem_ops_issued_ = 0;
+  uint64_t instructions_ = 0;
   Stall stall_ = Stall::kNone;
   uint64_t last_cycle_ = 0;
   Counters counters_;

@@ -22,7 +22,14 @@ class Board {
   std::vector<std::unique_ptr<Chip>> chips;
   std::unique_ptr<Barrier> barrier;
   uint64_t max_cycles = 0;
+  uint64_t max_instructions = 0;
 
+  uint64_t instructions() const {
+    uint64_t n = 0;
+    for (const auto& c : chips)
+      for (const auto& k : c->cores()) n += k->instructions();
+    return n;
+  }
   void tick(uint64_t cycle) {
     for (auto& c : chips) c->tick(cycle);
   }
@@ -67,6 +74,11 @@ class Board {
     if (done()) return End::kDone;
     if (max_cycles && cycle + 1 >= max_cycles) {
       why = "cycle limit of " + std::to_string(max_cycles) + " reached (max_cycles)";
+      return End::kLimit;
+    }
+    if (max_instructions && instructions() >= max_instructions) {
+      why = "instruction budget of " + std::to_string(max_instructions) +
+            " exhausted, likely an infinite loop (max_instructions)";
       return End::kLimit;
     }
     if (next_event_cycle(cycle) == kNever) {
@@ -241,6 +253,7 @@ RunResult System::run(const RunOptions& opt) {
 
   Board board;
   board.max_cycles = opt.max_cycles;
+  board.max_instructions = opt.max_instructions;
   board.barrier = std::make_unique<Barrier>(bundle.cores.size());
   for (uint32_t c = 0; c < bundle.target.chips; ++c) {
     auto send = [&board](LinkDelivery&& d) { board.chips.at(d.dest_chip)->deliver(std::move(d)); };

@@ -33,6 +33,9 @@ struct RunOptions {
   uint64_t wave_end = UINT64_MAX;        // cycles
   timeline::Timeline* timeline = nullptr;
   uint64_t max_cycles = 0;  // 0 = no limit; reaching it is a fault
+  // Instructions over all cores before the run stops as a likely infinite loop
+  // (the reference's default budget).
+  uint64_t max_instructions = 2'000'000'000;
 };
 
 struct RunResult {

@@ -56,6 +56,8 @@ int sc_main(int argc, char** argv) {
         opt.wave_scopes.push_back(argv[++i]);
       } else if (a == "--timeline" && i + 1 < argc) {
         timeline_path = argv[++i];
+      } else if (a == "--max-instructions" && i + 1 < argc) {
+        opt.max_instructions = std::stoull(argv[++i]);
       } else if (a == "--max-cycles" && i + 1 < argc) {
         opt.max_cycles = std::stoull(argv[++i]);
       } else {
@@ -79,7 +81,9 @@ int sc_main(int argc, char** argv) {
       exec::write_tensor(sys.machine(), e, dense);
       exec::write_tensor(ref.machine(), e, dense);
     }
-    const exec::RunResult rr = ref.run();
+    exec::RunOptions ro;
+    ro.max_instructions = opt.max_instructions;
+    const exec::RunResult rr = ref.run(ro);
     std::unique_ptr<timeline::Timeline> tl;
     if (!timeline_path.empty()) {
       timeline::Options to;

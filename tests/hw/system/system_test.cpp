@@ -147,6 +147,17 @@ TEST(SequencerTiming, WaitOnFlagThatNeverRisesIsADeadlock) {
   EXPECT_NE(r.j["fault"].get<std::string>().find("waits for f3 >= 1"), std::string::npos) << r.j["fault"];
 }
 
+TEST(SequencerTiming, InfiniteLoopStopsAtTheInstructionBudget) {
+  const std::string p = temp_program("inf", std::string(kHeader) + "top:\n  jmp top\n");
+  const RunOut r = core_run(p, "fast", {"--max-instructions", "100000"});
+  fs::remove(p);
+  ASSERT_EQ(r.status, 0);
+  EXPECT_TRUE(r.j["faulted"].get<bool>());
+  EXPECT_NE(r.j["fault"].get<std::string>().find("infinite loop"), std::string::npos) << r.j["fault"];
+  // One jmp per cycle: the budget is reached after as many cycles.
+  EXPECT_EQ(r.j["cycles"].get<uint64_t>(), 100000u);
+}
+
 TEST(SequencerTiming, OutOfRangeVldFaultsWithInstructionAndLine) {
   const std::string p = temp_program("oob", std::string(kHeader) + "  li s1, 0x7fffff00\n  vld v1, [s1 + 0]\n  halt\n");
   const RunOut r = core_run(p, "fast");
