@@ -127,7 +127,9 @@ std::string check_bundle(const std::string& bundle, const std::vector<std::strin
   if (rerun_detailed) runs.push_back({"detailed", "detailed2"});
   for (const auto& [mode, dir] : runs) {
     fs::remove_all(work + "/" + dir);
-    r = cmd({"run", bundle, "--preset", preset, "--mode", mode, "--out", work + "/" + dir, "-q"});
+    // Generated programs run for thousands of cycles; a hundred million means a hang.
+    r = cmd({"run", bundle, "--preset", preset, "--mode", mode, "--out", work + "/" + dir, "-q", "--max-cycles",
+             "100000000"});
     if (r.exit_code != 0)
       return "tpusim run --mode " + mode + " failed (" + std::to_string(r.exit_code) + "): " + one_line(r.err);
     const std::string d = compare_outputs(work + "/ref", work + "/" + dir, "ref vs " + dir, require_outputs);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,7 +30,10 @@ inline std::string slurp(const std::string& path) {
 }
 
 // argv[0] is the program path. stdout/stderr go through files in `scratch_dir`.
-inline Completed spawn(const std::vector<std::string>& argv, const std::string& scratch_dir) {
+// A child still running after `timeout_s` is killed (SIGALRM survives exec), so
+// a hung simulator fails its test instead of stalling the suite.
+inline Completed spawn(const std::vector<std::string>& argv, const std::string& scratch_dir,
+                       unsigned timeout_s = 120) {
   const std::string out_path = scratch_dir + "/.spawn.out", err_path = scratch_dir + "/.spawn.err";
   Completed c;
   const pid_t pid = ::fork();
@@ -43,6 +47,7 @@ inline Completed spawn(const std::vector<std::string>& argv, const std::string& 
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     ::setenv("SYSTEMC_DISABLE_COPYRIGHT_MESSAGE", "1", 1);
+    ::alarm(timeout_s);
     ::execv(args[0], args.data());
     ::_exit(127);
   }
@@ -53,6 +58,9 @@ inline Completed spawn(const std::vector<std::string>& argv, const std::string& 
   if (WIFEXITED(status)) c.exit_code = WEXITSTATUS(status);
   c.out = slurp(out_path);
   c.err = slurp(err_path);
+  if (WIFSIGNALED(status))
+    c.err += "(killed by signal " + std::to_string(WTERMSIG(status)) +
+             (WTERMSIG(status) == SIGALRM ? ", timed out" : "") + ")\n";
   return c;
 }
 
