@@ -111,8 +111,12 @@ height=${size#*x}
 gtkw=$work/view.gtkw
 selected=()
 if [[ -n $gtkw_in ]]; then
-  # Point the given save file at this waveform, keep everything else.
+  # Point the given save file at this waveform, keep everything else; its [size]
+  # is the window's unless --size says otherwise.
   grep -v '^\[dumpfile' "$gtkw_in" | sed "1i [dumpfile] \"$wave_abs\"" > "$gtkw"
+  if [[ $size_given == 0 ]] && read -r _ w h < <(grep -m1 '^\[size\]' "$gtkw_in"); then
+    [[ $w =~ ^[0-9]+$ && $h =~ ^[0-9]+$ ]] && width=$w height=$h
+  fi
 else
   # Select: glob order first, file order within a glob, each signal once.
   declare -A picked=()
