@@ -1,4 +1,4 @@
-// `tpusim ref BUNDLE [--input NAME=FILE.npy]... [--out DIR] [--random-inputs SEED] [--check-races]`:
+// `tpusim ref BUNDLE|MODEL [--input NAME=FILE.npy]... [--out DIR] [--random-inputs SEED] [--check-races]`:
 // runs the functional reference (isa/exec) and writes each output as DIR/NAME.npy.
 #include <CLI/CLI.hpp>
 
@@ -27,9 +27,19 @@ struct RefOptions {
   bool raw_bf16 = false;
   bool check_races = false;
   uint64_t max_instructions = exec::RunOptions{}.max_instructions;
+  std::string precision = "default";
 };
 
 int run_ref(const RefOptions& o) {
+  if (is_model_path(o.bundle)) {
+    ModelRefArgs m;
+    m.model = o.bundle;
+    m.inputs = o.inputs;
+    m.seed = o.seed;
+    m.out = o.out;
+    m.precision = o.precision;
+    return run_model_reference(m);
+  }
   isa::Bundle b;
   std::map<std::string, std::vector<uint8_t>> data;
   try {
@@ -102,9 +112,11 @@ int run_ref(const RefOptions& o) {
 }  // namespace
 
 void add_ref_command(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("ref", "Run a bundle on the functional reference");
+  auto* cmd = app.add_subcommand("ref", "Run a bundle on the functional reference, or a model on the graph reference");
   auto opt = std::make_shared<RefOptions>();
-  cmd->add_option("bundle", opt->bundle, "Bundle file")->required();
+  cmd->add_option("bundle", opt->bundle, "Bundle file, or a model (.onnx or graph IR text) for the graph reference")
+      ->required();
+  cmd->add_option("--precision", opt->precision, "Precision policy of a model's graph reference: default or bf16");
   cmd->add_option("--input", opt->inputs, "NAME=FILE.npy (repeatable)");
   cmd->add_option("--out", opt->out, "Output directory (default ./tpusim-out)");
   cmd->add_option("--random-inputs", opt->seed, "Fill inputs not given with deterministic random values")

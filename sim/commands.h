@@ -1,6 +1,10 @@
 // Each tpusim subcommand lives in its own cmd_*.cpp and registers itself here.
 #pragma once
 
+#include <cstdint>
+#include <string>
+#include <vector>
+
 namespace CLI {
 class App;
 }
@@ -20,5 +24,16 @@ void add_diff_command(CLI::App& app, int& exit_code);
 void add_presets_command(CLI::App& app, int& exit_code);
 void add_report_command(CLI::App& app, int& exit_code);
 void add_run_command(CLI::App& app, int& exit_code);
+
+// `tpusim ref MODEL`: the graph reference on an .onnx file or graph IR text.
+struct ModelRefArgs {
+  std::string model;
+  std::vector<std::string> inputs;  // NAME=FILE.npy
+  int64_t seed = -1;                // --random-inputs; -1 = none
+  std::string out = "tpusim-out";
+  std::string precision = "default";
+};
+bool is_model_path(const std::string& path);
+int run_model_reference(const ModelRefArgs& args);
 
 }  // namespace tpusim::cli
