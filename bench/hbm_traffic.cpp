@@ -30,10 +30,13 @@ int main(int argc, char** argv) {
   try {
     if (presets.empty()) presets = hbm::hbm_preset_names();
     if (patterns.empty()) patterns = {"sequential", "strided", "random_read", "random_write", "mix"};
+    // Every preset and pattern checked before any output, so an error is the only line.
+    std::vector<hbm::HbmConfig> configs;
+    for (const auto& preset : presets) configs.push_back(hbm::load_hbm_preset(preset, overrides));
+    for (const auto& pname : patterns) hbm::parse_pattern(pname);
     fmt::print("{:<10} {:<13} {:>9} {:>7} {:>9} {:>9} {:>9} {:>11} {:>8} {:>10}\n", "preset", "pattern", "GB/s",
                "%peak", "lat_avg", "lat_p50", "lat_p99", "dram_cyc", "wall_s", "Mcyc/s");
-    for (const auto& preset : presets) {
-      const hbm::HbmConfig cfg = hbm::load_hbm_preset(preset, overrides);
+    for (const auto& cfg : configs) {
       for (const auto& pname : patterns) {
         const hbm::Pattern p = hbm::parse_pattern(pname);
         hbm::HbmMemory mem(cfg);
