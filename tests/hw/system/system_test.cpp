@@ -344,3 +344,30 @@ TEST(Calibration, V4MicroBenchmarksWithinTenPercent) {
 }
 
 }  // namespace
+
+namespace {
+
+// vld/vst and DMA share the VMEM banks: a stream of tile loads over the banks a
+// 64 KiB HBM->VMEM transfer is landing in must lose cycles to it, and both views
+// must count the same.
+TEST(VmemBanksShared, DmaBeatsDelayTileLoads) {
+  std::string text = std::string(kHeader) + "  dma vmem:[s0 + 0x10000], hbm:[s0 + 0], bytes=65536, flag=f1\n";
+  text += "  li s1, 0x20000\n";
+  for (int i = 0; i < 700; ++i) text += "  vld v" + std::to_string(1 + i % 30) + ", [s1 + 0]\n";
+  text += "  wait.sub f1, 1\n  halt\n";
+  const std::string p = temp_program("banks", text);
+  const RunOut fast = core_run(p, "fast");
+  const RunOut det = core_run(p, "detailed");
+  fs::remove(p);
+  ASSERT_EQ(fast.status, 0);
+  ASSERT_FALSE(fast.j["faulted"].get<bool>()) << fast.j["fault"];
+  const uint64_t conflicts = fast.j["units"]["chip0.core0.vpu"].value("stall_bank_conflict_cycles", uint64_t{0});
+  // 128 beats of 512 B land while the loads run, at the path's 1.105 cycles/KiB:
+  // over 64 x 1.105 = 71 cycles. A dense tile needs all 16 banks and a beat takes
+  // 2, so every cycle with a landing costs the load stream one cycle.
+  EXPECT_NEAR(static_cast<double>(conflicts), 64 * 1.105, 3.0);
+  EXPECT_EQ(det.j["units"], fast.j["units"]);
+  EXPECT_EQ(det.j["cycles"], fast.j["cycles"]);
+}
+
+}  // namespace
