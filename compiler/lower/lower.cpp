@@ -1,0 +1,435 @@
+#include "compiler/lower/lower.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "compiler/passes/passes.h"
+#include "isa/asm/assembler.h"
+#include "isa/numerics/bf16.h"
+
+namespace tpusim::compiler {
+namespace {
+
+// One DMA completion flag, waited on with the running count of every DMA issued so
+// far: completion order is not program order, so a count covering all of them is
+// what makes the data usable (docs/isa.md, synchronisation rule 2).
+constexpr const char* kDmaFlag = "f1";
+constexpr int64_t kTileElems = 8 * 128;
+constexpr int64_t kAlign = 4096;
+
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+struct Placed {
+  TensorType type;
+  int64_t addr = 0;  // HBM byte address, dense row major
+};
+
+class Emitter {
+ public:
+  Emitter(const Graph& g, const LowerOptions& o) : g_(g), opt_(o) {}
+
+  LowerResult run();
+
+ private:
+  int64_t esz(DType t) const { return t == DType::kBf16 ? 2 : 4; }
+  const char* ld(DType t) const { return t == DType::kBf16 ? "vld.bf16" : "vld"; }
+  const char* st(DType t) const { return t == DType::kBf16 ? "vst.bf16" : "vst"; }
+  [[noreturn]] void fail(const Node& n, const std::string& why) const {
+    throw CompileError(g_.name + ": node '" + n.output + "' (#" + std::to_string(n.id) + ", " + op_name(n.op) +
+                       "): " + why);
+  }
+  int64_t place_hbm(int64_t bytes) {
+    const int64_t a = hbm_top_;
+    hbm_top_ = align_up(hbm_top_ + std::max<int64_t>(bytes, 1), kAlign);
+    return a;
+  }
+  // Addresses are written as [s0 + imm] with a signed 32-bit imm.
+  void check_addr(const Node& n, int64_t a) const {
+    if (a > INT32_MAX) fail(n, "HBM addresses beyond 2 GiB are not supported by the lowering yet");
+  }
+  void line(const std::string& s) { out_ << "  " << s << "\n"; }
+  void dma(const std::string& dst, const std::string& src, int64_t bytes, const std::string& dims = "") {
+    out_ << "  dma " << dst << ", " << src << ", bytes=" << bytes << dims << ", flag=" << kDmaFlag << "\n";
+    ++dmas_;
+  }
+  void wait_dmas() { line("wait " + std::string(kDmaFlag) + ", " + std::to_string(dmas_)); }
+  static std::string hbm(int64_t a) { return "hbm:[s0 + " + std::to_string(a) + "]"; }
+  static std::string vmem(int64_t a) { return "vmem:[s0 + " + std::to_string(a) + "]"; }
+  static std::string at(int64_t a) { return "[s0 + " + std::to_string(a) + "]"; }
+  static std::string dim(int64_t count, int64_t src_stride, int64_t dst_stride) {
+    return ", dim=" + std::to_string(count) + ":" + std::to_string(src_stride) + ":" + std::to_string(dst_stride);
+  }
+  static std::string fimm(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "0x%08x", u);
+    return buf;
+  }
+
+  int64_t broadcast_to(const Node& n, const std::string& name, const Shape& out_shape);
+  void lower_elementwise(const Node& n);
+  void lower_matmul(const Node& n);
+  void lower_copy(const Node& n);
+
+  const Graph& g_;
+  const LowerOptions& opt_;
+  std::ostringstream out_;
+  std::map<std::string, Placed> t_;
+  int64_t hbm_top_ = 0;
+  int64_t dmas_ = 0;
+};
+
+// Copies tensor `name` broadcast (numpy rules) to `out_shape` into fresh HBM
+// scratch with HBM->HBM DMAs, one per run of output rows whose source rows advance
+// by a constant stride; returns its address. The same address if no broadcast is
+// needed.
+int64_t Emitter::broadcast_to(const Node& n, const std::string& name, const Shape& out_shape) {
+  const Placed& p = t_.at(name);
+  if (p.type.shape == out_shape) return p.addr;
+  const int64_t e = esz(p.type.dtype);
+  const size_t rank = out_shape.size();
+  Shape in(rank, 1);
+  const size_t off = rank - p.type.shape.size();
+  for (size_t d = 0; d < p.type.shape.size(); ++d) in[off + d] = p.type.shape[d];
+  std::vector<int64_t> in_stride(rank, 0);
+  int64_t s = e;
+  for (size_t d = rank; d-- > 0;) {
+    in_stride[d] = in[d] == 1 ? 0 : s;
+    s *= in[d];
+  }
+  const int64_t L = rank ? out_shape[rank - 1] : 1;
+  const int64_t rows = rank ? num_elements(out_shape) / std::max<int64_t>(L, 1) : 1;
+  const int64_t dst = place_hbm(num_elements(out_shape) * e);
+  check_addr(n, dst + num_elements(out_shape) * e);
+  std::vector<int64_t> src_row(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t rem = r, a = 0;
+    for (size_t d = rank - 1; d-- > 0;) {
+      a += (rem % out_shape[d]) * in_stride[d];
+      rem /= out_shape[d];
+    }
+    src_row[r] = p.addr + a;
+  }
+  const bool inner_bcast = rank && in[rank - 1] == 1 && L != 1;
+  const int64_t row_bytes = L * e;
+  for (int64_t r = 0; r < rows;) {
+    int64_t cnt = 1;
+    const int64_t step = r + 1 < rows ? src_row[r + 1] - src_row[r] : 0;
+    while (r + cnt < rows && src_row[r + cnt] - src_row[r + cnt - 1] == step && cnt < 65535) ++cnt;
+    std::string dims;
+    int64_t bytes = row_bytes;
+    if (inner_bcast) {
+      bytes = e;
+      dims += dim(L, 0, e);
+    }
+    if (cnt > 1) dims += dim(cnt, step, row_bytes);
+    dma(hbm(dst + r * row_bytes), hbm(src_row[r]), bytes, dims);
+    r += cnt;
+  }
+  wait_dmas();
+  return dst;
+}
+
+// Elementwise ops: 8x128 tiles streamed HBM -> VMEM -> vector unit -> HBM. A ragged
+// last tile moves only its bytes; the lanes past it compute on stale VMEM and are
+// never stored back.
+void Emitter::lower_elementwise(const Node& n) {
+  const Shape& os = n.type.shape;
+  const int64_t total = num_elements(os);
+  std::vector<int64_t> src;
+  std::vector<DType> sdt;
+  const size_t nin = (n.op == OpKind::kAdd || n.op == OpKind::kSub || n.op == OpKind::kMul || n.op == OpKind::kDiv) ? 2 : 1;
+  for (size_t i = 0; i < nin; ++i) {
+    src.push_back(broadcast_to(n, n.inputs[i], os));
+    sdt.push_back(t_.at(n.inputs[i]).type.dtype);
+  }
+  const int64_t dst = t_.at(n.output).addr;
+  const DType odt = n.type.dtype;
+  constexpr int64_t kIn0 = 0, kIn1 = 8192, kOut = 16384;
+  for (int64_t base = 0; base < total; base += kTileElems) {
+    const int64_t cnt = std::min(kTileElems, total - base);
+    for (size_t i = 0; i < nin; ++i) dma(vmem(i ? kIn1 : kIn0), hbm(src[i] + base * esz(sdt[i])), cnt * esz(sdt[i]));
+    wait_dmas();
+    for (size_t i = 0; i < nin; ++i) line(std::string(ld(sdt[i])) + " v" + std::to_string(i) + ", " + at(i ? kIn1 : kIn0));
+    switch (n.op) {
+      case OpKind::kAdd: line("vadd v2, v0, v1"); break;
+      case OpKind::kSub: line("vsub v2, v0, v1"); break;
+      case OpKind::kMul: line("vmul v2, v0, v1"); break;
+      case OpKind::kDiv: line("vdiv v2, v0, v1"); break;
+      case OpKind::kRelu: line("vbcast v3, 0.0"); line("vmax v2, v0, v3"); break;
+      case OpKind::kTanh: line("vtanh v2, v0"); break;
+      case OpKind::kExp: line("vexp v2, v0"); break;
+      case OpKind::kLog: line("vlog v2, v0"); break;
+      case OpKind::kSqrt: line("vsqrt v2, v0"); break;
+      case OpKind::kRsqrt: line("vrsqrt v2, v0"); break;
+      case OpKind::kErf: line("verf v2, v0"); break;
+      case OpKind::kNeg: line("vneg v2, v0"); break;
+      case OpKind::kIdentity:
+      case OpKind::kCast: line("vmov v2, v0"); break;
+      case OpKind::kSigmoid:  // div(1, add(1, exp(neg(x))))
+        line("vneg v3, v0"); line("vexp v3, v3"); line("vbcast v4, 1.0"); line("vadd v3, v4, v3");
+        line("vdiv v2, v4, v3");
+        break;
+      case OpKind::kGelu:  // t = x / fp32(sqrt 2); v = x * (erf(t) + 1); y = v * 0.5
+        line("vbcast v3, " + fimm(1.41421354f)); line("vdiv v3, v0, v3"); line("verf v3, v3");
+        line("vbcast v4, 1.0"); line("vadd v3, v3, v4"); line("vmul v3, v0, v3"); line("vbcast v4, 0.5");
+        line("vmul v2, v3, v4");
+        break;
+      case OpKind::kClip:
+        line("vbcast v3, " + fimm(n.attr_float("min"))); line("vbcast v4, " + fimm(n.attr_float("max")));
+        line("vmax v3, v0, v3"); line("vmin v2, v3, v4");
+        break;
+      case OpKind::kPow: {
+        const float p = n.attr_float("exponent");
+        if (p == 0.5f) line("vsqrt v2, v0");
+        else if (p == 1.0f) line("vmov v2, v0");
+        else if (p == 2.0f) line("vmul v2, v0, v0");
+        else if (p == 3.0f) { line("vmul v3, v0, v0"); line("vmul v2, v3, v0"); }
+        else fail(n, "exponent " + std::to_string(p) + " is not lowered");
+        break;
+      }
+      default: fail(n, "op is not supported by the lowering yet");
+    }
+    line(std::string(st(odt)) + " v2, " + at(kOut));
+    dma(hbm(dst + base * esz(odt)), vmem(kOut), cnt * esz(odt));
+    wait_dmas();
+  }
+}
+
+// Data movement whose dense bytes do not change (reshape, flatten).
+void Emitter::lower_copy(const Node& n) {
+  const Placed& s = t_.at(n.inputs[0]);
+  const int64_t bytes = num_elements(n.type.shape) * esz(n.type.dtype);
+  constexpr int64_t kMaxDma = int64_t{1} << 30;
+  for (int64_t o = 0; o < bytes; o += kMaxDma) dma(hbm(t_.at(n.output).addr + o), hbm(s.addr + o), std::min(kMaxDma, bytes - o));
+  wait_dmas();
+}
+
+// matmul / Gemm. Per batch element, rows in groups of up to 512 and output columns
+// in tiles of C, one tile per MXU at a time (several MXUs share each LHS tile). K is
+// cut into chunks of R rows: chunk c's weights are pushed, `mswap k=kr` makes the
+// unused rows of a short chunk contribute nothing, and the chunk sums are combined
+// in increasing c by mpop (c = 0) and mpop.add onto the partial sums kept in VMEM,
+// exactly the contract's acc = s_0; acc = acc + s_1; ... Then alpha, beta * C, store.
+void Emitter::lower_matmul(const Node& n) {
+  const Placed& A = t_.at(n.inputs[0]);
+  const Placed& B = t_.at(n.inputs[1]);
+  const bool ta = n.has_attr("trans_a") && n.attr_int("trans_a");
+  const bool tb = n.has_attr("trans_b") && n.attr_int("trans_b");
+  const float alpha = n.has_attr("alpha") ? n.attr_float("alpha") : 1.0f;
+  const float beta = n.has_attr("beta") ? n.attr_float("beta") : 1.0f;
+  const Shape& as = A.type.shape;
+  const Shape& bs = B.type.shape;
+  const Shape& os = n.type.shape;
+  const size_t rank = os.size();
+  const int64_t M = os[rank - 2], N = os[rank - 1];
+  const int64_t K = ta ? as[as.size() - 2] : as[as.size() - 1];
+  const DType at_ = A.type.dtype, bt = B.type.dtype, ot = n.type.dtype;
+  const int64_t ea = esz(at_), eb = esz(bt), eo = esz(ot);
+  const int64_t R = opt_.target.mxu_rows, C = opt_.target.mxu_cols;
+  const int64_t mxus = opt_.target.mxus_per_core;
+  const int64_t bias = n.inputs.size() > 2 ? broadcast_to(n, n.inputs[2], os) : -1;
+  const DType ct = n.inputs.size() > 2 ? t_.at(n.inputs[2]).type.dtype : ot;
+  const int64_t ec = esz(ct);
+
+  // Batch offsets with numpy broadcasting of the leading dims.
+  const int64_t batches = num_elements(os) / std::max<int64_t>(M * N, 1);
+  auto batch_offset = [&](const Shape& s, int64_t b, int64_t e) {
+    const size_t r = s.size();
+    int64_t off = 0, stride = s[r - 1] * s[r - 2] * e;
+    for (size_t d = rank - 2, sd = r - 2; d-- > 0;) {
+      const int64_t idx = b % os[d];
+      b /= os[d];
+      if (sd == 0) break;
+      --sd;
+      if (s[sd] != 1) off += idx * stride;
+      stride *= s[sd];
+    }
+    return off;
+  };
+
+  // VMEM plan (fixed regions; a node's tiles are dead when the next node starts).
+  const int64_t kMg = 512;  // rows per group
+  const int64_t lane_f32 = 128 * 4;
+  const int64_t w_base = 0;                                 // mxus x R rows x 128 lanes
+  const int64_t lhs_base = w_base + mxus * R * lane_f32;    // kMg rows x 128 lanes
+  const int64_t acc_base = lhs_base + kMg * lane_f32;       // mxus x kMg rows fp32
+  const int64_t bias_base = acc_base + mxus * kMg * lane_f32;
+  const int64_t out_base = bias_base + mxus * kMg * lane_f32;
+  const int64_t vmem_need = out_base + mxus * kMg * lane_f32;
+  if (static_cast<uint64_t>(vmem_need) > opt_.target.vmem_bytes)
+    fail(n, "needs " + std::to_string(vmem_need) + " bytes of VMEM, the target has " +
+                std::to_string(opt_.target.vmem_bytes));
+  const int64_t wrow = 128 * eb, lrow = 128 * ea, orow = 128 * eo, crow = 128 * ec;
+
+  for (int64_t b = 0; b < batches; ++b) {
+    const int64_t a0 = A.addr + batch_offset(as, b, ea);
+    const int64_t b0 = B.addr + batch_offset(bs, b, eb);
+    const int64_t o0 = t_.at(n.output).addr + b * M * N * eo;
+    const int64_t c0 = bias + b * M * N * ec;
+    for (int64_t m0 = 0; m0 < M; m0 += kMg) {
+      const int64_t mr = std::min(kMg, M - m0);
+      const int64_t blocks = (mr + 7) / 8;
+      for (int64_t n0 = 0; n0 < N; n0 += C * mxus) {
+        const int64_t slots = std::min<int64_t>(mxus, (N - n0 + C - 1) / C);
+        auto ncols = [&](int64_t s) { return std::min(C, N - (n0 + s * C)); };
+        for (int64_t k0 = 0, c = 0; k0 < K; k0 += R, ++c) {
+          const int64_t kr = std::min(R, K - k0);
+          for (int64_t s = 0; s < slots; ++s) {
+            const int64_t col = n0 + s * C;
+            if (!tb)
+              dma(vmem(w_base + s * R * wrow), hbm(b0 + (k0 * N + col) * eb), ncols(s) * eb, dim(kr, N * eb, wrow));
+            else
+              dma(vmem(w_base + s * R * wrow), hbm(b0 + (col * K + k0) * eb), eb,
+                  dim(ncols(s), K * eb, eb) + dim(kr, eb, wrow));
+          }
+          if (!ta)
+            dma(vmem(lhs_base), hbm(a0 + (m0 * K + k0) * ea), kr * ea, dim(mr, K * ea, lrow));
+          else
+            dma(vmem(lhs_base), hbm(a0 + (k0 * M + m0) * ea), ea, dim(kr, M * ea, ea) + dim(mr, ea, lrow));
+          wait_dmas();
+          for (int64_t s = 0; s < slots; ++s) {
+            for (int64_t r = 0; r < kr; r += 8) {
+              line(std::string(ld(bt)) + " v0, " + at(w_base + s * R * wrow + r * wrow));
+              line("mpush mxu" + std::to_string(s) + ", v0");
+            }
+            line("mswap mxu" + std::to_string(s) + ", k=" + std::to_string(kr));
+          }
+          for (int64_t i = 0; i < blocks; ++i) {
+            line(std::string(ld(at_)) + " v1, " + at(lhs_base + i * 8 * lrow));
+            for (int64_t s = 0; s < slots; ++s) line("mmul mxu" + std::to_string(s) + ", v1");
+            for (int64_t s = 0; s < slots; ++s) {
+              const int64_t acc = acc_base + (s * kMg + i * 8) * lane_f32;
+              if (c == 0) {
+                line("mpop v2, mxu" + std::to_string(s));
+              } else {
+                line("vld v2, " + at(acc));
+                line("mpop.add v2, mxu" + std::to_string(s));
+              }
+              line("vst v2, " + at(acc));
+            }
+          }
+        }
+        // Epilogue: (alpha * acc) + (beta * C), then the store rounding.
+        if (bias >= 0) {
+          for (int64_t s = 0; s < slots; ++s)
+            dma(vmem(bias_base + s * kMg * crow), hbm(c0 + (m0 * N + n0 + s * C) * ec), ncols(s) * ec,
+                dim(mr, N * ec, crow));
+          wait_dmas();
+        }
+        if (alpha != 1.0f) line("vbcast v5, " + fimm(alpha));
+        if (beta != 1.0f) line("vbcast v6, " + fimm(beta));
+        for (int64_t s = 0; s < slots; ++s) {
+          for (int64_t i = 0; i < blocks; ++i) {
+            line("vld v2, " + at(acc_base + (s * kMg + i * 8) * lane_f32));
+            if (alpha != 1.0f) line("vmul v2, v5, v2");
+            if (bias >= 0) {
+              line(std::string(ld(ct)) + " v3, " + at(bias_base + s * kMg * crow + i * 8 * crow));
+              if (beta != 1.0f) line("vmul v3, v6, v3");
+              line("vadd v2, v2, v3");
+            }
+            line(std::string(st(ot)) + " v2, " + at(out_base + s * kMg * orow + i * 8 * orow));
+          }
+          dma(hbm(o0 + (m0 * N + n0 + s * C) * eo), vmem(out_base + s * kMg * orow), ncols(s) * eo,
+              dim(mr, orow, N * eo));
+          // The race checker sees a strided DMA's bounding range, and neighbouring
+          // column tiles interleave, so each store completes before the next starts.
+          wait_dmas();
+        }
+      }
+    }
+  }
+}
+
+LowerResult Emitter::run() {
+  const isa::Target& t = opt_.target;
+  out_ << ".target chips=1 cores=1 mxus=" << t.mxus_per_core << " mxu_rows=" << t.mxu_rows
+       << " mxu_cols=" << t.mxu_cols << " fifo_rows=" << t.fifo_rows << " vmem=" << t.vmem_bytes
+       << " smem=" << t.smem_bytes << " hbm=" << t.hbm_bytes << " host=" << t.host_bytes << "\n";
+  std::vector<isa::IoEntry> io;
+  auto entry = [&](isa::IoKind kind, const std::string& name, const TensorType& type, int64_t addr) {
+    isa::IoEntry e;
+    e.kind = kind;
+    e.name = name;
+    e.dtype = type.dtype == DType::kBf16 ? isa::Dtype::kBf16 : isa::Dtype::kF32;
+    e.shape = type.shape;
+    e.space = isa::Space::kHbm;
+    e.addr = static_cast<uint64_t>(addr);
+    return e;
+  };
+  auto place = [&](const std::string& name, const TensorType& type) {
+    if (type.dtype == DType::kI64)
+      throw CompileError(g_.name + ": tensor '" + name + "': i64 tensors are not supported by the lowering yet");
+    t_[name] = Placed{type, place_hbm(num_elements(type.shape) * esz(type.dtype))};
+    return t_[name].addr;
+  };
+  for (const auto& in : g_.inputs) io.push_back(entry(isa::IoKind::kInput, in.name, in.type, place(in.name, in.type)));
+  for (const auto& c : g_.constants) {
+    isa::IoEntry e = entry(isa::IoKind::kConst, c.name, c.type, place(c.name, c.type));
+    for (float f : c.f) {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      if (c.type.dtype == DType::kBf16) {
+        const uint16_t h = num::fp32_to_bf16(f);  // exact: the policy pass rounded it
+        e.data.push_back(static_cast<uint8_t>(h));
+        e.data.push_back(static_cast<uint8_t>(h >> 8));
+      } else {
+        for (int k = 0; k < 4; ++k) e.data.push_back(static_cast<uint8_t>(u >> (8 * k)));
+      }
+    }
+    io.push_back(std::move(e));
+  }
+  for (const auto& n : g_.nodes) place(n.output, n.type);
+
+  out_ << ".core chip0.core0\n";
+  for (const auto& n : g_.nodes) {
+    out_ << "  op " << n.id << "\n";
+    switch (n.op) {
+      case OpKind::kMatmul: lower_matmul(n); break;
+      case OpKind::kReshape:
+      case OpKind::kFlatten: lower_copy(n); break;
+      default:
+        if (!is_elementwise(n.op) && n.op != OpKind::kCast && n.op != OpKind::kIdentity)
+          fail(n, "op is not supported by the lowering yet");
+        lower_elementwise(n);
+    }
+  }
+  line("halt");
+  for (const auto& o : g_.outputs) {
+    const Placed& p = t_.at(o);
+    io.push_back(entry(isa::IoKind::kOutput, o, p.type, p.addr));
+  }
+  if (static_cast<uint64_t>(hbm_top_) > t.hbm_bytes)
+    throw CompileError(g_.name + ": needs " + std::to_string(hbm_top_) + " bytes of HBM, the target has " +
+                       std::to_string(t.hbm_bytes));
+
+  LowerResult r;
+  r.assembly = out_.str();
+  try {
+    r.bundle = isa::assemble(r.assembly, g_.name + ".s");
+  } catch (const isa::AsmError& e) {
+    throw CompileError(std::string("internal lowering error: ") + e.what());
+  }
+  r.bundle.io = std::move(io);
+  const std::string err = isa::check_bundle(r.bundle);
+  if (!err.empty()) throw CompileError(g_.name + ": internal lowering error: " + err);
+  return r;
+}
+
+}  // namespace
+
+LowerResult lower_graph(const Graph& graph, const LowerOptions& options) {
+  Graph g = graph;
+  apply_precision(g, options.policy);
+  verify(g, "lowering");
+  const std::string err = options.target.check();
+  if (!err.empty()) throw CompileError(g.name + ": bad target: " + err);
+  Emitter e(g, options);
+  return e.run();
+}
+
+}  // namespace tpusim::compiler

@@ -1,0 +1,31 @@
+// Lowering a graph to a TensorCore program bundle (docs/codegen.md): every tensor
+// gets a dense row-major home in HBM (inputs, outputs, constants as bundle .const
+// entries, intermediates as scratch), and every node becomes straight-line code
+// that streams tiles through VMEM, computing with the exact num:: sequence of its
+// recipe in docs/compiler.md, so the bundle on `tpusim ref` equals the graph
+// reference bit for bit. Every instruction carries its node's id (`op N`).
+#pragma once
+
+#include <string>
+
+#include "compiler/ir/graph.h"
+#include "isa/asm/instr.h"
+#include "isa/numerics/precision.h"
+
+namespace tpusim::compiler {
+
+struct LowerOptions {
+  isa::Target target;  // from the preset: MXU count and R x C, VMEM size, ...
+  num::PrecisionPolicy policy = num::PrecisionPolicy::kDefault;
+};
+
+struct LowerResult {
+  isa::Bundle bundle;
+  std::string assembly;  // the program text that was assembled (without constants' data)
+};
+
+// Throws CompileError naming the node for an op (or operand kind) the lowering
+// does not handle yet, or a graph that does not fit the target's memories.
+LowerResult lower_graph(const Graph& graph, const LowerOptions& options);
+
+}  // namespace tpusim::compiler

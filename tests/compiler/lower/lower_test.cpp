@@ -1,0 +1,231 @@
+// The lowering against the graph reference: each one-op graph is evaluated by the
+// graph reference (compiler/ref) and compiled to a bundle that runs on the ISA's
+// functional reference (isa/exec, with the race checker on); every output must be
+// equal bit for bit, under both precision policies and on several targets
+// (ragged M/K/N, K > R, several MXUs, small R x C arrays).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "compiler/compiler.h"
+#include "compiler/lower/lower.h"
+#include "isa/exec/interpreter.h"
+#include "isa/exec/tensors.h"
+#include "isa/numerics/bf16.h"
+
+namespace tpusim::compiler {
+namespace {
+
+using num::PrecisionPolicy;
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+std::vector<float> random_values(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-2.0f, 2.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::string hex_list(const std::vector<float>& v) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t k = 0; k < v.size(); ++k) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "0x%08x", bits(v[k]));
+    s << (k ? ", " : "") << buf;
+  }
+  s << "]";
+  return s.str();
+}
+
+isa::Target target(uint32_t mxus, uint32_t rows, uint32_t cols) {
+  isa::Target t;
+  t.mxus_per_core = mxus;
+  t.mxu_rows = rows;
+  t.mxu_cols = cols;
+  t.fifo_rows = 64;
+  t.hbm_bytes = 256ull << 20;
+  return t;
+}
+
+// Runs `ir` both ways and compares every output element's bits.
+void expect_bit_exact(const std::string& ir, PrecisionPolicy policy, const isa::Target& t, uint32_t seed = 1) {
+  SCOPED_TRACE(std::string("policy ") + num::precision_policy_name(policy) + ", MXUs " +
+               std::to_string(t.mxus_per_core) + " of " + std::to_string(t.mxu_rows) + "x" +
+               std::to_string(t.mxu_cols) + "\n" + ir);
+  const Graph g = parse_graph(ir, "test.ir");
+  verify(g);
+  std::map<std::string, HostTensor> inputs;
+  for (const auto& in : g.inputs) {
+    HostTensor h;
+    h.dtype = DType::kF32;
+    h.shape = in.type.shape;
+    h.f = random_values(static_cast<size_t>(num_elements(in.type.shape)), seed++);
+    if (policy == PrecisionPolicy::kBf16)
+      for (float& x : h.f) x = num::round_to_bf16(x);
+    inputs[in.name] = h;
+  }
+  EvalOptions eo;
+  eo.mxu_rows = static_cast<int>(t.mxu_rows);
+  const auto expected = evaluate(g, inputs, policy, eo);
+
+  LowerOptions lo;
+  lo.target = t;
+  lo.policy = policy;
+  const LowerResult lr = lower_graph(g, lo);
+  for (const auto& ins : lr.bundle.cores.at(0).code) ASSERT_GE(ins.op_id, 0) << "an instruction without an op id";
+
+  exec::Interpreter interp(lr.bundle);
+  for (const auto& e : lr.bundle.io) {
+    if (e.kind != isa::IoKind::kInput) continue;
+    std::vector<uint8_t> dense;
+    for (float x : inputs.at(e.name).f) {
+      const uint32_t u = e.dtype == isa::Dtype::kBf16 ? num::fp32_to_bf16(x) : bits(x);
+      for (size_t k = 0; k < isa::dtype_size(e.dtype); ++k) dense.push_back(static_cast<uint8_t>(u >> (8 * k)));
+    }
+    exec::write_tensor(interp.machine(), e, dense);
+  }
+  exec::RunOptions ro;
+  ro.check_races = true;
+  const exec::RunResult rr = interp.run(ro);
+  ASSERT_TRUE(rr.ok()) << rr.message;
+  for (const auto& e : lr.bundle.io) {
+    if (e.kind != isa::IoKind::kOutput) continue;
+    const std::vector<uint8_t> dense = exec::read_tensor(interp.machine(), e);
+    const HostTensor& want = expected.at(e.name);
+    ASSERT_EQ(dense.size(), want.f.size() * isa::dtype_size(e.dtype));
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < want.f.size(); ++i) {
+      uint32_t got = 0;
+      if (e.dtype == isa::Dtype::kBf16) {
+        got = bits(num::bf16_to_fp32(static_cast<uint16_t>(dense[2 * i] | dense[2 * i + 1] << 8)));
+      } else {
+        std::memcpy(&got, &dense[4 * i], 4);
+      }
+      if (got != bits(want.f[i]) && bad++ == 0) first = i;
+    }
+    EXPECT_EQ(bad, 0u) << e.name << ": " << bad << " of " << want.f.size() << " elements differ; first at " << first;
+  }
+}
+
+const PrecisionPolicy kPolicies[] = {PrecisionPolicy::kDefault, PrecisionPolicy::kBf16};
+
+std::string matmul_ir(int64_t M, int64_t K, int64_t N, const std::string& attrs = "", bool ta = false,
+                      bool tb = false, const std::string& bias_shape = "") {
+  std::ostringstream s;
+  s << "graph mm {\n";
+  s << "  input %a : f32[" << (ta ? K : M) << "," << (ta ? M : K) << "]\n";
+  s << "  input %b : f32[" << (tb ? N : K) << "," << (tb ? K : N) << "]\n";
+  if (!bias_shape.empty()) s << "  input %c : f32" << bias_shape << "\n";
+  s << "  %y = matmul(%a, %b" << (bias_shape.empty() ? "" : ", %c") << ") {" << attrs << "} : f32[" << M << "," << N
+    << "] #0\n  output %y\n}\n";
+  return s.str();
+}
+
+TEST(LowerMatmul, SmallSingleTile) {
+  for (auto p : kPolicies) expect_bit_exact(matmul_ir(8, 16, 8), p, target(1, 128, 128));
+}
+
+TEST(LowerMatmul, RaggedWithSeveralChunksAndMxus) {
+  for (auto p : kPolicies) {
+    expect_bit_exact(matmul_ir(13, 200, 70), p, target(1, 128, 128));
+    expect_bit_exact(matmul_ir(21, 300, 260), p, target(2, 128, 128));
+    // R = C = 32: K = 100 is four chunks, N = 75 three column tiles over four MXUs.
+    expect_bit_exact(matmul_ir(17, 100, 75), p, target(4, 32, 32));
+  }
+}
+
+TEST(LowerMatmul, ManyRowGroups) {
+  expect_bit_exact(matmul_ir(530, 40, 20), PrecisionPolicy::kDefault, target(1, 32, 32));
+}
+
+TEST(LowerMatmul, TransposesAlphaBetaBias) {
+  for (auto p : kPolicies) {
+    const isa::Target t = target(2, 32, 32);
+    expect_bit_exact(matmul_ir(9, 45, 37, "trans_a=1", true, false), p, t);
+    expect_bit_exact(matmul_ir(9, 45, 37, "trans_b=1", false, true), p, t);
+    expect_bit_exact(matmul_ir(9, 45, 37, "alpha=0.75, beta=-1.5", false, false, "[37]"), p, t);
+    expect_bit_exact(matmul_ir(9, 45, 37, "beta=2, trans_b=1", false, true, "[9,37]"), p, t);
+    expect_bit_exact(matmul_ir(9, 45, 37, "", false, false, "[9,1]"), p, t);
+  }
+}
+
+TEST(LowerMatmul, ConstantWeightsAndBatchBroadcast) {
+  const std::string ir = "graph mm {\n  input %a : f32[2,3,5,7]\n  const %w : f32[7,4] = " +
+                         hex_list(random_values(28, 99)) +
+                         "\n  %y = matmul(%a, %w) {} : f32[2,3,5,4] #3\n  output %y\n}\n";
+  for (auto p : kPolicies) expect_bit_exact(ir, p, target(1, 8, 8));
+  const std::string ir2 =
+      "graph mm {\n  input %a : f32[3,1,6,9]\n  input %b : f32[2,9,5]\n"
+      "  %y = matmul(%a, %b) {} : f32[3,2,6,5] #0\n  output %y\n}\n";
+  for (auto p : kPolicies) expect_bit_exact(ir2, p, target(2, 8, 8));
+}
+
+std::string unary_ir(const std::string& op, const std::string& shape, const std::string& attrs = "") {
+  return "graph u {\n  input %x : f32" + shape + "\n  %y = " + op + "(%x) {" + attrs + "} : f32" + shape +
+         " #5\n  output %y\n}\n";
+}
+
+TEST(LowerElementwise, UnaryOps) {
+  for (auto p : kPolicies)
+    for (const char* op : {"relu", "tanh", "sigmoid", "exp", "log", "sqrt", "rsqrt", "gelu", "erf", "neg", "identity"})
+      expect_bit_exact(unary_ir(op, "[3,700]"), p, target(1, 128, 128));
+  for (auto p : kPolicies) {
+    expect_bit_exact(unary_ir("pow", "[5]", "exponent=2"), p, target(1, 128, 128));
+    expect_bit_exact(unary_ir("pow", "[1030]", "exponent=0.5"), p, target(1, 128, 128));
+    expect_bit_exact(unary_ir("pow", "[7,9]", "exponent=3"), p, target(1, 128, 128));
+    expect_bit_exact(unary_ir("clip", "[2,2000]", "max=0.5, min=-0.25"), p, target(1, 128, 128));
+  }
+}
+
+TEST(LowerElementwise, CastToBf16) {
+  const std::string ir = "graph c {\n  input %x : f32[3,333]\n  %y = cast(%x) {to=\"bf16\"} : bf16[3,333] #0\n"
+                         "  output %y\n}\n";
+  expect_bit_exact(ir, PrecisionPolicy::kDefault, target(1, 128, 128));
+}
+
+TEST(LowerElementwise, BinaryOpsWithBroadcasting) {
+  struct Case { const char* a; const char* b; const char* out; };
+  const Case cases[] = {{"[4,300]", "[4,300]", "[4,300]"},
+                        {"[2,3,130]", "[3,1]", "[2,3,130]"},
+                        {"[130]", "[5,1,130]", "[5,1,130]"},
+                        {"[1,7]", "[6,1]", "[6,7]"}};
+  for (auto p : kPolicies)
+    for (const auto& c : cases)
+      for (const char* op : {"add", "sub", "mul", "div"})
+        expect_bit_exact(std::string("graph b {\n  input %a : f32") + c.a + "\n  input %b : f32" + c.b + "\n  %y = " +
+                             op + "(%a, %b) {} : f32" + c.out + " #2\n  output %y\n}\n",
+                         p, target(1, 128, 128));
+}
+
+TEST(LowerGraph, ChainOfOpsWithReshape) {
+  const std::string ir =
+      "graph mlp {\n  input %x : f32[6,40]\n  const %w : f32[40,24] = " + hex_list(random_values(960, 7)) +
+      "\n  const %bias : f32[24] = " + hex_list(random_values(24, 8)) +
+      "\n  %h = matmul(%x, %w, %bias) {} : f32[6,24] #0\n  %r = relu(%h) {} : f32[6,24] #1 fusion=#0\n"
+      "  %f = reshape(%r) {shape=[3,48]} : f32[3,48] #2\n  %t = tanh(%f) {} : f32[3,48] #3\n  output %t\n}\n";
+  for (auto p : kPolicies) expect_bit_exact(ir, p, target(2, 16, 16));
+}
+
+TEST(LowerGraph, UnsupportedOpIsAClearError) {
+  const Graph g = parse_graph(unary_ir("softmax", "[4,8]", "axis=1"), "t.ir");
+  LowerOptions lo;
+  try {
+    lower_graph(g, lo);
+    FAIL() << "softmax lowered without an error";
+  } catch (const CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("softmax"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not supported by the lowering"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tpusim::compiler
