@@ -151,7 +151,13 @@ def generate(configs):
         chip_of[n] = os.path.splitext(os.path.basename(inc))[0] if inc else ""
     differing = sorted({k for n, r in boards.items() for k, v in r.items()
                         if chip_of[n] not in chips or chips[chip_of[n]].get(k) != v})
-    rows = {n: dict(r, include=f"chips/{chip_of[n]}.yaml" if chip_of[n] else "-") for n, r in boards.items()}
+    def board_order(n):  # by chip generation, then size
+        chip = chip_of[n]
+        size = int(boards[n].get("system.chips", "0")) if boards[n].get("system.chips", "0").isdigit() else 0
+        return (CHIP_ORDER.index(chip) if chip in CHIP_ORDER else len(CHIP_ORDER), chip, size, n)
+
+    rows = {n: dict(boards[n], include=f"chips/{chip_of[n]}.yaml" if chip_of[n] else "-")
+            for n in sorted(boards, key=board_order)}
     out["boards"] = table(rows, ["include"] + differing,
                           note="Every other key of a board is its chip's value (table above).")
     out["hbm"] = table(hbm)
