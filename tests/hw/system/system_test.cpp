@@ -371,3 +371,27 @@ TEST(VmemBanksShared, DmaBeatsDelayTileLoads) {
 }
 
 }  // namespace
+
+namespace {
+
+// Both cores of a v4 chip pull 1 MiB from HBM at once: together they ask for
+// 2 x 927 B/cycle, the memory gives 1.2e12 / 1.05e9 = 1143 B/cycle, so the pair
+// finishes after the published latency plus 2 MiB at the memory's rate instead of
+// the single-transfer 483.6 + 1.105 x 1024 cycles.
+TEST(MemoryContention, TwoCoresShareHbmBandwidth) {
+  const std::string dma = "  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=1048576, flag=f1\n  wait.sub f1, 1\n  halt\n";
+  const std::string two = ".target chips=1 cores=2 mxus=1\n.core chip0.core0\n" + dma + ".core chip0.core1\n" + dma;
+  const std::string p = temp_program("two", two);
+  const RunOut fast = core_run(p, "fast");
+  const RunOut det = core_run(p, "detailed");
+  fs::remove(p);
+  ASSERT_EQ(fast.status, 0);
+  const double single = 483.6 + 1.105 * 1024;
+  const double shared = 483.6 + 2.0 * 1048576 / (1.2e12 / 1.05e9);
+  EXPECT_NEAR(fast.j["cycles"].get<double>(), shared, 0.1 * shared);
+  EXPECT_GT(fast.j["cycles"].get<double>(), 1.1 * single);
+  EXPECT_EQ(det.j["units"], fast.j["units"]);
+  EXPECT_EQ(fast.j["hbm_bytes_read"].get<uint64_t>(), 2u * 1048576u);
+}
+
+}  // namespace
