@@ -32,7 +32,7 @@ sit on log axes: it is drawn clipped to the axis edge as a triangle.
 Utilization. For each unit in "units" that has busy_cycles or stall counters:
 busy_cycles / cycles (the unit's own "cycles" counter if it has one, else the
 run's), and beneath it the stall cycles over the same denominator, stacked by
-reason. Stall counters are recognised in the three spellings units write:
+reason. Stall counters are recognised in the four spellings units write:
   "stall_cycles": {"REASON": n}   "stall_cycles.REASON": n
   "stall_REASON_cycles": n        "REASON_stall_cycles": n
 Busy and stalled may overlap (a busy MXU can hold a stalled op at its head), so
@@ -357,15 +357,14 @@ def draw_utilization(stats, out, title, dpi, max_units=64):
 
 def main(argv):
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                 epilog="The file's header (scripts/plot.py) documents the optional per-op "
-                                 "schema in full: " + __doc__[__doc__.index("Roofline."):],
+                                 epilog=__doc__[__doc__.index("What it reads"):],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("stats", help="a stats.json written by `tpusim run`")
     ap.add_argument("--roofline", metavar="OUT.png", help="write the roofline plot here")
     ap.add_argument("--utilization", metavar="OUT.png", help="write the per-unit utilization chart here")
     ap.add_argument("--title", default="", help="a first title line for both figures")
     ap.add_argument("--dpi", type=int, default=100, help="resolution of the PNGs (default 100)")
-    ap.add_argument("--summary", action="store_true", help="print each roofline point's numbers on stdout")
+    ap.add_argument("--summary", action="store_true", help="print the plotted numbers on stdout, one JSON object per line")
 
     def error(message):  # argparse's own errors: one line, exit 2 (its default status too)
         fail(message)

@@ -8,7 +8,7 @@
 # 'SystemC.mxu0.array.pe_7_*.psum'; a glob without a dot also matches the last
 # name component; no glob = every signal, up to --max-signals), zooms to fit and
 # saves the window as OUT.png. Signals appear in glob order, then file order.
-# 1-bit signals are drawn as wires, vectors in decimal, reals (fp32 partial sums)
+# 1-bit signals are drawn as wires, vectors in signed decimal, reals (fp32 partial sums)
 # as analog step traces two rows tall.
 #
 # Options:
@@ -159,7 +159,8 @@ else
     ((height < 300)) && height=300
     ((height > 1400)) && height=1400
   fi
-  # GTKWave trace flags (analyzer.h): 0x20 right-justify, 0x4 decimal, 0x8 binary,
+  # GTKWave trace flags (analyzer.h): 0x20 right-justify, 0x4 decimal, 0x400 signed
+  # (a 32-bit -1, "no op", reads -1, not 4294967295), 0x8 binary,
   # 0x8000 analog step; a 0x20000 row below stretches the analog trace above it.
   {
     echo "[dumpfile] \"$wave_abs\""
@@ -174,7 +175,7 @@ else
       label=${label%%\[*}
       case $type in
         real) printf '@8024\n+{%s} %s\n@20000\n-\n' "$label" "$name" ;;
-        *) if [[ $name == *\[* ]]; then printf '@24\n+{%s} %s\n' "$label" "$name"
+        *) if [[ $name == *\[* ]]; then printf '@424\n+{%s} %s\n' "$label" "$name"
            else printf '@28\n+{%s} %s\n' "$label" "$name"; fi ;;
       esac
     done

@@ -133,7 +133,7 @@ class WaveTest(unittest.TestCase):
         self.assertEqual(names[0], "SystemC.clk")
         self.assertEqual(names[3:11], [f"SystemC.mxu0.array.pe_{r}_0.act.valid" for r in range(8)])
 
-    def test_list_vcd_and_fst(self):
+    def test_list_and_screenshot_fst(self):
         p = self.screenshot("--list", self.vcd)
         self.assertEqual(p.returncode, 0, p.stderr)
         listed = p.stdout.split()
@@ -146,6 +146,11 @@ class WaveTest(unittest.TestCase):
             p = self.screenshot("--list", fst)
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertEqual(sorted(p.stdout.split()), sorted(listed))
+            out = os.path.join(self.dir, "fst.png")
+            p = self.screenshot(fst, out, "*.mxu0.*_rows")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("3 signals", p.stderr)
+            self.assertGreater(png_info(out)[2], 10)
 
     def test_bad_input_exits_2(self):
         bogus = os.path.join(self.dir, "bogus.txt")
