@@ -244,7 +244,7 @@ def draw_roofline(stats, out, title, dpi):
     sub = (f"{stats.get('preset', '?')}, {stats.get('mode', '?')} mode: {stats['cycles']} cycles, "
            f"{run[3] / 1e12:.3g} TFLOP/s = {run[3] / peak:.2%} of peak")
     ax.set_title((title + "\n" if title else "") + sub, fontsize=10)
-    ax.legend(fontsize=8, loc="lower right", ncol=2 if len(labelled) > 8 else 1)
+    ax.legend(fontsize=8, loc="best", ncol=2 if len(labelled) > 8 else 1)
     fig.tight_layout()
     fig.savefig(out, dpi=dpi)
     plt.close(fig)
@@ -400,4 +400,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except BrokenPipeError:  # `--summary | head`: the reader has what it wanted
+        sys.stderr.close()
+        sys.exit(0)
