@@ -184,7 +184,7 @@ def draw_roofline(stats, out, title, dpi):
     finite_y = [p[3] for p in points if 0 < p[3] < math.inf]
     x_lo = 10 ** math.floor(math.log10(min(finite_i + [ridge / 100])))
     x_hi = 10 ** math.ceil(math.log10(max(finite_i + [ridge * 100])))
-    y_hi = 10 ** math.ceil(math.log10(peak * 2))
+    y_hi = 10 ** math.ceil(math.log10(max(finite_y + [peak * 2])))  # an op above the roof is a bug to see
     y_lo = 10 ** math.floor(math.log10(min(finite_y + [x_lo * bw, peak / 1e4])))
 
     fig, ax = plt.subplots(figsize=(8, 5.5))

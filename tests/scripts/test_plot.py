@@ -118,6 +118,18 @@ class PlotTest(unittest.TestCase):
         self.assertEqual(busy("chip0.ici.link0"), 1234.5 / 20000)
         self.assertEqual(units["chip0.ici.link0"]["stall"], {"credit": 10 / 20000})
 
+    def test_a_pod_of_units_keeps_the_chart_readable(self):
+        doc = json.loads(json.dumps(self.stats))
+        doc["units"] = {f"chip{c}.core{k}.mxu{m}": {"busy_cycles": (c * 7 + m) % 20000}
+                        for c in range(256) for k in range(2) for m in range(4)}
+        path = self.write(doc, "pod.json")
+        out = os.path.join(self.dir, "pod.png")
+        p = run([path, "--utilization", out, "--summary"], check_rc=0)
+        _, units = parse_summary(p.stdout)
+        self.assertEqual(len(units), 2048)  # the numbers cover every unit ...
+        width, height, _, _ = png_info(out)
+        self.assertLess(height, 3000)  # ... the chart the busiest 64 (2048 rows would be ~86000 px)
+
     def test_whole_run_is_the_only_point_without_ops(self):
         p = run([self.stats_path, "--roofline", os.path.join(self.dir, "r.png"), "--summary"], check_rc=0)
         points, _ = parse_summary(p.stdout)
