@@ -276,6 +276,10 @@ void DmaEngines::tick(uint64_t cycle) {
       ++active_now_;
     }
   queue_depth_now_ = static_cast<int>(queue_.size());
+  if (env_.timeline && active_now_ != recorded_active_) {
+    recorded_active_ = active_now_;
+    env_.timeline->counter(track_, env_.name + ".dma transfers in flight", cycle, active_now_);
+  }
 }
 
 void DmaEngines::skip(uint64_t n) {

@@ -139,6 +139,7 @@ class DmaEngines {
   uint64_t stall_ordering_cycles_ = 0, stall_no_engine_cycles_ = 0, stall_backpressure_cycles_ = 0;
   bool backpressured_ = false;
   timeline::TrackId track_ = 0;
+  int recorded_active_ = 0;
 };
 
 }  // namespace tpusim::hw

@@ -92,6 +92,7 @@ void Vpu::retire(InFlight& f, uint64_t cycle) {
 }
 
 void Vpu::tick(uint64_t cycle) {
+  last_tick_ = cycle;
   banks_.begin_cycle(cycle);
   // Completions first, in dispatch order (the scoreboard forbids two in-flight
   // writers of one register, so order only matters for VMEM, where it is program order).
@@ -178,6 +179,10 @@ uint64_t Vpu::next_event_cycle(uint64_t now) const {
 void Vpu::update_trace() {
   busy_ = !inflight_.empty();
   queue_depth_now_ = static_cast<int>(queue_.size());
+  if (env_.timeline && queue_depth_now_ != recorded_depth_) {
+    recorded_depth_ = queue_depth_now_;
+    env_.timeline->counter(track_, env_.name + ".vpu queue", last_tick_, queue_depth_now_);
+  }
   if (inflight_.empty()) current_op_ = -1;
 }
 

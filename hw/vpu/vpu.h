@@ -75,6 +75,8 @@ class Vpu {
   Stall stall_ = Stall::kNone;
   Counters counters_;
   timeline::TrackId track_ = 0;
+  uint64_t last_tick_ = 0;
+  int recorded_depth_ = 0;
 };
 
 }  // namespace tpusim::hw
