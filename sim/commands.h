@@ -24,6 +24,7 @@ void add_diff_command(CLI::App& app, int& exit_code);
 void add_presets_command(CLI::App& app, int& exit_code);
 void add_report_command(CLI::App& app, int& exit_code);
 void add_run_command(CLI::App& app, int& exit_code);
+void add_compile_command(CLI::App& app, int& exit_code);
 
 // `tpusim ref MODEL`: the graph reference on an .onnx file or graph IR text.
 struct ModelRefArgs {

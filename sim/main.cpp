@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   tpusim::cli::add_presets_command(app, exit_code);
   tpusim::cli::add_report_command(app, exit_code);
   tpusim::cli::add_run_command(app, exit_code);
+  tpusim::cli::add_compile_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,86 @@
+// `tpusim compile MODEL --preset NAME -o BUNDLE [--batch N] [--precision default|bf16]
+// [--cores N]`: a model (.onnx or graph IR text) lowered to a program bundle for the
+// preset's TensorCore (compiler/lower, docs/codegen.md).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "compiler/compiler.h"
+#include "compiler/lower/lower.h"
+#include "hw/config/params.h"
+#include "isa/bundle/bundle_file.h"
+#include "sim/commands.h"
+
+namespace tpusim::cli {
+
+namespace {
+
+// The architectural parameters a bundle carries, from the preset's core.
+isa::Target target_from_preset(const config::Params& p) {
+  isa::Target t;
+  t.chips = 1;
+  t.cores_per_chip = 1;
+  t.mxus_per_core = static_cast<uint32_t>(p.get_int("core.mxu.count"));
+  t.mxu_rows = static_cast<uint32_t>(p.get_int("core.mxu.rows"));
+  t.mxu_cols = static_cast<uint32_t>(p.get_int("core.mxu.cols"));
+  t.fifo_rows = static_cast<uint32_t>(p.get_int("core.mxu.result_fifo_vregs") * 8);
+  t.vmem_bytes = static_cast<uint64_t>(p.get_int("core.vmem.bytes"));
+  t.smem_bytes = static_cast<uint64_t>(p.get_int("core.smem.bytes"));
+  t.hbm_bytes = static_cast<uint64_t>(p.get_int("hbm.bytes"));
+  return t;
+}
+
+}  // namespace
+
+void add_compile_command(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("compile", "Compile a model (.onnx or graph IR) into a bundle for a preset");
+  struct Options {
+    std::string model, preset, output, precision = "default";
+    int64_t batch = 0;
+    int cores = 1;
+  };
+  auto opt = std::make_shared<Options>();
+  cmd->add_option("model", opt->model, "Model: .onnx or graph IR text")->required();
+  cmd->add_option("--preset", opt->preset, "Chip preset (tpusim presets)")->required();
+  cmd->add_option("-o,--output", opt->output, "Bundle file to write")->required();
+  cmd->add_option("--batch", opt->batch, "Batch size (must equal the model's for now)");
+  cmd->add_option("--precision", opt->precision, "Precision policy: default | bf16");
+  cmd->add_option("--cores", opt->cores, "TensorCores to use (1 for now)");
+  cmd->callback([opt, &exit_code]() {
+    try {
+      const auto policy = num::parse_precision_policy(opt->precision);
+      if (!policy) throw std::runtime_error("--precision: '" + opt->precision + "' is not default or bf16");
+      const config::Params preset = config::load_preset(opt->preset);
+      if (opt->cores < 1 || opt->cores > preset.get_int("cores_per_chip"))
+        throw std::runtime_error("--cores " + std::to_string(opt->cores) + ": the preset has " +
+                                 std::to_string(preset.get_int("cores_per_chip")) + " cores per chip");
+      if (opt->cores != 1) throw std::runtime_error("--cores " + std::to_string(opt->cores) +
+                                                    ": splitting the batch across cores is not implemented yet");
+      const compiler::Graph g = compiler::load_model(opt->model);
+      if (opt->batch > 0) {
+        for (const auto& in : g.inputs)
+          if (in.type.shape.empty() || in.type.shape[0] != opt->batch)
+            throw std::runtime_error(opt->model + ": --batch " + std::to_string(opt->batch) + ": input '" + in.name +
+                                     "' has shape " + compiler::shape_str(in.type.shape) +
+                                     " (re-batching a model is not implemented yet)");
+      }
+      compiler::LowerOptions lo;
+      lo.target = target_from_preset(preset);
+      lo.policy = *policy;
+      const compiler::LowerResult r = compiler::lower_graph(g, lo);
+      isa::write_bundle(opt->output, r.bundle);
+      size_t n = 0;
+      for (const auto& c : r.bundle.cores) n += c.code.size();
+      std::printf("%s: %zu instructions, %zu I/O entries -> %s\n", opt->model.c_str(), n, r.bundle.io.size(),
+                  opt->output.c_str());
+      exit_code = kExitOk;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      exit_code = kExitBadInput;
+    }
+  });
+}
+
+}  // namespace tpusim::cli
