@@ -1,6 +1,7 @@
 #include "compiler/lower/lower.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -74,6 +75,7 @@ class Emitter {
   void lower_elementwise(const Node& n);
   void lower_matmul(const Node& n);
   void lower_copy(const Node& n);
+  void lower_rows(const Node& n);
 
   const Graph& g_;
   const LowerOptions& opt_;
@@ -207,6 +209,137 @@ void Emitter::lower_copy(const Node& n) {
   constexpr int64_t kMaxDma = int64_t{1} << 30;
   for (int64_t o = 0; o < bytes; o += kMaxDma) dma(hbm(t_.at(n.output).addr + o), hbm(s.addr + o), std::min(kMaxDma, bytes - o));
   wait_dmas();
+}
+
+// Ops over rows of n contiguous elements (softmax and layernorm over the last axis,
+// reductions over an innermost axis block, global average pool): 8 rows per vreg
+// (one per sublane), the row cut into 128-lane tiles. reduce_row's order is kept:
+// lane accumulators start as tile 0 (lanes past n hold the identity), the later
+// tiles are combined in increasing order, then vreduce.lanes does the fixed tree.
+void Emitter::lower_rows(const Node& n) {
+  const Placed& X = t_.at(n.inputs[0]);
+  const Shape& xs = X.type.shape;
+  int64_t len = 0;
+  switch (n.op) {
+    case OpKind::kSoftmax: {
+      int64_t axis = n.attr_int("axis");
+      if (axis < 0) axis += static_cast<int64_t>(xs.size());
+      if (axis != static_cast<int64_t>(xs.size()) - 1) fail(n, "softmax over a non-last axis is not lowered yet");
+      len = xs.back();
+      break;
+    }
+    case OpKind::kLayerNorm: len = xs.back(); break;
+    case OpKind::kGlobalAvgPool: len = xs[2] * xs[3]; break;
+    default: {
+      const auto& axes = n.attr_ints("axes");
+      if (axes.empty() || axes.back() != static_cast<int64_t>(xs.size()) - 1)
+        fail(n, "reductions over other than the innermost axes are not lowered yet");
+      len = num_elements(Shape(xs.begin() + axes.front(), xs.end()));
+    }
+  }
+  const int64_t rows = num_elements(xs) / std::max<int64_t>(len, 1);
+  const int64_t nt = (len + 127) / 128;
+  const int64_t rem = len - (nt - 1) * 128;  // lanes of the last tile
+  const DType xt = X.type.dtype, ot = n.type.dtype;
+  const int64_t ex = esz(xt), eo = esz(ot);
+  constexpr int64_t kTile = 4096;
+  const int64_t xb = 0, sb = xb + nt * kTile, gb = sb + nt * kTile, bb = gb + nt * kTile, ob = bb + nt * kTile;
+  if (static_cast<uint64_t>(ob + nt * kTile) > opt_.target.vmem_bytes) fail(n, "rows too long for VMEM");
+  const int64_t y = t_.at(n.output).addr;
+  const bool row_out = n.op == OpKind::kSoftmax || n.op == OpKind::kLayerNorm;
+  DType gt = xt;
+  if (n.op == OpKind::kLayerNorm) {
+    for (int k = 1; k <= 2; ++k) {
+      const Placed& P = t_.at(n.inputs[static_cast<size_t>(k)]);
+      gt = P.type.dtype;
+      const int64_t e = esz(gt);
+      for (int64_t t = 0; t < nt; ++t)
+        dma(vmem((k == 1 ? gb : bb) + t * kTile), hbm(P.addr + t * 128 * e), std::min<int64_t>(128, len - t * 128) * e,
+            dim(8, 0, 128 * e));
+    }
+    wait_dmas();
+  }
+  if (rem < 128) line("vmask m1, 8, " + std::to_string(rem));
+  line("vbcast v20, " + fimm(-INFINITY));
+  line("vbcast v21, 0.0");
+  line("vbcast v12, " + fimm(static_cast<float>(len)));
+  // acc (v10 or v11) = reduce_row over the tiles that load_tile(t) leaves in v1.
+  auto reduce = [&](const char* kind, const char* ident, const std::string& acc, auto load_tile) {
+    for (int64_t t = 0; t < nt; ++t) {
+      load_tile(t);
+      if (t == nt - 1 && rem < 128) line(std::string("vsel v1, m1, v1, ") + ident);
+      if (t == 0) line("vmov " + acc + ", v1");
+      else line(std::string(kind[0] == 's' ? "vadd " : "vmax ") + acc + ", " + acc + ", v1");
+    }
+    line(std::string("vreduce.lanes.") + kind + " " + acc + ", " + acc);
+  };
+  auto load_x = [&](int64_t t) { line(std::string(ld(xt)) + " v1, " + at(xb + t * kTile)); };
+  auto load_s = [&](int64_t t) { line("vld v1, " + at(sb + t * kTile)); };
+  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    const int64_t rg = std::min<int64_t>(8, rows - r0);
+    for (int64_t t = 0; t < nt; ++t)
+      dma(vmem(xb + t * kTile), hbm(X.addr + (r0 * len + t * 128) * ex), std::min<int64_t>(128, len - t * 128) * ex,
+          dim(rg, len * ex, 128 * ex));
+    wait_dmas();
+    switch (n.op) {
+      case OpKind::kSoftmax:  // m = max; e = exp(x - m); y = e / sum(e)
+        reduce("max", "v20", "v10", load_x);
+        for (int64_t t = 0; t < nt; ++t) {
+          load_x(t);
+          line("vsub v1, v1, v10");
+          line("vexp v1, v1");
+          line("vst v1, " + at(sb + t * kTile));
+        }
+        reduce("sum", "v21", "v11", load_s);
+        for (int64_t t = 0; t < nt; ++t) {
+          load_s(t);
+          line("vdiv v1, v1, v11");
+          line(std::string(st(ot)) + " v1, " + at(ob + t * kTile));
+        }
+        break;
+      case OpKind::kLayerNorm:
+        reduce("sum", "v21", "v10", load_x);
+        line("vdiv v10, v10, v12");  // mean
+        for (int64_t t = 0; t < nt; ++t) {
+          load_x(t);
+          line("vsub v1, v1, v10");  // d
+          line("vst v1, " + at(sb + t * kTile));
+        }
+        reduce("sum", "v21", "v11", [&](int64_t t) { load_s(t); line("vmul v1, v1, v1"); });
+        line("vdiv v11, v11, v12");  // var
+        line("vbcast v13, " + fimm(n.attr_float("epsilon")));
+        line("vadd v11, v11, v13");
+        line("vsqrt v11, v11");  // den
+        for (int64_t t = 0; t < nt; ++t) {
+          load_s(t);
+          line("vdiv v1, v1, v11");
+          line(std::string(ld(gt)) + " v2, " + at(gb + t * kTile));
+          line("vmul v1, v1, v2");
+          line(std::string(ld(gt)) + " v3, " + at(bb + t * kTile));
+          line("vadd v1, v1, v3");
+          line(std::string(st(ot)) + " v1, " + at(ob + t * kTile));
+        }
+        break;
+      default:
+        if (n.op == OpKind::kReduceMax) {
+          reduce("max", "v20", "v10", load_x);
+        } else {
+          reduce("sum", "v21", "v10", load_x);
+          if (n.op != OpKind::kReduceSum) line("vdiv v10, v10, v12");
+        }
+        line(std::string(st(ot)) + " v10, " + at(ob));
+    }
+    if (row_out) {
+      for (int64_t t = 0; t < nt; ++t) {
+        dma(hbm(y + (r0 * len + t * 128) * eo), vmem(ob + t * kTile), std::min<int64_t>(128, len - t * 128) * eo,
+            dim(rg, 128 * eo, len * eo));
+        wait_dmas();  // neighbouring tiles' bounding ranges interleave (race checker)
+      }
+    } else {
+      dma(hbm(y + r0 * eo), vmem(ob), eo, dim(rg, 128 * eo, eo));
+      wait_dmas();
+    }
+  }
 }
 
 // matmul / Gemm. Per batch element, rows in groups of up to 512 and output columns
@@ -392,6 +525,12 @@ LowerResult Emitter::run() {
       case OpKind::kMatmul: lower_matmul(n); break;
       case OpKind::kReshape:
       case OpKind::kFlatten: lower_copy(n); break;
+      case OpKind::kSoftmax:
+      case OpKind::kLayerNorm:
+      case OpKind::kReduceSum:
+      case OpKind::kReduceMean:
+      case OpKind::kReduceMax:
+      case OpKind::kGlobalAvgPool: lower_rows(n); break;
       default:
         if (!is_elementwise(n.op) && n.op != OpKind::kCast && n.op != OpKind::kIdentity)
           fail(n, "op is not supported by the lowering yet");

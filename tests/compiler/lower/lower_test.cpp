@@ -215,14 +215,59 @@ TEST(LowerGraph, ChainOfOpsWithReshape) {
   for (auto p : kPolicies) expect_bit_exact(ir, p, target(2, 16, 16));
 }
 
+TEST(LowerRows, SoftmaxLastAxis) {
+  for (auto p : kPolicies) {
+    expect_bit_exact(unary_ir("softmax", "[3,5]", "axis=1"), p, target(1, 128, 128));
+    expect_bit_exact(unary_ir("softmax", "[11,300]", "axis=1"), p, target(1, 128, 128));
+    expect_bit_exact(unary_ir("softmax", "[2,3,256]", "axis=2"), p, target(1, 128, 128));
+  }
+}
+
+TEST(LowerRows, LayerNorm) {
+  for (auto p : kPolicies)
+    for (int64_t n : {64, 200, 384}) {
+      const std::string ir = "graph ln {\n  input %x : f32[9," + std::to_string(n) + "]\n  const %g : f32[" +
+                             std::to_string(n) + "] = " + hex_list(random_values(static_cast<size_t>(n), 5)) +
+                             "\n  const %b : f32[" + std::to_string(n) + "] = " +
+                             hex_list(random_values(static_cast<size_t>(n), 6)) +
+                             "\n  %y = layernorm(%x, %g, %b) {axis=1, epsilon=1e-05} : f32[9," + std::to_string(n) +
+                             "] #4\n  output %y\n}\n";
+      expect_bit_exact(ir, p, target(1, 128, 128));
+    }
+}
+
+TEST(LowerRows, ReductionsAndGlobalAvgPool) {
+  for (auto p : kPolicies) {
+    for (const char* op : {"reduce_sum", "reduce_mean", "reduce_max"}) {
+      expect_bit_exact(std::string("graph r {\n  input %x : f32[13,300]\n  %y = ") + op +
+                           "(%x) {axes=[1], keepdims=1} : f32[13,1] #0\n  output %y\n}\n",
+                       p, target(1, 128, 128));
+      expect_bit_exact(std::string("graph r {\n  input %x : f32[2,3,50]\n  %y = ") + op +
+                           "(%x) {axes=[1,2], keepdims=0} : f32[2] #0\n  output %y\n}\n",
+                       p, target(1, 128, 128));
+    }
+    expect_bit_exact("graph r {\n  input %x : f32[2,5,7,7]\n  %y = global_avgpool(%x) {} : f32[2,5,1,1] #0\n"
+                     "  output %y\n}\n",
+                     p, target(1, 128, 128));
+  }
+}
+
 TEST(LowerGraph, UnsupportedOpIsAClearError) {
-  const Graph g = parse_graph(unary_ir("softmax", "[4,8]", "axis=1"), "t.ir");
+  const Graph g = parse_graph(unary_ir("softmax", "[4,8]", "axis=0"), "t.ir");
   LowerOptions lo;
   try {
     lower_graph(g, lo);
-    FAIL() << "softmax lowered without an error";
+    FAIL() << "softmax over axis 0 lowered without an error";
   } catch (const CompileError& e) {
     EXPECT_NE(std::string(e.what()).find("softmax"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not lowered yet"), std::string::npos) << e.what();
+  }
+  try {
+    lower_graph(parse_graph("graph t {\n  input %x : f32[4,8]\n  %y = transpose(%x) {perm=[1,0]} : f32[8,4] #0\n"
+                            "  output %y\n}\n", "t.ir"), lo);
+    FAIL() << "transpose lowered without an error";
+  } catch (const CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("transpose"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("not supported by the lowering"), std::string::npos) << e.what();
   }
 }
