@@ -76,6 +76,7 @@ class Emitter {
   void lower_matmul(const Node& n);
   void lower_copy(const Node& n);
   void lower_rows(const Node& n);
+  void lower_conv(const Node& n);
 
   const Graph& g_;
   const LowerOptions& opt_;
@@ -342,6 +343,70 @@ void Emitter::lower_rows(const Node& n) {
   }
 }
 
+// conv2d (groups = 1) as a matmul over im2col rows: P[(n,oh,ow), (kh,kw,cin)] is
+// gathered into fresh HBM scratch by one 3-D DMA per (n, kh, kw) (padding taps are
+// never written, so they read +0.0), the OIHW weights become W[(kh,kw,cin), o], and
+// the tiled matmul's chunk order over k = (kh*KW + kw)*Cin + cin is the contract's
+// convolution. Its NHWC result is moved back to NCHW by one DMA per image.
+void Emitter::lower_conv(const Node& n) {
+  if (n.has_attr("groups") && n.attr_int("groups") != 1) fail(n, "grouped convolution is not lowered yet");
+  const Placed X = t_.at(n.inputs[0]);
+  const Placed Wt = t_.at(n.inputs[1]);
+  const auto& st = n.attr_ints("strides");
+  const auto& pads = n.attr_ints("pads");
+  const auto& dil = n.attr_ints("dilations");
+  const int64_t NB = X.type.shape[0], CI = X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
+  const int64_t CO = Wt.type.shape[0], KH = Wt.type.shape[2], KW = Wt.type.shape[3];
+  const int64_t OH = n.type.shape[2], OW = n.type.shape[3];
+  const int64_t K = KH * KW * CI, M = NB * OH * OW;
+  const int64_t ex = esz(X.type.dtype), ew = esz(Wt.type.dtype), eo = esz(n.type.dtype);
+  const std::string tag = "#conv" + std::to_string(n.id);
+  const int64_t P = place_hbm(M * K * ex), Wm = place_hbm(K * CO * ew), Y = place_hbm(M * CO * eo);
+  check_addr(n, hbm_top_);
+  for (int64_t b = 0; b < NB; ++b)
+    for (int64_t kh = 0; kh < KH; ++kh)
+      for (int64_t kw = 0; kw < KW; ++kw) {
+        // Output positions whose tap (kh, kw) lands inside the image.
+        auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
+          *lo = 0;
+          while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
+          *hi = out;
+          while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
+        };
+        int64_t oh0, oh1, ow0, ow1;
+        range(OH, H, st[0], pads[0], kh * dil[0], &oh0, &oh1);
+        range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
+        if (oh0 >= oh1 || ow0 >= ow1) continue;
+        const int64_t ih = oh0 * st[0] - pads[0] + kh * dil[0], iw = ow0 * st[1] - pads[1] + kw * dil[1];
+        const int64_t src = X.addr + ((b * CI * H + ih) * W + iw) * ex;
+        const int64_t dst = P + (((b * OH + oh0) * OW + ow0) * K + (kh * KW + kw) * CI) * ex;
+        dma(hbm(dst), hbm(src), ex,
+            dim(ow1 - ow0, st[1] * ex, K * ex) + dim(CI, H * W * ex, ex) + dim(oh1 - oh0, st[0] * W * ex, OW * K * ex));
+        wait_dmas();  // the gathers' bounding ranges interleave (race checker)
+      }
+  for (int64_t kh = 0; kh < KH; ++kh)
+    for (int64_t kw = 0; kw < KW; ++kw)
+      dma(hbm(Wm + (kh * KW + kw) * CI * CO * ew), hbm(Wt.addr + (kh * KW + kw) * ew), ew,
+          dim(CO, CI * KH * KW * ew, ew) + dim(CI, KH * KW * ew, CO * ew));
+  wait_dmas();
+  t_[tag + "p"] = Placed{TensorType{X.type.dtype, {M, K}}, P};
+  t_[tag + "w"] = Placed{TensorType{Wt.type.dtype, {K, CO}}, Wm};
+  t_[tag + "y"] = Placed{TensorType{n.type.dtype, {M, CO}}, Y};
+  Node mm;
+  mm.id = n.id;
+  mm.op = OpKind::kMatmul;
+  mm.inputs = {tag + "p", tag + "w"};
+  if (n.inputs.size() > 2) mm.inputs.push_back(n.inputs[2]);
+  mm.output = tag + "y";
+  mm.type = TensorType{n.type.dtype, {M, CO}};
+  lower_matmul(mm);
+  const int64_t y = t_.at(n.output).addr;
+  for (int64_t b = 0; b < NB; ++b)
+    dma(hbm(y + b * CO * OH * OW * eo), hbm(Y + b * OH * OW * CO * eo), eo,
+        dim(OH * OW, CO * eo, eo) + dim(CO, eo, OH * OW * eo));
+  wait_dmas();
+}
+
 // matmul / Gemm. Per batch element, rows in groups of up to 512 and output columns
 // in tiles of C, one tile per MXU at a time (several MXUs share each LHS tile). K is
 // cut into chunks of R rows: chunk c's weights are pushed, `mswap k=kr` makes the
@@ -523,6 +588,7 @@ LowerResult Emitter::run() {
     out_ << "  op " << n.id << "\n";
     switch (n.op) {
       case OpKind::kMatmul: lower_matmul(n); break;
+      case OpKind::kConv2d: lower_conv(n); break;
       case OpKind::kReshape:
       case OpKind::kFlatten: lower_copy(n); break;
       case OpKind::kSoftmax:

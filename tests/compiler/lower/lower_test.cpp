@@ -252,6 +252,28 @@ TEST(LowerRows, ReductionsAndGlobalAvgPool) {
   }
 }
 
+std::string conv_ir(const std::string& x, const std::string& w, const std::string& y, const std::string& attrs,
+                    const std::string& bias = "") {
+  return "graph c {\n  input %x : f32" + x + "\n  input %w : f32" + w + "\n" +
+         (bias.empty() ? "" : "  input %b : f32" + bias + "\n") + "  %y = conv2d(%x, %w" + (bias.empty() ? "" : ", %b") +
+         ") {" + attrs + "} : f32" + y + " #1\n  output %y\n}\n";
+}
+
+TEST(LowerConv, Im2colOrderPaddingStridesBias) {
+  for (auto p : kPolicies) {
+    expect_bit_exact(conv_ir("[1,3,6,6]", "[4,3,3,3]", "[1,4,6,6]",
+                             "dilations=[1,1], groups=1, pads=[1,1,1,1], strides=[1,1]", "[4]"),
+                     p, target(1, 32, 32));
+    // K = 5*5*6 = 150 > R: several chunks; stride 2, asymmetric padding, dilation.
+    expect_bit_exact(conv_ir("[2,6,9,8]", "[5,6,5,5]", "[2,5,4,4]",
+                             "dilations=[1,1], groups=1, pads=[2,1,1,2], strides=[2,2]"),
+                     p, target(2, 32, 32));
+    expect_bit_exact(conv_ir("[1,2,7,7]", "[3,2,3,3]", "[1,3,3,3]",
+                             "dilations=[2,2], groups=1, pads=[0,0,0,0], strides=[1,1]", "[3]"),
+                     p, target(1, 128, 128));
+  }
+}
+
 TEST(LowerGraph, UnsupportedOpIsAClearError) {
   const Graph g = parse_graph(unary_ir("softmax", "[4,8]", "axis=0"), "t.ir");
   LowerOptions lo;
