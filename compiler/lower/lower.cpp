@@ -77,6 +77,7 @@ class Emitter {
   void lower_copy(const Node& n);
   void lower_rows(const Node& n);
   void lower_conv(const Node& n);
+  void lower_transpose(const Node& n);
 
   const Graph& g_;
   const LowerOptions& opt_;
@@ -407,6 +408,42 @@ void Emitter::lower_conv(const Node& n) {
   wait_dmas();
 }
 
+// transpose: HBM -> HBM, element-sized runs; the three innermost output dims are a
+// DMA's dims, the outer ones one DMA each (their destinations are disjoint blocks).
+void Emitter::lower_transpose(const Node& n) {
+  const Placed& X = t_.at(n.inputs[0]);
+  const auto& perm = n.attr_ints("perm");
+  const Shape& os = n.type.shape;
+  const int64_t e = esz(n.type.dtype);
+  const size_t rank = os.size();
+  std::vector<int64_t> in_stride(rank), out_stride(rank);
+  for (int64_t d = static_cast<int64_t>(rank) - 1, si = e, so = e; d >= 0; --d) {
+    in_stride[static_cast<size_t>(d)] = si;
+    si *= X.type.shape[static_cast<size_t>(d)];
+    out_stride[static_cast<size_t>(d)] = so;
+    so *= os[static_cast<size_t>(d)];
+  }
+  const size_t inner = std::min<size_t>(3, rank);
+  std::string dims;
+  for (size_t k = 0; k < inner; ++k) {
+    const size_t d = rank - 1 - k;
+    dims += dim(os[d], in_stride[static_cast<size_t>(perm[d])], out_stride[d]);
+  }
+  const int64_t outer = num_elements(Shape(os.begin(), os.end() - static_cast<std::ptrdiff_t>(inner)));
+  const int64_t y = t_.at(n.output).addr;
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t rem = o, src = X.addr, dst = y;
+    for (size_t d = rank - inner; d-- > 0;) {
+      const int64_t i = rem % os[d];
+      rem /= os[d];
+      src += i * in_stride[static_cast<size_t>(perm[d])];
+      dst += i * out_stride[d];
+    }
+    dma(hbm(dst), hbm(src), e, dims);
+  }
+  wait_dmas();
+}
+
 // matmul / Gemm. Per batch element, rows in groups of up to 512 and output columns
 // in tiles of C, one tile per MXU at a time (several MXUs share each LHS tile). K is
 // cut into chunks of R rows: chunk c's weights are pushed, `mswap k=kr` makes the
@@ -589,6 +626,7 @@ LowerResult Emitter::run() {
     switch (n.op) {
       case OpKind::kMatmul: lower_matmul(n); break;
       case OpKind::kConv2d: lower_conv(n); break;
+      case OpKind::kTranspose: lower_transpose(n); break;
       case OpKind::kReshape:
       case OpKind::kFlatten: lower_copy(n); break;
       case OpKind::kSoftmax:
