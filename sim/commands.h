@@ -16,7 +16,6 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitProgramFault = 1;
 inline constexpr int kExitBadInput = 2;
 
-void add_demo_command(CLI::App& app, int& exit_code);
 void add_asm_command(CLI::App& app, int& exit_code);
 void add_disasm_command(CLI::App& app, int& exit_code);
 void add_ref_command(CLI::App& app, int& exit_code);

@@ -11,7 +11,6 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "tpusim 0.1.0");
   int exit_code = tpusim::cli::kExitOk;
-  tpusim::cli::add_demo_command(app, exit_code);
   tpusim::cli::add_asm_command(app, exit_code);
   tpusim::cli::add_disasm_command(app, exit_code);
   tpusim::cli::add_ref_command(app, exit_code);
