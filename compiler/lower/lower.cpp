@@ -78,6 +78,7 @@ class Emitter {
   void lower_rows(const Node& n);
   void lower_conv(const Node& n);
   void lower_transpose(const Node& n);
+  void lower_pool(const Node& n);
 
   const Graph& g_;
   const LowerOptions& opt_;
@@ -444,6 +445,68 @@ void Emitter::lower_transpose(const Node& n) {
   wait_dmas();
 }
 
+// maxpool / avgpool: each output pixel's window taps are gathered, row-major in
+// (kh, kw), into one row of HBM scratch P[(n,c,oh,ow), kh*KW + kw] by one 3-D DMA
+// per (n, kh, kw); then P is a row reduction (lower_rows). Taps outside the image
+// are the identity for max (-inf, so the max is over the valid taps) and +0.0 for
+// an average with count_include_pad (the recipe's zero taps, divisor KH*KW).
+// count_include_pad = 0 with padding compacts a different tap list per border
+// pixel, which this layout does not reproduce: refused.
+void Emitter::lower_pool(const Node& n) {
+  const Placed X = t_.at(n.inputs[0]);
+  const auto& k = n.attr_ints("kernel");
+  const auto& st = n.attr_ints("strides");
+  const auto& pads = n.attr_ints("pads");
+  const bool is_max = n.op == OpKind::kMaxPool;
+  const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
+  if (!is_max && any_pad && n.attr_int("count_include_pad") == 0)
+    fail(n, "avgpool with padding and count_include_pad=0 is not lowered yet");
+  const int64_t NB = X.type.shape[0], CH = X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
+  const int64_t OH = n.type.shape[2], OW = n.type.shape[3], KK = k[0] * k[1];
+  const int64_t T = NB * CH * OH * OW;
+  const DType dt = X.type.dtype;
+  const int64_t e = esz(dt), tile = kTileElems * e;
+  const int64_t P = place_hbm(align_up(T * KK * e, tile));
+  check_addr(n, hbm_top_);
+  if (is_max && any_pad) {
+    line("vbcast v0, " + fimm(-INFINITY));
+    line(std::string(this->st(dt)) + " v0, " + at(0));
+    dma(hbm(P), vmem(0), tile, dim(align_up(T * KK * e, tile) / tile, 0, tile));
+    wait_dmas();
+  }
+  for (int64_t b = 0; b < NB; ++b)
+    for (int64_t kh = 0; kh < k[0]; ++kh)
+      for (int64_t kw = 0; kw < k[1]; ++kw) {
+        auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
+          *lo = 0;
+          while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
+          *hi = out;
+          while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
+        };
+        int64_t oh0, oh1, ow0, ow1;
+        range(OH, H, st[0], pads[0], kh, &oh0, &oh1);
+        range(OW, W, st[1], pads[1], kw, &ow0, &ow1);
+        if (oh0 >= oh1 || ow0 >= ow1) continue;
+        const int64_t ih = oh0 * st[0] - pads[0] + kh, iw = ow0 * st[1] - pads[1] + kw;
+        const int64_t src = X.addr + ((b * CH * H + ih) * W + iw) * e;
+        const int64_t dst = P + (((b * CH * OH + oh0) * OW + ow0) * KK + kh * k[1] + kw) * e;
+        dma(hbm(dst), hbm(src), e,
+            dim(ow1 - ow0, st[1] * e, KK * e) + dim(oh1 - oh0, st[0] * W * e, OW * KK * e) +
+                dim(CH, H * W * e, OH * OW * KK * e));
+        wait_dmas();  // the gathers' bounding ranges interleave (race checker)
+      }
+  const std::string tag = "#pool" + std::to_string(n.id);
+  t_[tag] = Placed{TensorType{dt, {T, KK}}, P};
+  Node r;
+  r.id = n.id;
+  r.op = is_max ? OpKind::kReduceMax : OpKind::kReduceMean;
+  r.inputs = {tag};
+  r.output = n.output;
+  r.type = n.type;
+  r.attrs["axes"] = Attr::Ints({1});
+  lower_rows(r);
+}
+
 // matmul / Gemm. Per batch element, rows in groups of up to 512 and output columns
 // in tiles of C, one tile per MXU at a time (several MXUs share each LHS tile). K is
 // cut into chunks of R rows: chunk c's weights are pushed, `mswap k=kr` makes the
@@ -627,6 +690,8 @@ LowerResult Emitter::run() {
       case OpKind::kMatmul: lower_matmul(n); break;
       case OpKind::kConv2d: lower_conv(n); break;
       case OpKind::kTranspose: lower_transpose(n); break;
+      case OpKind::kMaxPool:
+      case OpKind::kAvgPool: lower_pool(n); break;
       case OpKind::kReshape:
       case OpKind::kFlatten: lower_copy(n); break;
       case OpKind::kSoftmax:

@@ -283,6 +283,26 @@ TEST(LowerMovement, Transpose) {
   }
 }
 
+TEST(LowerRows, Pooling) {
+  const char* cases[][3] = {
+      {"maxpool", "[1,3,8,8]", "kernel=[3,3], pads=[1,1,1,1], strides=[2,2]"},
+      {"maxpool", "[2,2,7,6]", "kernel=[2,3], pads=[0,0,0,0], strides=[1,2]"},
+      {"avgpool", "[1,3,8,8]", "count_include_pad=1, kernel=[3,3], pads=[1,1,1,1], strides=[2,2]"},
+      {"avgpool", "[2,2,7,6]", "count_include_pad=0, kernel=[2,2], pads=[0,0,0,0], strides=[2,2]"}};
+  for (auto p : kPolicies)
+    for (const auto& c : cases) {
+      const Graph g = parse_graph(std::string("graph p {\n  input %x : f32") + c[1] + "\n  %y = " + c[0] + "(%x) {" +
+                                  c[2] + "} : f32[1] #0\n  output %y\n}\n", "p.ir");
+      // The output shape is whatever the IR infers; print it back with it.
+      Node n = g.nodes[0];
+      std::vector<TensorType> ops = {g.inputs[0].type};
+      const std::string shape = shape_str(infer_type(n, ops).shape);
+      expect_bit_exact(std::string("graph p {\n  input %x : f32") + c[1] + "\n  %y = " + c[0] + "(%x) {" + c[2] +
+                           "} : f32" + shape + " #0\n  output %y\n}\n",
+                       p, target(1, 128, 128));
+    }
+}
+
 TEST(LowerGraph, UnsupportedOpIsAClearError) {
   const Graph g = parse_graph(unary_ir("softmax", "[4,8]", "axis=0"), "t.ir");
   LowerOptions lo;
@@ -294,11 +314,19 @@ TEST(LowerGraph, UnsupportedOpIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("not lowered yet"), std::string::npos) << e.what();
   }
   try {
-    lower_graph(parse_graph("graph t {\n  input %x : f32[1,2,4,4]\n  %y = maxpool(%x) {kernel=[2,2], pads=[0,0,0,0], "
-                            "strides=[2,2]} : f32[1,2,2,2] #0\n  output %y\n}\n", "t.ir"), lo);
-    FAIL() << "maxpool lowered without an error";
+    lower_graph(parse_graph("graph t {\n  input %x : f32[2,4]\n  input %i : i64[3]\n"
+                            "  %y = gather(%x, %i) {axis=1} : f32[2,3] #0\n  output %y\n}\n", "t.ir"), lo);
+    FAIL() << "gather lowered without an error";
   } catch (const CompileError& e) {
-    EXPECT_NE(std::string(e.what()).find("maxpool"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("i64"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not supported by the lowering"), std::string::npos) << e.what();
+  }
+  try {
+    lower_graph(parse_graph("graph t {\n  input %x : f32[2,4]\n  %y = slice(%x) {axes=[0,1], ends=[2,3], "
+                            "starts=[0,1], steps=[1,1]} : f32[2,2] #0\n  output %y\n}\n", "t.ir"), lo);
+    FAIL() << "slice lowered without an error";
+  } catch (const CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("slice"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("not supported by the lowering"), std::string::npos) << e.what();
   }
 }
