@@ -56,6 +56,12 @@ class Emitter {
     out_ << "  dma " << dst << ", " << src << ", bytes=" << bytes << dims << ", flag=" << kDmaFlag << "\n";
     ++dmas_;
   }
+  // A DMA on its own flag fF (a double buffer's), waited on by wait_flag(F).
+  void dma_on(int flag, const std::string& dst, const std::string& src, int64_t bytes, const std::string& dims) {
+    out_ << "  dma " << dst << ", " << src << ", bytes=" << bytes << dims << ", flag=f" << flag << "\n";
+    ++flag_dmas_[flag];
+  }
+  void wait_flag(int flag) { line("wait f" + std::to_string(flag) + ", " + std::to_string(flag_dmas_[flag])); }
   void wait_dmas() { line("wait " + std::string(kDmaFlag) + ", " + std::to_string(dmas_)); }
   static std::string hbm(int64_t a) { return "hbm:[s0 + " + std::to_string(a) + "]"; }
   static std::string vmem(int64_t a) { return "vmem:[s0 + " + std::to_string(a) + "]"; }
@@ -86,6 +92,7 @@ class Emitter {
   std::map<std::string, Placed> t_;
   int64_t hbm_top_ = 0;
   int64_t dmas_ = 0;
+  std::map<int, int64_t> flag_dmas_;
 };
 
 // Copies tensor `name` broadcast (numpy rules) to `out_shape` into fresh HBM
@@ -553,9 +560,13 @@ void Emitter::lower_matmul(const Node& n) {
   // VMEM plan (fixed regions; a node's tiles are dead when the next node starts).
   const int64_t kMg = 512;  // rows per group
   const int64_t lane_f32 = 128 * 4;
-  const int64_t w_base = 0;                                 // mxus x R rows x 128 lanes
-  const int64_t lhs_base = w_base + mxus * R * lane_f32;    // kMg rows x 128 lanes
-  const int64_t acc_base = lhs_base + kMg * lane_f32;       // mxus x kMg rows fp32
+  // Two buffers, each the weights of one chunk per MXU (R rows x 128 lanes) and the
+  // LHS rows of that chunk (kMg rows x 128 lanes): chunk c+1 is fetched, on buffer
+  // (c+1)%2's flag, while chunk c computes.
+  const int64_t buf_bytes = mxus * R * lane_f32 + kMg * lane_f32;
+  auto w_buf = [&](int64_t c) { return (c % 2) * buf_bytes; };
+  auto lhs_buf = [&](int64_t c) { return (c % 2) * buf_bytes + mxus * R * lane_f32; };
+  const int64_t acc_base = 2 * buf_bytes;                   // mxus x kMg rows fp32
   const int64_t bias_base = acc_base + mxus * kMg * lane_f32;
   const int64_t out_base = bias_base + mxus * kMg * lane_f32;
   const int64_t vmem_need = out_base + mxus * kMg * lane_f32;
@@ -575,21 +586,30 @@ void Emitter::lower_matmul(const Node& n) {
       for (int64_t n0 = 0; n0 < N; n0 += C * mxus) {
         const int64_t slots = std::min<int64_t>(mxus, (N - n0 + C - 1) / C);
         auto ncols = [&](int64_t s) { return std::min(C, N - (n0 + s * C)); };
-        for (int64_t k0 = 0, c = 0; k0 < K; k0 += R, ++c) {
-          const int64_t kr = std::min(R, K - k0);
+        const int64_t chunks = (K + R - 1) / R;
+        auto fetch = [&](int64_t c) {
+          const int64_t k0 = c * R, kr = std::min(R, K - k0);
+          const int flag = 2 + static_cast<int>(c % 2);
           for (int64_t s = 0; s < slots; ++s) {
             const int64_t col = n0 + s * C;
             if (!tb)
-              dma(vmem(w_base + s * R * wrow), hbm(b0 + (k0 * N + col) * eb), ncols(s) * eb, dim(kr, N * eb, wrow));
+              dma_on(flag, vmem(w_buf(c) + s * R * wrow), hbm(b0 + (k0 * N + col) * eb), ncols(s) * eb,
+                     dim(kr, N * eb, wrow));
             else
-              dma(vmem(w_base + s * R * wrow), hbm(b0 + (col * K + k0) * eb), eb,
-                  dim(ncols(s), K * eb, eb) + dim(kr, eb, wrow));
+              dma_on(flag, vmem(w_buf(c) + s * R * wrow), hbm(b0 + (col * K + k0) * eb), eb,
+                     dim(ncols(s), K * eb, eb) + dim(kr, eb, wrow));
           }
           if (!ta)
-            dma(vmem(lhs_base), hbm(a0 + (m0 * K + k0) * ea), kr * ea, dim(mr, K * ea, lrow));
+            dma_on(flag, vmem(lhs_buf(c)), hbm(a0 + (m0 * K + k0) * ea), kr * ea, dim(mr, K * ea, lrow));
           else
-            dma(vmem(lhs_base), hbm(a0 + (k0 * M + m0) * ea), ea, dim(kr, M * ea, ea) + dim(mr, ea, lrow));
-          wait_dmas();
+            dma_on(flag, vmem(lhs_buf(c)), hbm(a0 + (k0 * M + m0) * ea), ea, dim(kr, M * ea, ea) + dim(mr, ea, lrow));
+        };
+        fetch(0);
+        for (int64_t c = 0; c < chunks; ++c) {
+          const int64_t kr = std::min(R, K - c * R);
+          if (c + 1 < chunks) fetch(c + 1);
+          wait_flag(2 + static_cast<int>(c % 2));
+          const int64_t w_base = w_buf(c), lhs_base = lhs_buf(c);
           for (int64_t s = 0; s < slots; ++s) {
             for (int64_t r = 0; r < kr; r += 8) {
               line(std::string(ld(bt)) + " v0, " + at(w_base + s * R * wrow + r * wrow));
