@@ -352,25 +352,28 @@ void Emitter::lower_rows(const Node& n) {
   }
 }
 
-// conv2d (groups = 1) as a matmul over im2col rows: P[(n,oh,ow), (kh,kw,cin)] is
+// conv2d (each group on its own) as a matmul over im2col rows: P[(n,oh,ow), (kh,kw,cin)] is
 // gathered into fresh HBM scratch by one 3-D DMA per (n, kh, kw) (padding taps are
 // never written, so they read +0.0), the OIHW weights become W[(kh,kw,cin), o], and
 // the tiled matmul's chunk order over k = (kh*KW + kw)*Cin + cin is the contract's
 // convolution. Its NHWC result is moved back to NCHW by one DMA per image.
 void Emitter::lower_conv(const Node& n) {
-  if (n.has_attr("groups") && n.attr_int("groups") != 1) fail(n, "grouped convolution is not lowered yet");
   const Placed X = t_.at(n.inputs[0]);
   const Placed Wt = t_.at(n.inputs[1]);
   const auto& st = n.attr_ints("strides");
   const auto& pads = n.attr_ints("pads");
   const auto& dil = n.attr_ints("dilations");
-  const int64_t NB = X.type.shape[0], CI = X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
-  const int64_t CO = Wt.type.shape[0], KH = Wt.type.shape[2], KW = Wt.type.shape[3];
+  const int64_t G = n.has_attr("groups") ? n.attr_int("groups") : 1;
+  const int64_t NB = X.type.shape[0], H = X.type.shape[2], W = X.type.shape[3];
+  const int64_t CO = Wt.type.shape[0], CI = Wt.type.shape[1], KH = Wt.type.shape[2], KW = Wt.type.shape[3];
+  const int64_t COg = CO / G, CIall = X.type.shape[1];
   const int64_t OH = n.type.shape[2], OW = n.type.shape[3];
   const int64_t K = KH * KW * CI, M = NB * OH * OW;
   const int64_t ex = esz(X.type.dtype), ew = esz(Wt.type.dtype), eo = esz(n.type.dtype);
-  const std::string tag = "#conv" + std::to_string(n.id);
-  const int64_t P = place_hbm(M * K * ex), Wm = place_hbm(K * CO * ew), Y = place_hbm(M * CO * eo);
+  // Each group is its own convolution (the reference's per-group chunking).
+  for (int64_t g = 0; g < G; ++g) {
+  const std::string tag = "#conv" + std::to_string(n.id) + "g" + std::to_string(g);
+  const int64_t P = place_hbm(M * K * ex), Wm = place_hbm(K * COg * ew), Y = place_hbm(M * COg * eo);
   check_addr(n, hbm_top_);
   for (int64_t b = 0; b < NB; ++b)
     for (int64_t kh = 0; kh < KH; ++kh)
@@ -387,7 +390,7 @@ void Emitter::lower_conv(const Node& n) {
         range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
         if (oh0 >= oh1 || ow0 >= ow1) continue;
         const int64_t ih = oh0 * st[0] - pads[0] + kh * dil[0], iw = ow0 * st[1] - pads[1] + kw * dil[1];
-        const int64_t src = X.addr + ((b * CI * H + ih) * W + iw) * ex;
+        const int64_t src = X.addr + ((b * CIall + g * CI) * H * W + ih * W + iw) * ex;
         const int64_t dst = P + (((b * OH + oh0) * OW + ow0) * K + (kh * KW + kw) * CI) * ex;
         dma(hbm(dst), hbm(src), ex,
             dim(ow1 - ow0, st[1] * ex, K * ex) + dim(CI, H * W * ex, ex) + dim(oh1 - oh0, st[0] * W * ex, OW * K * ex));
@@ -395,25 +398,30 @@ void Emitter::lower_conv(const Node& n) {
       }
   for (int64_t kh = 0; kh < KH; ++kh)
     for (int64_t kw = 0; kw < KW; ++kw)
-      dma(hbm(Wm + (kh * KW + kw) * CI * CO * ew), hbm(Wt.addr + (kh * KW + kw) * ew), ew,
-          dim(CO, CI * KH * KW * ew, ew) + dim(CI, KH * KW * ew, CO * ew));
+      dma(hbm(Wm + (kh * KW + kw) * CI * COg * ew), hbm(Wt.addr + (g * COg * CI * KH * KW + kh * KW + kw) * ew), ew,
+          dim(COg, CI * KH * KW * ew, ew) + dim(CI, KH * KW * ew, COg * ew));
   wait_dmas();
   t_[tag + "p"] = Placed{TensorType{X.type.dtype, {M, K}}, P};
-  t_[tag + "w"] = Placed{TensorType{Wt.type.dtype, {K, CO}}, Wm};
-  t_[tag + "y"] = Placed{TensorType{n.type.dtype, {M, CO}}, Y};
+  t_[tag + "w"] = Placed{TensorType{Wt.type.dtype, {K, COg}}, Wm};
+  t_[tag + "y"] = Placed{TensorType{n.type.dtype, {M, COg}}, Y};
   Node mm;
   mm.id = n.id;
   mm.op = OpKind::kMatmul;
   mm.inputs = {tag + "p", tag + "w"};
-  if (n.inputs.size() > 2) mm.inputs.push_back(n.inputs[2]);
+  if (n.inputs.size() > 2) {
+    const Placed& Bi = t_.at(n.inputs[2]);
+    t_[tag + "b"] = Placed{TensorType{Bi.type.dtype, {COg}}, Bi.addr + g * COg * esz(Bi.type.dtype)};
+    mm.inputs.push_back(tag + "b");
+  }
   mm.output = tag + "y";
-  mm.type = TensorType{n.type.dtype, {M, CO}};
+  mm.type = TensorType{n.type.dtype, {M, COg}};
   lower_matmul(mm);
   const int64_t y = t_.at(n.output).addr;
   for (int64_t b = 0; b < NB; ++b)
-    dma(hbm(y + b * CO * OH * OW * eo), hbm(Y + b * OH * OW * CO * eo), eo,
-        dim(OH * OW, CO * eo, eo) + dim(CO, eo, OH * OW * eo));
+    dma(hbm(y + (b * CO + g * COg) * OH * OW * eo), hbm(Y + b * OH * OW * COg * eo), eo,
+        dim(OH * OW, COg * eo, eo) + dim(COg, eo, OH * OW * eo));
   wait_dmas();
+  }
 }
 
 // transpose: HBM -> HBM, element-sized runs; the three innermost output dims are a

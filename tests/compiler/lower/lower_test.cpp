@@ -271,6 +271,13 @@ TEST(LowerConv, Im2colOrderPaddingStridesBias) {
     expect_bit_exact(conv_ir("[1,2,7,7]", "[3,2,3,3]", "[1,3,3,3]",
                              "dilations=[2,2], groups=1, pads=[0,0,0,0], strides=[1,1]", "[3]"),
                      p, target(1, 128, 128));
+    // Grouped and depthwise.
+    expect_bit_exact(conv_ir("[2,6,5,5]", "[4,3,3,3]", "[2,4,5,5]",
+                             "dilations=[1,1], groups=2, pads=[1,1,1,1], strides=[1,1]", "[4]"),
+                     p, target(1, 16, 16));
+    expect_bit_exact(conv_ir("[1,5,7,7]", "[5,1,3,3]", "[1,5,4,4]",
+                             "dilations=[1,1], groups=5, pads=[1,1,1,1], strides=[2,2]", "[5]"),
+                     p, target(1, 8, 8));
   }
 }
 
