@@ -118,6 +118,14 @@ uint64_t MatrixQueue::next_event_cycle(uint64_t now) const {
     // A fault is reported when the op reaches the head: issue it next cycle.
     next = std::min(next, c == mxu::kNever ? now + 1 : std::max(now + 1, c));
   }
+  // Rows still in flight (or a push / bulk load under way) keep the unit busy, and
+  // whether it is idle decides when the core is done and when a barrier's drain
+  // ends. The core's clock is one ahead of `now` (tick(now) entered now + 1), so
+  // the change at its internal cycle e is seen after the tick of e - 1.
+  if (core_.busy()) {
+    const uint64_t e = core_.next_internal_event_cycle();
+    if (e != mxu::kNever) next = std::min(next, std::max(now + 1, e - 1));
+  }
   return next;
 }
 

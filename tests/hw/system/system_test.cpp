@@ -313,6 +313,53 @@ TEST(MultiChip, RemoteDmaAndBarrierMatchReferenceAndFigures) {
   EXPECT_NEAR(slope, 24.77 + 1.105 + 1.051, 0.1 * (24.77 + 1.105 + 1.051));
 }
 
+// Runs `text` in both modes: no fault, outputs equal to the reference, and the two
+// modes agree on cycles and every counter. Returns the fast run.
+RunOut both_modes_agree(const std::string& name, const std::string& text) {
+  const std::string p = temp_program(name, text);
+  const RunOut fast = core_run(p, "fast");
+  const RunOut det = core_run(p, "detailed");
+  fs::remove(p);
+  EXPECT_EQ(fast.status, 0);
+  EXPECT_EQ(det.status, 0);
+  EXPECT_TRUE(fast.j.value("ref_ok", false)) << fast.j.value("ref_message", std::string());
+  EXPECT_FALSE(fast.j.value("faulted", true)) << fast.j.value("fault", std::string());
+  EXPECT_FALSE(det.j.value("faulted", true)) << det.j.value("fault", std::string());
+  const auto get = [](const RunOut& r, const char* key) { return r.j.value(key, nlohmann::json::object()); };
+  EXPECT_EQ(get(fast, "outputs"), get(fast, "ref_outputs"));
+  EXPECT_EQ(get(det, "outputs"), get(fast, "outputs"));
+  EXPECT_EQ(det.j.value("cycles", uint64_t{0}), fast.j.value("cycles", uint64_t{1}));
+  EXPECT_EQ(get(det, "units"), get(fast, "units")) << "fast:\n" << get(fast, "units").dump(1) << "\ndetailed:\n"
+                                                   << get(det, "units").dump(1);
+  return fast;
+}
+
+// A core may halt with mmul results never popped (the reference leaves them in the
+// FIFO). The MXU's rows still in flight are an event: the run ends when they have
+// landed instead of reporting a deadlock of a halted core.
+TEST(EndOfRun, HaltWithUnpoppedMxuResultsFinishes) {
+  const RunOut r = both_modes_agree("unpopped", std::string(kHeader) + "  vbcast v1, 1.0\n  mmul mxu0, v1\n  halt\n");
+  EXPECT_GT(r.j.value("cycles", uint64_t{0}), 0u);
+}
+
+// A barrier first waits for the core's MXUs to drain; the end of an mmul's rows
+// in flight must wake the sequencer in fast mode at the cycle the clocked view
+// sees it (else a deadlock when nothing else happens, or a late arrival and
+// different stall_barrier* counters when another core's events wake it).
+TEST(Barrier, DrainOfMxuWakesTheSequencer) {
+  const std::string core0 = ".core chip0.core0\n  vbcast v1, 1.0\n  mmul mxu0, v1\n  barrier\n  halt\n";
+  // Alone with a core that is already waiting: nothing but the MXU can wake it.
+  both_modes_agree("drain_alone", ".target chips=1 cores=2 mxus=1\n" + core0 + ".core chip0.core1\n  barrier\n  halt\n");
+  // Next to a core whose VPU and DMA have events of their own.
+  std::string core1 = ".core chip0.core1\n  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4096, flag=f1\n  vbcast v2, 2.0\n";
+  for (int i = 0; i < 80; ++i) core1 += i == 0 ? "  vmul v3, v2, v2\n" : "  vmul v3, v3, v2\n";
+  core1 += "  wait.sub f1, 1\n  barrier\n  dma hbm:[s0 + 0x100000], vmem:[s0 + 0], bytes=4096, flag=f1\n"
+           "  wait.sub f1, 1\n  halt\n";
+  const RunOut r = both_modes_agree(
+      "drain_busy", ".target chips=1 cores=2 mxus=1\n.output y f32 [1024] hbm:0x100000\n" + core0 + core1);
+  EXPECT_GT(r.j["units"]["chip0.core0.sequencer"].value("stall_barrier_drain_cycles", 0), 0);
+}
+
 }  // namespace
 
 namespace {
