@@ -1,6 +1,6 @@
 // `tpusim compile MODEL --preset NAME -o BUNDLE [--batch N] [--precision default|bf16]
 // [--cores N]`: a model (.onnx or graph IR text) lowered to a program bundle for the
-// preset's TensorCore (compiler/lower, docs/codegen.md).
+// preset's TensorCores (compiler/lower, docs/codegen.md).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -47,7 +47,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
   cmd->add_option("-o,--output", opt->output, "Bundle file to write")->required();
   cmd->add_option("--batch", opt->batch, "Batch size (must equal the model's for now)");
   cmd->add_option("--precision", opt->precision, "Precision policy: default | bf16");
-  cmd->add_option("--cores", opt->cores, "TensorCores to use (1 for now)");
+  cmd->add_option("--cores", opt->cores, "TensorCores of the chip that share each node's work");
   cmd->callback([opt, &exit_code]() {
     try {
       const auto policy = num::parse_precision_policy(opt->precision);
@@ -56,8 +56,6 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       if (opt->cores < 1 || opt->cores > preset.get_int("cores_per_chip"))
         throw std::runtime_error("--cores " + std::to_string(opt->cores) + ": the preset has " +
                                  std::to_string(preset.get_int("cores_per_chip")) + " cores per chip");
-      if (opt->cores != 1) throw std::runtime_error("--cores " + std::to_string(opt->cores) +
-                                                    ": splitting the batch across cores is not implemented yet");
       const compiler::Graph g = compiler::load_model(opt->model);
       if (opt->batch > 0) {
         for (const auto& in : g.inputs)
@@ -69,6 +67,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       compiler::LowerOptions lo;
       lo.target = target_from_preset(preset);
       lo.policy = *policy;
+      lo.cores = opt->cores;
       const compiler::LowerResult r = compiler::lower_graph(g, lo);
       isa::write_bundle(opt->output, r.bundle);
       size_t n = 0;

@@ -30,7 +30,9 @@ struct Placed {
 
 class Emitter {
  public:
-  Emitter(const Graph& g, const LowerOptions& o) : g_(g), opt_(o) {}
+  Emitter(const Graph& g, const LowerOptions& o)
+      : g_(g), opt_(o), cores_(std::max(1, o.cores)), cs_(static_cast<size_t>(cores_)),
+        dmas_(static_cast<size_t>(cores_)), flag_dmas_(static_cast<size_t>(cores_)) {}
 
   LowerResult run();
 
@@ -51,18 +53,27 @@ class Emitter {
   void check_addr(const Node& n, int64_t a) const {
     if (a > INT32_MAX) fail(n, "HBM addresses beyond 2 GiB are not supported by the lowering yet");
   }
-  void line(const std::string& s) { out_ << "  " << s << "\n"; }
+  void line(const std::string& s) { cs_[cur_] << "  " << s << "\n"; }
   void dma(const std::string& dst, const std::string& src, int64_t bytes, const std::string& dims = "") {
-    out_ << "  dma " << dst << ", " << src << ", bytes=" << bytes << dims << ", flag=" << kDmaFlag << "\n";
-    ++dmas_;
+    cs_[cur_] << "  dma " << dst << ", " << src << ", bytes=" << bytes << dims << ", flag=" << kDmaFlag << "\n";
+    ++dmas_[cur_];
   }
   // A DMA on its own flag fF (a double buffer's), waited on by wait_flag(F).
   void dma_on(int flag, const std::string& dst, const std::string& src, int64_t bytes, const std::string& dims) {
-    out_ << "  dma " << dst << ", " << src << ", bytes=" << bytes << dims << ", flag=f" << flag << "\n";
-    ++flag_dmas_[flag];
+    cs_[cur_] << "  dma " << dst << ", " << src << ", bytes=" << bytes << dims << ", flag=f" << flag << "\n";
+    ++flag_dmas_[cur_][flag];
   }
-  void wait_flag(int flag) { line("wait f" + std::to_string(flag) + ", " + std::to_string(flag_dmas_[flag])); }
-  void wait_dmas() { line("wait " + std::string(kDmaFlag) + ", " + std::to_string(dmas_)); }
+  void wait_flag(int flag) { line("wait f" + std::to_string(flag) + ", " + std::to_string(flag_dmas_[cur_][flag])); }
+  void wait_dmas() { line("wait " + std::string(kDmaFlag) + ", " + std::to_string(dmas_[cur_])); }
+  // Every core waits for every other (the work of a node is split across cores;
+  // what one core's DMAs wrote, the others may read only after this).
+  void sync_all() {
+    if (cores_ == 1) return;
+    for (cur_ = 0; cur_ < cores_; ++cur_) line("barrier");
+    cur_ = 0;
+  }
+  // Independent units of work go round robin over the cores.
+  void on_core(int64_t unit) { cur_ = static_cast<int>(unit % cores_); }
   static std::string hbm(int64_t a) { return "hbm:[s0 + " + std::to_string(a) + "]"; }
   static std::string vmem(int64_t a) { return "vmem:[s0 + " + std::to_string(a) + "]"; }
   static std::string at(int64_t a) { return "[s0 + " + std::to_string(a) + "]"; }
@@ -89,10 +100,13 @@ class Emitter {
   const Graph& g_;
   const LowerOptions& opt_;
   std::ostringstream out_;
+  int cores_ = 1;
+  int cur_ = 0;  // the core whose program the code goes to
+  std::vector<std::ostringstream> cs_;
   std::map<std::string, Placed> t_;
   int64_t hbm_top_ = 0;
-  int64_t dmas_ = 0;
-  std::map<int, int64_t> flag_dmas_;
+  std::vector<int64_t> dmas_;
+  std::vector<std::map<int, int64_t>> flag_dmas_;
 };
 
 // Copies tensor `name` broadcast (numpy rules) to `out_shape` into fresh HBM
@@ -162,7 +176,9 @@ void Emitter::lower_elementwise(const Node& n) {
   const int64_t dst = t_.at(n.output).addr;
   const DType odt = n.type.dtype;
   constexpr int64_t kIn0 = 0, kIn1 = 8192, kOut = 16384;
+  sync_all();
   for (int64_t base = 0; base < total; base += kTileElems) {
+    on_core(base / kTileElems);
     const int64_t cnt = std::min(kTileElems, total - base);
     for (size_t i = 0; i < nin; ++i) dma(vmem(i ? kIn1 : kIn0), hbm(src[i] + base * esz(sdt[i])), cnt * esz(sdt[i]));
     wait_dmas();
@@ -258,6 +274,8 @@ void Emitter::lower_rows(const Node& n) {
   const int64_t y = t_.at(n.output).addr;
   const bool row_out = n.op == OpKind::kSoftmax || n.op == OpKind::kLayerNorm;
   DType gt = xt;
+  sync_all();
+  for (cur_ = 0; cur_ < cores_; ++cur_) {  // every core's VMEM gets the constants
   if (n.op == OpKind::kLayerNorm) {
     for (int k = 1; k <= 2; ++k) {
       const Placed& P = t_.at(n.inputs[static_cast<size_t>(k)]);
@@ -273,6 +291,8 @@ void Emitter::lower_rows(const Node& n) {
   line("vbcast v20, " + fimm(-INFINITY));
   line("vbcast v21, 0.0");
   line("vbcast v12, " + fimm(static_cast<float>(len)));
+  }
+  cur_ = 0;
   // acc (v10 or v11) = reduce_row over the tiles that load_tile(t) leaves in v1.
   auto reduce = [&](const char* kind, const char* ident, const std::string& acc, auto load_tile) {
     for (int64_t t = 0; t < nt; ++t) {
@@ -286,6 +306,7 @@ void Emitter::lower_rows(const Node& n) {
   auto load_x = [&](int64_t t) { line(std::string(ld(xt)) + " v1, " + at(xb + t * kTile)); };
   auto load_s = [&](int64_t t) { line("vld v1, " + at(sb + t * kTile)); };
   for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    on_core(r0 / 8);
     const int64_t rg = std::min<int64_t>(8, rows - r0);
     for (int64_t t = 0; t < nt; ++t)
       dma(vmem(xb + t * kTile), hbm(X.addr + (r0 * len + t * 128) * ex), std::min<int64_t>(128, len - t * 128) * ex,
@@ -416,6 +437,7 @@ void Emitter::lower_conv(const Node& n) {
   mm.output = tag + "y";
   mm.type = TensorType{n.type.dtype, {M, COg}};
   lower_matmul(mm);
+  sync_all();
   const int64_t y = t_.at(n.output).addr;
   for (int64_t b = 0; b < NB; ++b)
     dma(hbm(y + (b * CO + g * COg) * OH * OW * eo), hbm(Y + b * OH * OW * COg * eo), eo,
@@ -566,7 +588,8 @@ void Emitter::lower_matmul(const Node& n) {
   };
 
   // VMEM plan (fixed regions; a node's tiles are dead when the next node starts).
-  const int64_t kMg = 512;  // rows per group
+  // Rows per group: up to 512, fewer when that gives every core a group.
+  const int64_t kMg = std::max<int64_t>(8, std::min<int64_t>(512, align_up((M + cores_ - 1) / cores_, 8)));
   const int64_t lane_f32 = 128 * 4;
   // Two buffers, each the weights of one chunk per MXU (R rows x 128 lanes) and the
   // LHS rows of that chunk (kMg rows x 128 lanes): chunk c+1 is fetched, on buffer
@@ -583,12 +606,15 @@ void Emitter::lower_matmul(const Node& n) {
                 std::to_string(opt_.target.vmem_bytes));
   const int64_t wrow = 128 * eb, lrow = 128 * ea, orow = 128 * eo, crow = 128 * ec;
 
+  sync_all();
+  int64_t unit = 0;
   for (int64_t b = 0; b < batches; ++b) {
     const int64_t a0 = A.addr + batch_offset(as, b, ea);
     const int64_t b0 = B.addr + batch_offset(bs, b, eb);
     const int64_t o0 = t_.at(n.output).addr + b * M * N * eo;
     const int64_t c0 = bias + b * M * N * ec;
     for (int64_t m0 = 0; m0 < M; m0 += kMg) {
+      on_core(unit++);  // a row group writes its own rows of the output
       const int64_t mr = std::min(kMg, M - m0);
       const int64_t blocks = (mr + 7) / 8;
       for (int64_t n0 = 0; n0 < N; n0 += C * mxus) {
@@ -673,7 +699,7 @@ void Emitter::lower_matmul(const Node& n) {
 
 LowerResult Emitter::run() {
   const isa::Target& t = opt_.target;
-  out_ << ".target chips=1 cores=1 mxus=" << t.mxus_per_core << " mxu_rows=" << t.mxu_rows
+  out_ << ".target chips=1 cores=" << cores_ << " mxus=" << t.mxus_per_core << " mxu_rows=" << t.mxu_rows
        << " mxu_cols=" << t.mxu_cols << " fifo_rows=" << t.fifo_rows << " vmem=" << t.vmem_bytes
        << " smem=" << t.smem_bytes << " hbm=" << t.hbm_bytes << " host=" << t.host_bytes << "\n";
   std::vector<isa::IoEntry> io;
@@ -711,9 +737,9 @@ LowerResult Emitter::run() {
   }
   for (const auto& n : g_.nodes) place(n.output, n.type);
 
-  out_ << ".core chip0.core0\n";
   for (const auto& n : g_.nodes) {
-    out_ << "  op " << n.id << "\n";
+    for (auto& c : cs_) c << "  op " << n.id << "\n";
+    cur_ = 0;
     switch (n.op) {
       case OpKind::kMatmul: lower_matmul(n); break;
       case OpKind::kConv2d: lower_conv(n); break;
@@ -733,8 +759,9 @@ LowerResult Emitter::run() {
           fail(n, "op is not supported by the lowering yet");
         lower_elementwise(n);
     }
+    sync_all();
   }
-  line("halt");
+  for (int c = 0; c < cores_; ++c) out_ << ".core chip0.core" << c << "\n" << cs_[static_cast<size_t>(c)].str() << "  halt\n";
   for (const auto& o : g_.outputs) {
     const Placed& p = t_.at(o);
     io.push_back(entry(isa::IoKind::kOutput, o, p.type, p.addr));
@@ -762,6 +789,7 @@ LowerResult lower_graph(const Graph& graph, const LowerOptions& options) {
   Graph g = graph;
   apply_precision(g, options.policy);
   verify(g, "lowering");
+  if (options.cores < 1 || options.cores > 254) throw CompileError(g.name + ": cores must be 1..254");
   const std::string err = options.target.check();
   if (!err.empty()) throw CompileError(g.name + ": bad target: " + err);
   Emitter e(g, options);

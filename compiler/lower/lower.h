@@ -17,6 +17,9 @@ namespace tpusim::compiler {
 struct LowerOptions {
   isa::Target target;  // from the preset: MXU count and R x C, VMEM size, ...
   num::PrecisionPolicy policy = num::PrecisionPolicy::kDefault;
+  // TensorCores of chip 0 that share each node's work (independent row/tile groups
+  // round robin, a barrier after every node); all tensors stay in the chip's HBM.
+  int cores = 1;
 };
 
 struct LowerResult {

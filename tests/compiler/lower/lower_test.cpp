@@ -57,7 +57,8 @@ isa::Target target(uint32_t mxus, uint32_t rows, uint32_t cols) {
 }
 
 // Runs `ir` both ways and compares every output element's bits.
-void expect_bit_exact(const std::string& ir, PrecisionPolicy policy, const isa::Target& t, uint32_t seed = 1) {
+void expect_bit_exact(const std::string& ir, PrecisionPolicy policy, const isa::Target& t, uint32_t seed = 1,
+                      int cores = 1) {
   SCOPED_TRACE(std::string("policy ") + num::precision_policy_name(policy) + ", MXUs " +
                std::to_string(t.mxus_per_core) + " of " + std::to_string(t.mxu_rows) + "x" +
                std::to_string(t.mxu_cols) + "\n" + ir);
@@ -80,8 +81,11 @@ void expect_bit_exact(const std::string& ir, PrecisionPolicy policy, const isa::
   LowerOptions lo;
   lo.target = t;
   lo.policy = policy;
+  lo.cores = cores;
   const LowerResult lr = lower_graph(g, lo);
-  for (const auto& ins : lr.bundle.cores.at(0).code) ASSERT_GE(ins.op_id, 0) << "an instruction without an op id";
+  ASSERT_EQ(lr.bundle.cores.size(), static_cast<size_t>(cores));
+  for (const auto& core : lr.bundle.cores)
+    for (const auto& ins : core.code) ASSERT_GE(ins.op_id, 0) << "an instruction without an op id";
 
   exec::Interpreter interp(lr.bundle);
   for (const auto& e : lr.bundle.io) {
@@ -308,6 +312,22 @@ TEST(LowerRows, Pooling) {
                            "} : f32" + shape + " #0\n  output %y\n}\n",
                        p, target(1, 128, 128));
     }
+}
+
+TEST(LowerGraph, WorkSplitAcrossCores) {
+  const std::string ir =
+      "graph mlp {\n  input %x : f32[40,70]\n  const %w : f32[70,24] = " + hex_list(random_values(70 * 24, 7)) +
+      "\n  const %g : f32[24] = " + hex_list(random_values(24, 8)) + "\n  const %b : f32[24] = " +
+      hex_list(random_values(24, 9)) +
+      "\n  %h = matmul(%x, %w) {} : f32[40,24] #0\n  %r = gelu(%h) {} : f32[40,24] #1\n"
+      "  %n = layernorm(%r, %g, %b) {axis=1, epsilon=1e-05} : f32[40,24] #2\n"
+      "  %s = softmax(%n) {axis=1} : f32[40,24] #3\n  %a = add(%s, %n) {} : f32[40,24] #4\n  output %a\n}\n";
+  for (auto p : kPolicies)
+    for (int cores : {2, 3}) expect_bit_exact(ir, p, target(2, 16, 16), 1, cores);
+  for (int cores : {2, 4})
+    expect_bit_exact(conv_ir("[2,6,9,8]", "[5,6,5,5]", "[2,5,4,4]",
+                             "dilations=[1,1], groups=1, pads=[2,1,1,2], strides=[2,2]", "[5]"),
+                     PrecisionPolicy::kDefault, target(1, 32, 32), 1, cores);
 }
 
 TEST(LowerGraph, UnsupportedOpIsAClearError) {
