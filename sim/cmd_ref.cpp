@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "isa/exec/interpreter.h"
 #include "isa/exec/tensors.h"
 #include "isa/io/npy.h"
+#include "sim/run/tensor_io.h"
 #include "sim/commands.h"
 
 namespace tpusim::cli {
@@ -44,35 +46,9 @@ int run_ref(const RefOptions& o) {
   std::map<std::string, std::vector<uint8_t>> data;
   try {
     b = isa::read_bundle(o.bundle);
-    std::map<std::string, std::string> files;
-    for (const auto& s : o.inputs) {
-      const size_t eq = s.find('=');
-      if (eq == std::string::npos || eq == 0) throw std::runtime_error("--input expects NAME=FILE.npy, got '" + s + "'");
-      files[s.substr(0, eq)] = s.substr(eq + 1);
-    }
-    for (const auto& f : files) {
-      bool known = false;
-      for (const auto& e : b.io) known |= e.kind == isa::IoKind::kInput && e.name == f.first;
-      if (!known) throw std::runtime_error("--input " + f.first + ": the bundle has no input of that name");
-    }
-    for (const auto& e : b.io) {
-      if (e.kind != isa::IoKind::kInput) continue;
-      auto it = files.find(e.name);
-      if (it != files.end()) {
-        try {
-          data[e.name] = exec::tensor_from_npy(io::read_npy(it->second), e);
-        } catch (const io::NpyError&) {
-          throw;
-        } catch (const std::exception& ex) {
-          throw std::runtime_error(it->second + ": " + ex.what());
-        }
-      } else if (o.seed >= 0) {
-        data[e.name] = exec::random_tensor(e, static_cast<uint64_t>(o.seed));
-      } else {
-        throw std::runtime_error("missing input '" + e.name + "' (give --input " + e.name +
-                                 "=FILE.npy or --random-inputs SEED)");
-      }
-    }
+    // The same binding `tpusim run` uses, so both accept exactly the same inputs.
+    data = run::bind_inputs(b, o.bundle, o.inputs,
+                            o.seed >= 0 ? std::optional<uint64_t>(static_cast<uint64_t>(o.seed)) : std::nullopt);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tpusim ref: error: %s\n", e.what());
     return kExitBadInput;

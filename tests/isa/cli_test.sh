@@ -28,7 +28,7 @@ expect 0 "" "$tpusim" ref "$work/s.tpb" --random-inputs 7 --out "$work/o"
 expect 0 "" "$tpusim" ref "$work/s.tpb" --random-inputs 7 --out "$work/o2"
 expect 0 "identical: 1 file" "$tpusim" diff "$work/o" "$work/o2"
 expect 1 "y.npy: .* elements differ; first at \[0, " "$tpusim" diff "$work/o" "$traces/softmax/expected"
-expect 2 "no input of that name" "$tpusim" ref "$work/s.tpb" --input nope=x.npy
+expect 2 "has no input 'nope'" "$tpusim" ref "$work/s.tpb" --input nope=x.npy
 expect 2 "expects shape \[1, 128\]" "$tpusim" ref "$work/s.tpb" --input "x=$traces/matmul/in_a.npy"
 printf '  li s1, 0\n  div s2, s1, s1\n' >"$work/f.s"
 expect 0 "" "$tpusim" asm "$work/f.s" -o "$work/f.tpb"
