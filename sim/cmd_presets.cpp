@@ -19,7 +19,7 @@ namespace {
 void print_summary_line(const std::string& name) {
   const auto p = config::load_preset(name);
   const auto f = config::peak_figures(p);
-  fmt::print("  {:<6} {:>2} chip(s) x {} core(s)  {:>7.1f} TFLOPS  HBM {:>6.0f} GB/s  ({})\n", name, f.chips,
+  fmt::print("  {:<9} {:>3} chip(s) x {} core(s)  {:>8.1f} TFLOPS  HBM {:>7.0f} GB/s  ({})\n", name, f.chips,
              p.get_int("cores_per_chip"), f.flops_per_s / 1e12, f.hbm_bytes_per_s / 1e9, p.source());
 }
 
