@@ -107,6 +107,10 @@ int run_run(const RunArgs& a) {
   hw::RunResult result;
   try {
     result = system->run(ropt);
+  } catch (const config::ConfigError& e) {
+    // Units read their parameters when the chip is built, inside run(): a preset
+    // whose values contradict each other is still bad input, not a program fault.
+    return fail(kExitBadInput, e.what());
   } catch (const std::exception& e) {
     return fail(kExitProgramFault, e.what());
   }

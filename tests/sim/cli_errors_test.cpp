@@ -98,6 +98,13 @@ TEST_F(RunCli, UnknownSetKeyNamesTheKey) {
                2, {"core.mxu.rowz"});
 }
 
+TEST_F(RunCli, InconsistentOverrideIsBadInput) {
+  // Valid on its own, but v4 lists a fixed MXU latency for each of its 4 MXUs.
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--set", "core.mxu.count=2", "--input",
+                       input_arg(good_input_), "--out", out()}),
+               2, {"fixed_latency_cycles"});
+}
+
 TEST_F(RunCli, BadSetValueNamesTheKey) {
   expect_error(tpusim({"run", bundle_, "--preset", "v4", "--set", "clock_hz=fast", "--input", input_arg(good_input_),
                        "--out", out()}),
