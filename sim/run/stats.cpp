@@ -42,11 +42,14 @@ void require(std::vector<std::string>& problems, const json& j, const std::strin
   }
 }
 
+// Objects and arrays (per-channel records, histogram buckets) nest; every leaf
+// must be a value a plotting script can read, never null (a NaN or unset value).
 void check_leaves(std::vector<std::string>& problems, const json& j, const std::string& path) {
   for (const auto& [name, value] : j.items()) {
-    if (value.is_object()) check_leaves(problems, value, path + "." + name);
+    const std::string where = j.is_array() ? path + "[" + name + "]" : path + "." + name;
+    if (value.is_structured()) check_leaves(problems, value, where);
     else if (!value.is_number() && !value.is_string() && !value.is_boolean())
-      problems.push_back(path + "." + name + " is neither a number nor a string");
+      problems.push_back(where + " is neither a number nor a string");
   }
 }
 

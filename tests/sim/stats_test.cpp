@@ -113,6 +113,13 @@ TEST(Stats, WrongTypesAndInconsistentFiguresAreReported) {
   s = good;
   s["units"]["chip0.hbm"] = {{"model", "simple"}, {"latency_ns", {{"p50", 100}, {"mean", 100.0}}}};
   EXPECT_TRUE(check_stats(s).empty());
+  // Per-channel records come as arrays of objects; a null deep inside one is still caught.
+  s["units"]["chip0.hbm"]["channels"] = json::array({{{"reads", 4}, {"row_hits", 3}}, {{"reads", 0}}});
+  EXPECT_TRUE(check_stats(s).empty());
+  s["units"]["chip0.hbm"]["channels"][1]["reads"] = nullptr;
+  const auto problems = check_stats(s);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("units.chip0.hbm.channels[1].reads"), std::string::npos) << problems[0];
   EXPECT_FALSE(check_stats(json::array()).empty());
 }
 
