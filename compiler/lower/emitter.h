@@ -1,0 +1,114 @@
+// The lowering's emitter, shared by the files of compiler/lower/ (one per family
+// of ops: vector.cpp, matrix.cpp, movement.cpp), so each family can change on its
+// own. Internal to compiler/lower: lower.h is the public API.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "compiler/lower/lower.h"
+
+namespace tpusim::compiler::lowering {
+
+// One DMA completion flag, waited on with the running count of every DMA issued so
+// far: completion order is not program order, so a count covering all of them is
+// what makes the data usable (docs/isa.md, synchronisation rule 2).
+constexpr const char* kDmaFlag = "f1";
+constexpr int64_t kTileElems = 8 * 128;
+constexpr int64_t kAlign = 4096;
+
+inline int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+struct Placed {
+  TensorType type;
+  int64_t addr = 0;  // HBM byte address, dense row major
+};
+
+class Emitter {
+ public:
+  Emitter(const Graph& g, const LowerOptions& o)
+      : g_(g), opt_(o), cores_(std::max(1, o.cores)), cs_(static_cast<size_t>(cores_)),
+        dmas_(static_cast<size_t>(cores_)), flag_dmas_(static_cast<size_t>(cores_)) {}
+
+  LowerResult run();
+
+ private:
+  int64_t esz(DType t) const { return t == DType::kBf16 ? 2 : 4; }
+  const char* ld(DType t) const { return t == DType::kBf16 ? "vld.bf16" : "vld"; }
+  const char* st(DType t) const { return t == DType::kBf16 ? "vst.bf16" : "vst"; }
+  [[noreturn]] void fail(const Node& n, const std::string& why) const {
+    throw CompileError(g_.name + ": node '" + n.output + "' (#" + std::to_string(n.id) + ", " + op_name(n.op) +
+                       "): " + why);
+  }
+  int64_t place_hbm(int64_t bytes) {
+    const int64_t a = hbm_top_;
+    hbm_top_ = align_up(hbm_top_ + std::max<int64_t>(bytes, 1), kAlign);
+    return a;
+  }
+  // Addresses are written as [s0 + imm] with a signed 32-bit imm.
+  void check_addr(const Node& n, int64_t a) const {
+    if (a > INT32_MAX) fail(n, "HBM addresses beyond 2 GiB are not supported by the lowering yet");
+  }
+  void line(const std::string& s) { cs_[cur_] << "  " << s << "\n"; }
+  void dma(const std::string& dst, const std::string& src, int64_t bytes, const std::string& dims = "") {
+    cs_[cur_] << "  dma " << dst << ", " << src << ", bytes=" << bytes << dims << ", flag=" << kDmaFlag << "\n";
+    ++dmas_[cur_];
+  }
+  // A DMA on its own flag fF (a double buffer's), waited on by wait_flag(F).
+  void dma_on(int flag, const std::string& dst, const std::string& src, int64_t bytes, const std::string& dims) {
+    cs_[cur_] << "  dma " << dst << ", " << src << ", bytes=" << bytes << dims << ", flag=f" << flag << "\n";
+    ++flag_dmas_[cur_][flag];
+  }
+  void wait_flag(int flag) { line("wait f" + std::to_string(flag) + ", " + std::to_string(flag_dmas_[cur_][flag])); }
+  void wait_dmas() { line("wait " + std::string(kDmaFlag) + ", " + std::to_string(dmas_[cur_])); }
+  // Every core waits for every other (the work of a node is split across cores;
+  // what one core's DMAs wrote, the others may read only after this).
+  void sync_all() {
+    if (cores_ == 1) return;
+    for (cur_ = 0; cur_ < cores_; ++cur_) line("barrier");
+    cur_ = 0;
+  }
+  // Independent units of work go round robin over the cores.
+  void on_core(int64_t unit) { cur_ = static_cast<int>(unit % cores_); }
+  static std::string hbm(int64_t a) { return "hbm:[s0 + " + std::to_string(a) + "]"; }
+  static std::string vmem(int64_t a) { return "vmem:[s0 + " + std::to_string(a) + "]"; }
+  static std::string at(int64_t a) { return "[s0 + " + std::to_string(a) + "]"; }
+  static std::string dim(int64_t count, int64_t src_stride, int64_t dst_stride) {
+    return ", dim=" + std::to_string(count) + ":" + std::to_string(src_stride) + ":" + std::to_string(dst_stride);
+  }
+  static std::string fimm(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "0x%08x", u);
+    return buf;
+  }
+
+  int64_t broadcast_to(const Node& n, const std::string& name, const Shape& out_shape);
+  void lower_elementwise(const Node& n);
+  void lower_matmul(const Node& n);
+  void lower_copy(const Node& n);
+  void lower_rows(const Node& n);
+  void lower_conv(const Node& n);
+  void lower_transpose(const Node& n);
+  void lower_pool(const Node& n);
+
+  const Graph& g_;
+  const LowerOptions& opt_;
+  std::ostringstream out_;
+  int cores_ = 1;
+  int cur_ = 0;  // the core whose program the code goes to
+  std::vector<std::ostringstream> cs_;
+  std::map<std::string, Placed> t_;
+  int64_t hbm_top_ = 0;
+  std::vector<int64_t> dmas_;
+  std::vector<std::map<int, int64_t>> flag_dmas_;
+};
+
+}  // namespace tpusim::compiler::lowering

@@ -1,0 +1,276 @@
+// Vector-unit lowerings: elementwise ops, row ops (softmax, layernorm, reductions,
+// global average pool) and max/average pooling.
+#include "compiler/lower/emitter.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace tpusim::compiler::lowering {
+
+// Elementwise ops: 8x128 tiles streamed HBM -> VMEM -> vector unit -> HBM. A ragged
+// last tile moves only its bytes; the lanes past it compute on stale VMEM and are
+// never stored back.
+void Emitter::lower_elementwise(const Node& n) {
+  const Shape& os = n.type.shape;
+  const int64_t total = num_elements(os);
+  std::vector<int64_t> src;
+  std::vector<DType> sdt;
+  const size_t nin = (n.op == OpKind::kAdd || n.op == OpKind::kSub || n.op == OpKind::kMul || n.op == OpKind::kDiv) ? 2 : 1;
+  for (size_t i = 0; i < nin; ++i) {
+    src.push_back(broadcast_to(n, n.inputs[i], os));
+    sdt.push_back(t_.at(n.inputs[i]).type.dtype);
+  }
+  const int64_t dst = t_.at(n.output).addr;
+  const DType odt = n.type.dtype;
+  constexpr int64_t kIn0 = 0, kIn1 = 8192, kOut = 16384;
+  sync_all();
+  for (int64_t base = 0; base < total; base += kTileElems) {
+    on_core(base / kTileElems);
+    const int64_t cnt = std::min(kTileElems, total - base);
+    for (size_t i = 0; i < nin; ++i) dma(vmem(i ? kIn1 : kIn0), hbm(src[i] + base * esz(sdt[i])), cnt * esz(sdt[i]));
+    wait_dmas();
+    for (size_t i = 0; i < nin; ++i) line(std::string(ld(sdt[i])) + " v" + std::to_string(i) + ", " + at(i ? kIn1 : kIn0));
+    switch (n.op) {
+      case OpKind::kAdd: line("vadd v2, v0, v1"); break;
+      case OpKind::kSub: line("vsub v2, v0, v1"); break;
+      case OpKind::kMul: line("vmul v2, v0, v1"); break;
+      case OpKind::kDiv: line("vdiv v2, v0, v1"); break;
+      case OpKind::kRelu: line("vbcast v3, 0.0"); line("vmax v2, v0, v3"); break;
+      case OpKind::kTanh: line("vtanh v2, v0"); break;
+      case OpKind::kExp: line("vexp v2, v0"); break;
+      case OpKind::kLog: line("vlog v2, v0"); break;
+      case OpKind::kSqrt: line("vsqrt v2, v0"); break;
+      case OpKind::kRsqrt: line("vrsqrt v2, v0"); break;
+      case OpKind::kErf: line("verf v2, v0"); break;
+      case OpKind::kNeg: line("vneg v2, v0"); break;
+      case OpKind::kIdentity:
+      case OpKind::kCast: line("vmov v2, v0"); break;
+      case OpKind::kSigmoid:  // div(1, add(1, exp(neg(x))))
+        line("vneg v3, v0"); line("vexp v3, v3"); line("vbcast v4, 1.0"); line("vadd v3, v4, v3");
+        line("vdiv v2, v4, v3");
+        break;
+      case OpKind::kGelu:  // t = x / fp32(sqrt 2); v = x * (erf(t) + 1); y = v * 0.5
+        line("vbcast v3, " + fimm(1.41421354f)); line("vdiv v3, v0, v3"); line("verf v3, v3");
+        line("vbcast v4, 1.0"); line("vadd v3, v3, v4"); line("vmul v3, v0, v3"); line("vbcast v4, 0.5");
+        line("vmul v2, v3, v4");
+        break;
+      case OpKind::kClip:
+        line("vbcast v3, " + fimm(n.attr_float("min"))); line("vbcast v4, " + fimm(n.attr_float("max")));
+        line("vmax v3, v0, v3"); line("vmin v2, v3, v4");
+        break;
+      case OpKind::kPow: {
+        const float p = n.attr_float("exponent");
+        if (p == 0.5f) line("vsqrt v2, v0");
+        else if (p == 1.0f) line("vmov v2, v0");
+        else if (p == 2.0f) line("vmul v2, v0, v0");
+        else if (p == 3.0f) { line("vmul v3, v0, v0"); line("vmul v2, v3, v0"); }
+        else fail(n, "exponent " + std::to_string(p) + " is not lowered");
+        break;
+      }
+      default: fail(n, "op is not supported by the lowering yet");
+    }
+    line(std::string(st(odt)) + " v2, " + at(kOut));
+    dma(hbm(dst + base * esz(odt)), vmem(kOut), cnt * esz(odt));
+    wait_dmas();
+  }
+}
+
+// Ops over rows of n contiguous elements (softmax and layernorm over the last axis,
+// reductions over an innermost axis block, global average pool): 8 rows per vreg
+// (one per sublane), the row cut into 128-lane tiles. reduce_row's order is kept:
+// lane accumulators start as tile 0 (lanes past n hold the identity), the later
+// tiles are combined in increasing order, then vreduce.lanes does the fixed tree.
+void Emitter::lower_rows(const Node& n) {
+  const Placed& X = t_.at(n.inputs[0]);
+  const Shape& xs = X.type.shape;
+  int64_t len = 0;
+  switch (n.op) {
+    case OpKind::kSoftmax: {
+      int64_t axis = n.attr_int("axis");
+      if (axis < 0) axis += static_cast<int64_t>(xs.size());
+      if (axis != static_cast<int64_t>(xs.size()) - 1) fail(n, "softmax over a non-last axis is not lowered yet");
+      len = xs.back();
+      break;
+    }
+    case OpKind::kLayerNorm: len = xs.back(); break;
+    case OpKind::kGlobalAvgPool: len = xs[2] * xs[3]; break;
+    default: {
+      const auto& axes = n.attr_ints("axes");
+      if (axes.empty() || axes.back() != static_cast<int64_t>(xs.size()) - 1)
+        fail(n, "reductions over other than the innermost axes are not lowered yet");
+      len = num_elements(Shape(xs.begin() + axes.front(), xs.end()));
+    }
+  }
+  const int64_t rows = num_elements(xs) / std::max<int64_t>(len, 1);
+  const int64_t nt = (len + 127) / 128;
+  const int64_t rem = len - (nt - 1) * 128;  // lanes of the last tile
+  const DType xt = X.type.dtype, ot = n.type.dtype;
+  const int64_t ex = esz(xt), eo = esz(ot);
+  constexpr int64_t kTile = 4096;
+  const int64_t xb = 0, sb = xb + nt * kTile, gb = sb + nt * kTile, bb = gb + nt * kTile, ob = bb + nt * kTile;
+  if (static_cast<uint64_t>(ob + nt * kTile) > opt_.target.vmem_bytes) fail(n, "rows too long for VMEM");
+  const int64_t y = t_.at(n.output).addr;
+  const bool row_out = n.op == OpKind::kSoftmax || n.op == OpKind::kLayerNorm;
+  DType gt = xt;
+  sync_all();
+  for (cur_ = 0; cur_ < cores_; ++cur_) {  // every core's VMEM gets the constants
+  if (n.op == OpKind::kLayerNorm) {
+    for (int k = 1; k <= 2; ++k) {
+      const Placed& P = t_.at(n.inputs[static_cast<size_t>(k)]);
+      gt = P.type.dtype;
+      const int64_t e = esz(gt);
+      for (int64_t t = 0; t < nt; ++t)
+        dma(vmem((k == 1 ? gb : bb) + t * kTile), hbm(P.addr + t * 128 * e), std::min<int64_t>(128, len - t * 128) * e,
+            dim(8, 0, 128 * e));
+    }
+    wait_dmas();
+  }
+  if (rem < 128) line("vmask m1, 8, " + std::to_string(rem));
+  line("vbcast v20, " + fimm(-INFINITY));
+  line("vbcast v21, 0.0");
+  line("vbcast v12, " + fimm(static_cast<float>(len)));
+  }
+  cur_ = 0;
+  // acc (v10 or v11) = reduce_row over the tiles that load_tile(t) leaves in v1.
+  auto reduce = [&](const char* kind, const char* ident, const std::string& acc, auto load_tile) {
+    for (int64_t t = 0; t < nt; ++t) {
+      load_tile(t);
+      if (t == nt - 1 && rem < 128) line(std::string("vsel v1, m1, v1, ") + ident);
+      if (t == 0) line("vmov " + acc + ", v1");
+      else line(std::string(kind[0] == 's' ? "vadd " : "vmax ") + acc + ", " + acc + ", v1");
+    }
+    line(std::string("vreduce.lanes.") + kind + " " + acc + ", " + acc);
+  };
+  auto load_x = [&](int64_t t) { line(std::string(ld(xt)) + " v1, " + at(xb + t * kTile)); };
+  auto load_s = [&](int64_t t) { line("vld v1, " + at(sb + t * kTile)); };
+  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    on_core(r0 / 8);
+    const int64_t rg = std::min<int64_t>(8, rows - r0);
+    for (int64_t t = 0; t < nt; ++t)
+      dma(vmem(xb + t * kTile), hbm(X.addr + (r0 * len + t * 128) * ex), std::min<int64_t>(128, len - t * 128) * ex,
+          dim(rg, len * ex, 128 * ex));
+    wait_dmas();
+    switch (n.op) {
+      case OpKind::kSoftmax:  // m = max; e = exp(x - m); y = e / sum(e)
+        reduce("max", "v20", "v10", load_x);
+        for (int64_t t = 0; t < nt; ++t) {
+          load_x(t);
+          line("vsub v1, v1, v10");
+          line("vexp v1, v1");
+          line("vst v1, " + at(sb + t * kTile));
+        }
+        reduce("sum", "v21", "v11", load_s);
+        for (int64_t t = 0; t < nt; ++t) {
+          load_s(t);
+          line("vdiv v1, v1, v11");
+          line(std::string(st(ot)) + " v1, " + at(ob + t * kTile));
+        }
+        break;
+      case OpKind::kLayerNorm:
+        reduce("sum", "v21", "v10", load_x);
+        line("vdiv v10, v10, v12");  // mean
+        for (int64_t t = 0; t < nt; ++t) {
+          load_x(t);
+          line("vsub v1, v1, v10");  // d
+          line("vst v1, " + at(sb + t * kTile));
+        }
+        reduce("sum", "v21", "v11", [&](int64_t t) { load_s(t); line("vmul v1, v1, v1"); });
+        line("vdiv v11, v11, v12");  // var
+        line("vbcast v13, " + fimm(n.attr_float("epsilon")));
+        line("vadd v11, v11, v13");
+        line("vsqrt v11, v11");  // den
+        for (int64_t t = 0; t < nt; ++t) {
+          load_s(t);
+          line("vdiv v1, v1, v11");
+          line(std::string(ld(gt)) + " v2, " + at(gb + t * kTile));
+          line("vmul v1, v1, v2");
+          line(std::string(ld(gt)) + " v3, " + at(bb + t * kTile));
+          line("vadd v1, v1, v3");
+          line(std::string(st(ot)) + " v1, " + at(ob + t * kTile));
+        }
+        break;
+      default:
+        if (n.op == OpKind::kReduceMax) {
+          reduce("max", "v20", "v10", load_x);
+        } else {
+          reduce("sum", "v21", "v10", load_x);
+          if (n.op != OpKind::kReduceSum) line("vdiv v10, v10, v12");
+        }
+        line(std::string(st(ot)) + " v10, " + at(ob));
+    }
+    if (row_out) {
+      for (int64_t t = 0; t < nt; ++t) {
+        dma(hbm(y + (r0 * len + t * 128) * eo), vmem(ob + t * kTile), std::min<int64_t>(128, len - t * 128) * eo,
+            dim(rg, 128 * eo, len * eo));
+        wait_dmas();  // neighbouring tiles' bounding ranges interleave (race checker)
+      }
+    } else {
+      dma(hbm(y + r0 * eo), vmem(ob), eo, dim(rg, 128 * eo, eo));
+      wait_dmas();
+    }
+  }
+}
+
+// maxpool / avgpool: each output pixel's window taps are gathered, row-major in
+// (kh, kw), into one row of HBM scratch P[(n,c,oh,ow), kh*KW + kw] by one 3-D DMA
+// per (n, kh, kw); then P is a row reduction (lower_rows). Taps outside the image
+// are the identity for max (-inf, so the max is over the valid taps) and +0.0 for
+// an average with count_include_pad (the recipe's zero taps, divisor KH*KW).
+// count_include_pad = 0 with padding compacts a different tap list per border
+// pixel, which this layout does not reproduce: refused.
+void Emitter::lower_pool(const Node& n) {
+  const Placed X = t_.at(n.inputs[0]);
+  const auto& k = n.attr_ints("kernel");
+  const auto& st = n.attr_ints("strides");
+  const auto& pads = n.attr_ints("pads");
+  const bool is_max = n.op == OpKind::kMaxPool;
+  const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
+  if (!is_max && any_pad && n.attr_int("count_include_pad") == 0)
+    fail(n, "avgpool with padding and count_include_pad=0 is not lowered yet");
+  const int64_t NB = X.type.shape[0], CH = X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
+  const int64_t OH = n.type.shape[2], OW = n.type.shape[3], KK = k[0] * k[1];
+  const int64_t T = NB * CH * OH * OW;
+  const DType dt = X.type.dtype;
+  const int64_t e = esz(dt), tile = kTileElems * e;
+  const int64_t P = place_hbm(align_up(T * KK * e, tile));
+  check_addr(n, hbm_top_);
+  if (is_max && any_pad) {
+    line("vbcast v0, " + fimm(-INFINITY));
+    line(std::string(this->st(dt)) + " v0, " + at(0));
+    dma(hbm(P), vmem(0), tile, dim(align_up(T * KK * e, tile) / tile, 0, tile));
+    wait_dmas();
+  }
+  for (int64_t b = 0; b < NB; ++b)
+    for (int64_t kh = 0; kh < k[0]; ++kh)
+      for (int64_t kw = 0; kw < k[1]; ++kw) {
+        auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
+          *lo = 0;
+          while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
+          *hi = out;
+          while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
+        };
+        int64_t oh0, oh1, ow0, ow1;
+        range(OH, H, st[0], pads[0], kh, &oh0, &oh1);
+        range(OW, W, st[1], pads[1], kw, &ow0, &ow1);
+        if (oh0 >= oh1 || ow0 >= ow1) continue;
+        const int64_t ih = oh0 * st[0] - pads[0] + kh, iw = ow0 * st[1] - pads[1] + kw;
+        const int64_t src = X.addr + ((b * CH * H + ih) * W + iw) * e;
+        const int64_t dst = P + (((b * CH * OH + oh0) * OW + ow0) * KK + kh * k[1] + kw) * e;
+        dma(hbm(dst), hbm(src), e,
+            dim(ow1 - ow0, st[1] * e, KK * e) + dim(oh1 - oh0, st[0] * W * e, OW * KK * e) +
+                dim(CH, H * W * e, OH * OW * KK * e));
+        wait_dmas();  // the gathers' bounding ranges interleave (race checker)
+      }
+  const std::string tag = "#pool" + std::to_string(n.id);
+  t_[tag] = Placed{TensorType{dt, {T, KK}}, P};
+  Node r;
+  r.id = n.id;
+  r.op = is_max ? OpKind::kReduceMax : OpKind::kReduceMean;
+  r.inputs = {tag};
+  r.output = n.output;
+  r.type = n.type;
+  r.attrs["axes"] = Attr::Ints({1});
+  lower_rows(r);
+}
+
+}  // namespace tpusim::compiler::lowering
