@@ -23,6 +23,7 @@ struct OpInfo {
 const OpInfo kOps[] = {
     {OpKind::kMatmul, "matmul", 2, 3, false},
     {OpKind::kConv2d, "conv2d", 2, 3, false},
+    {OpKind::kAllReduce, "all_reduce", 1, 1, false},
     {OpKind::kAdd, "add", 2, 2, true},
     {OpKind::kSub, "sub", 2, 2, true},
     {OpKind::kMul, "mul", 2, 2, true},
@@ -57,6 +58,10 @@ const OpInfo kOps[] = {
     {OpKind::kGather, "gather", 2, 2, false},
     {OpKind::kCast, "cast", 1, 1, true},
     {OpKind::kIdentity, "identity", 1, 1, true},
+    {OpKind::kReluGrad, "relu_grad", 2, 2, false},
+    {OpKind::kMaxPoolGrad, "maxpool_grad", 3, 3, false},
+    {OpKind::kReverse, "reverse", 1, 1, false},
+    {OpKind::kIm2col, "im2col", 1, 1, false},
 };
 
 const OpInfo& info(OpKind k) {
@@ -290,7 +295,7 @@ TensorType infer_type(const Node& n, const std::vector<TensorType>& in) {
       return x;
     case OpKind::kRelu: case OpKind::kGelu: case OpKind::kTanh: case OpKind::kSigmoid: case OpKind::kExp:
     case OpKind::kLog: case OpKind::kSqrt: case OpKind::kRsqrt: case OpKind::kErf: case OpKind::kNeg:
-    case OpKind::kIdentity:
+    case OpKind::kIdentity: case OpKind::kAllReduce:
       return x;
     case OpKind::kSoftmax: {
       const int64_t axis = get_int(n, "axis", -1);
@@ -406,6 +411,36 @@ TensorType infer_type(const Node& n, const std::vector<TensorType>& in) {
       out.insert(out.end(), in[1].shape.begin(), in[1].shape.end());
       out.insert(out.end(), x.shape.begin() + axis + 1, x.shape.end());
       return {x.dtype, out};
+    }
+    case OpKind::kReluGrad:
+      if (in[1].shape != x.shape) fail(n, "dy " + type_str(x) + " and x " + type_str(in[1]) + " must have one shape");
+      return x;
+    case OpKind::kMaxPoolGrad: {
+      const TensorType& px = in[1];
+      need_rank(n, px, 4, "x");
+      const auto k = get_ints(n, "kernel", 2), st = get_ints(n, "strides", 2), pads = get_ints(n, "pads", 4);
+      const int64_t oh = pool_extent(n, px.shape[2], pads[0], pads[2], k[0], 1, st[0]);
+      const int64_t ow = pool_extent(n, px.shape[3], pads[1], pads[3], k[1], 1, st[1]);
+      if (pads[0] >= k[0] || pads[2] >= k[0] || pads[1] >= k[1] || pads[3] >= k[1]) fail(n, "pads must be smaller than the window");
+      const Shape pooled{px.shape[0], px.shape[1], oh, ow};
+      if (x.shape != pooled || in[2].shape != pooled)
+        fail(n, "dy " + type_str(x) + " and y " + type_str(in[2]) + " must have the pooled shape " + shape_str(pooled));
+      return px;
+    }
+    case OpKind::kReverse: {
+      const auto axes = get_ints(n, "axes", 0);
+      for (size_t i = 0; i < axes.size(); ++i)
+        if (axes[i] < 0 || axes[i] >= static_cast<int64_t>(x.shape.size()) || (i && axes[i] <= axes[i - 1]))
+          fail(n, "axes " + shape_str(axes) + " must be increasing and within the rank of " + type_str(x));
+      return x;
+    }
+    case OpKind::kIm2col: {
+      need_rank(n, x, 4, "input");
+      const auto k = get_ints(n, "kernel", 2), st = get_ints(n, "strides", 2), pads = get_ints(n, "pads", 4),
+                 dil = get_ints(n, "dilations", 2);
+      const int64_t oh = pool_extent(n, x.shape[2], pads[0], pads[2], k[0], dil[0], st[0]);
+      const int64_t ow = pool_extent(n, x.shape[3], pads[1], pads[3], k[1], dil[1], st[1]);
+      return {x.dtype, {x.shape[0] * oh * ow, k[0] * k[1] * x.shape[1]}};
     }
     case OpKind::kCast: {
       need_float(n, x, "operand");

@@ -37,6 +37,10 @@ std::string type_str(const TensorType& t);  // "f32[2,3]"
 enum class OpKind {
   kMatmul,     // (a, b [, c]) {trans_a, trans_b, alpha, beta}: batched, numpy batch broadcast; c is the Gemm bias
   kConv2d,     // (x NCHW, w OIHW [, b]) {strides, pads [t,l,b,r], dilations, groups}
+  // Data parallelism (docs/codegen.md "Replicas"): every replica's result is the
+  // fp32 sum over the replicas of that replica's x, in the add order of the
+  // collective schedule the lowering uses (docs/ici.md "Add order"); 1 replica: identity.
+  kAllReduce,  // (x)
   kAdd, kSub, kMul, kDiv,  // numpy broadcasting
   kPow,        // (x) {exponent}: 0.5, 1, 2 or 3
   kRelu, kGelu, kTanh, kSigmoid, kExp, kLog, kSqrt, kRsqrt, kErf, kNeg,
@@ -56,6 +60,11 @@ enum class OpKind {
   kGather,     // (data, indices i64) {axis}
   kCast,       // {to = "f32" | "bf16"}
   kIdentity,
+  // Training (compiler/train, docs/training.md): gradients the backward pass needs.
+  kReluGrad,     // (dy, x): x > +0.0 ? dy : +0.0 (same shapes)
+  kMaxPoolGrad,  // (dy, x, y) {kernel, strides, pads}: dy to the first tap of each window equal to y; type of x
+  kReverse,      // (x) {axes}: element order reversed along each listed axis
+  kIm2col,       // (x NCHW) {kernel, strides, pads, dilations}: [N*OH*OW, KH*KW*C], column (kh*KW + kw)*C + c
 };
 const char* op_name(OpKind k);
 bool parse_op_name(const std::string& s, OpKind* out);

@@ -1,6 +1,7 @@
 // Each op below follows its recipe in docs/compiler.md literally: change one, change
 // the other (and the lowering that must match it bit for bit).
 #include "compiler/ref/evaluate.h"
+#include "compiler/ref/replicas.h"
 
 #include <cmath>
 
@@ -55,6 +56,14 @@ class Evaluator {
   Evaluator(const Graph& g, const EvalOptions& o) : g_(g), opt_(o) {}
 
   std::map<std::string, HostTensor> run(const std::map<std::string, HostTensor>& inputs) {
+    bind(inputs);
+    for (const Node& n : g_.nodes) step(n);
+    return results();
+  }
+
+  // The pieces of run(), so evaluate_replicated can run replicas node by node in
+  // lockstep and combine them at every all_reduce.
+  void bind(const std::map<std::string, HostTensor>& inputs) {
     for (const GraphInput& in : g_.inputs) {
       auto it = inputs.find(in.name);
       if (it == inputs.end()) throw CompileError("input '" + in.name + "' (" + type_str(in.type) + ") is missing");
@@ -75,16 +84,26 @@ class Evaluator {
       vals_[in.name] = std::move(t);
     }
     for (const Constant& c : g_.constants) vals_[c.name] = HostTensor{c.type.dtype, c.type.shape, c.f, c.i};
-    for (const Node& n : g_.nodes) {
-      HostTensor out;
-      out.dtype = n.type.dtype;
-      out.shape = n.type.shape;
-      if (n.type.dtype != DType::kI64) out.f.assign(static_cast<size_t>(num_elements(n.type.shape)), 0.0f);
-      compute(n, out);
-      if (out.dtype != DType::kI64)
-        for (float& v : out.f) v = store(out.dtype, v);
-      vals_[n.output] = std::move(out);
-    }
+  }
+
+  void step(const Node& n) {
+    HostTensor out;
+    out.dtype = n.type.dtype;
+    out.shape = n.type.shape;
+    if (n.type.dtype != DType::kI64) out.f.assign(static_cast<size_t>(num_elements(n.type.shape)), 0.0f);
+    compute(n, out);
+    set(n.output, std::move(out));
+  }
+
+  // Stores a node result with the store rounding of its dtype.
+  void set(const std::string& name, HostTensor out) {
+    if (out.dtype != DType::kI64)
+      for (float& v : out.f) v = store(out.dtype, v);
+    vals_[name] = std::move(out);
+  }
+  const HostTensor& value(const std::string& name) const { return vals_.at(name); }
+
+  std::map<std::string, HostTensor> results() const {
     std::map<std::string, HostTensor> result;
     for (const std::string& o : g_.outputs) result[o] = vals_.at(o);
     return result;
@@ -110,12 +129,17 @@ class Evaluator {
       case OpKind::kGlobalAvgPool: return global_avgpool(n, out);
       case OpKind::kTranspose: return transpose(n, out);
       case OpKind::kReshape: case OpKind::kFlatten: case OpKind::kIdentity: case OpKind::kCast:
+      case OpKind::kAllReduce:  // one replica; evaluate_replicated combines several
         out.f = in(n, 0).f;
         return;
       case OpKind::kConcat: return concat(n, out);
       case OpKind::kSlice: return slice(n, out);
       case OpKind::kPad: return pad(n, out);
       case OpKind::kGather: return gather(n, out);
+      case OpKind::kReluGrad: return relu_grad(n, out);
+      case OpKind::kMaxPoolGrad: return maxpool_grad(n, out);
+      case OpKind::kReverse: return reverse(n, out);
+      case OpKind::kIm2col: return im2col(n, out);
       default: return unary(n, out);
     }
   }
@@ -447,6 +471,83 @@ class Evaluator {
     }
   }
 
+  // relu_grad(dy, x) = x > +0.0 ? dy : +0.0 (cmp_lt(+0.0, x); NaN x gives +0.0).
+  void relu_grad(const Node& n, HostTensor& out) {
+    const std::vector<float>&dy = in(n, 0).f, &x = in(n, 1).f;
+    for (size_t k = 0; k < out.f.size(); ++k) out.f[k] = num::cmp_lt(0.0f, x[k]) ? dy[k] : 0.0f;
+  }
+
+  // maxpool_grad(dy, x, y): per (n, c) plane, output pixels in row-major order; each
+  // sends dy to the first valid tap (row-major in (kh, kw)) with cmp_eq(x_tap, y).
+  // A tap's first contribution is dy itself, later ones (overlapping windows) are
+  // num::add-ed in output-pixel order; taps no window picked are +0.0.
+  void maxpool_grad(const Node& n, HostTensor& out) {
+    const HostTensor &dy = in(n, 0), &x = in(n, 1), &y = in(n, 2);
+    const auto& k = n.attr_ints("kernel");
+    const auto& st = n.attr_ints("strides");
+    const auto& pads = n.attr_ints("pads");
+    const int64_t H = x.shape[2], W = x.shape[3], OH = dy.shape[2], OW = dy.shape[3];
+    std::vector<bool> hit(out.f.size(), false);
+    for (int64_t p = 0; p < x.shape[0] * x.shape[1]; ++p)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          const size_t o = static_cast<size_t>((p * OH + oh) * OW + ow);
+          bool done = false;
+          for (int64_t i = 0; i < k[0] && !done; ++i)
+            for (int64_t j = 0; j < k[1] && !done; ++j) {
+              const int64_t h = oh * st[0] - pads[0] + i, w = ow * st[1] - pads[1] + j;
+              if (h < 0 || h >= H || w < 0 || w >= W) continue;
+              const size_t t = static_cast<size_t>((p * H + h) * W + w);
+              if (!num::cmp_eq(x.f[t], y.f[o])) continue;
+              out.f[t] = hit[t] ? num::add(out.f[t], dy.f[o]) : dy.f[o];
+              hit[t] = true;
+              done = true;
+            }
+        }
+  }
+
+  void reverse(const Node& n, HostTensor& out) {
+    const HostTensor& x = in(n, 0);
+    const auto xs = strides_of(x.shape);
+    std::vector<bool> rev(x.shape.size(), false);
+    for (int64_t a : n.attr_ints("axes")) rev[static_cast<size_t>(a)] = true;
+    std::vector<int64_t> idx(x.shape.size(), 0);
+    for (size_t e = 0; e < out.f.size(); ++e) {
+      int64_t off = 0;
+      for (size_t d = 0; d < idx.size(); ++d) off += (rev[d] ? x.shape[d] - 1 - idx[d] : idx[d]) * xs[d];
+      out.f[e] = x.f[static_cast<size_t>(off)];
+      for (size_t d = idx.size(); d-- > 0;) {
+        if (++idx[d] < x.shape[d]) break;
+        idx[d] = 0;
+      }
+    }
+  }
+
+  // im2col rows (n, oh, ow), columns (kh*KW + kw)*C + c: the conv recipe's reduction
+  // order; padding taps are +0.0.
+  void im2col(const Node& n, HostTensor& out) {
+    const HostTensor& x = in(n, 0);
+    const auto& k = n.attr_ints("kernel");
+    const auto& st = n.attr_ints("strides");
+    const auto& pads = n.attr_ints("pads");
+    const auto& dil = n.attr_ints("dilations");
+    const int64_t C = x.shape[1], H = x.shape[2], W = x.shape[3];
+    const int64_t OH = (H + pads[0] + pads[2] - dil[0] * (k[0] - 1) - 1) / st[0] + 1;
+    const int64_t OW = (W + pads[1] + pads[3] - dil[1] * (k[1] - 1) - 1) / st[1] + 1;
+    const int64_t K = k[0] * k[1] * C;
+    for (int64_t b = 0; b < x.shape[0]; ++b)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow)
+          for (int64_t i = 0; i < k[0]; ++i)
+            for (int64_t j = 0; j < k[1]; ++j) {
+              const int64_t h = oh * st[0] - pads[0] + i * dil[0], w = ow * st[1] - pads[1] + j * dil[1];
+              if (h < 0 || h >= H || w < 0 || w >= W) continue;
+              for (int64_t c = 0; c < C; ++c)
+                out.f[static_cast<size_t>(((b * OH + oh) * OW + ow) * K + (i * k[1] + j) * C + c)] =
+                    x.f[static_cast<size_t>(((b * C + c) * H + h) * W + w)];
+            }
+  }
+
   void gather(const Node& n, HostTensor& out) {
     const HostTensor &x = in(n, 0), &ix = in(n, 1);
     const int64_t axis = n.attr_int("axis");
@@ -473,6 +574,59 @@ std::map<std::string, HostTensor> evaluate(const Graph& graph, const std::map<st
   apply_precision(g, policy);
   verify(g, "evaluate");
   return Evaluator(g, options).run(inputs);
+}
+
+std::map<std::string, HostTensor> evaluate_replicated(const Graph& graph, const std::map<std::string, HostTensor>& inputs,
+                                                      num::PrecisionPolicy policy, const ReplicaSpec& spec,
+                                                      const EvalOptions& options) {
+  if (spec.replicas <= 1) return evaluate(graph, inputs, policy, options);
+  Graph global = graph;
+  apply_precision(global, policy);
+  verify(global, "evaluate");
+  const ReplicaGraph rg = replica_graph(global, spec);
+  const int R = spec.replicas;
+  std::vector<Evaluator> ev;
+  ev.reserve(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) ev.emplace_back(rg.graph, options);
+  for (int r = 0; r < R; ++r) {
+    std::map<std::string, HostTensor> mine;
+    for (const GraphInput& in : global.inputs) {
+      auto it = inputs.find(in.name);
+      if (it == inputs.end()) throw CompileError("input '" + in.name + "' (" + type_str(in.type) + ") is missing");
+      if (it->second.shape != in.type.shape)
+        throw CompileError("input '" + in.name + "' has shape " + shape_str(it->second.shape) + ", the graph expects " +
+                           shape_str(in.type.shape));
+      mine[in.name] = rg.batched_inputs.count(in.name) ? batch_slice(it->second, r, R) : it->second;
+    }
+    ev[static_cast<size_t>(r)].bind(mine);
+  }
+  for (const Node& n : rg.graph.nodes) {
+    if (n.op != OpKind::kAllReduce) {
+      for (auto& e : ev) e.step(n);
+      continue;
+    }
+    std::vector<std::vector<float>> x;
+    for (const auto& e : ev) x.push_back(e.value(n.inputs[0]).f);
+    std::vector<std::vector<float>> y = all_reduce_values(spec, x);
+    for (int r = 0; r < R; ++r) {
+      HostTensor out;
+      out.dtype = n.type.dtype;
+      out.shape = n.type.shape;
+      out.f = std::move(y[static_cast<size_t>(r)]);
+      ev[static_cast<size_t>(r)].set(n.output, std::move(out));
+    }
+  }
+  std::map<std::string, HostTensor> result;
+  for (const std::string& o : global.outputs) {
+    if (!rg.batched_outputs.count(o)) {
+      result[o] = ev[0].value(o);
+      continue;
+    }
+    std::vector<HostTensor> parts;
+    for (const auto& e : ev) parts.push_back(e.value(o));
+    result[o] = batch_concat(parts);
+  }
+  return result;
 }
 
 }  // namespace tpusim::compiler
