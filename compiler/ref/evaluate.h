@@ -34,4 +34,15 @@ struct EvalOptions {
 std::map<std::string, HostTensor> evaluate(const Graph& g, const std::map<std::string, HostTensor>& inputs,
                                            num::PrecisionPolicy policy, const EvalOptions& options = {});
 
+struct ReplicaSpec;  // compiler/ref/replicas.h
+// Data-parallel evaluation (docs/codegen.md "Replicas"): the graph's batched inputs
+// are split along axis 0 over spec.replicas replicas, every replica evaluates the
+// per-replica graph node by node in lockstep, and each all_reduce sums the replicas'
+// operands in the add order of its collective schedule. Batched outputs are the
+// replicas' results concatenated along axis 0, the others replica 0's. One replica:
+// evaluate().
+std::map<std::string, HostTensor> evaluate_replicated(const Graph& g, const std::map<std::string, HostTensor>& inputs,
+                                                      num::PrecisionPolicy policy, const ReplicaSpec& spec,
+                                                      const EvalOptions& options = {});
+
 }  // namespace tpusim::compiler

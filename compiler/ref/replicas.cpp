@@ -1,0 +1,166 @@
+#include "compiler/ref/replicas.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "isa/numerics/fp32.h"
+
+namespace tpusim::compiler {
+
+int chips_used(const ReplicaSpec& s) {
+  return s.replicas <= s.cores_per_chip ? 1 : (s.replicas + s.cores_per_chip - 1) / s.cores_per_chip;
+}
+
+void check_replicas(const ReplicaSpec& s) {
+  const int board = s.board.chips();
+  if (s.replicas < 1) throw CompileError("--replicas must be at least 1");
+  if (s.replicas > s.cores_per_chip && s.replicas % s.cores_per_chip != 0)
+    throw CompileError("--replicas " + std::to_string(s.replicas) + ": more replicas than the " +
+                       std::to_string(s.cores_per_chip) + " cores of a chip must fill whole chips");
+  if (chips_used(s) > board)
+    throw CompileError("--replicas " + std::to_string(s.replicas) + ": the board has " + std::to_string(board) +
+                       " chips of " + std::to_string(s.cores_per_chip) + " cores (" +
+                       std::to_string(board * s.cores_per_chip) + " replicas at most)");
+  if (s.algorithm != "auto" && s.algorithm != "ring" && s.algorithm != "bidir-ring" && s.algorithm != "torus")
+    throw CompileError("--collective '" + s.algorithm + "': expected auto, ring, bidir-ring or torus");
+}
+
+ici::Topology replica_topology(const ReplicaSpec& s) {
+  const int chips = chips_used(s);
+  std::vector<int> chip_dims;
+  const std::vector<int>& bd = s.board.dims();
+  int prefix = 1;
+  size_t k = 0;
+  while (k < bd.size() && prefix < chips) prefix *= bd[k++];
+  if (prefix == chips)
+    chip_dims.assign(bd.begin(), bd.begin() + static_cast<std::ptrdiff_t>(k));
+  else
+    chip_dims = {chips};  // not a sub-box of the board: one ring through the used chips
+  std::vector<int> dims;
+  const int cores = s.replicas <= s.cores_per_chip ? s.replicas : s.cores_per_chip;
+  if (cores > 1) dims.push_back(cores);
+  for (int d : chip_dims)
+    if (d > 1) dims.push_back(d);
+  switch (dims.size()) {
+    case 0: return ici::Topology(ici::TopologyKind::kSingle, {1});
+    case 1: return ici::Topology(ici::TopologyKind::kRing, dims);
+    case 2: return ici::Topology(ici::TopologyKind::kTorus2d, dims);
+    case 3: return ici::Topology(ici::TopologyKind::kTorus3d, dims);
+    default: return ici::Topology(ici::TopologyKind::kRing, {s.replicas});
+  }
+}
+
+ici::Algorithm choose_algorithm(const ReplicaSpec& s, int64_t elements) {
+  if (s.algorithm != "auto") return ici::parse_algorithm(s.algorithm);
+  const ici::Topology t = replica_topology(s);
+  const int64_t p = t.chips();
+  int dims = 0;
+  for (int d : t.dims()) dims += d > 1;
+  // The torus algorithm takes 2 sum(k_h - 1) steps where a ring takes 2 (p - 1), so
+  // it wins on latency and on bandwidth (all 2D directions busy) whenever every one
+  // of its 2D groups still gets at least one element per block.
+  if (dims >= 2 && elements >= 2 * dims * p) return ici::Algorithm::kTorus;
+  if (p >= 2 && elements >= 2 * p) return ici::Algorithm::kBidirectionalRing;
+  return ici::Algorithm::kRing;
+}
+
+ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements) {
+  return ici::make_schedule(ici::CollectiveKind::kAllReduce, choose_algorithm(s, elements), replica_topology(s),
+                            elements);
+}
+
+std::vector<std::vector<float>> all_reduce_values(const ReplicaSpec& s, const std::vector<std::vector<float>>& x) {
+  std::vector<std::vector<float>> state = x;
+  if (s.replicas <= 1 || x.empty()) return state;
+  const ici::Schedule sch = all_reduce_schedule(s, static_cast<int64_t>(x[0].size()));
+  // No element of an all-reduce is ever unset; NaN compares unequal to everything,
+  // so no value (NaN included) is mistaken for the marker.
+  const float unset = std::numeric_limits<float>::quiet_NaN();
+  ici::execute<float>(sch, state, unset, [](float received, float local) { return num::add(received, local); });
+  return state;
+}
+
+ReplicaGraph replica_graph(const Graph& global, const ReplicaSpec& s) {
+  ReplicaGraph out;
+  out.graph = global;
+  const int R = s.replicas;
+  std::set<std::string> named(s.batched.begin(), s.batched.end());
+  for (const std::string& b : named) {
+    bool found = false;
+    for (const auto& in : global.inputs) found = found || in.name == b;
+    if (!found) throw CompileError(global.name + ": batched input '" + b + "' is not an input of the graph");
+  }
+  std::map<std::string, TensorType> types;
+  for (auto& in : out.graph.inputs) {
+    if (!named.empty() && !named.count(in.name)) {
+      types[in.name] = in.type;
+      continue;
+    }
+    if (in.type.shape.empty() || in.type.shape[0] % R != 0)
+      throw CompileError(global.name + ": input '" + in.name + "' " + type_str(in.type) + ": its batch (axis 0) does not split over " +
+                         std::to_string(R) + " replicas");
+    in.type.shape[0] /= R;
+    out.batched_inputs.insert(in.name);
+    types[in.name] = in.type;
+  }
+  for (const auto& c : out.graph.constants) types[c.name] = c.type;
+  const std::map<std::string, TensorType> old = global.types();
+  for (auto& n : out.graph.nodes) {
+    std::vector<TensorType> operands;
+    for (const auto& i : n.inputs) operands.push_back(types.at(i));
+    if (n.op == OpKind::kReshape && !operands.empty()) {
+      const Shape& was = old.at(n.inputs[0]).shape;
+      const Shape& now = operands[0].shape;
+      auto it = n.attrs.find("shape");
+      if (it != n.attrs.end() && !was.empty() && !now.empty() && was[0] != now[0] && !it->second.ints.empty() &&
+          it->second.ints[0] == was[0])
+        it->second.ints[0] = now[0];
+    }
+    try {
+      n.type = infer_type(n, operands);
+    } catch (const CompileError& e) {
+      throw CompileError(std::string("per-replica graph (batch split over ") + std::to_string(R) + " replicas): " + e.what());
+    }
+    types[n.output] = n.type;
+  }
+  for (const auto& o : out.graph.outputs) {
+    const TensorType& g = old.at(o);
+    const TensorType& r = types.at(o);
+    if (g == r) continue;
+    Shape back = r.shape;
+    if (!back.empty()) back[0] *= R;
+    if (back != g.shape)
+      throw CompileError(global.name + ": output '" + o + "' is " + type_str(g) + " but " + type_str(r) +
+                         " per replica: not the replicas' results stacked along axis 0");
+    out.batched_outputs.insert(o);
+  }
+  verify(out.graph, "per-replica graph");
+  return out;
+}
+
+HostTensor batch_slice(const HostTensor& t, int r, int replicas) {
+  HostTensor s;
+  s.dtype = t.dtype;
+  s.shape = t.shape;
+  s.shape[0] /= replicas;
+  const int64_t n = num_elements(s.shape);
+  if (t.dtype == DType::kI64)
+    s.i.assign(t.i.begin() + r * n, t.i.begin() + (r + 1) * n);
+  else
+    s.f.assign(t.f.begin() + r * n, t.f.begin() + (r + 1) * n);
+  return s;
+}
+
+HostTensor batch_concat(const std::vector<HostTensor>& parts) {
+  HostTensor t = parts.at(0);
+  t.shape[0] *= static_cast<int64_t>(parts.size());
+  for (size_t k = 1; k < parts.size(); ++k) {
+    t.f.insert(t.f.end(), parts[k].f.begin(), parts[k].f.end());
+    t.i.insert(t.i.end(), parts[k].i.begin(), parts[k].i.end());
+  }
+  return t;
+}
+
+}  // namespace tpusim::compiler

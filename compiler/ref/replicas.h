@@ -1,0 +1,64 @@
+// Data parallelism (docs/codegen.md "Replicas"), shared by the graph reference and
+// the lowering so both see the same per-replica graph and the same collective
+// schedule, hence the same add order: SPMD replication of one graph over the
+// TensorCores of a board, each replica on its slice of the global batch.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "compiler/ir/graph.h"
+#include "compiler/ref/evaluate.h"
+#include "hw/ici/collectives.h"
+
+namespace tpusim::compiler {
+
+struct ReplicaSpec {
+  int replicas = 1;
+  // Replica r runs on chip r / cores_per_chip, core r % cores_per_chip: the cores
+  // of chip 0 first, then chip 1, ...
+  int cores_per_chip = 1;
+  ici::Topology board;               // the preset's chips (system.topology, system.dims)
+  std::string algorithm = "auto";    // auto | ring | bidir-ring | torus
+  std::vector<std::string> batched;  // inputs split along axis 0; empty = every input
+};
+
+inline int replica_chip(const ReplicaSpec& s, int r) { return s.replicas <= s.cores_per_chip ? 0 : r / s.cores_per_chip; }
+inline int replica_core(const ReplicaSpec& s, int r) { return s.replicas <= s.cores_per_chip ? r : r % s.cores_per_chip; }
+int chips_used(const ReplicaSpec& s);
+
+// Throws CompileError when the replicas do not fit the board.
+void check_replicas(const ReplicaSpec& s);
+
+// The topology a collective over the replicas runs on: dimension 0 the cores of a
+// chip, then the board's dimensions that the used chips span (a prefix of them, or
+// a ring of the used chips); size-1 dimensions dropped. Its chip id is the replica
+// index.
+ici::Topology replica_topology(const ReplicaSpec& s);
+// The algorithm an all_reduce of `elements` uses (docs/codegen.md "Collectives").
+ici::Algorithm choose_algorithm(const ReplicaSpec& s, int64_t elements);
+ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements);
+
+// Every replica's all_reduce result: the schedule run with num::add(received,
+// local) on fp32 values (bf16 operands are exact in fp32; the caller rounds the
+// result to the output dtype once).
+std::vector<std::vector<float>> all_reduce_values(const ReplicaSpec& s, const std::vector<std::vector<float>>& x);
+
+struct ReplicaGraph {
+  Graph graph;                           // the per-replica graph (types re-inferred)
+  std::set<std::string> batched_inputs;  // split along axis 0
+  std::set<std::string> batched_outputs; // replicas' results concatenated along axis 0
+};
+// The per-replica graph of a (policy-applied, verified) global graph: batched
+// inputs' leading dimension divided by the replica count, a reshape whose target
+// leads with the old batch follows it, every type re-inferred. An output whose type
+// changed is batched (it must lead with the batch); the others are taken from
+// replica 0. Throws CompileError naming the input or node that does not split.
+ReplicaGraph replica_graph(const Graph& global, const ReplicaSpec& s);
+
+HostTensor batch_slice(const HostTensor& t, int r, int replicas);
+HostTensor batch_concat(const std::vector<HostTensor>& parts);
+
+}  // namespace tpusim::compiler

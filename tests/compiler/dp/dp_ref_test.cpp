@@ -1,0 +1,161 @@
+// The all_reduce IR op and the replicated graph reference (compiler/ref/replicas.h)
+// against expectations computed here from docs/ici.md's "Add order" text and from
+// the batch split's definition, not from the schedule generator.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "compiler/compiler.h"
+#include "compiler/ref/replicas.h"
+#include "isa/numerics/fp32.h"
+
+namespace tpusim::compiler {
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Wide exponent range so that any other add order changes some bits.
+std::vector<float> wide_values(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> m(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-20, 20);
+  std::vector<float> v(n);
+  for (float& x : v) x = std::ldexp(m(rng), e(rng));
+  return v;
+}
+
+// 1, 2, .., n as the IR's fp32 bit literals.
+std::string hex_consts(int n) {
+  std::string t = "[";
+  for (int k = 1; k <= n; ++k) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "0x%08x", bits(static_cast<float>(k)));
+    t += (k > 1 ? ", " : "") + std::string(buf);
+  }
+  return t + "]";
+}
+
+ReplicaSpec on_one_chip(int replicas, const std::string& algorithm) {
+  ReplicaSpec s;
+  s.replicas = replicas;
+  s.cores_per_chip = replicas;
+  s.board = ici::Topology(ici::TopologyKind::kSingle, {1});
+  s.algorithm = algorithm;
+  return s;
+}
+
+TEST(DpIr, AllReduceTextRoundTripsAndKeepsTheType) {
+  const std::string ir = "graph g {\n  input %x : f32[4,3]\n  %y = all_reduce(%x) : f32[4,3] #0\n  output %y\n}\n";
+  const Graph g = parse_graph(ir);
+  verify(g);
+  EXPECT_EQ(print_graph(parse_graph(print_graph(g))), print_graph(g));
+  EXPECT_EQ(g.nodes[0].op, OpKind::kAllReduce);
+  const std::string bad = "graph g {\n  input %x : f32[4,3]\n  %y = all_reduce(%x) : f32[4,4] #0\n  output %y\n}\n";
+  EXPECT_THROW(verify(parse_graph(bad)), CompileError);
+}
+
+// docs/ici.md: in a ring over positions 0..k-1 the buffer splits into k blocks
+// [E*b/k, E*(b+1)/k) and block b is ((x[b+1] + x[b+2]) + ...) + x[b+k] (mod k),
+// every position ending with the same bits.
+TEST(DpRef, RingAllReduceFoldsInTheDocumentedOrder) {
+  for (int R : {2, 3, 5, 8}) {
+    const ReplicaSpec s = on_one_chip(R, "ring");
+    const int64_t E = 3 * R + 2;  // ragged blocks
+    std::vector<std::vector<float>> x;
+    for (int r = 0; r < R; ++r) x.push_back(wide_values(static_cast<size_t>(E), 100 + r));
+    const auto y = all_reduce_values(s, x);
+    const std::vector<int> order = replica_topology(s).ring_order();
+    ASSERT_EQ(static_cast<int>(order.size()), R);
+    for (int b = 0; b < R; ++b)
+      for (int64_t e = E * b / R; e < E * (b + 1) / R; ++e) {
+        float acc = x[static_cast<size_t>(order[static_cast<size_t>((b + 1) % R)])][static_cast<size_t>(e)];
+        for (int j = 2; j <= R; ++j)
+          acc = num::add(acc, x[static_cast<size_t>(order[static_cast<size_t>((b + j) % R)])][static_cast<size_t>(e)]);
+        for (int r = 0; r < R; ++r)
+          ASSERT_EQ(bits(y[static_cast<size_t>(r)][static_cast<size_t>(e)]), bits(acc)) << "R " << R << " replica " << r << " element " << e;
+      }
+  }
+}
+
+// Integers small enough that every order is exact: each algorithm's result is the
+// plain sum on every replica, on one chip and on a v3-8-shaped board.
+TEST(DpRef, EveryAlgorithmSumsExactValuesOnEveryReplica) {
+  for (const std::string alg : {"ring", "bidir-ring", "torus", "auto"})
+    for (int R : {2, 4, 8}) {
+      ReplicaSpec s;
+      s.replicas = R;
+      s.cores_per_chip = 2;
+      s.board = ici::Topology(ici::TopologyKind::kTorus2d, {2, 2});
+      s.algorithm = alg;
+      const int64_t E = 97;
+      std::vector<std::vector<float>> x(static_cast<size_t>(R), std::vector<float>(E));
+      for (int r = 0; r < R; ++r)
+        for (int64_t e = 0; e < E; ++e) x[static_cast<size_t>(r)][static_cast<size_t>(e)] = static_cast<float>((r + 1) * 1000 + e);
+      const auto y = all_reduce_values(s, x);
+      for (int r = 0; r < R; ++r)
+        for (int64_t e = 0; e < E; ++e) {
+          double want = 0;
+          for (int q = 0; q < R; ++q) want += (q + 1) * 1000 + e;
+          ASSERT_EQ(y[static_cast<size_t>(r)][static_cast<size_t>(e)], static_cast<float>(want)) << alg << " R " << R;
+        }
+    }
+}
+
+TEST(DpRef, ReplicaTopologyPutsTheCoresOfAChipFirst) {
+  ReplicaSpec s;
+  s.cores_per_chip = 2;
+  s.board = ici::Topology(ici::TopologyKind::kTorus2d, {2, 2});
+  s.replicas = 8;
+  EXPECT_EQ(replica_topology(s).dims(), (std::vector<int>{2, 2, 2}));
+  s.replicas = 4;
+  EXPECT_EQ(replica_topology(s).dims(), (std::vector<int>{2, 2}));
+  s.replicas = 2;
+  EXPECT_EQ(replica_topology(s).dims(), (std::vector<int>{2}));
+  EXPECT_EQ(replica_chip(s, 1), 0);
+  s.replicas = 6;
+  EXPECT_NO_THROW(check_replicas(s));  // 3 of the 4 chips: one ring through them
+  EXPECT_EQ(replica_topology(s).dims(), (std::vector<int>{2, 3}));
+  s.replicas = 7;
+  EXPECT_THROW(check_replicas(s), CompileError);  // not whole chips
+  s.replicas = 10;
+  EXPECT_THROW(check_replicas(s), CompileError);
+}
+
+// The replicated reference of a graph without all_reduce is the global graph's
+// reference (every op here is per batch row); with an all_reduce of a per-replica
+// reduction, replica 0's value is the documented fold of the replicas' partial sums.
+TEST(DpRef, ReplicatedEvaluationSplitsTheBatch) {
+  const std::string ir =
+      "graph g {\n  input %x : f32[8,5]\n  const %w : f32[5,3] = " + hex_consts(15) + "\n"
+      "  %h = matmul(%x, %w) : f32[8,3] #0\n  %r = relu(%h) : f32[8,3] #1\n"
+      "  %s = reduce_sum(%r) {axes=[0], keepdims=0} : f32[3] #2\n"
+      "  %t = all_reduce(%s) : f32[3] #3\n  output %r\n  output %t\n}\n";
+  const Graph g = parse_graph(ir);
+  std::map<std::string, HostTensor> in;
+  in["x"] = HostTensor{DType::kF32, {8, 5}, wide_values(40, 7), {}};
+  const auto whole = evaluate(g, in, num::PrecisionPolicy::kDefault);
+  const ReplicaSpec s = on_one_chip(4, "ring");
+  const auto rep = evaluate_replicated(g, in, num::PrecisionPolicy::kDefault, s);
+  ASSERT_EQ(rep.at("r").shape, (Shape{8, 3}));
+  for (size_t k = 0; k < 24; ++k) EXPECT_EQ(bits(rep.at("r").f[k]), bits(whole.at("r").f[k]));
+  // Per-replica sums of 2 rows each, then the ring fold of docs/ici.md (3 elements
+  // over 4 positions: blocks [0,0) [0,1) [1,2) [2,3), i.e. element e in block e+1).
+  const auto& r = whole.at("r").f;
+  std::vector<std::vector<float>> part(4, std::vector<float>(3));
+  for (int q = 0; q < 4; ++q)
+    for (int c = 0; c < 3; ++c) part[q][c] = num::add(r[(2 * q) * 3 + c], r[(2 * q + 1) * 3 + c]);
+  for (int e = 0; e < 3; ++e) {
+    const int b = e + 1;
+    float acc = part[(b + 1) % 4][e];
+    for (int j = 2; j <= 4; ++j) acc = num::add(acc, part[(b + j) % 4][e]);
+    EXPECT_EQ(bits(rep.at("t").f[e]), bits(acc)) << "element " << e;
+  }
+}
+
+}  // namespace
+}  // namespace tpusim::compiler
