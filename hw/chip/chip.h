@@ -1,15 +1,15 @@
 // One chip: its TensorCores, the HBM behind one memory port shared by their DMA
-// engines, and the inbox of its links. Chips never touch each other's state
-// directly: a transfer to another chip is a LinkDelivery that lands at least one
-// cycle after it was sent, and same-cycle landings apply in (cycle, source chip,
-// sequence) order, so a partitioned run could reproduce a single-process one.
+// engines, and its host link. Chips never touch each other's state directly: a
+// transfer with an endpoint on another chip goes to the board's ICI network
+// (RemotePort), whose links all have a latency of at least one cycle, so a
+// partitioned run could reproduce a single-process one.
 #pragma once
 
 #include <memory>
-#include <queue>
 #include <vector>
 
 #include "hw/chip/core.h"
+#include "hw/host/host_link.h"
 
 namespace tpusim::hw {
 
@@ -17,9 +17,8 @@ class Chip {
  public:
   Chip(const CoreParams& p, exec::Machine& m, const isa::Bundle& b, uint32_t chip,
        const std::function<std::unique_ptr<mem::MemoryPort>()>& make_memory, uint64_t cycle_ps,
-       Barrier& barrier, timeline::Timeline* tl, std::function<void(LinkDelivery&&)> send_remote);
+       Barrier& barrier, timeline::Timeline* tl, const RemotePort& remote, const HostParams& host);
 
-  void deliver(LinkDelivery&& d);
   void tick(uint64_t cycle);
   void skip(uint64_t n);
   uint64_t next_event_cycle(uint64_t now) const;
@@ -30,23 +29,15 @@ class Chip {
   std::vector<std::unique_ptr<TensorCore>>& cores() { return cores_; }
   const std::vector<std::unique_ptr<TensorCore>>& cores() const { return cores_; }
   MemoryHub& hub() { return *hub_; }
+  HostLink& host() { return *host_; }
   uint32_t index() const { return index_; }
 
  private:
-  struct Later {
-    bool operator()(const LinkDelivery& a, const LinkDelivery& b) const {
-      if (a.arrive_cycle != b.arrive_cycle) return a.arrive_cycle > b.arrive_cycle;
-      if (a.source_chip != b.source_chip) return a.source_chip > b.source_chip;
-      return a.sequence > b.sequence;
-    }
-  };
   uint32_t index_;
   exec::Machine& machine_;
   std::unique_ptr<MemoryHub> hub_;
+  std::unique_ptr<HostLink> host_;
   std::vector<std::unique_ptr<TensorCore>> cores_;
-  std::priority_queue<LinkDelivery, std::vector<LinkDelivery>, Later> inbox_;
-  std::string link_fault_;
-  uint64_t last_landing_ = 0;
 };
 
 }  // namespace tpusim::hw

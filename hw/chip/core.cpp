@@ -24,9 +24,8 @@ CoreParams CoreParams::from_config(const config::Params& c, int mxus) {
 
 TensorCore::TensorCore(const CoreParams& p, exec::Machine& m, uint32_t chip, uint32_t core,
                        const isa::CoreProgram* prog, Barrier& barrier, MemoryHub& hub, uint64_t read_beat_cycles,
-                       uint64_t write_beat_cycles, timeline::Timeline* tl,
-                       std::function<void(LinkDelivery&&)> send_remote)
-    : banks_(p.vmem_banks, p.vmem_bank_bytes) {
+                       uint64_t write_beat_cycles, timeline::Timeline* tl, RemotePort remote, HostLink& host)
+    : banks_(p.vmem_banks, p.vmem_bank_bytes), host_(host) {
   env_.machine = &m;
   env_.state = &m.core(chip, core);
   env_.prog = prog;
@@ -36,7 +35,7 @@ TensorCore::TensorCore(const CoreParams& p, exec::Machine& m, uint32_t chip, uin
   for (size_t i = 0; i < p.mxus.size(); ++i)
     mxus_.push_back(std::make_unique<MatrixQueue>(env_, p.mxus[i], static_cast<int>(i), p.matrix_queue));
   dma_ = std::make_unique<DmaEngines>(env_, banks_, hub, p.dma, p.dma_queue, read_beat_cycles, write_beat_cycles,
-                                      core, std::move(send_remote));
+                                      core, std::move(remote), host);
   dma_->set_vmem_ops_retired([this] { return vpu_->mem_ops_retired(); });
   Sequencer::Sinks sinks;
   sinks.queue_full = [this](isa::Unit u, const isa::Instr& in) {
@@ -68,17 +67,45 @@ TensorCore::TensorCore(const CoreParams& p, exec::Machine& m, uint32_t chip, uin
     return true;
   };
   seq_ = std::make_unique<Sequencer>(env_, barrier, std::move(sinks));
+  if (tl) infeed_track_ = tl->track("chip" + std::to_string(chip), "core" + std::to_string(core) + ".infeed");
+}
+
+// The sequencer counts a flag stall when the instruction at pc is a wait whose
+// flag is not high enough; this is that test, plus the host link's record of
+// which flags a pending infeed transfer will raise.
+bool TensorCore::waits_for_infeed() const {
+  if (!env_.prog || seq_->halted() || !env_.fault.empty()) return false;
+  const auto& code = env_.prog->code;
+  if (seq_->pc() >= code.size()) return false;
+  const isa::Instr& in = code[seq_->pc()];
+  if (in.op != isa::Op::kWait && in.op != isa::Op::kWaitSub) return false;
+  return !exec::sync_ready(*env_.state, in) && host_.infeed_pending(env_.state->core, in.a);
+}
+
+void TensorCore::note_infeed_stall(uint64_t cycle, uint64_t n) {
+  stall_infeed_ += n;
+  if (infeed_since_ == kNever) infeed_since_ = cycle;
+  infeed_last_ = cycle + n;
 }
 
 void TensorCore::tick(uint64_t cycle) {
+  last_tick_ = cycle;
   dma_->tick(cycle);
   for (auto& x : mxus_) x->tick(cycle);
   vpu_->tick(cycle);
+  if (waits_for_infeed()) {
+    note_infeed_stall(cycle, 1);
+  } else if (infeed_since_ != kNever) {
+    if (env_.timeline) env_.timeline->slice(infeed_track_, "stall: infeed", infeed_since_, infeed_last_);
+    infeed_since_ = kNever;
+  }
   seq_->tick(cycle);
 }
 
 void TensorCore::skip(uint64_t n) {
   if (n == 0) return;
+  // The sequencer counts the skipped cycles under the reason it has now.
+  if (waits_for_infeed()) note_infeed_stall(last_tick_ + 1, n);
   dma_->skip(n);
   for (auto& x : mxus_) x->skip(n);
   vpu_->skip(n);
@@ -106,10 +133,16 @@ uint64_t TensorCore::macs() const {
 }
 
 void TensorCore::add_counters(nlohmann::json& units) const {
-  units[env_.name + ".sequencer"] = seq_->counters().to_json();
+  nlohmann::json seq = seq_->counters().to_json();
+  if (env_.prog) {
+    seq["stall_infeed_cycles"] = stall_infeed_;
+    if (stall_infeed_) seq["stall_flag_cycles"] = seq.value("stall_flag_cycles", uint64_t{0}) - stall_infeed_;
+  }
+  units[env_.name + ".sequencer"] = seq;
   units[env_.name + ".vpu"] = vpu_->counters().to_json();
   for (size_t i = 0; i < mxus_.size(); ++i) units[env_.name + ".mxu" + std::to_string(i)] = mxus_[i]->counters_json();
   for (int e = 0; e < dma_->engines(); ++e) units[env_.name + ".dma" + std::to_string(e)] = dma_->engine_json(e);
+  units[env_.name + ".profile"] = env_.profile.to_json();  // moved into stats.json "ops" by tpusim run
 }
 
 }  // namespace tpusim::hw

@@ -30,7 +30,7 @@ class TensorCore {
  public:
   TensorCore(const CoreParams& p, exec::Machine& m, uint32_t chip, uint32_t core, const isa::CoreProgram* prog,
              Barrier& barrier, MemoryHub& hub, uint64_t read_beat_cycles, uint64_t write_beat_cycles,
-             timeline::Timeline* tl, std::function<void(LinkDelivery&&)> send_remote);
+             timeline::Timeline* tl, RemotePort remote, HostLink& host);
 
   void tick(uint64_t cycle);
   void skip(uint64_t n);
@@ -59,6 +59,16 @@ class TensorCore {
   std::vector<std::unique_ptr<MatrixQueue>> mxus_;
   std::unique_ptr<DmaEngines> dma_;
   std::unique_ptr<Sequencer> seq_;
+  // Sequencer cycles waiting on a flag that a pending host -> chip transfer will
+  // raise: reported as "stall_infeed_cycles" instead of stall_flag_cycles.
+  bool waits_for_infeed() const;
+  void note_infeed_stall(uint64_t cycle, uint64_t n);
+  HostLink& host_;
+  uint64_t stall_infeed_ = 0;
+  uint64_t infeed_since_ = kNever;  // first cycle of the current infeed stall (timeline)
+  uint64_t infeed_last_ = 0;        // end (exclusive) of the stall so far
+  uint64_t last_tick_ = 0;
+  timeline::TrackId infeed_track_ = 0;
 };
 
 }  // namespace tpusim::hw

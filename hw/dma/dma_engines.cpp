@@ -25,9 +25,47 @@ DmaParams DmaParams::from_config(const config::Params& c) {
   p.hbm_to_vmem = path(c, "core.dma.hbm_to_vmem");
   p.vmem_to_hbm = path(c, "core.dma.vmem_to_hbm");
   p.core_to_core = path(c, "core.dma.core_to_core");
-  p.ici = path(c, "ici.neighbour_vmem_to_vmem");
-  p.host = path(c, "host.hbm_to_host");
   return p;
+}
+
+namespace {
+// Calls f(src_offset, dst_offset) for each contiguous run in exec::dma_copy's order.
+template <typename F>
+void for_each_run(const exec::DmaPlan& p, F f) {
+  uint32_t count[isa::kMaxDmaDims] = {1, 1, 1};
+  for (int d = 0; d < p.ndims; ++d) count[d] = p.dims[d].count;
+  for (uint32_t i2 = 0; i2 < count[2]; ++i2)
+    for (uint32_t i1 = 0; i1 < count[1]; ++i1)
+      for (uint32_t i0 = 0; i0 < count[0]; ++i0) {
+        int64_t s = p.src_addr, d = p.dst_addr;
+        const uint32_t idx[3] = {i0, i1, i2};
+        for (int k = 0; k < p.ndims; ++k) {
+          s += static_cast<int64_t>(idx[k]) * p.dims[k].src_stride;
+          d += static_cast<int64_t>(idx[k]) * p.dims[k].dst_stride;
+        }
+        f(static_cast<uint64_t>(s), static_cast<uint64_t>(d));
+      }
+}
+}  // namespace
+
+std::vector<uint8_t> dma_gather(const exec::DmaPlan& p) {
+  std::vector<uint8_t> out(static_cast<size_t>(p.total_bytes()));
+  size_t at = 0;
+  if (!out.empty())
+    for_each_run(p, [&](uint64_t s, uint64_t) {
+      p.src->read(s, out.data() + at, p.bytes);
+      at += p.bytes;
+    });
+  return out;
+}
+
+void dma_scatter(const exec::DmaPlan& p, const std::vector<uint8_t>& bytes) {
+  size_t at = 0;
+  if (!bytes.empty())
+    for_each_run(p, [&](uint64_t, uint64_t d) {
+      p.dst->write(d, bytes.data() + at, p.bytes);
+      at += p.bytes;
+    });
 }
 
 // ---- MemoryHub ---------------------------------------------------------------
@@ -87,7 +125,7 @@ uint64_t MemoryHub::unloaded_beat_cycles(mem::MemoryPort& fresh, uint32_t bytes,
 
 DmaEngines::DmaEngines(CoreEnv& env, VmemBanks& banks, MemoryHub& hub, const DmaParams& p, size_t queue_depth,
                        uint64_t hbm_read_beat_cycles, uint64_t hbm_write_beat_cycles, uint32_t core_index,
-                       std::function<void(LinkDelivery&&)> send_remote)
+                       RemotePort remote, HostLink& host)
     : env_(env),
       banks_(banks),
       hub_(hub),
@@ -96,13 +134,30 @@ DmaEngines::DmaEngines(CoreEnv& env, VmemBanks& banks, MemoryHub& hub, const Dma
       read_beat_cycles_(hbm_read_beat_cycles),
       write_beat_cycles_(hbm_write_beat_cycles),
       core_index_(core_index),
-      send_remote_(std::move(send_remote)),
+      remote_(std::move(remote)),
+      host_(host),
       active_(static_cast<size_t>(p.engines)),
       engine_counters_(static_cast<size_t>(p.engines)) {
   sink_ = [this](uint64_t token, uint64_t cycle) { landed_.push_back({token, cycle}); };
   if (env_.timeline)
     track_ = env_.timeline->track(env_.name.substr(0, env_.name.find('.')),
                                   env_.name.substr(env_.name.find('.') + 1) + ".dma");
+}
+
+bool DmaEngines::is_infeed(const Issued& it) const {
+  bool dst_local = false, src_local = false;
+  return it.in->src.space == Space::kHost && classify(it, dst_local, src_local) == Kind::kHost;
+}
+
+void DmaEngines::mark_infeed(const Issued& it, int delta) {
+  if (it.plan.flag_core) host_.infeed_pending(it.plan.flag_core->core, it.plan.flag, delta);
+  if (it.plan.rflag_core) host_.infeed_pending(it.plan.rflag_core->core, it.plan.rflag, delta);
+}
+
+void DmaEngines::push(Issued&& it) {
+  // From issue on, a wait on its flags is a wait for the host.
+  if (is_infeed(it)) mark_infeed(it, +1);
+  queue_.push_back(std::move(it));
 }
 
 bool DmaEngines::idle() const {
@@ -126,7 +181,7 @@ DmaEngines::Kind DmaEngines::classify(const Issued& it, bool& dst_local_vmem, bo
   dst_local_vmem = in.dst.space == Space::kVmem && dc == chip && dk == core;
   src_local_vmem = in.src.space == Space::kVmem && sc == chip && sk == core;
   if (dc != chip || sc != chip) return Kind::kRemote;
-  if (in.src.space == Space::kHost || in.dst.space == Space::kHost) return Kind::kFixed;
+  if (in.src.space == Space::kHost || in.dst.space == Space::kHost) return Kind::kHost;
   if (in.src.space == Space::kHbm) return Kind::kHbmRead;
   if (in.dst.space == Space::kHbm) return Kind::kHbmWrite;
   return Kind::kFixed;
@@ -148,17 +203,32 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
                                              p.latency_cycles + static_cast<double>(total) * p.cycles_per_kib / 1024.0)));
   };
   if (t->kind == Kind::kFixed) {
-    const bool host = in.src.space == Space::kHost || in.dst.space == Space::kHost;
-    t->done = fixed_done(host ? p_.host : p_.core_to_core);
+    t->done = fixed_done(p_.core_to_core);
+  } else if (t->kind == Kind::kHost) {
+    t->done = host_.transfer(total, in.src.space == Space::kHost, cycle);
   } else if (t->kind == Kind::kRemote) {
-    t->done = fixed_done(p_.ici);
-    LinkDelivery d;
-    d.arrive_cycle = t->done;
-    d.source_chip = env_.state->chip;
-    d.sequence = (static_cast<uint64_t>(core_index_) << 48) | remote_sequence_++;
-    d.plan = pl;
-    d.dest_chip = in.dst.chip >= 0 ? static_cast<uint32_t>(in.dst.chip) : env_.state->chip;
-    send_remote_(std::move(d));
+    const uint32_t chip = env_.state->chip, core = env_.state->core;
+    auto where = [&](const isa::DmaEndpoint& e, uint32_t& c, uint32_t& k) {
+      c = e.chip >= 0 ? static_cast<uint32_t>(e.chip) : chip;
+      const bool per_core = e.space == Space::kVmem || e.space == Space::kSmem;
+      k = e.core >= 0 ? static_cast<uint32_t>(e.core) : (per_core && e.chip < 0 ? core : 0);
+    };
+    RemoteTransfer rt;
+    rt.plan = pl;
+    rt.issuer_chip = chip;
+    rt.issuer_core = core;
+    where(in.src, rt.src_chip, rt.src_core);
+    where(in.dst, rt.dst_chip, rt.dst_core);
+    // A push leaves through the issuing core's own path to the router.
+    if (rt.src_chip == chip) rt.src_core = core;
+    rt.cycle = cycle;
+    Transfer* tp = t.get();
+    rt.complete = [tp](uint64_t c) { tp->done = c; };
+    try {
+      remote_(std::move(rt));
+    } catch (const std::exception& e) {
+      env_.raise(t->it.pc, e.what());
+    }
   } else {
     const bool read = t->kind == Kind::kHbmRead;
     const DmaPath& p = read ? p_.hbm_to_vmem : p_.vmem_to_hbm;
@@ -207,11 +277,14 @@ void DmaEngines::finish(Transfer& t, uint64_t cycle) {
   } catch (const exec::Fault& e) {
     env_.raise(t.it.pc, e.what());
   }
+  if (is_infeed(t.it)) mark_infeed(t.it, -1);
   env_.note_activity(cycle);
   if (env_.timeline) {
     env_.timeline->slice(track_, CoreEnv::slice_name(*t.it.in), t.start, cycle,
                          {{"engine", std::to_string(t.engine)}, {"transfer", t.it.plan.describe()}});
   }
+  env_.profile.dma_done(*t.it.in, t.kind == Kind::kHbmRead || t.kind == Kind::kHbmWrite ? t.it.plan.total_bytes() : 0,
+                        t.start, cycle, track_);
 }
 
 void DmaEngines::tick(uint64_t cycle) {

@@ -3,10 +3,15 @@
 // engine then moves it in beats of core.dma.chunk_bytes. Beats to or from HBM go
 // through the chip's memory port (hw/mem/memory_port.h), which decides when each
 // completes; the engine issues beats no faster than its path's streaming rate.
-// Other paths (core to core, chip to chip over ICI, host) are latency + rate
-// figures from the preset. The data moves (exec::dma_copy) and the flags count
-// (flag on the issuing core, rflag on the destination core) at the cycle the last
-// beat lands, so a program that waits on the flags sees exactly the reference.
+// A transfer between the cores of one chip is a latency + rate figure from the
+// preset. A transfer to or from `host:` space goes over the chip's host link
+// (hw/host/host_link.h: PCIe FIFO and the infeed source). A transfer with an
+// endpoint on another chip goes to the board's ICI network through a RemotePort
+// (hw/system): its bytes are read when it leaves, written and the rflag raised
+// when it lands, and the issuer's flag rises when the completion is back. Local
+// transfers move their data (exec::dma_copy) and count their flags (flag on the
+// issuing core, rflag on the destination core) at the cycle the last beat lands,
+// so a program that waits on the flags sees exactly the reference.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +23,7 @@
 #include <vector>
 
 #include "hw/config/params.h"
+#include "hw/host/host_link.h"
 #include "hw/core/core_env.h"
 #include "hw/mem/memory_port.h"
 #include "hw/vmem/vmem_banks.h"
@@ -32,7 +38,7 @@ struct DmaPath {
 struct DmaParams {
   int engines = 4;
   uint32_t chunk_bytes = 512;
-  DmaPath hbm_to_vmem, vmem_to_hbm, core_to_core, ici, host;
+  DmaPath hbm_to_vmem, vmem_to_hbm, core_to_core;
   static DmaParams from_config(const config::Params& p);
 };
 
@@ -61,25 +67,35 @@ class MemoryHub {
   std::unordered_map<uint64_t, std::pair<Sink*, uint64_t>> waiting_;
 };
 
-// A finished remote transfer's landing on another chip, carried by a link.
-struct LinkDelivery {
-  uint64_t arrive_cycle = 0;
-  uint32_t source_chip = 0;
-  uint64_t sequence = 0;
+// A transfer with an endpoint on another chip, for the board's ICI network. The
+// data travels from (src_chip, src_core) to (dst_chip, dst_core); when src_chip is
+// not the issuer's, a request travels there first. The port calls `complete`
+// once, from inside a later cycle's network events, with the cycle (> the cycle it
+// runs in) at which the issuer's flag may rise.
+struct RemoteTransfer {
   exec::DmaPlan plan;
-  uint32_t dest_chip = 0;
+  uint32_t issuer_chip = 0, issuer_core = 0;
+  uint32_t src_chip = 0, src_core = 0, dst_chip = 0, dst_core = 0;
+  uint64_t cycle = 0;  // issue cycle
+  std::function<void(uint64_t)> complete;
 };
+using RemotePort = std::function<void(RemoteTransfer&&)>;  // throws on a request it cannot carry
+
+// The bytes a DMA reads, in the order exec::dma_copy moves them, and their write
+// into the destination: a transfer read when it leaves and written when it lands.
+std::vector<uint8_t> dma_gather(const exec::DmaPlan& p);
+void dma_scatter(const exec::DmaPlan& p, const std::vector<uint8_t>& bytes);
 
 class DmaEngines {
  public:
-  // `send_remote` hands a transfer whose destination is another chip to the link
-  // (it lands there at arrive_cycle >= now + 1).
+  // `remote` carries transfers with an endpoint on another chip; `host` is the
+  // chip's host link, shared by its cores.
   DmaEngines(CoreEnv& env, VmemBanks& banks, MemoryHub& hub, const DmaParams& p, size_t queue_depth,
              uint64_t hbm_read_beat_cycles, uint64_t hbm_write_beat_cycles, uint32_t core_index,
-             std::function<void(LinkDelivery&&)> send_remote);
+             RemotePort remote, HostLink& host);
 
   bool queue_full() const { return queue_.size() >= depth_; }
-  void push(Issued&& it) { queue_.push_back(std::move(it)); }
+  void push(Issued&& it);
   bool idle() const;
   // Ordering rule: a DMA starts only after the vld/vst issued before it are done.
   void set_vmem_ops_retired(std::function<uint64_t()> f) { vmem_ops_retired_ = std::move(f); }
@@ -95,7 +111,7 @@ class DmaEngines {
   int active_now_ = 0;
 
  private:
-  enum class Kind { kHbmRead, kHbmWrite, kFixed, kRemote };
+  enum class Kind { kHbmRead, kHbmWrite, kFixed, kHost, kRemote };
   struct Beat {
     uint64_t mem_addr;    // HBM side
     uint64_t vmem_addr;   // local VMEM side (bank claims); ~0 when none
@@ -116,6 +132,9 @@ class DmaEngines {
     bool dst_local_vmem = false, src_local_vmem = false;
   };
   Kind classify(const Issued& it, bool& dst_local_vmem, bool& src_local_vmem) const;
+  // A local DMA that reads host space: the flags it raises mark an infeed wait.
+  bool is_infeed(const Issued& it) const;
+  void mark_infeed(const Issued& it, int delta);
   void start(Issued&& it, int engine, uint64_t cycle);
   void finish(Transfer& t, uint64_t cycle);
   uint64_t next_issue_cycle(const Transfer& t) const;
@@ -127,14 +146,14 @@ class DmaEngines {
   size_t depth_;
   uint64_t read_beat_cycles_, write_beat_cycles_;
   uint32_t core_index_;
-  std::function<void(LinkDelivery&&)> send_remote_;
+  RemotePort remote_;
+  HostLink& host_;
   std::deque<Issued> queue_;
   std::vector<std::unique_ptr<Transfer>> active_;  // by engine, null when free
   std::function<uint64_t()> vmem_ops_retired_;
   MemoryHub::Sink sink_;
   std::vector<std::pair<uint64_t, uint64_t>> landed_;  // (token, cycle) from the hub
   std::vector<Counters> engine_counters_;
-  uint64_t remote_sequence_ = 0;
   bool ordering_stall_ = false;
   uint64_t stall_ordering_cycles_ = 0, stall_no_engine_cycles_ = 0, stall_backpressure_cycles_ = 0;
   bool backpressured_ = false;

@@ -439,6 +439,7 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
     L.busy_q16 += ser;
     L.ctr.bytes += p.bytes;
     L.ctr.packets += 1;
+    if (timeline_) traffic(li, start_cycle, p.bytes);
     // The buffer this packet leaves frees a slot; the sender upstream learns of it
     // one link latency later.
     if (L.kind != LinkKind::kInject) {
@@ -470,6 +471,36 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
                                                                  [](uint64_t w) { return w != 0; });
     if (!more) return;
   }
+}
+
+void Network::close_window(uint32_t li, uint64_t next_window) {
+  Link& l = links_[li];
+  const size_t dot = l.ctr.name.find('.');
+  const timeline::TrackId tr = timeline_->track(l.ctr.name.substr(0, dot), l.ctr.name.substr(dot + 1));
+  const std::string name = l.ctr.name + " B/cycle";
+  timeline_->counter(tr, name, l.window * kTrafficWindow, double(l.window_bytes) / double(kTrafficWindow));
+  // An idle stretch reads as zero, not as the last busy window's rate.
+  if (next_window != l.window + 1) timeline_->counter(tr, name, (l.window + 1) * kTrafficWindow, 0.0);
+}
+
+void Network::traffic(uint32_t li, uint64_t cycle, uint64_t bytes) {
+  Link& l = links_[li];
+  const uint64_t w = cycle / kTrafficWindow;
+  if (l.window != w) {
+    if (l.window != kNever) close_window(li, w);
+    l.window = w;
+    l.window_bytes = 0;
+  }
+  l.window_bytes += bytes;
+}
+
+void Network::flush_timeline() {
+  if (!timeline_) return;
+  for (uint32_t li = 0; li < links_.size(); ++li)
+    if (links_[li].window != kNever) {
+      close_window(li, kNever);
+      links_[li].window = kNever;
+    }
 }
 
 std::vector<LinkCounters> Network::link_counters() const {

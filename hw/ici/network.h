@@ -120,7 +120,13 @@ class Network {
   // Records every message from then on as a slice, issue to delivery, on the
   // track ("chipC", "coreK.ici") of its source core (nullptr stops recording).
   // The timeline must outlive the network's run.
+  // Also records each link's traffic as a counter ("chipC" process, track
+  // "ici.x+" or "coreK.ici.inject"): payload bytes per cycle averaged over
+  // windows of kTrafficWindow cycles, written when a window closes.
   void set_timeline(timeline::Timeline* t) { timeline_ = t; }
+  // Writes the traffic counters of the windows still open (call after the run).
+  void flush_timeline();
+  static constexpr uint64_t kTrafficWindow = 1024;
   // The analytic time of one message over an otherwise idle network: the fixed
   // part (setup, latencies, the first/last packet on the faster links) and the
   // cycles per byte of the slowest link on the path. Used by calibration and
@@ -170,6 +176,8 @@ class Network {
     bool dirty = false;
     LinkCounters ctr;
     uint64_t busy_q16 = 0;
+    uint64_t window = kNever;      // traffic counter: the open window and its bytes
+    uint64_t window_bytes = 0;
   };
   struct Hop {
     uint32_t link = 0;
@@ -217,6 +225,8 @@ class Network {
   void process_cycle(uint64_t t);
   void arbitrate(uint32_t link, uint64_t t);
   void mark_dirty(uint32_t link);
+  void traffic(uint32_t link, uint64_t cycle, uint64_t bytes);
+  void close_window(uint32_t link, uint64_t next_window);
   uint64_t ser_q16(const Link& l, uint64_t bytes) const { return (bytes * l.q32_cycles_per_byte + 0xFFFF) >> 16; }
 
   Topology topo_;

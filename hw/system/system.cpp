@@ -7,6 +7,7 @@
 #include <systemc>
 
 #include "hw/chip/chip.h"
+#include "hw/ici/network.h"
 #include "hw/mem/memory_factory.h"
 #include "hw/mem/simple_memory.h"
 #include "hw/wave/vcd_filter.h"
@@ -16,13 +17,51 @@ namespace tpusim::hw {
 
 namespace {
 
-// The chips of a board, as plain C++: both SystemC views drive this one object.
+// The chips of a board and the ICI network between them, as plain C++: both
+// SystemC views drive this one object. Within a cycle the chips tick first (a DMA
+// that starts hands its message to the network at that cycle), then the network
+// handles every event of the cycle (deliveries write the destination and raise
+// its flags; the cores see them from the next cycle on).
 class Board {
  public:
   std::vector<std::unique_ptr<Chip>> chips;
   std::unique_ptr<Barrier> barrier;
+  std::unique_ptr<ici::Network> net;
   uint64_t max_cycles = 0;
   uint64_t max_instructions = 0;
+  uint64_t last_landing = 0;
+
+  // A transfer with an endpoint on another chip (RemotePort). The source bytes
+  // are read when the data message leaves, written when it has landed; the
+  // issuer's completion comes back over the links the data crossed (their
+  // latency, as a credit returns), so no chip sees another chip's state earlier
+  // than a link could tell it.
+  void remote(RemoteTransfer&& rt) {
+    auto t = std::make_shared<RemoteTransfer>(std::move(rt));
+    const ici::Endpoint src{int(t->src_chip), int(t->src_core)}, dst{int(t->dst_chip), int(t->dst_core)};
+    auto data_leg = [this, t, src, dst](uint64_t at) {
+      // The same memory on both ends (a chip asks another to copy within itself):
+      // copied at landing like a local DMA, overlapping runs included.
+      auto bytes = std::make_shared<std::vector<uint8_t>>();
+      if (t->plan.src != t->plan.dst) *bytes = dma_gather(t->plan);
+      net->send(src, dst, t->plan.total_bytes(), at, [this, t, bytes](ici::MessageId, uint64_t landed) {
+        if (t->plan.src != t->plan.dst) dma_scatter(t->plan, *bytes);
+        else exec::dma_copy(t->plan);
+        exec::dma_signal_destination(t->plan);
+        last_landing = std::max(last_landing, landed);
+        const uint64_t back = uint64_t(net->topology().hops(int(t->dst_chip), int(t->issuer_chip))) *
+                              uint64_t(net->params().link_latency_cycles);
+        t->complete(std::max(landed + 1, landed + back));
+      });
+    };
+    if (t->src_chip == t->issuer_chip) {
+      data_leg(t->cycle);
+    } else {
+      // A read of another chip's memory: a header-only request travels there first.
+      net->send({int(t->issuer_chip), int(t->issuer_core)}, src, 0, t->cycle,
+                [data_leg](ici::MessageId, uint64_t arrived) { data_leg(arrived); });
+    }
+  }
 
   uint64_t instructions() const {
     uint64_t n = 0;
@@ -32,6 +71,7 @@ class Board {
   }
   void tick(uint64_t cycle) {
     for (auto& c : chips) c->tick(cycle);
+    net->skip(cycle + 1 - net->now());
   }
   void skip(uint64_t n) {
     for (auto& c : chips) c->skip(n);
@@ -39,9 +79,12 @@ class Board {
   uint64_t next_event_cycle(uint64_t now) const {
     uint64_t n = kNever;
     for (const auto& c : chips) n = std::min(n, c->next_event_cycle(now));
+    const uint64_t ici = net->next_event();
+    if (ici != ici::kNever) n = std::min(n, std::max(now + 1, ici));
     return n;
   }
   bool done() const {
+    if (net->messages_in_flight()) return false;
     for (const auto& c : chips)
       if (!c->done()) return false;
     return true;
@@ -54,7 +97,7 @@ class Board {
     return {};
   }
   uint64_t last_activity_cycle() const {
-    uint64_t t = 0;
+    uint64_t t = last_landing;
     for (const auto& c : chips) t = std::max(t, c->last_activity_cycle());
     return t;
   }
@@ -255,11 +298,18 @@ RunResult System::run(const RunOptions& opt) {
   board.max_cycles = opt.max_cycles;
   board.max_instructions = opt.max_instructions;
   board.barrier = std::make_unique<Barrier>(bundle.cores.size());
-  for (uint32_t c = 0; c < bundle.target.chips; ++c) {
-    auto send = [&board](LinkDelivery&& d) { board.chips.at(d.dest_chip)->deliver(std::move(d)); };
-    board.chips.push_back(std::make_unique<Chip>(cp, impl_->machine, bundle, c, make_memory, cycle_ps,
-                                                 *board.barrier, opt.timeline, send));
+  HostParams host;
+  try {
+    board.net = std::make_unique<ici::Network>(ici::Network::from_params(preset));
+    host = HostParams::from_config(preset);
+  } catch (const ici::IciError& e) {
+    throw SystemError(e.what());
   }
+  board.net->set_timeline(opt.timeline);
+  const RemotePort remote = [&board](RemoteTransfer&& t) { board.remote(std::move(t)); };
+  for (uint32_t c = 0; c < bundle.target.chips; ++c)
+    board.chips.push_back(std::make_unique<Chip>(cp, impl_->machine, bundle, c, make_memory, cycle_ps,
+                                                 *board.barrier, opt.timeline, remote, host));
 
   // SystemC hierarchy with explicit names: chip0.core1.vpu, chip0.core1.mxu0, ...
   std::vector<std::unique_ptr<ChipModule>> chip_modules;
@@ -312,7 +362,16 @@ RunResult System::run(const RunOptions& opt) {
     r.hbm_bytes_read += chip->hub().bytes_read;
     r.hbm_bytes_written += chip->hub().bytes_written;
     r.units["chip" + std::to_string(chip->index()) + ".hbm"] = chip->hub().port().stats_json();
+    const HostLink& h = chip->host();
+    if (h.bytes_in || h.bytes_out)
+      r.units["chip" + std::to_string(chip->index()) + ".host"] = {
+          {"bytes_to_chip", h.bytes_in},
+          {"bytes_to_host", h.bytes_out},
+          {"infeed_batches", h.batches},
+          {"infeed_wait_cycles", static_cast<uint64_t>(std::llround(h.producer_wait_cycles))}};
   }
+  board.net->add_stats(r.units);
+  board.net->flush_timeline();
   return r;
 }
 
