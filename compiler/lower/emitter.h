@@ -98,6 +98,24 @@ class Emitter {
   void lower_conv(const Node& n);
   void lower_transpose(const Node& n);
   void lower_pool(const Node& n);
+  // shape.cpp: data movement (concat, slice, pad, gather), unfolded batchnorm,
+  // softmax/reductions over any axis, avgpool excluding padded taps.
+  void copy_nd(int64_t dst, const std::vector<int64_t>& dst_strides, int64_t src,
+               const std::vector<int64_t>& src_strides, const Shape& shape, int64_t e);
+  void fill(int64_t dst, int64_t bytes, DType t, float value);
+  // Streams `total` elements in 8x128 tiles, round robin over the cores: source k
+  // (address, dtype) is loaded into vk, `body` leaves the result in v9.
+  void stream_tiles(const std::vector<std::pair<int64_t, DType>>& srcs, int64_t total, int64_t dst, DType odt,
+                    const std::vector<std::string>& body);
+  void lower_concat(const Node& n);
+  void lower_slice(const Node& n);
+  void lower_pad(const Node& n);
+  void lower_gather(const Node& n);
+  void lower_batchnorm(const Node& n);
+  void lower_axis_op(const Node& n);
+  void lower_columns(const Node& n, int64_t outer, int64_t len, int64_t inner);
+  void lower_avgpool_exclude_pad(const Node& n);
+  int labels_ = 0;  // unique branch labels (gather's index checks)
 
   const Graph& g_;
   const LowerOptions& opt_;

@@ -18,20 +18,21 @@ LowerResult Emitter::run() {
     isa::IoEntry e;
     e.kind = kind;
     e.name = name;
-    e.dtype = type.dtype == DType::kBf16 ? isa::Dtype::kBf16 : isa::Dtype::kF32;
+    // i64 graph inputs (gather indices) enter the bundle as i32: the index checks
+    // of lower_gather fault on anything outside the gathered axis.
+    e.dtype = type.dtype == DType::kBf16 ? isa::Dtype::kBf16 : type.dtype == DType::kI64 ? isa::Dtype::kI32 : isa::Dtype::kF32;
     e.shape = type.shape;
     e.space = isa::Space::kHbm;
     e.addr = static_cast<uint64_t>(addr);
     return e;
   };
   auto place = [&](const std::string& name, const TensorType& type) {
-    if (type.dtype == DType::kI64)
-      throw CompileError(g_.name + ": tensor '" + name + "': i64 tensors are not supported by the lowering yet");
     t_[name] = Placed{type, place_hbm(num_elements(type.shape) * esz(type.dtype))};
     return t_[name].addr;
   };
   for (const auto& in : g_.inputs) io.push_back(entry(isa::IoKind::kInput, in.name, in.type, place(in.name, in.type)));
   for (const auto& c : g_.constants) {
+    if (c.type.dtype == DType::kI64) continue;  // indices known at compile time: lower_gather reads them
     isa::IoEntry e = entry(isa::IoKind::kConst, c.name, c.type, place(c.name, c.type));
     for (float f : c.f) {
       uint32_t u;
@@ -46,7 +47,12 @@ LowerResult Emitter::run() {
     }
     io.push_back(std::move(e));
   }
-  for (const auto& n : g_.nodes) place(n.output, n.type);
+  for (const auto& n : g_.nodes) {
+    if (n.type.dtype == DType::kI64)
+      throw CompileError(g_.name + ": node '" + n.output + "' (#" + std::to_string(n.id) + ", " + op_name(n.op) +
+                         "): i64 results are not supported by the lowering (only gather indices)");
+    place(n.output, n.type);
+  }
 
   for (const auto& n : g_.nodes) {
     for (auto& c : cs_) c << "  op " << n.id << "\n";
@@ -55,15 +61,25 @@ LowerResult Emitter::run() {
       case OpKind::kMatmul: lower_matmul(n); break;
       case OpKind::kConv2d: lower_conv(n); break;
       case OpKind::kTranspose: lower_transpose(n); break;
-      case OpKind::kMaxPool:
-      case OpKind::kAvgPool: lower_pool(n); break;
+      case OpKind::kMaxPool: lower_pool(n); break;
+      case OpKind::kAvgPool: {
+        const auto& p = n.attr_ints("pads");
+        if ((p[0] || p[1] || p[2] || p[3]) && n.attr_int("count_include_pad") == 0) lower_avgpool_exclude_pad(n);
+        else lower_pool(n);
+        break;
+      }
+      case OpKind::kConcat: lower_concat(n); break;
+      case OpKind::kSlice: lower_slice(n); break;
+      case OpKind::kPad: lower_pad(n); break;
+      case OpKind::kGather: lower_gather(n); break;
+      case OpKind::kBatchNorm: lower_batchnorm(n); break;
       case OpKind::kReshape:
       case OpKind::kFlatten: lower_copy(n); break;
       case OpKind::kSoftmax:
-      case OpKind::kLayerNorm:
       case OpKind::kReduceSum:
       case OpKind::kReduceMean:
-      case OpKind::kReduceMax:
+      case OpKind::kReduceMax: lower_axis_op(n); break;
+      case OpKind::kLayerNorm:
       case OpKind::kGlobalAvgPool: lower_rows(n); break;
       default:
         if (!is_elementwise(n.op) && n.op != OpKind::kCast && n.op != OpKind::kIdentity)
