@@ -98,6 +98,11 @@ class Emitter {
   void lower_conv(const Node& n);
   void lower_transpose(const Node& n);
   void lower_pool(const Node& n);
+  // grad.cpp: the training graphs' backward ops (docs/training.md).
+  void lower_relu_grad(const Node& n);
+  void lower_maxpool_grad(const Node& n);
+  void lower_reverse(const Node& n);
+  void lower_im2col(const Node& n);
   // shape.cpp: data movement (concat, slice, pad, gather), unfolded batchnorm,
   // softmax/reductions over any axis, avgpool excluding padded taps.
   void copy_nd(int64_t dst, const std::vector<int64_t>& dst_strides, int64_t src,

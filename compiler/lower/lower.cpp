@@ -75,6 +75,10 @@ LowerResult Emitter::run() {
       case OpKind::kBatchNorm: lower_batchnorm(n); break;
       case OpKind::kReshape:
       case OpKind::kFlatten: lower_copy(n); break;
+      case OpKind::kReluGrad: lower_relu_grad(n); break;
+      case OpKind::kMaxPoolGrad: lower_maxpool_grad(n); break;
+      case OpKind::kReverse: lower_reverse(n); break;
+      case OpKind::kIm2col: lower_im2col(n); break;
       case OpKind::kSoftmax:
       case OpKind::kReduceSum:
       case OpKind::kReduceMean:

@@ -1,0 +1,206 @@
+// Lowerings of the ops the training graphs' backward pass adds (compiler/train,
+// docs/training.md): relu_grad, maxpool_grad, reverse and im2col. Each reproduces
+// its recipe in compiler/ref/evaluate.cpp bit for bit.
+#include <algorithm>
+#include <cmath>
+
+#include "compiler/lower/emitter.h"
+
+namespace tpusim::compiler::lowering {
+
+// relu_grad(dy, x) = x > +0.0 ? dy : +0.0: 8x128 tiles streamed like the
+// elementwise ops; vsel moves dy's stored bits unchanged, so the store rounding of
+// an already stored value is exact under both policies.
+void Emitter::lower_relu_grad(const Node& n) {
+  const Placed& DY = t_.at(n.inputs[0]);
+  const Placed& X = t_.at(n.inputs[1]);
+  const int64_t total = num_elements(n.type.shape);
+  const DType dt = DY.type.dtype, xt = X.type.dtype, ot = n.type.dtype;
+  const int64_t dst = t_.at(n.output).addr;
+  constexpr int64_t kDy = 0, kX = 8192, kOut = 16384;
+  sync_all();
+  for (int64_t base = 0; base < total; base += kTileElems) {
+    on_core(base / kTileElems);
+    const int64_t cnt = std::min(kTileElems, total - base);
+    dma(vmem(kDy), hbm(DY.addr + base * esz(dt)), cnt * esz(dt));
+    dma(vmem(kX), hbm(X.addr + base * esz(xt)), cnt * esz(xt));
+    wait_dmas();
+    line(std::string(ld(dt)) + " v0, " + at(kDy));
+    line(std::string(ld(xt)) + " v1, " + at(kX));
+    line("vbcast v3, 0.0");
+    line("vcmp.lt m1, v3, v1");
+    line("vsel v2, m1, v0, v3");
+    line(std::string(st(ot)) + " v2, " + at(kOut));
+    dma(hbm(dst + base * esz(ot)), vmem(kOut), cnt * esz(ot));
+    wait_dmas();
+  }
+}
+
+// reverse: HBM -> HBM DMAs with negative strides on the reversed axes. The
+// innermost axis is one contiguous run when it is not reversed, else element runs;
+// up to three axes are a DMA's dims, the outer ones one DMA each (disjoint
+// destination blocks).
+void Emitter::lower_reverse(const Node& n) {
+  const Placed& X = t_.at(n.inputs[0]);
+  const Shape& s = n.type.shape;
+  const int64_t e = esz(n.type.dtype);
+  const size_t rank = s.size();
+  std::vector<bool> rev(rank, false);
+  for (int64_t a : n.attr_ints("axes")) rev[static_cast<size_t>(a)] = true;
+  std::vector<int64_t> stride(rank);
+  for (int64_t d = static_cast<int64_t>(rank) - 1, so = e; d >= 0; --d) {
+    stride[static_cast<size_t>(d)] = so;
+    so *= s[static_cast<size_t>(d)];
+  }
+  const int64_t y = t_.at(n.output).addr;
+  if (rank == 0 || num_elements(s) == 0) {
+    dma(hbm(y), hbm(X.addr), e);
+    wait_dmas();
+    return;
+  }
+  // Axes handled by the run: the innermost one when it is not reversed.
+  const bool run_inner = !rev[rank - 1];
+  const int64_t run = run_inner ? s[rank - 1] * e : e;
+  const size_t first_dim = run_inner ? 1 : 0;  // axes counted from the innermost
+  const size_t ndims = std::min<size_t>(3, rank - first_dim);
+  std::string dims;
+  for (size_t k = 0; k < ndims; ++k) {
+    const size_t d = rank - 1 - first_dim - k;
+    const int64_t src_stride = rev[d] ? -stride[d] : stride[d];
+    if (s[d] > 65535) fail(n, "an axis longer than 65535 is not lowered for reverse");
+    dims += dim(s[d], src_stride, stride[d]);
+  }
+  const size_t outer_axes = rank - first_dim - ndims;
+  const int64_t outer = num_elements(Shape(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(outer_axes)));
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t rem = o, src = X.addr, dst = y;
+    for (size_t d = outer_axes; d-- > 0;) {
+      const int64_t i = rem % s[d];
+      rem /= s[d];
+      src += (rev[d] ? s[d] - 1 - i : i) * stride[d];
+      dst += i * stride[d];
+    }
+    // The DMA's first element reads the last index of each reversed dim axis.
+    for (size_t k = 0; k < ndims; ++k) {
+      const size_t d = rank - 1 - first_dim - k;
+      if (rev[d]) src += (s[d] - 1) * stride[d];
+    }
+    dma(hbm(dst), hbm(src), run, dims);
+  }
+  wait_dmas();
+}
+
+// im2col: one 3-D DMA per (n, kh, kw) gathers that tap of every output pixel and
+// channel (the gather of lower_conv); padding taps are never written, so they read
+// +0.0 from the fresh result.
+void Emitter::lower_im2col(const Node& n) {
+  const Placed X = t_.at(n.inputs[0]);
+  const auto& k = n.attr_ints("kernel");
+  const auto& st = n.attr_ints("strides");
+  const auto& pads = n.attr_ints("pads");
+  const auto& dil = n.attr_ints("dilations");
+  const int64_t NB = X.type.shape[0], CI = X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
+  const int64_t OH = (H + pads[0] + pads[2] - dil[0] * (k[0] - 1) - 1) / st[0] + 1;
+  const int64_t OW = (W + pads[1] + pads[3] - dil[1] * (k[1] - 1) - 1) / st[1] + 1;
+  const int64_t K = k[0] * k[1] * CI;
+  const int64_t ex = esz(X.type.dtype);
+  const int64_t P = t_.at(n.output).addr;
+  if (OW > 65535 || OH > 65535 || CI > 65535) fail(n, "an extent beyond 65535 is not lowered for im2col");
+  for (int64_t b = 0; b < NB; ++b)
+    for (int64_t kh = 0; kh < k[0]; ++kh)
+      for (int64_t kw = 0; kw < k[1]; ++kw) {
+        auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
+          *lo = 0;
+          while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
+          *hi = out;
+          while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
+        };
+        int64_t oh0, oh1, ow0, ow1;
+        range(OH, H, st[0], pads[0], kh * dil[0], &oh0, &oh1);
+        range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
+        if (oh0 >= oh1 || ow0 >= ow1) continue;
+        const int64_t ih = oh0 * st[0] - pads[0] + kh * dil[0], iw = ow0 * st[1] - pads[1] + kw * dil[1];
+        const int64_t src = X.addr + ((b * CI) * H * W + ih * W + iw) * ex;
+        const int64_t dst = P + (((b * OH + oh0) * OW + ow0) * K + (kh * k[1] + kw) * CI) * ex;
+        dma(hbm(dst), hbm(src), ex,
+            dim(ow1 - ow0, st[1] * ex, K * ex) + dim(CI, H * W * ex, ex) + dim(oh1 - oh0, st[0] * W * ex, OW * K * ex));
+        wait_dmas();  // the gathers' bounding ranges interleave (race checker)
+      }
+}
+
+// maxpool_grad(dy, x, y) for windows that do not overlap (stride >= kernel) and no
+// padding, so every input position is in at most one window and the recipe's adds
+// never happen. Each tap (kh, kw) of every window is gathered into its own HBM row
+// X_k[(n,c,oh,ow)]; then per 8x128 tile, in tap order, hit_k = (X_k == y) and no
+// earlier tap hit, D_k = hit_k ? dy : +0.0; D_k is scattered back to its input
+// positions. Positions no window covers are never written: +0.0.
+void Emitter::lower_maxpool_grad(const Node& n) {
+  const Placed DY = t_.at(n.inputs[0]);
+  const Placed X = t_.at(n.inputs[1]);
+  const Placed Y = t_.at(n.inputs[2]);
+  const auto& k = n.attr_ints("kernel");
+  const auto& st = n.attr_ints("strides");
+  const auto& pads = n.attr_ints("pads");
+  if (pads[0] || pads[1] || pads[2] || pads[3] || st[0] < k[0] || st[1] < k[1])
+    fail(n, "maxpool_grad is lowered for non-overlapping windows without padding only");
+  const int64_t planes = X.type.shape[0] * X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
+  const int64_t OH = DY.type.shape[2], OW = DY.type.shape[3], KK = k[0] * k[1];
+  const int64_t T = planes * OH * OW;
+  const DType dt = X.type.dtype;
+  const int64_t e = esz(dt);
+  if (OH > 65535 || OW > 65535) fail(n, "an extent beyond 65535 is not lowered for maxpool_grad");
+  if (static_cast<uint64_t>((2 + 2 * KK) * 8192) > opt_.target.vmem_bytes) fail(n, "window too large for VMEM");
+  const int64_t row = align_up(T * e, kAlign);
+  const int64_t XK = place_hbm(KK * row), DK = place_hbm(KK * row);
+  check_addr(n, hbm_top_);
+  const int64_t dx = t_.at(n.output).addr;
+  // Tap (kh, kw) of window (p, oh, ow) <-> X_k[(p*OH + oh)*OW + ow]; planes in
+  // groups of at most 65535 (a DMA dim's count).
+  auto tap_dmas = [&](bool gather, int64_t kh, int64_t kw) {
+    for (int64_t p0 = 0; p0 < planes; p0 += 65535) {
+      const int64_t pc = std::min<int64_t>(65535, planes - p0);
+      const int64_t img = dx - X.addr;  // gather reads X, scatter writes dx: same geometry
+      const int64_t xoff = ((p0 * H + kh) * W + kw) * e;
+      const int64_t roff = (kh * k[1] + kw) * row + p0 * OH * OW * e;
+      const std::string d_img = dim(OW, st[1] * e, e) + dim(OH, st[0] * W * e, OW * e) + dim(pc, H * W * e, OH * OW * e);
+      const std::string d_row = dim(OW, e, st[1] * e) + dim(OH, OW * e, st[0] * W * e) + dim(pc, OH * OW * e, H * W * e);
+      if (gather) dma(hbm(XK + roff), hbm(X.addr + xoff), e, d_img);
+      else dma(hbm(X.addr + img + xoff), hbm(DK + roff), e, d_row);
+      wait_dmas();  // bounding ranges of neighbouring taps interleave (race checker)
+    }
+  };
+  for (int64_t kh = 0; kh < k[0]; ++kh)
+    for (int64_t kw = 0; kw < k[1]; ++kw) tap_dmas(true, kh, kw);
+  sync_all();
+  constexpr int64_t kTile = 8192;  // bytes per VMEM slot
+  const int64_t vdy = 0, vy = kTile, vx = 2 * kTile, vd = vx + KK * kTile;
+  for (cur_ = 0; cur_ < cores_; ++cur_) line("vbcast v3, 0.0");
+  cur_ = 0;
+  for (int64_t base = 0; base < T; base += kTileElems) {
+    on_core(base / kTileElems);
+    const int64_t cnt = std::min(kTileElems, T - base);
+    dma(vmem(vdy), hbm(DY.addr + base * e), cnt * e);
+    dma(vmem(vy), hbm(Y.addr + base * e), cnt * e);
+    for (int64_t t = 0; t < KK; ++t) dma(vmem(vx + t * kTile), hbm(XK + t * row + base * e), cnt * e);
+    wait_dmas();
+    line(std::string(ld(dt)) + " v0, " + at(vdy));
+    line(std::string(ld(dt)) + " v1, " + at(vy));
+    line("vmask m1, 0, 0");  // taps already hit: none
+    for (int64_t t = 0; t < KK; ++t) {
+      line(std::string(ld(dt)) + " v2, " + at(vx + t * kTile));
+      line("vcmp.eq m2, v2, v1");
+      line("mnot m3, m1");
+      line("mand m2, m2, m3");
+      line("mor m1, m1, m2");
+      line("vsel v4, m2, v0, v3");
+      line(std::string(this->st(n.type.dtype)) + " v4, " + at(vd + t * kTile));
+      dma(hbm(DK + t * row + base * e), vmem(vd + t * kTile), cnt * e);
+    }
+    wait_dmas();
+  }
+  sync_all();
+  for (int64_t kh = 0; kh < k[0]; ++kh)
+    for (int64_t kw = 0; kw < k[1]; ++kw) tap_dmas(false, kh, kw);
+}
+
+}  // namespace tpusim::compiler::lowering
