@@ -1,6 +1,7 @@
 // `tpusim compile MODEL --preset NAME -o BUNDLE [--batch N] [--precision default|bf16]
-// [--cores N]`: a model (.onnx or graph IR text) lowered to a program bundle for the
-// preset's TensorCores (compiler/lower, docs/codegen.md).
+// [--cores N] [--replicas N [--batched NAME,..] [--collective auto|ring|bidir-ring|torus]]`:
+// a model (.onnx or graph IR text) lowered to a program bundle for the preset's
+// TensorCores (compiler/lower, docs/codegen.md; replicas: its "Replicas" section).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include "compiler/compiler.h"
 #include "compiler/lower/lower.h"
 #include "hw/config/params.h"
+#include "hw/ici/topology.h"
 #include "isa/bundle/bundle_file.h"
 #include "sim/commands.h"
 
@@ -40,6 +42,9 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     std::string model, preset, output, precision = "default";
     int64_t batch = 0;
     int cores = 1;
+    int replicas = 1;
+    std::string collective = "auto";
+    std::vector<std::string> batched;
   };
   auto opt = std::make_shared<Options>();
   cmd->add_option("model", opt->model, "Model: .onnx or graph IR text")->required();
@@ -47,13 +52,25 @@ void add_compile_command(CLI::App& app, int& exit_code) {
   cmd->add_option("-o,--output", opt->output, "Bundle file to write")->required();
   cmd->add_option("--batch", opt->batch, "Batch size (must equal the model's for now)");
   cmd->add_option("--precision", opt->precision, "Precision policy: default | bf16");
-  cmd->add_option("--cores", opt->cores, "TensorCores of the chip that share each node's work");
+  cmd->add_option("--cores", opt->cores,
+                  "TensorCores of the chip that share each node's work; on a board, more than one chip's "
+                  "cores means that many data-parallel replicas");
+  cmd->add_option("--replicas", opt->replicas,
+                  "Data-parallel replicas over the cores of the board's chips (the batch split along axis 0)");
+  cmd->add_option("--batched", opt->batched, "Inputs split over the replicas (default: every input)")->delimiter(',');
+  cmd->add_option("--collective", opt->collective, "all_reduce algorithm: auto | ring | bidir-ring | torus");
   cmd->callback([opt, &exit_code]() {
     try {
       const auto policy = num::parse_precision_policy(opt->precision);
       if (!policy) throw std::runtime_error("--precision: '" + opt->precision + "' is not default or bf16");
       const config::Params preset = config::load_preset(opt->preset);
-      if (opt->cores < 1 || opt->cores > preset.get_int("cores_per_chip"))
+      const int per_chip = static_cast<int>(preset.get_int("cores_per_chip"));
+      const int board_chips = static_cast<int>(preset.get_int("system.chips"));
+      if (opt->cores > per_chip && board_chips > 1 && opt->replicas == 1) {
+        opt->replicas = opt->cores;  // the cores of several chips: data parallel
+        opt->cores = 1;
+      }
+      if (opt->cores < 1 || opt->cores > per_chip)
         throw std::runtime_error("--cores " + std::to_string(opt->cores) + ": the preset has " +
                                  std::to_string(preset.get_int("cores_per_chip")) + " cores per chip");
       const compiler::Graph g = compiler::load_model(opt->model);
@@ -68,6 +85,12 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.target = target_from_preset(preset);
       lo.policy = *policy;
       lo.cores = opt->cores;
+      lo.replicas.replicas = opt->replicas;
+      lo.replicas.cores_per_chip = per_chip;
+      lo.replicas.board = ici::Topology::from_params(preset);
+      lo.replicas.algorithm = opt->collective;
+      lo.replicas.batched = opt->batched;
+      if (opt->replicas > 1) lo.target.chips = static_cast<uint32_t>(board_chips);
       const compiler::LowerResult r = compiler::lower_graph(g, lo);
       isa::write_bundle(opt->output, r.bundle);
       size_t n = 0;

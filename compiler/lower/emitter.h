@@ -34,7 +34,7 @@ class Emitter {
  public:
   Emitter(const Graph& g, const LowerOptions& o)
       : g_(g), opt_(o), cores_(std::max(1, o.cores)), cs_(static_cast<size_t>(cores_)),
-        dmas_(static_cast<size_t>(cores_)), flag_dmas_(static_cast<size_t>(cores_)) {}
+        dmas_(static_cast<size_t>(cores_)), flag_dmas_(static_cast<size_t>(cores_)) { hbm_top_ = o.hbm_base; }
 
   LowerResult run();
 
@@ -98,6 +98,7 @@ class Emitter {
   void lower_conv(const Node& n);
   void lower_transpose(const Node& n);
   void lower_pool(const Node& n);
+  void lower_all_reduce(const Node& n);  // collective.cpp
   // grad.cpp: the training graphs' backward ops (docs/training.md).
   void lower_relu_grad(const Node& n);
   void lower_maxpool_grad(const Node& n);
@@ -130,6 +131,7 @@ class Emitter {
   std::vector<std::ostringstream> cs_;
   std::map<std::string, Placed> t_;
   int64_t hbm_top_ = 0;
+  int64_t coll_sent_ = 0, coll_landed_ = 0;  // collective.cpp's running flag counts
   std::vector<int64_t> dmas_;
   std::vector<std::map<int, int64_t>> flag_dmas_;
 };

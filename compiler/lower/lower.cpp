@@ -60,6 +60,7 @@ LowerResult Emitter::run() {
     switch (n.op) {
       case OpKind::kMatmul: lower_matmul(n); break;
       case OpKind::kConv2d: lower_conv(n); break;
+      case OpKind::kAllReduce: lower_all_reduce(n); break;
       case OpKind::kTranspose: lower_transpose(n); break;
       case OpKind::kMaxPool: lower_pool(n); break;
       case OpKind::kAvgPool: {
@@ -103,6 +104,7 @@ LowerResult Emitter::run() {
 
   LowerResult r;
   r.assembly = out_.str();
+  r.hbm_end = hbm_top_;
   try {
     r.bundle = isa::assemble(r.assembly, g_.name + ".s");
   } catch (const isa::AsmError& e) {
@@ -117,6 +119,7 @@ LowerResult Emitter::run() {
 }  // namespace lowering
 
 LowerResult lower_graph(const Graph& graph, const LowerOptions& options) {
+  if (options.replicas.replicas > 1) return lower_replicated(graph, options);
   Graph g = graph;
   apply_precision(g, options.policy);
   verify(g, "lowering");

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "compiler/ir/graph.h"
+#include "compiler/ref/replicas.h"
 #include "isa/asm/instr.h"
 #include "isa/numerics/precision.h"
 
@@ -16,6 +17,14 @@ namespace tpusim::compiler {
 
 struct LowerOptions {
   isa::Target target;  // from the preset: MXU count and R x C, VMEM size, ...
+  // Data parallelism (docs/codegen.md "Replicas"): replicas.replicas > 1 lowers the
+  // per-replica graph once per replica, onto the cores of the board's chips.
+  ReplicaSpec replicas;
+  // Set by that driver for each replica's program: its index, its HBM base, and the
+  // size of every replica's region (one layout, at core * region on its chip).
+  int replica = 0;
+  int64_t hbm_base = 0;
+  int64_t replica_region = 0;
   num::PrecisionPolicy policy = num::PrecisionPolicy::kDefault;
   // TensorCores of chip 0 that share each node's work (independent row/tile groups
   // round robin, a barrier after every node); all tensors stay in the chip's HBM.
@@ -25,10 +34,13 @@ struct LowerOptions {
 struct LowerResult {
   isa::Bundle bundle;
   std::string assembly;  // the program text that was assembled (without constants' data)
+  int64_t hbm_end = 0;   // end of the HBM placement (chip 0's, for replicas)
 };
 
 // Throws CompileError naming the node for an op (or operand kind) the lowering
 // does not handle yet, or a graph that does not fit the target's memories.
 LowerResult lower_graph(const Graph& graph, const LowerOptions& options);
+// lower_graph with options.replicas.replicas > 1 (compiler/lower/replicate.cpp).
+LowerResult lower_replicated(const Graph& graph, const LowerOptions& options);
 
 }  // namespace tpusim::compiler

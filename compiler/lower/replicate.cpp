@@ -1,0 +1,163 @@
+// Data-parallel lowering (docs/codegen.md "Replicas"): the per-replica graph lowered
+// once per replica onto the cores of the board's chips, the global batch scattered
+// from chip 0 and the batched outputs gathered back to it.
+#include <set>
+#include <sstream>
+
+#include "compiler/lower/emitter.h"
+#include "compiler/passes/passes.h"
+#include "isa/asm/assembler.h"
+
+namespace tpusim::compiler {
+
+namespace {
+// Flags of the driver's prologue and epilogue, apart from the node lowerings' and
+// the collectives' (collective.cpp, f58/f59).
+constexpr const char* kIoIssue = "f60";   // scatter/gather DMAs issued by this core
+constexpr const char* kInLanded = "f61";  // this replica's inputs have landed
+constexpr const char* kOutLanded = "f62"; // on replica 0: the replicas' output slices have landed
+
+// The code of a one-core program the emitter assembled: between its `.core` line and
+// the closing `halt`.
+std::string core_code(const std::string& assembly) {
+  const size_t core = assembly.find("\n.core ");
+  const size_t start = assembly.find('\n', core + 1) + 1;
+  const std::string halt = "  halt\n";
+  const size_t end = assembly.rfind(halt);
+  return assembly.substr(start, end - start);
+}
+}  // namespace
+
+LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
+  const ReplicaSpec& s = options.replicas;
+  check_replicas(s);
+  if (options.cores != 1) throw CompileError(graph.name + ": --cores splits one chip's work; with --replicas it must be 1");
+  Graph g = graph;
+  apply_precision(g, options.policy);
+  verify(g, "lowering");
+  const std::string err = options.target.check();
+  if (!err.empty()) throw CompileError(g.name + ": bad target: " + err);
+  const ReplicaGraph rg = replica_graph(g, s);
+  const int R = s.replicas;
+  const int cores = R <= s.cores_per_chip ? R : s.cores_per_chip;
+  const int chips = chips_used(s);
+
+  // Every replica's tensors follow one layout, at core * region on its chip.
+  LowerOptions lo = options;
+  lo.cores = 1;
+  lo.replica = 0;
+  lo.hbm_base = 0;
+  lo.replica_region = 0;
+  const LowerResult first = lowering::Emitter(rg.graph, lo).run();
+  const int64_t region = lowering::align_up(first.hbm_end, lowering::kAlign);
+  std::map<std::string, const isa::IoEntry*> local;
+  for (const auto& e : first.bundle.io) local[e.name] = &e;
+
+  // The global inputs and batched outputs live on chip 0 after its replicas' regions.
+  std::vector<isa::IoEntry> io;
+  int64_t top = cores * region;
+  std::map<std::string, int64_t> global;
+  auto place_global = [&](const isa::IoEntry& e, isa::IoKind kind, const TensorType& t) {
+    isa::IoEntry g_e = e;
+    g_e.kind = kind;
+    g_e.shape = t.shape;
+    g_e.chip = 0;
+    g_e.core = 0;
+    g_e.addr = static_cast<uint64_t>(top);
+    global[e.name] = top;
+    top = lowering::align_up(top + static_cast<int64_t>(g_e.elements() * isa::dtype_size(g_e.dtype)), lowering::kAlign);
+    io.push_back(g_e);
+  };
+  const auto types = g.types();
+  for (const auto& in : g.inputs) place_global(*local.at(in.name), isa::IoKind::kInput, in.type);
+  for (const auto& o : g.outputs)
+    if (rg.batched_outputs.count(o)) place_global(*local.at(o), isa::IoKind::kOutput, types.at(o));
+  if (top > INT32_MAX) throw CompileError(g.name + ": " + std::to_string(R) + " replicas need " + std::to_string(top) +
+                                          " bytes of chip 0's HBM; the lowering addresses 2 GiB");
+  if (static_cast<uint64_t>(top) > options.target.hbm_bytes)
+    throw CompileError(g.name + ": needs " + std::to_string(top) + " bytes of HBM on chip 0, the target has " +
+                       std::to_string(options.target.hbm_bytes));
+
+  const int first_op = rg.graph.nodes.empty() ? 0 : rg.graph.nodes.front().id;
+  const int last_op = rg.graph.nodes.empty() ? 0 : rg.graph.nodes.back().id;
+  auto bytes_of = [](const isa::IoEntry& e) { return static_cast<int64_t>(e.elements() * isa::dtype_size(e.dtype)); };
+  auto endpoint = [&](int r) {
+    return "hbm@chip" + std::to_string(replica_chip(s, r)) + ".c" + std::to_string(replica_core(s, r));
+  };
+
+  std::ostringstream text;
+  const isa::Target& t = options.target;
+  text << ".target chips=" << chips << " cores=" << cores << " mxus=" << t.mxus_per_core << " mxu_rows=" << t.mxu_rows
+       << " mxu_cols=" << t.mxu_cols << " fifo_rows=" << t.fifo_rows << " vmem=" << t.vmem_bytes
+       << " smem=" << t.smem_bytes << " hbm=" << t.hbm_bytes << " host=" << t.host_bytes << "\n";
+  for (int r = 0; r < R; ++r) {
+    lo.replica = r;
+    lo.hbm_base = replica_core(s, r) * region;
+    lo.replica_region = region;
+    const LowerResult mine = lowering::Emitter(rg.graph, lo).run();
+    if (mine.hbm_end - lo.hbm_base > region)
+      throw CompileError(g.name + ": internal lowering error: replica " + std::to_string(r) + " outgrew its region");
+    std::map<std::string, const isa::IoEntry*> at;
+    for (const auto& e : mine.bundle.io) at[e.name] = &e;
+    for (const auto& e : mine.bundle.io) {
+      if (e.kind != isa::IoKind::kConst) continue;
+      isa::IoEntry c = e;
+      c.name = e.name + "@chip" + std::to_string(replica_chip(s, r)) + ".core" + std::to_string(replica_core(s, r));
+      c.chip = static_cast<uint32_t>(replica_chip(s, r));
+      io.push_back(std::move(c));
+    }
+    text << ".core chip" << replica_chip(s, r) << ".core" << replica_core(s, r) << "\n  op " << first_op << "\n";
+    int issued = 0;
+    if (r == 0) {
+      // Chip 0 pushes every replica its slice of each batched input and a copy of the others.
+      for (const auto& in : g.inputs) {
+        const isa::IoEntry& e = *at.at(in.name);
+        const int64_t slice = bytes_of(e);
+        for (int q = 0; q < R; ++q) {
+          const int64_t src = global.at(in.name) + (rg.batched_inputs.count(in.name) ? q * slice : 0);
+          const int64_t dst = static_cast<int64_t>(e.addr) - lo.hbm_base + replica_core(s, q) * region;
+          text << "  dma " << endpoint(q) << ":[s0 + " << dst << "], hbm:[s0 + " << src << "], bytes=" << slice
+               << ", flag=" << kIoIssue << ", rflag=" << kInLanded << "\n";
+          ++issued;
+        }
+      }
+    }
+    text << "  wait " << kInLanded << ", " << g.inputs.size() << "\n";
+    text << core_code(mine.assembly);
+    text << "  op " << last_op << "\n";
+    int gathered = 0;
+    for (const auto& o : g.outputs) {
+      if (!rg.batched_outputs.count(o)) continue;
+      const isa::IoEntry& e = *at.at(o);
+      text << "  dma hbm@chip0.c0:[s0 + " << global.at(o) + r * bytes_of(e) << "], hbm:[s0 + " << e.addr
+           << "], bytes=" << bytes_of(e) << ", flag=" << kIoIssue << ", rflag=" << kOutLanded << "\n";
+      ++issued;
+      ++gathered;
+    }
+    if (issued) text << "  wait " << kIoIssue << ", " << issued << "\n";
+    if (r == 0 && gathered) text << "  wait " << kOutLanded << ", " << gathered * R << "\n";
+    text << "  halt\n";
+    if (r == 0)
+      for (const auto& o : g.outputs)
+        if (!rg.batched_outputs.count(o)) {
+          isa::IoEntry e = *at.at(o);  // identical on every replica: replica 0's
+          e.kind = isa::IoKind::kOutput;
+          io.push_back(e);
+        }
+  }
+
+  LowerResult res;
+  res.assembly = text.str();
+  try {
+    res.bundle = isa::assemble(res.assembly, g.name + ".s");
+  } catch (const isa::AsmError& e) {
+    throw CompileError(std::string("internal lowering error: ") + e.what());
+  }
+  res.bundle.io = std::move(io);
+  res.hbm_end = top;
+  const std::string bad = isa::check_bundle(res.bundle);
+  if (!bad.empty()) throw CompileError(g.name + ": internal lowering error: " + bad);
+  return res;
+}
+
+}  // namespace tpusim::compiler
