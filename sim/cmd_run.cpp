@@ -6,22 +6,30 @@
 #include <fmt/core.h>
 #include <systemc>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hw/config/params.h"
+#include "hw/core/op_profile.h"
 #include "hw/config/peaks.h"
 #include "hw/system/system.h"
 #include "hw/timeline/timeline.h"
 #include "isa/bundle/bundle_file.h"
 #include "isa/exec/tensors.h"
 #include "sim/commands.h"
+#include "sim/run/profile.h"
 #include "sim/run/report.h"
 #include "sim/run/stats.h"
 #include "sim/run/tensor_io.h"
@@ -52,6 +60,51 @@ int fail(int code, const std::string& message) {
   std::fprintf(stderr, "tpusim run: error: %s\n", message.c_str());
   return code;
 }
+
+// A progress line on stderr for runs longer than about two seconds, redrawn in
+// place and erased when the run ends. Only on a terminal: logs and tests never
+// see it.
+class Progress {
+ public:
+  Progress() {
+    if (!::isatty(STDERR_FILENO)) return;
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~Progress() { stop(); }
+  void stop() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void loop() {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (wake_.wait_for(lock, std::chrono::seconds(2), [this] { return done_; })) return;
+    bool drawn = false;
+    do {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const uint64_t c = hw::OpProfile::progress_cycle.load(std::memory_order_relaxed);
+      std::fprintf(stderr, "\r\033[Ktpusim run: %.0f s, at cycle %llu (%.3g cycles/s)", s,
+                   static_cast<unsigned long long>(c), s > 0 ? double(c) / s : 0.0);
+      std::fflush(stderr);
+      drawn = true;
+    } while (!wake_.wait_for(lock, std::chrono::milliseconds(500), [this] { return done_; }));
+    if (drawn) {
+      std::fputs("\r\033[K", stderr);
+      std::fflush(stderr);
+    }
+  }
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+};
 
 int run_run(const RunArgs& a) {
   config::Params preset;
@@ -105,15 +158,19 @@ int run_run(const RunArgs& a) {
   // what a cycles-per-second figure should measure.
   const auto t0 = std::chrono::steady_clock::now();
   hw::RunResult result;
+  Progress progress;
   try {
     result = system->run(ropt);
   } catch (const config::ConfigError& e) {
     // Units read their parameters when the chip is built, inside run(): a preset
     // whose values contradict each other is still bad input, not a program fault.
+    progress.stop();
     return fail(kExitBadInput, e.what());
   } catch (const std::exception& e) {
+    progress.stop();
     return fail(kExitProgramFault, e.what());
   }
+  progress.stop();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (result.faulted) return fail(kExitProgramFault, a.bundle + ": " + result.fault);
 
@@ -129,6 +186,9 @@ int run_run(const RunArgs& a) {
   f.hbm_peak_bytes_per_s = config::peak_figures(preset).hbm_bytes_per_s;
   f.wall_seconds = wall;
   f.units = result.units;
+  const nlohmann::json profile = run::fold_profiles(f.units, result.cycles);
+  f.ops = profile["ops"];
+  f.time_by_cause = profile["time_by_cause"];
   const auto stats = run::make_stats(f);
   try {
     for (const auto& e : bundle.io)

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hw/core/op_profile.h"
 #include "hw/core/reg_use.h"
 #include "hw/core/scoreboard.h"
 #include "hw/timeline/timeline.h"
@@ -78,6 +79,7 @@ struct CoreEnv {
   std::string name;  // "chip0.core1"
   Scoreboard scoreboard;
   timeline::Timeline* timeline = nullptr;
+  OpProfile profile;  // per-op time and work (hw/core/op_profile.h)
   uint32_t timeline_process = 0;
   // First fault of this core; the run stops at the end of the cycle it happened in.
   std::string fault;

@@ -78,10 +78,12 @@ void MatrixQueue::tick(uint64_t cycle) {
             case Op::kMswap: core_.swap(in.imm > 0 ? in.imm : -1); break;
             default: {
               const exec::MxuState& ms = exec::mxu_at(st, in.a);
-              real_macs_ += static_cast<uint64_t>(isa::kSublanes) * static_cast<uint64_t>(ms.weights_k) *
-                            static_cast<uint64_t>(ms.cols);
+              const uint64_t macs = static_cast<uint64_t>(isa::kSublanes) * static_cast<uint64_t>(ms.weights_k) *
+                                    static_cast<uint64_t>(ms.cols);
+              real_macs_ += macs;
               const mxu::MatmulTicket t = core_.matmul(none);
               if (env_.timeline) env_.timeline->slice(track_, CoreEnv::slice_name(in), cycle, t.last_row_cycle + 1);
+              env_.profile.matmul(index_, in, macs, cycle, t.last_row_cycle + 1);
             }
           }
           env_.scoreboard.release(head.use, head.seq);

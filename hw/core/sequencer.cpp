@@ -8,6 +8,8 @@ using isa::Unit;
 Sequencer::Sequencer(CoreEnv& env, Barrier& barrier, Sinks sinks)
     : env_(env), barrier_(barrier), sinks_(std::move(sinks)) {
   if (!env_.prog) halted_ = true;  // a core without a program idles from the start
+  if (env_.timeline) env_.profile.attach_timeline(env_.timeline, env_.name.substr(0, env_.name.find('.')),
+                                                  env_.name.substr(env_.name.find('.') + 1) + ".sequencer");
 }
 
 Sequencer::Stall Sequencer::blocked(uint64_t cycle) const {
@@ -24,6 +26,8 @@ Sequencer::Stall Sequencer::blocked(uint64_t cycle) const {
 }
 
 void Sequencer::count(Stall s, uint64_t n) {
+  if (s != Stall::kNone)
+    env_.profile.stall(env_.prog->code[pc_], s == Stall::kFlag ? env_.prog->code[pc_].a : -1, s == Stall::kBarrier, n);
   switch (s) {
     case Stall::kFlag: counters_["stall_flag_cycles"] += n; break;
     case Stall::kQueueFull: counters_["stall_queue_full_cycles"] += n; break;
@@ -45,6 +49,7 @@ void Sequencer::tick(uint64_t cycle) {
     return;
   }
   env_.note_activity(cycle);
+  env_.profile.issue_cycle(at_barrier_ || pc_ >= env_.prog->code.size() ? nullptr : &env_.prog->code[pc_], cycle);
   if (at_barrier_) {  // released: the barrier instruction retires
     at_barrier_ = false;
     ++pc_;
@@ -76,6 +81,7 @@ void Sequencer::tick(uint64_t cycle) {
         it.s = env_.state->s;
         if (u == Unit::kDma) {
           it.vmem_ops_before = vmem_ops_issued_;
+          env_.profile.dma_issued(in, env_.state->chip);
           it.plan = exec::plan_dma(*env_.machine, *env_.state, in);  // faults here, as the reference does
         } else {
           env_.scoreboard.reserve(it.use, it.seq);

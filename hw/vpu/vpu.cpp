@@ -89,6 +89,7 @@ void Vpu::retire(InFlight& f, uint64_t cycle) {
   env_.note_activity(cycle);
   ++counters_["instructions"];
   if (env_.timeline) env_.timeline->slice(track_, CoreEnv::slice_name(in), f.begin, cycle);
+  env_.profile.vector(in, f.begin, cycle);
 }
 
 void Vpu::tick(uint64_t cycle) {

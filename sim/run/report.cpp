@@ -2,7 +2,10 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace tpusim::run {
 
@@ -18,6 +21,12 @@ std::string si(double v, const char* unit) {
   }
   return fmt::format("{:.3g} {}{}", v, kPrefix[i], unit);
 }
+
+std::string percent(uint64_t part, uint64_t whole) {
+  return fmt::format("{:.1f}%", whole > 0 ? 100.0 * double(part) / double(whole) : 0.0);
+}
+
+constexpr size_t kTopOps = 10;
 
 }  // namespace
 
@@ -36,7 +45,7 @@ std::string format_report(const nlohmann::json& s) {
 
   std::string r;
   r += fmt::format("preset {}, {} mode\n", s.at("preset").get<std::string>(), s.at("mode").get<std::string>());
-  r += fmt::format("  cycles          : {} ({:.3f} us at {:.0f} MHz)\n", cycles, seconds * 1e6, clock / 1e6);
+  r += fmt::format("  step time       : {} cycles ({:.3f} us at {:.0f} MHz)\n", cycles, seconds * 1e6, clock / 1e6);
   const double achieved = seconds > 0 ? double(flops) / seconds : 0.0;
   r += fmt::format("  MXU throughput  : {:.3f} TFLOPS of {:.1f} TFLOPS peak ({} FLOP)\n", achieved / 1e12,
                    peak / 1e12, flops);
@@ -44,8 +53,50 @@ std::string format_report(const nlohmann::json& s) {
   const double hbm_rate = seconds > 0 ? double(rd + wr) / seconds : 0.0;
   r += fmt::format("  HBM traffic     : {} read, {} written ({}/s of {}/s peak)\n", si(double(rd), "B"),
                    si(double(wr), "B"), si(hbm_rate, "B"), si(hbm_peak, "B"));
+  r += fmt::format("  HBM utilization : {:.2f}%\n", hbm_peak > 0 ? 100.0 * hbm_rate / hbm_peak : 0.0);
   r += fmt::format("  host wall time  : {:.3f} s ({} simulated cycles/s)\n", wall,
                    wall > 0 ? si(double(cycles) / wall, "") : std::string("-"));
+
+  if (s.contains("time_by_cause") && !s["time_by_cause"].empty()) {
+    r += "where each core's time went (share of the step's cycles):\n";
+    r += fmt::format("  {:<14} {:>8} {:>9} {:>8} {:>9} {:>8}\n", "core", "compute", "HBM wait", "infeed",
+                     "sync/ICI", "idle");
+    for (const auto& [core, t] : s["time_by_cause"].items())
+      r += fmt::format("  {:<14} {:>8} {:>9} {:>8} {:>9} {:>8}\n", core, percent(t["compute"], cycles),
+                       percent(t["hbm"], cycles), percent(t["infeed"], cycles), percent(t["sync"], cycles),
+                       percent(t["idle"], cycles));
+  }
+
+  if (s.contains("ops") && !s["ops"].empty()) {
+    std::vector<const nlohmann::json*> ops;
+    for (const auto& op : s["ops"]) ops.push_back(&op);
+    // Longest first; ties in id order (the list is in id order and the sort is stable).
+    std::stable_sort(ops.begin(), ops.end(), [](const nlohmann::json* a, const nlohmann::json* b) {
+      return (*a)["cycles"].get<uint64_t>() > (*b)["cycles"].get<uint64_t>();
+    });
+    const double ridge = hbm_peak > 0 ? peak / hbm_peak : 0.0;
+    const size_t shown = std::min(kTopOps, ops.size());
+    r += fmt::format("top {} of {} ops by time (roofline ridge {:.1f} FLOP/B):\n", shown, ops.size(), ridge);
+    r += fmt::format("  {:<12} {:>10} {:>7} {:>12} {:>12} {:>9} {:>8}\n", "op", "cycles", "step", "FLOP",
+                     "HBM bytes", "FLOP/B", "bound");
+    for (size_t i = 0; i < shown; ++i) {
+      const auto& op = *ops[i];
+      const uint64_t f = op["flops"].get<uint64_t>();
+      const uint64_t b = op["hbm_bytes"].get<uint64_t>();
+      const uint64_t c = op["cycles"].get<uint64_t>();
+      std::string intensity = "-", bound = "-";
+      if (b > 0) {
+        const double in = double(f) / double(b);
+        intensity = fmt::format("{:.2f}", in);
+        bound = in >= ridge ? "compute" : "memory";
+      } else if (f > 0) {
+        intensity = "inf";
+        bound = "compute";
+      }
+      r += fmt::format("  {:<12} {:>10} {:>7} {:>12} {:>12} {:>9} {:>8}\n", op["name"].get<std::string>(), c,
+                       percent(c, cycles), f, b, intensity, bound);
+    }
+  }
   return r;
 }
 

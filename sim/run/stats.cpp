@@ -28,6 +28,8 @@ json make_stats(const RunFigures& f) {
               {"peak_bytes_per_s", f.hbm_peak_bytes_per_s}};
   s["host"] = {{"wall_seconds", f.wall_seconds}};
   s["units"] = f.units.is_null() ? json::object() : f.units;
+  if (!f.ops.is_null()) s["ops"] = f.ops;
+  if (!f.time_by_cause.is_null()) s["time_by_cause"] = f.time_by_cause;
   return s;
 }
 
@@ -56,6 +58,50 @@ void check_leaves(std::vector<std::string>& problems, const json& j, const std::
 bool close(double a, double b) {
   const double scale = std::max(std::abs(a), std::abs(b));
   return std::abs(a - b) <= 1e-12 * scale + 1e-300;
+}
+
+// The optional per-op list (the schema scripts/plot.py reads) and the per-core
+// time by cause, whose causes must account for every cycle of the run.
+void check_profile(std::vector<std::string>& p, const json& s) {
+  if (s.contains("ops")) {
+    if (!s["ops"].is_array()) {
+      p.push_back("key ops is not a list");
+    } else {
+      for (size_t i = 0; i < s["ops"].size(); ++i) {
+        const json& op = s["ops"][i];
+        const std::string where = "ops[" + std::to_string(i) + "].";
+        if (!op.is_object()) {
+          p.push_back("ops[" + std::to_string(i) + "] is not an object");
+          continue;
+        }
+        if (!op.contains("id") || !(op["id"].is_string() || op["id"].is_number_unsigned()))
+          p.push_back("key " + where + "id is not an unsigned integer or a string");
+        require(p, op, where, "name", &json::is_string, "a string");
+        require(p, op, where, "flops", &json::is_number_unsigned, "an unsigned integer");
+        require(p, op, where, "hbm_bytes", &json::is_number_unsigned, "an unsigned integer");
+        require(p, op, where, "cycles", &json::is_number_unsigned, "an unsigned integer");
+        if (op.contains("cycles") && op["cycles"].is_number_unsigned() && op["cycles"].get<uint64_t>() == 0)
+          p.push_back("key " + where + "cycles is 0");
+      }
+    }
+  }
+  if (s.contains("time_by_cause")) {
+    if (!s["time_by_cause"].is_object()) {
+      p.push_back("key time_by_cause is not an object");
+      return;
+    }
+    const uint64_t cycles = s["cycles"].get<uint64_t>();
+    for (const auto& [core, t] : s["time_by_cause"].items()) {
+      uint64_t sum = 0;
+      bool ok = t.is_object();
+      for (const char* k : {"compute", "hbm", "infeed", "sync", "idle"}) {
+        ok = ok && t.contains(k) && t[k].is_number_unsigned();
+        if (ok) sum += t[k].get<uint64_t>();
+      }
+      if (!ok) p.push_back("time_by_cause." + core + " lacks an unsigned compute, hbm, infeed, sync or idle");
+      else if (sum != cycles) p.push_back("time_by_cause." + core + " does not sum to cycles");
+    }
+  }
 }
 
 }  // namespace
@@ -102,6 +148,7 @@ std::vector<std::string> check_stats(const json& s) {
   if (!close(s["mxu_utilization"].get<double>(), util))
     p.push_back("mxu_utilization != flops / (peak_flops_per_s * seconds)");
   if (s["mxu_utilization"].get<double>() > 1.0 + 1e-12) p.push_back("mxu_utilization exceeds 1");
+  check_profile(p, s);
   return p;
 }
 

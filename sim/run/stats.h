@@ -24,6 +24,9 @@ struct RunFigures {
   double hbm_peak_bytes_per_s = 0;
   double wall_seconds = 0;         // host time; the only nondeterministic figure
   nlohmann::json units = nlohmann::json::object();  // "chip0.core0.mxu0": {"busy_cycles": ..}
+  // Optional (sim/run/profile.h): per-op profile and per-core time by cause; null = absent.
+  nlohmann::json ops;
+  nlohmann::json time_by_cause;
 };
 
 // The stats.json document with every key of the contract (keys sorted, so the

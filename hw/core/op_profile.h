@@ -1,0 +1,127 @@
+// Per-op profile of one TensorCore: where the core's time and work went, keyed by
+// the compiler's graph op ids (Instr::op_id, from `op N` markers). The units call
+// one-line hooks; everything here is a few integer adds per instruction, so it is
+// always on (no switch to thread through the run options).
+//
+// Time is attributed in program order at the sequencer: every cycle the sequencer
+// is active goes to the op of the instruction at its head, whether it issues that
+// cycle or stalls there, and each stalled cycle is filed under its cause (waiting
+// on HBM, on infeed, on sync/ICI, or on the core's own units = computing). The
+// sum over ops is the sequencer's active_cycles in either mode, since the
+// sequencer's stall counting is mode-independent. The units add what the op
+// occupied them for (MXU matmul rows, VPU instruction latencies, DMA transfers)
+// and its work (MACs, vector instructions, HBM bytes).
+//
+// A wait on a flag is classified by the last DMA this core issued on that flag:
+// HBM (either end in this chip's HBM), host (infeed), anything else (core to
+// core, ICI, a flag raised by another core's rflag) is sync/ICI.
+//
+// With a timeline, the sequencer track gets one slice per op span and every DMA
+// that raises a flag gets a flow arrow to the wait that consumed it.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hw/timeline/timeline.h"
+#include "isa/asm/instr.h"
+
+namespace tpusim::hw {
+
+class OpProfile {
+ public:
+  enum Cause : uint8_t { kCompute = 0, kHbm, kInfeed, kSync, kCauses };
+
+  struct Op {
+    uint64_t cycles = 0;  // sequencer-active cycles at this op's instructions
+    uint64_t instructions = 0;
+    std::array<uint64_t, kCauses> stall{};  // stalled cycles by cause (kCompute: queue full, barrier drain)
+    uint64_t macs = 0;
+    uint64_t hbm_bytes = 0;
+    uint64_t vector_ops = 0;
+    uint64_t mxu_busy_cycles = 0;  // union of its matmuls' row streams, per MXU, summed over MXUs
+    uint64_t vpu_busy_cycles = 0;  // union of its vector instructions' latencies
+    uint64_t dma_busy_cycles = 0;  // engine-cycles of its transfers (engines overlap)
+    bool seen = false;
+  };
+
+  // Sequencer: a cycle it was active and not stalled, at `in` (null: ran off the end).
+  void issue_cycle(const isa::Instr* in, uint64_t cycle) {
+    progress_cycle.store(cycle, std::memory_order_relaxed);
+    if (in) cur_op_ = in->op_id;
+    Op& o = at(cur_op_);
+    ++o.cycles;
+    if (in) {
+      ++o.instructions;
+      if (tl_) timeline_issue(*in, cycle);
+    }
+  }
+  // Sequencer: n cycles stalled at `in`; `flag` >= 0 for a wait on that flag,
+  // `sync` for a barrier, neither for the core's own units (queue full, drain).
+  void stall(const isa::Instr& in, int flag, bool sync, uint64_t n) {
+    Op& o = at(in.op_id);
+    o.cycles += n;
+    o.stall[flag >= 0 && flag < isa::kSyncFlags ? flag_cause_[static_cast<size_t>(flag)] : sync ? kSync : kCompute] += n;
+  }
+  // Sequencer: a DMA instruction issued by this core (on chip `chip`).
+  void dma_issued(const isa::Instr& in, uint32_t chip);
+  // MXU `mxu`: a matmul of `macs` streaming rows over [begin, end).
+  void matmul(int mxu, const isa::Instr& in, uint64_t macs, uint64_t begin, uint64_t end);
+  // VPU: a vector instruction over [begin, end).
+  void vector(const isa::Instr& in, uint64_t begin, uint64_t end);
+  // DMA engines: a transfer over [begin, end), `hbm_bytes` of it through this
+  // chip's HBM; `track` is the DMA's timeline track (flow arrows).
+  void dma_done(const isa::Instr& in, uint64_t hbm_bytes, uint64_t begin, uint64_t end, timeline::TrackId track);
+
+  // The sequencer's timeline track (slices per op span, flow ends).
+  void attach_timeline(timeline::Timeline* tl, const std::string& process, const std::string& unit);
+
+  // Ops in id order; index 0 is id -1 (instructions before any op marker).
+  const std::vector<Op>& ops() const { return ops_; }
+  // {"ops": [{"id": N, "cycles": .., ...}], "stall": {"hbm": .., ...}}; ops never seen are left out.
+  nlohmann::json to_json() const;
+
+  static const char* cause_name(Cause c);
+
+  // The latest cycle any core's sequencer was active in, for a progress line read
+  // by another thread (relaxed: an approximate, monotone-enough figure).
+  inline static std::atomic<uint64_t> progress_cycle{0};
+
+ private:
+  Op& at(int32_t op_id) {
+    const size_t i = static_cast<size_t>(op_id + 1);
+    if (i >= ops_.size()) ops_.resize(i + 1);
+    ops_[i].seen = true;
+    return ops_[i];
+  }
+  void timeline_issue(const isa::Instr& in, uint64_t cycle);
+  static std::array<Cause, isa::kSyncFlags> all_sync() {
+    std::array<Cause, isa::kSyncFlags> a;
+    a.fill(kSync);
+    return a;
+  }
+
+  std::vector<Op> ops_;
+  int32_t cur_op_ = -1;
+  // Cause of a wait on each flag; kSync until this core issues a DMA on it.
+  std::array<Cause, isa::kSyncFlags> flag_cause_ = all_sync();
+  std::vector<uint64_t> mxu_busy_until_;  // per MXU: end of the last matmul counted
+  uint64_t vpu_busy_until_ = 0;
+
+  // Timeline state.
+  timeline::Timeline* tl_ = nullptr;
+  timeline::TrackId track_ = 0;
+  bool tl_open_ = false;
+  int32_t tl_op_ = -1;
+  uint64_t tl_begin_ = 0, tl_last_ = 0;
+  // Per flag: DMAs finished since the last wait on it (track, cycle inside the slice).
+  std::array<std::vector<std::pair<timeline::TrackId, uint64_t>>, isa::kSyncFlags> flag_sources_;
+};
+
+}  // namespace tpusim::hw

@@ -1,0 +1,90 @@
+#include "sim/run/profile.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tpusim::run {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kCauses[] = {"compute", "hbm", "infeed", "sync"};
+constexpr const char* kSum[] = {"instructions", "hbm_bytes", "vector_ops", "mxu_busy_cycles", "vpu_busy_cycles",
+                                "dma_busy_cycles"};
+
+uint64_t u(const json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
+}
+
+uint64_t take(uint64_t& from, uint64_t want) {
+  const uint64_t t = std::min(from, want);
+  from -= t;
+  return t;
+}
+
+}  // namespace
+
+json fold_profiles(json& units, uint64_t run_cycles) {
+  std::map<int64_t, json> ops;  // id -> folded entry
+  json time = json::object();
+  std::vector<std::string> profiled;
+  for (const auto& [name, rec] : units.items()) {
+    const std::string suffix = ".profile";
+    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    profiled.push_back(name);
+    const std::string core = name.substr(0, name.size() - suffix.size());
+    for (const auto& op : rec.value("ops", json::array())) {
+      const int64_t id = op.at("id").get<int64_t>();
+      json& f = ops[id];
+      if (f.is_null()) {
+        f = {{"id", id}, {"name", id >= 0 ? "op " + std::to_string(id) : std::string("unmarked")},
+             {"cycles", 0}, {"core_cycles", 0}, {"cores", 0}, {"flops", 0}};
+        for (const char* k : kSum) f[k] = 0;
+        for (const char* c : kCauses) f["stall_cycles"][c] = 0;
+        if (id < 0) f["id"] = "unmarked";
+      }
+      const uint64_t cycles = u(op, "cycles");
+      f["cycles"] = std::max(f["cycles"].get<uint64_t>(), cycles);
+      f["core_cycles"] = f["core_cycles"].get<uint64_t>() + cycles;
+      f["cores"] = f["cores"].get<uint64_t>() + 1;
+      f["flops"] = f["flops"].get<uint64_t>() + 2 * u(op, "macs");
+      for (const char* k : kSum) f[k] = f[k].get<uint64_t>() + u(op, k);
+      for (const char* c : kCauses)
+        f["stall_cycles"][c] = f["stall_cycles"][c].get<uint64_t>() + u(op, ("stall_" + std::string(c) + "_cycles").c_str());
+    }
+
+    // Where this core's run went.
+    const json stall = rec.value("stall_cycles", json::object());
+    const uint64_t active = std::min(u(rec, "active_cycles"), run_cycles);
+    uint64_t hbm = u(stall, "hbm"), infeed = u(stall, "infeed"), sync = u(stall, "sync");
+    const auto seq = units.find(core + ".sequencer");
+    const uint64_t seq_infeed = seq != units.end() ? u(*seq, "stall_infeed_cycles") : 0;
+    if (seq_infeed > infeed) {
+      uint64_t extra = seq_infeed - infeed;
+      extra -= take(sync, extra);
+      extra -= take(hbm, extra);
+      infeed = seq_infeed - extra;
+    }
+    // Cannot happen (each stalled cycle is an active one); kept so the causes always sum.
+    uint64_t over = hbm + infeed + sync > active ? hbm + infeed + sync - active : 0;
+    over -= take(sync, over);
+    over -= take(hbm, over);
+    take(infeed, over);
+    time[core] = {{"compute", active - hbm - infeed - sync}, {"hbm", hbm}, {"infeed", infeed}, {"sync", sync},
+                  {"idle", run_cycles - active}};
+  }
+  for (const auto& n : profiled) units.erase(n);
+  json list = json::array();
+  for (auto& [id, f] : ops) {
+    // plot.py's schema needs positive cycles; every op the sequencer met took at least one.
+    if (f["cycles"].get<uint64_t>() == 0) f["cycles"] = 1;
+    list.push_back(std::move(f));
+  }
+  return {{"ops", list}, {"time_by_cause", time}};
+}
+
+}  // namespace tpusim::run

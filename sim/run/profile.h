@@ -1,0 +1,25 @@
+// The per-op profile and the time-by-cause breakdown of stats.json, folded from the
+// per-core records the chip model leaves in units["chipX.coreY.profile"]
+// (hw/core/op_profile.h). One function, so `tpusim run`, tests and benches build
+// the same keys.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+
+namespace tpusim::run {
+
+// Removes every "*.profile" record from `units` and returns
+//   {"ops": [...], "time_by_cause": {"chip0.core0": {...}}}
+// "ops" (sorted by id, "unmarked" first): per graph op over all cores
+//   id, name, cycles (the longest core's), core_cycles (sum over cores), cores,
+//   flops (2 per MAC), hbm_bytes, vector_ops, instructions, mxu_busy_cycles,
+//   vpu_busy_cycles, dma_busy_cycles, stall_cycles {compute, hbm, infeed, sync}.
+// "time_by_cause": per core, cycles spent computing, waiting on HBM, on infeed,
+//   on sync/ICI and idle; they sum to `run_cycles`. Infeed waits are the larger of
+//   the profile's (waits on flags of host DMAs) and the sequencer's
+//   "stall_infeed_cycles" counter (hw/host's model), the excess taken from sync.
+nlohmann::json fold_profiles(nlohmann::json& units, uint64_t run_cycles);
+
+}  // namespace tpusim::run
