@@ -1,0 +1,338 @@
+// Training graphs and their backward ops. Three kinds of check:
+//  * each backward op (relu_grad, maxpool_grad, reverse, im2col) and whole training
+//    steps (MLP and CNN, SGD and momentum, xent / class-index xent / mse) compiled
+//    and run on the ISA's functional reference (race checker on) equal the graph
+//    reference bit for bit, under both precision policies;
+//  * the reference recipes against independent formulations (a brute-force argmax
+//    scatter, the conv recipe as im2col x HWIO weights, index arithmetic);
+//  * what has no gradient recipe is a one-line error naming the node.
+// The float64 comparison with torch is tests/compiler/train/check_train_torch.py.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "compiler/compiler.h"
+#include "compiler/lower/lower.h"
+#include "compiler/train/train.h"
+#include "isa/exec/interpreter.h"
+#include "isa/exec/tensors.h"
+#include "isa/numerics/bf16.h"
+
+namespace tpusim::compiler {
+namespace {
+
+using num::PrecisionPolicy;
+const PrecisionPolicy kPolicies[] = {PrecisionPolicy::kDefault, PrecisionPolicy::kBf16};
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Values in [-2, 2); with `steps` > 0 rounded to a grid of that many values per
+// unit, so ties (the maxpool gradient's first-tap rule) and exact zeros occur.
+std::vector<float> random_values(size_t n, uint32_t seed, int steps = 0) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-2.0f, 2.0f);
+  std::vector<float> v(n);
+  for (float& x : v) {
+    x = d(rng);
+    if (steps > 0) x = std::round(x * static_cast<float>(steps)) / static_cast<float>(steps);
+  }
+  return v;
+}
+
+std::map<std::string, HostTensor> random_inputs(const Graph& g, uint32_t seed, int steps = 0) {
+  std::map<std::string, HostTensor> inputs;
+  for (const auto& in : g.inputs) {
+    HostTensor h;
+    h.shape = in.type.shape;
+    h.f = random_values(static_cast<size_t>(num_elements(in.type.shape)), seed++, steps);
+    inputs[in.name] = h;
+  }
+  return inputs;
+}
+
+isa::Target target() {
+  isa::Target t;
+  t.mxus_per_core = 2;
+  t.mxu_rows = 128;
+  t.mxu_cols = 128;
+  t.fifo_rows = 64;
+  t.hbm_bytes = 512ull << 20;
+  return t;
+}
+
+// The graph compiled and run on the functional reference vs the graph reference.
+void expect_bit_exact(const Graph& g, PrecisionPolicy policy, std::map<std::string, HostTensor> inputs, int cores = 1) {
+  SCOPED_TRACE(std::string("policy ") + num::precision_policy_name(policy) + ", cores " + std::to_string(cores));
+  if (policy == PrecisionPolicy::kBf16)
+    for (auto& [name, h] : inputs)
+      for (float& x : h.f) x = num::round_to_bf16(x);
+  const auto expected = evaluate(g, inputs, policy);
+  LowerOptions lo;
+  lo.target = target();
+  lo.policy = policy;
+  lo.cores = cores;
+  const LowerResult lr = lower_graph(g, lo);
+  exec::Interpreter interp(lr.bundle);
+  for (const auto& e : lr.bundle.io) {
+    if (e.kind != isa::IoKind::kInput) continue;
+    std::vector<uint8_t> dense;
+    for (float x : inputs.at(e.name).f) {
+      const uint32_t u = e.dtype == isa::Dtype::kBf16 ? num::fp32_to_bf16(x) : bits(x);
+      for (size_t k = 0; k < isa::dtype_size(e.dtype); ++k) dense.push_back(static_cast<uint8_t>(u >> (8 * k)));
+    }
+    exec::write_tensor(interp.machine(), e, dense);
+  }
+  exec::RunOptions ro;
+  ro.check_races = true;
+  const exec::RunResult rr = interp.run(ro);
+  ASSERT_TRUE(rr.ok()) << rr.message;
+  size_t outputs = 0;
+  for (const auto& e : lr.bundle.io) {
+    if (e.kind != isa::IoKind::kOutput) continue;
+    ++outputs;
+    const std::vector<uint8_t> dense = exec::read_tensor(interp.machine(), e);
+    const HostTensor& want = expected.at(e.name);
+    ASSERT_EQ(dense.size(), want.f.size() * isa::dtype_size(e.dtype));
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < want.f.size(); ++i) {
+      uint32_t got = 0;
+      if (e.dtype == isa::Dtype::kBf16) got = bits(num::bf16_to_fp32(static_cast<uint16_t>(dense[2 * i] | dense[2 * i + 1] << 8)));
+      else std::memcpy(&got, &dense[4 * i], 4);
+      if (got != bits(want.f[i]) && bad++ == 0) first = i;
+    }
+    EXPECT_EQ(bad, 0u) << e.name << ": " << bad << " of " << want.f.size() << " elements differ; first at " << first;
+  }
+  EXPECT_EQ(outputs, g.outputs.size());
+}
+
+void expect_bit_exact(const std::string& ir, uint32_t seed = 1, int steps = 0) {
+  const Graph g = parse_graph(ir, "test.ir");
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) expect_bit_exact(g, p, random_inputs(g, seed, steps), cores);
+}
+
+// ------------------------------------------------------------- backward ops
+
+TEST(TrainOps, ReluGradRaggedShapes) {
+  for (const char* shape : {"[5,7]", "[3,1000]", "[2,3,33,17]"})
+    expect_bit_exact(std::string("graph g {\n input %dy : f32") + shape + "\n input %x : f32" + shape +
+                         "\n %y = relu_grad(%dy, %x) : f32" + shape + " #0\n output %y\n}\n",
+                     3, 2);  // grid values: exact zeros in x
+}
+
+std::string maxpool_grad_ir(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t s) {
+  const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1;
+  std::ostringstream o;
+  const std::string attrs = "{kernel=[" + std::to_string(k) + "," + std::to_string(k) + "], pads=[0,0,0,0], strides=[" +
+                            std::to_string(s) + "," + std::to_string(s) + "]}";
+  const std::string ps = "[" + std::to_string(n) + "," + std::to_string(c) + "," + std::to_string(oh) + "," + std::to_string(ow) + "]";
+  const std::string xs = "[" + std::to_string(n) + "," + std::to_string(c) + "," + std::to_string(h) + "," + std::to_string(w) + "]";
+  o << "graph g {\n input %x : f32" << xs << "\n input %dy : f32" << ps << "\n"
+    << " %y = maxpool(%x) " << attrs << " : f32" << ps << " #0\n"
+    << " %dx = maxpool_grad(%dy, %x, %y) " << attrs << " : f32" << xs << " #1\n output %dx\n}\n";
+  return o.str();
+}
+
+TEST(TrainOps, MaxPoolGradWithTiesAndUncoveredBorders) {
+  // Grid values make ties in most windows; odd extents leave rows/columns no window covers.
+  expect_bit_exact(maxpool_grad_ir(2, 3, 9, 10, 2, 2), 5, 1);
+  expect_bit_exact(maxpool_grad_ir(3, 5, 12, 12, 3, 3), 7, 2);
+  expect_bit_exact(maxpool_grad_ir(1, 130, 8, 8, 2, 2), 9, 0);  // more than one tile of windows
+}
+
+// The recipe against a brute force written from its definition: each window's
+// gradient goes to its first maximal tap (the overlapping case adds).
+TEST(TrainOps, MaxPoolGradReferenceIsFirstArgmax) {
+  for (int64_t s : {1, 2}) {
+    const Graph g = parse_graph(maxpool_grad_ir(2, 2, 7, 6, 3, s));
+    const auto in = random_inputs(g, 11, 1);
+    const auto out = evaluate(g, in, PrecisionPolicy::kDefault).at("dx");
+    const auto& x = in.at("x").f;
+    const auto& dy = in.at("dy").f;
+    const int64_t H = 7, W = 6, OH = (H - 3) / s + 1, OW = (W - 3) / s + 1;
+    std::vector<double> want(x.size(), 0.0);
+    for (int64_t p = 0; p < 4; ++p)
+      for (int64_t i = 0; i < OH; ++i)
+        for (int64_t j = 0; j < OW; ++j) {
+          int64_t best = -1;
+          for (int64_t a = 0; a < 3; ++a)
+            for (int64_t b = 0; b < 3; ++b) {
+              const int64_t t = (p * H + i * s + a) * W + j * s + b;
+              if (best < 0 || x[t] > x[best]) best = t;
+            }
+          want[best] += dy[(p * OH + i) * OW + j];
+        }
+    for (size_t k = 0; k < x.size(); ++k) EXPECT_NEAR(out.f[k], want[k], 1e-5) << "s=" << s << " at " << k;
+  }
+}
+
+TEST(TrainOps, ReverseAxes) {
+  expect_bit_exact("graph g {\n input %x : f32[4,5,3,3]\n %y = reverse(%x) {axes=[2,3]} : f32[4,5,3,3] #0\n output %y\n}\n");
+  expect_bit_exact("graph g {\n input %x : f32[6,7]\n %y = reverse(%x) {axes=[0]} : f32[6,7] #0\n output %y\n}\n");
+  expect_bit_exact("graph g {\n input %x : f32[2,3,4,5,6]\n %y = reverse(%x) {axes=[0,2,4]} : f32[2,3,4,5,6] #0\n output %y\n}\n");
+  // Index arithmetic, independently of the recipe's loops.
+  const Graph g = parse_graph("graph g {\n input %x : f32[3,4]\n %y = reverse(%x) {axes=[1]} : f32[3,4] #0\n output %y\n}\n");
+  const auto in = random_inputs(g, 2);
+  const auto y = evaluate(g, in, PrecisionPolicy::kDefault).at("y");
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 4; ++j) EXPECT_EQ(bits(y.f[i * 4 + j]), bits(in.at("x").f[i * 4 + 3 - j]));
+}
+
+TEST(TrainOps, Im2colShapes) {
+  expect_bit_exact("graph g {\n input %x : f32[2,3,7,6]\n %p = im2col(%x) {dilations=[1,1], kernel=[3,3], pads=[1,1,1,1], strides=[1,1]} : f32[84,27] #0\n output %p\n}\n");
+  expect_bit_exact("graph g {\n input %x : f32[1,5,8,9]\n %p = im2col(%x) {dilations=[2,1], kernel=[2,3], pads=[0,1,2,0], strides=[2,2]} : f32[16,30] #0\n output %p\n}\n");
+}
+
+// The conv recipe is a matmul over im2col rows with HWIO weights: the reference
+// gives the same bits both ways (R = 128 chunks over the same k order).
+TEST(TrainOps, Im2colTimesHwioIsTheConvRecipe) {
+  const Graph g = parse_graph(
+      "graph g {\n input %x : f32[2,20,6,5]\n input %w : f32[7,20,3,3]\n"
+      " %y = conv2d(%x, %w) {dilations=[1,1], groups=1, pads=[1,0,1,2], strides=[1,1]} : f32[2,7,6,5] #0\n"
+      " %p = im2col(%x) {dilations=[1,1], kernel=[3,3], pads=[1,0,1,2], strides=[1,1]} : f32[60,180] #1\n"
+      " %wt = transpose(%w) {perm=[2,3,1,0]} : f32[3,3,20,7] #2\n"
+      " %wm = reshape(%wt) {shape=[180,7]} : f32[180,7] #3\n"
+      " %m = matmul(%p, %wm) : f32[60,7] #4\n"
+      " output %y\n output %m\n}\n");
+  const auto out = evaluate(g, random_inputs(g, 4), PrecisionPolicy::kDefault);
+  const auto &y = out.at("y").f, &m = out.at("m").f;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t o = 0; o < 7; ++o)
+      for (int64_t p = 0; p < 30; ++p) ASSERT_EQ(bits(y[(b * 7 + o) * 30 + p]), bits(m[(b * 30 + p) * 7 + o]));
+}
+
+// ------------------------------------------------------------- training graphs
+
+std::string mlp_ir(int64_t b, int64_t din, int64_t dh, int64_t dout) {
+  std::ostringstream o;
+  auto cst = [&](const std::string& name, std::vector<int64_t> shape, uint32_t seed, float scale) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> v = random_values(static_cast<size_t>(n), seed);
+    o << " const %" << name << " : f32" << shape_str(shape) << " = [";
+    for (int64_t k = 0; k < n; ++k) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "0x%08x", bits(v[static_cast<size_t>(k)] * scale));
+      o << (k ? ", " : "") << buf;
+    }
+    o << "]\n";
+  };
+  o << "graph mlp {\n input %x : f32[" << b << "," << din << "]\n";
+  cst("w1", {din, dh}, 21, 0.1f);
+  cst("b1", {dh}, 22, 0.05f);
+  cst("w2", {dout, dh}, 23, 0.1f);  // Gemm transB layout, as torch's Linear exports
+  cst("b2", {dout}, 24, 0.05f);
+  o << " %h = matmul(%x, %w1, %b1) : f32[" << b << "," << dh << "] #0\n"
+    << " %r = relu(%h) : f32[" << b << "," << dh << "] #1\n"
+    << " %z = matmul(%r, %w2, %b2) {trans_b=1} : f32[" << b << "," << dout << "] #2\n"
+    << " %y = softmax(%z) {axis=1} : f32[" << b << "," << dout << "] #3\n output %y\n}\n";
+  return o.str();
+}
+
+TEST(TrainGraph, MlpSgdXentBitExact) {
+  TrainOptions o;
+  parse_train_spec("sgd:lr=0.1", "xent", &o);
+  const Graph g = build_training_graph(parse_graph(mlp_ir(12, 200, 40, 10)), o);
+  ASSERT_EQ(g.outputs.size(), 5u);
+  EXPECT_EQ(g.outputs[0], "loss");
+  for (auto p : kPolicies) expect_bit_exact(g, p, random_inputs(g, 31));
+}
+
+TEST(TrainGraph, MlpMomentumIndexLabelsTwoCores) {
+  TrainOptions o;
+  parse_train_spec("sgd:lr=0.05,momentum=0.9", "xent-index", &o);
+  const Graph g = build_training_graph(parse_graph(mlp_ir(8, 130, 24, 10)), o);
+  ASSERT_EQ(g.outputs.size(), 9u);  // loss, 4 weights, 4 velocities
+  auto in = random_inputs(g, 41);
+  for (size_t k = 0; k < in.at("labels").f.size(); ++k) in.at("labels").f[k] = static_cast<float>((k * 7) % 10);
+  expect_bit_exact(g, PrecisionPolicy::kDefault, in, 2);
+  // The one-hot built from indices: the loss equals the one-hot graph's.
+  TrainOptions oh = o;
+  oh.labels = TrainOptions::Labels::kOneHot;
+  const Graph g1 = build_training_graph(parse_graph(mlp_ir(8, 130, 24, 10)), oh);
+  auto in1 = in;
+  in1.at("labels").shape = {8, 10};
+  in1.at("labels").f.assign(80, 0.0f);
+  for (size_t k = 0; k < 8; ++k) in1.at("labels").f[k * 10 + (k * 7) % 10] = 1.0f;
+  const auto a = evaluate(g, in, PrecisionPolicy::kDefault), b = evaluate(g1, in1, PrecisionPolicy::kDefault);
+  for (const auto& name : g.outputs) EXPECT_EQ(bits(a.at(name).f[0]), bits(b.at(name).f[0])) << name;
+}
+
+TEST(TrainGraph, MlpMseBitExact) {
+  TrainOptions o;
+  parse_train_spec("sgd:lr=0.01", "mse", &o);
+  std::string ir = mlp_ir(8, 64, 16, 4);
+  ir = ir.substr(0, ir.find(" %y = softmax")) + " output %z\n}\n";
+  const Graph g = build_training_graph(parse_graph(ir), o);
+  for (auto p : kPolicies) expect_bit_exact(g, p, random_inputs(g, 51));
+}
+
+// A small CNN with every op of the bundled one: conv (padding), relu, maxpool,
+// residual add, global average pool, flatten, Gemm.
+std::string cnn_ir() {
+  std::ostringstream o;
+  auto cst = [&](const std::string& name, std::vector<int64_t> shape, uint32_t seed, float scale) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> v = random_values(static_cast<size_t>(n), seed);
+    o << " const %" << name << " : f32" << shape_str(shape) << " = [";
+    for (int64_t k = 0; k < n; ++k) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "0x%08x", bits(v[static_cast<size_t>(k)] * scale));
+      o << (k ? ", " : "") << buf;
+    }
+    o << "]\n";
+  };
+  o << "graph cnn {\n input %x : f32[2,3,10,10]\n";
+  cst("c1", {6, 3, 3, 3}, 61, 0.3f);
+  cst("c2", {6, 6, 3, 3}, 62, 0.2f);
+  cst("c2b", {6}, 65, 0.1f);
+  cst("fc", {6, 5}, 63, 0.3f);
+  cst("fcb", {5}, 64, 0.1f);
+  const std::string ca = "{dilations=[1,1], groups=1, pads=[1,1,1,1], strides=[1,1]}";
+  o << " %a = conv2d(%x, %c1) " << ca << " : f32[2,6,10,10] #0\n"
+    << " %ar = relu(%a) : f32[2,6,10,10] #1\n"
+    << " %p = maxpool(%ar) {kernel=[2,2], pads=[0,0,0,0], strides=[2,2]} : f32[2,6,5,5] #2\n"
+    << " %b = conv2d(%p, %c2, %c2b) " << ca << " : f32[2,6,5,5] #3\n"
+    << " %br = relu(%b) : f32[2,6,5,5] #4\n"
+    << " %s = add(%p, %br) : f32[2,6,5,5] #5\n"
+    << " %g = global_avgpool(%s) : f32[2,6,1,1] #6\n"
+    << " %f = flatten(%g) {axis=1} : f32[2,6] #7\n"
+    << " %z = matmul(%f, %fc, %fcb) : f32[2,5] #8\n output %z\n}\n";
+  return o.str();
+}
+
+TEST(TrainGraph, CnnMomentumBitExact) {
+  TrainOptions o;
+  parse_train_spec("sgd:lr=0.1,momentum=0.9", "xent", &o);
+  const Graph g = build_training_graph(parse_graph(cnn_ir()), o);
+  for (auto p : kPolicies) expect_bit_exact(g, p, random_inputs(g, 71));
+}
+
+TEST(TrainGraph, ErrorsNameTheNode) {
+  TrainOptions o;
+  const std::string tanh_mlp =
+      "graph t {\n input %x : f32[2,3]\n const %w : f32[3,3] = [0x3f800000, 0x00000000, 0x00000000, 0x00000000, 0x3f800000, 0x00000000, 0x00000000, 0x00000000, 0x3f800000]\n"
+      " %h = matmul(%x, %w) : f32[2,3] #0\n %t = tanh(%h) : f32[2,3] #1\n output %t\n}\n";
+  try {
+    build_training_graph(parse_graph(tanh_mlp), o);
+    FAIL() << "tanh has no gradient recipe";
+  } catch (const CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("node 't' (#1, tanh): no gradient recipe"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_train_spec("adam:lr=1", "xent", &o), CompileError);
+  EXPECT_THROW(parse_train_spec("sgd:lr=abc", "xent", &o), CompileError);
+  EXPECT_THROW(parse_train_spec("sgd:momentum=0.9", "xent", &o), CompileError);
+  EXPECT_THROW(parse_train_spec("sgd:lr=0.1", "hinge", &o), CompileError);
+  o.replicas = 3;
+  EXPECT_THROW(build_training_graph(parse_graph(mlp_ir(8, 16, 8, 4)), o), CompileError);  // 8 % 3
+}
+
+}  // namespace
+}  // namespace tpusim::compiler
