@@ -3,6 +3,7 @@
 // graph reference folds in, lowered move by move to DMAs into the receiving
 // replica's HBM plus vector adds.
 #include <algorithm>
+#include <map>
 
 #include "compiler/lower/emitter.h"
 #include "compiler/ref/replicas.h"
@@ -10,10 +11,11 @@
 namespace tpusim::compiler::lowering {
 
 namespace {
-// The collective's own flags, apart from the node lowerings' f1..f3 and the
-// replicated driver's f60..f62: sends count on the issuer, landings on the receiver.
+// The collective's own flags, apart from the node lowerings' (f1..f3) and the
+// replicated driver's (f60..f62): sends count on the issuer, landings on the
+// receiver, one flag per source replica.
 constexpr const char* kSendFlag = "f58";
-constexpr const char* kLandFlag = "f59";
+constexpr int kFirstLandFlag = 20, kLastLandFlag = 57;
 // VMEM pieces of a combine: 64 tiles of 8 x 128 fp32 each for the received and the
 // local values.
 constexpr int64_t kPieceElems = 64 * kTileElems;
@@ -80,25 +82,41 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
   }
 
+  // One landing flag per source replica of the receiver (the schedule's order of
+  // first appearance), so a count waited on implies that source's DMAs of this step:
+  // a shared flag could count a fast neighbour's next step for a slow one's.
+  std::vector<std::vector<int>> sources(static_cast<size_t>(sch.chips));
+  for (const auto& step : sch.steps)
+    for (const ici::Move& m : step) {
+      auto& v = sources[static_cast<size_t>(m.dst)];
+      if (std::find(v.begin(), v.end(), m.src) == v.end()) v.push_back(m.src);
+    }
+  auto land_flag = [&](int dst, int src) {
+    const auto& v = sources[static_cast<size_t>(dst)];
+    const int k = static_cast<int>(std::find(v.begin(), v.end(), src) - v.begin());
+    if (kFirstLandFlag + k > kLastLandFlag)
+      fail(n, "a replica receives from " + std::to_string(v.size()) + " others; the lowering has flags for " +
+                  std::to_string(kLastLandFlag - kFirstLandFlag + 1));
+    return kFirstLandFlag + k;
+  };
   int64_t& sent = coll_sent_;
-  int64_t& landed = coll_landed_;
   for (size_t st = 0; st < sch.steps.size(); ++st) {
     const auto& moves = sch.steps[st];
-    int64_t incoming = 0;
+    std::map<int, int64_t> incoming;  // landing flag -> moves of this step
     for (size_t k = 0; k < moves.size(); ++k) {
       const ici::Move& m = moves[k];
-      if (m.dst == me) ++incoming;
+      if (m.dst == me) ++incoming[land_flag(me, m.src)];
       if (m.src != me) continue;
       const ici::Chunk& c = sch.chunks[static_cast<size_t>(m.src_chunk)];
       const std::string dst = "hbm@chip" + std::to_string(replica_chip(s, m.dst)) + ".c" +
                               std::to_string(replica_core(s, m.dst)) + ":" + at(there(m.dst, slots + slot[st][k]));
       line("dma " + dst + ", " + hbm(W + c.offset * 4) + ", bytes=" + std::to_string(c.elems * 4) + ", flag=" +
-           kSendFlag + ", rflag=" + kLandFlag);
+           kSendFlag + ", rflag=f" + std::to_string(land_flag(m.dst, me)));
       ++sent;
     }
-    if (incoming == 0) continue;
-    landed += incoming;
-    line(std::string("wait ") + kLandFlag + ", " + std::to_string(landed));
+    if (incoming.empty()) continue;
+    for (const auto& [flag, count] : incoming)
+      line("wait f" + std::to_string(flag) + ", " + std::to_string(coll_landed_[flag] += count));
     // W chunks this step overwrites may still be read by this replica's own sends.
     line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
     for (size_t k = 0; k < moves.size(); ++k) {

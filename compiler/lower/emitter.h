@@ -131,7 +131,8 @@ class Emitter {
   std::vector<std::ostringstream> cs_;
   std::map<std::string, Placed> t_;
   int64_t hbm_top_ = 0;
-  int64_t coll_sent_ = 0, coll_landed_ = 0;  // collective.cpp's running flag counts
+  int64_t coll_sent_ = 0;                // collective.cpp's running count of sends
+  std::map<int, int64_t> coll_landed_;  // and of landings, per rflag
   std::vector<int64_t> dmas_;
   std::vector<std::map<int, int64_t>> flag_dmas_;
 };

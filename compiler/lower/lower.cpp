@@ -10,7 +10,8 @@ namespace lowering {
 
 LowerResult Emitter::run() {
   const isa::Target& t = opt_.target;
-  out_ << ".target chips=1 cores=" << cores_ << " mxus=" << t.mxus_per_core << " mxu_rows=" << t.mxu_rows
+  // A replica's program names the other replicas' chips and cores (collectives).
+  out_ << ".target chips=" << std::max<uint32_t>(1, t.chips) << " cores=" << std::max(cores_, opt_.replicas.cores_per_chip) << " mxus=" << t.mxus_per_core << " mxu_rows=" << t.mxu_rows
        << " mxu_cols=" << t.mxu_cols << " fifo_rows=" << t.fifo_rows << " vmem=" << t.vmem_bytes
        << " smem=" << t.smem_bytes << " hbm=" << t.hbm_bytes << " host=" << t.host_bytes << "\n";
   std::vector<isa::IoEntry> io;

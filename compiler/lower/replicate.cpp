@@ -12,7 +12,7 @@ namespace tpusim::compiler {
 
 namespace {
 // Flags of the driver's prologue and epilogue, apart from the node lowerings' and
-// the collectives' (collective.cpp, f58/f59).
+// the collectives' (collective.cpp, f20..f58).
 constexpr const char* kIoIssue = "f60";   // scatter/gather DMAs issued by this core
 constexpr const char* kInLanded = "f61";  // this replica's inputs have landed
 constexpr const char* kOutLanded = "f62"; // on replica 0: the replicas' output slices have landed

@@ -1,0 +1,222 @@
+// The data-parallel lowering (compiler/lower/replicate.cpp, collective.cpp) against
+// the graph reference: a bundle compiled for N replicas runs on the ISA's functional
+// reference with the race checker, and every output must equal bit for bit the
+// replicated graph reference (compiler/ref/replicas.h), which for a graph without
+// all_reduce is the whole-batch reference of the global graph.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "compiler/compiler.h"
+#include "compiler/lower/lower.h"
+#include "isa/exec/interpreter.h"
+#include "isa/exec/tensors.h"
+#include "isa/numerics/bf16.h"
+
+namespace tpusim::compiler {
+namespace {
+
+using num::PrecisionPolicy;
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+std::vector<float> wide_values(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> m(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-12, 12);
+  std::vector<float> v(n);
+  for (float& x : v) x = std::ldexp(m(rng), e(rng));
+  return v;
+}
+
+std::string hex_list(const std::vector<float>& v) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t k = 0; k < v.size(); ++k) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "0x%08x", bits(v[k]));
+    s << (k ? ", " : "") << buf;
+  }
+  s << "]";
+  return s.str();
+}
+
+struct Board {
+  const char* name;
+  ici::Topology topology;
+  int cores_per_chip;
+};
+const Board kV38{"v3-8", ici::Topology(ici::TopologyKind::kTorus2d, {2, 2}), 2};
+const Board kV2x4x4{"v2-4x4", ici::Topology(ici::TopologyKind::kTorus2d, {4, 4}), 2};
+
+void expect_replicated_bit_exact(const std::string& ir, PrecisionPolicy policy, const Board& board, int replicas,
+                                 const std::string& algorithm = "auto", bool check_races = true) {
+  SCOPED_TRACE(std::string(board.name) + ", " + std::to_string(replicas) + " replicas, " + algorithm + ", policy " +
+               num::precision_policy_name(policy));
+  const Graph g = parse_graph(ir, "test.ir");
+  verify(g);
+  std::map<std::string, HostTensor> inputs;
+  uint32_t seed = 11;
+  for (const auto& in : g.inputs) {
+    HostTensor h{DType::kF32, in.type.shape, wide_values(static_cast<size_t>(num_elements(in.type.shape)), seed++), {}};
+    if (policy == PrecisionPolicy::kBf16)
+      for (float& x : h.f) x = num::round_to_bf16(x);
+    inputs[in.name] = h;
+  }
+  LowerOptions lo;
+  lo.target.mxu_rows = 32;
+  lo.target.mxu_cols = 32;
+  lo.target.fifo_rows = 64;
+  lo.target.hbm_bytes = 256ull << 20;
+  lo.target.chips = static_cast<uint32_t>(board.topology.chips());
+  lo.policy = policy;
+  lo.replicas.replicas = replicas;
+  lo.replicas.cores_per_chip = board.cores_per_chip;
+  lo.replicas.board = board.topology;
+  lo.replicas.algorithm = algorithm;
+  EvalOptions eo;
+  eo.mxu_rows = 32;
+  const auto expected = evaluate_replicated(g, inputs, policy, lo.replicas, eo);
+
+  const LowerResult lr = lower_graph(g, lo);
+  ASSERT_EQ(lr.bundle.cores.size(), static_cast<size_t>(replicas));
+  for (const auto& core : lr.bundle.cores)
+    for (const auto& ins : core.code) ASSERT_GE(ins.op_id, 0) << "an instruction without an op id";
+  exec::Interpreter interp(lr.bundle);
+  for (const auto& e : lr.bundle.io) {
+    if (e.kind != isa::IoKind::kInput) continue;
+    EXPECT_EQ(e.chip, 0u);
+    std::vector<uint8_t> dense;
+    for (float x : inputs.at(e.name).f) {
+      const uint32_t u = e.dtype == isa::Dtype::kBf16 ? num::fp32_to_bf16(x) : bits(x);
+      for (size_t k = 0; k < isa::dtype_size(e.dtype); ++k) dense.push_back(static_cast<uint8_t>(u >> (8 * k)));
+    }
+    exec::write_tensor(interp.machine(), e, dense);
+  }
+  exec::RunOptions ro;
+  ro.check_races = check_races;
+  const exec::RunResult rr = interp.run(ro);
+  ASSERT_TRUE(rr.ok()) << rr.message;
+  size_t outputs = 0;
+  for (const auto& e : lr.bundle.io) {
+    if (e.kind != isa::IoKind::kOutput) continue;
+    ++outputs;
+    const std::vector<uint8_t> dense = exec::read_tensor(interp.machine(), e);
+    const HostTensor& want = expected.at(e.name);
+    ASSERT_EQ(dense.size(), want.f.size() * isa::dtype_size(e.dtype));
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < want.f.size(); ++i) {
+      uint32_t got = 0;
+      if (e.dtype == isa::Dtype::kBf16)
+        got = bits(num::bf16_to_fp32(static_cast<uint16_t>(dense[2 * i] | dense[2 * i + 1] << 8)));
+      else
+        std::memcpy(&got, &dense[4 * i], 4);
+      if (got != bits(want.f[i]) && bad++ == 0) first = i;
+    }
+    EXPECT_EQ(bad, 0u) << e.name << ": " << bad << " of " << want.f.size() << " elements differ; first at " << first;
+  }
+  EXPECT_EQ(outputs, g.outputs.size());
+}
+
+// The bundled MLP's shape (make_mlp.py), smaller: per-row ops only, so the
+// replicated bundle must equal the whole-batch graph reference.
+std::string mlp_ir(int batch) {
+  const auto w1 = wide_values(40 * 48, 1), b1 = wide_values(48, 2), w2 = wide_values(48 * 10, 3);
+  std::ostringstream s;
+  s << "graph mlp {\n  input %x : f32[" << batch << ",40]\n";
+  s << "  const %w1 : f32[40,48] = " << hex_list(w1) << "\n  const %b1 : f32[48] = " << hex_list(b1) << "\n";
+  s << "  const %w2 : f32[48,10] = " << hex_list(w2) << "\n";
+  s << "  %h = matmul(%x, %w1, %b1) : f32[" << batch << ",48] #0\n  %r = relu(%h) : f32[" << batch << ",48] #1\n";
+  s << "  %l = matmul(%r, %w2) : f32[" << batch << ",10] #2\n  %y = softmax(%l) {axis=1} : f32[" << batch
+    << ",10] #3\n  output %y\n}\n";
+  return s.str();
+}
+
+TEST(DpLower, MlpBatchSplitEqualsTheWholeBatchReference) {
+  for (int R : {2, 4, 8}) {
+    const std::string ir = mlp_ir(8 * R);
+    const Graph g = parse_graph(ir);
+    const auto whole = evaluate(g, {{"x", HostTensor{DType::kF32, {8 * R, 40}, wide_values(8 * R * 40, 11), {}}}},
+                                PrecisionPolicy::kDefault, EvalOptions{32});
+    ReplicaSpec s;
+    s.replicas = R;
+    s.cores_per_chip = 2;
+    s.board = kV38.topology;
+    const auto rep = evaluate_replicated(g, {{"x", HostTensor{DType::kF32, {8 * R, 40}, wide_values(8 * R * 40, 11), {}}}},
+                                         PrecisionPolicy::kDefault, s, EvalOptions{32});
+    for (size_t k = 0; k < whole.at("y").f.size(); ++k) ASSERT_EQ(bits(whole.at("y").f[k]), bits(rep.at("y").f[k]));
+    for (PrecisionPolicy p : {PrecisionPolicy::kDefault, PrecisionPolicy::kBf16})
+      expect_replicated_bit_exact(ir, p, kV38, R);
+  }
+}
+
+// A gradient-like all_reduce: per-replica column sums of a matmul, summed over the
+// replicas, then used by every replica (so a wrong sum on any replica shows in the
+// batched output too). Ragged sizes: 37 * 29 elements split into uneven blocks.
+std::string allreduce_ir(int batch, int64_t rows, int64_t cols) {
+  std::ostringstream s;
+  s << "graph ar {\n  input %x : f32[" << batch << "," << rows << "," << cols << "]\n";
+  s << "  %s = reduce_sum(%x) {axes=[0], keepdims=0} : f32[" << rows << "," << cols << "] #0\n";
+  s << "  %g = all_reduce(%s) : f32[" << rows << "," << cols << "] #1\n";
+  s << "  %y = mul(%x, %g) : f32[" << batch << "," << rows << "," << cols << "] #2\n";
+  s << "  output %g\n  output %y\n}\n";
+  return s.str();
+}
+
+TEST(DpLower, AllReduceOnV38EveryAlgorithm) {
+  for (int R : {2, 4, 8})
+    for (const char* alg : {"ring", "bidir-ring", "torus", "auto"})
+      expect_replicated_bit_exact(allreduce_ir(R, 37, 29), PrecisionPolicy::kDefault, kV38, R, alg);
+}
+
+TEST(DpLower, AllReduceBf16AndLargerThanAVmemPiece) {
+  // 70 000 elements: more than one 64-tile VMEM piece per chunk on 2 replicas.
+  expect_replicated_bit_exact(allreduce_ir(2, 70, 1000), PrecisionPolicy::kBf16, kV38, 2, "ring");
+  expect_replicated_bit_exact(allreduce_ir(8, 13, 11), PrecisionPolicy::kBf16, kV38, 8, "auto");
+}
+
+// 32 replicas (16 chips x 2 cores): the torus algorithm on [2, 4, 4]. The race
+// checker's cost grows with cores x in-flight DMAs (over a minute here), so it
+// checks the v3-8 cases only.
+TEST(DpLower, AllReduceOnAV2Slice4x4) {
+  expect_replicated_bit_exact(allreduce_ir(32, 16, 24), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false);
+  expect_replicated_bit_exact(allreduce_ir(32, 5, 7), PrecisionPolicy::kDefault, kV2x4x4, 32, "bidir-ring", false);
+}
+
+TEST(DpLower, OneReplicaAllReduceIsTheIdentity) {
+  LowerOptions lo;
+  lo.target.hbm_bytes = 64ull << 20;
+  const Graph g = parse_graph(allreduce_ir(3, 4, 5));
+  EXPECT_NO_THROW(lower_graph(g, lo));
+}
+
+TEST(DpLower, BadReplicaCountsAreOneLineErrors) {
+  LowerOptions lo;
+  lo.target.hbm_bytes = 64ull << 20;
+  lo.target.chips = 4;
+  lo.replicas.cores_per_chip = 2;
+  lo.replicas.board = kV38.topology;
+  lo.replicas.replicas = 16;
+  try {
+    lower_graph(parse_graph(mlp_ir(16)), lo);
+    FAIL() << "16 replicas on 8 cores";
+  } catch (const CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("8 replicas at most"), std::string::npos) << e.what();
+  }
+  lo.replicas.replicas = 8;
+  try {
+    lower_graph(parse_graph(mlp_ir(12)), lo);
+    FAIL() << "batch 12 over 8 replicas";
+  } catch (const CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not split over 8 replicas"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tpusim::compiler
