@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "isa/numerics/fp32.h"
+#include "isa/numerics/mxu.h"
+
 namespace tpusim::hw {
 
 using isa::Op;
@@ -64,14 +67,18 @@ void MatrixQueue::tick(uint64_t cycle) {
       const bool pop = in.op == Op::kMpop || in.op == Op::kMpopAdd;
       try {
         if (pop) {
-          exec::MxuResult popped = exec::mxu_fifo_pop(exec::mxu_at(st, in.b));
+          exec::MxuState& ms = exec::mxu_at(st, in.b);
+          if (!lazy_.empty() && lazy_.size() == ms.fifo.size()) evaluate_lazy(ms);
+          exec::MxuResult popped = exec::mxu_fifo_pop(ms);
           if (!r.fault.empty()) throw exec::Fault(r.fault);
           const uint64_t done = core_.pop(in.op == Op::kMpopAdd, head.pc);
           pops_.push_back(PendingPop{std::move(head), done, popped});
         } else {
-          exec::exec_matrix(st, in);  // values in program order (mmul fills the FIFO now)
+          if (in.op == Op::kMmul) issue_mmul(st, in);
+          else exec::exec_matrix(st, in);  // values in program order
+          if (in.op == Op::kMswap) weights_.reset();
           if (!r.fault.empty()) throw exec::Fault(r.fault);
-          const mxu::Vreg none;
+          static const mxu::Vreg none;
           switch (in.op) {
             case Op::kMpush: core_.push(none, false); break;
             case Op::kMpushT: core_.push(none, true); break;
@@ -122,13 +129,72 @@ uint64_t MatrixQueue::next_event_cycle(uint64_t now) const {
   }
   // Rows still in flight (or a push / bulk load under way) keep the unit busy, and
   // whether it is idle decides when the core is done and when a barrier's drain
-  // ends. The core's clock is one ahead of `now` (tick(now) entered now + 1), so
-  // the change at its internal cycle e is seen after the tick of e - 1.
+  // ends; the rows arriving before that change nothing anyone else sees, so only
+  // the cycle it turns idle is an event (not every row: that would tick the whole
+  // core every cycle of a matmul stream). The core's clock is one ahead of `now`
+  // (tick(now) entered now + 1), so the change at its cycle e is seen after the
+  // tick of e - 1.
   if (core_.busy()) {
-    const uint64_t e = core_.next_internal_event_cycle();
+    uint64_t e = core_.idle_cycle();
+    if (e == mxu::kNever) e = core_.next_internal_event_cycle();
     if (e != mxu::kNever) next = std::min(next, std::max(now + 1, e - 1));
   }
   return next;
+}
+
+// The reference computes an mmul's rows when it issues (m = 8 through the kernel).
+// Here the rows are computed when the first mpop needs them, all uncomputed results
+// on the same weights in one kernel call: the kernel runs near its large-matrix
+// throughput instead of its 8-row one, and each row is the same chunk sum either
+// way (rows of a matmul are independent). The FIFO holds a zero placeholder until then;
+// nothing reads it before an mpop, and the LHS is the register as it was at issue.
+void MatrixQueue::issue_mmul(exec::CoreState& st, const isa::Instr& in) {
+  exec::MxuState& m = exec::mxu_at(st, in.a);
+  if (m.fifo_rows_used() + isa::kSublanes > m.fifo_rows || in.b >= isa::kVectorRegs) {
+    exec::exec_matrix(st, in);  // faults (FIFO overflow, bad register) in the reference's words
+    return;
+  }
+  if (!weights_) weights_ = std::make_shared<const LazyWeights>(LazyWeights{m.weights, m.weights_k});
+  m.fifo.emplace_back();
+  lazy_.push_back(LazyMmul{weights_, st.v[in.b]});
+}
+
+void MatrixQueue::evaluate_lazy(exec::MxuState& m) {
+  const size_t base = m.fifo.size() - lazy_.size();
+  const size_t R = static_cast<size_t>(m.rows), C = static_cast<size_t>(m.cols);
+  constexpr size_t kVreg = static_cast<size_t>(isa::kSublanes) * isa::kLanes;
+  for (size_t i = 0; i < lazy_.size();) {
+    const std::shared_ptr<const LazyWeights> w = lazy_[i].weights;
+    size_t end = i;
+    while (end < lazy_.size() && lazy_[end].weights == w) ++end;
+    const size_t count = end - i;
+    if (w->k > 0) {  // k = 0: no valid row, every result stays +0.0 (the placeholder)
+      const size_t k = static_cast<size_t>(w->k);
+      lhs_.assign(count * isa::kSublanes * R, 0);
+      for (size_t t = 0; t < count; ++t)
+        for (size_t s = 0; s < static_cast<size_t>(isa::kSublanes); ++s) {
+          fp32_bits_to_bf16(&lazy_[i + t].lhs.bits[s * isa::kLanes], &lhs_[(t * isa::kSublanes + s) * R], k);
+        }
+      out_.assign(count * kVreg, 0.0f);
+      num::MatmulArgs args;
+      args.a = lhs_.data();
+      args.lda = R;
+      args.w = w->w.data();
+      args.ldw = C;
+      args.c = out_.data();
+      args.ldc = isa::kLanes;
+      args.m = static_cast<int>(count) * isa::kSublanes;
+      args.k = w->k;
+      args.n = m.cols;
+      args.rows = m.rows;
+      num::mxu_matmul(args);
+      for (size_t t = 0; t < count; ++t)
+        std::copy(out_.begin() + static_cast<std::ptrdiff_t>(t * kVreg),
+                  out_.begin() + static_cast<std::ptrdiff_t>((t + 1) * kVreg), m.fifo[base + i + t].v.begin());
+    }
+    i = end;
+  }
+  lazy_.clear();
 }
 
 nlohmann::json MatrixQueue::counters_json() const {

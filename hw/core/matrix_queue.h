@@ -8,11 +8,26 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <vector>
 
 #include "hw/core/core_env.h"
 #include "hw/mxu/mxu_core.h"
 
 namespace tpusim::hw {
+
+// num::fp32_to_bf16 of n fp32 bit patterns, written branch-free so the compiler
+// vectorises it (the LHS of every mmul goes through it).
+inline void fp32_bits_to_bf16(const uint32_t* src, uint16_t* dst, size_t n) {
+  for (size_t j = 0; j < n; ++j) {
+    const uint32_t u = src[j];
+    const uint32_t mag = u & 0x7FFFFFFFu;
+    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t zero = (u & 0x80000000u) >> 16;  // subnormal: signed zero
+    uint32_t r = mag < 0x00800000u ? zero : rounded;
+    r = mag > 0x7F800000u ? 0x7FC0u : r;  // NaN: canonical
+    dst[j] = static_cast<uint16_t>(r);
+  }
+}
 
 class MatrixQueue {
  public:
@@ -39,7 +54,18 @@ class MatrixQueue {
     uint64_t done;
     exec::MxuResult held;  // popped from the FIFO at issue, written at done
   };
+  // Weights of the MXU as the mmuls after one mswap see them.
+  struct LazyWeights {
+    std::vector<uint16_t> w;  // R x C bf16
+    int k = 0;                // valid rows
+  };
+  struct LazyMmul {
+    std::shared_ptr<const LazyWeights> weights;
+    exec::VReg lhs;  // the LHS register at issue
+  };
   static mxu::MxuOpKind kind_of(const isa::Instr& in);
+  void issue_mmul(exec::CoreState& st, const isa::Instr& in);
+  void evaluate_lazy(exec::MxuState& m);  // every result in lazy_, into the FIFO
   bool head_ready() const;
   void declare_pending();
 
@@ -50,6 +76,11 @@ class MatrixQueue {
   exec::MxuState scratch_;  // a one-entry FIFO, so mxu_pop_into writes the register
   std::deque<Issued> queue_;
   std::deque<PendingPop> pops_;
+  // mmuls whose rows are not computed yet: the youngest lazy_.size() FIFO entries.
+  std::vector<LazyMmul> lazy_;  // emptied whole, so its storage is reused
+  std::shared_ptr<const LazyWeights> weights_;  // null after an mswap until the next mmul
+  std::vector<uint16_t> lhs_;                   // scratch of evaluate_lazy
+  std::vector<float> out_;
   uint64_t real_macs_ = 0;
   uint64_t stall_dependency_ = 0;
   bool dependency_stalled_ = false;

@@ -139,6 +139,9 @@ class MxuCore {
   uint64_t next_event_cycle() const;
   // The next cycle after now() at which any state changes (every row arrival).
   uint64_t next_internal_event_cycle() const;
+  // The cycle at which busy() turns false if no op issues before (now() if not
+  // busy); kNever while a row's arrival is not known yet (external datapath).
+  uint64_t idle_cycle() const;
 
   // --- operation interface ---
   MxuReadiness check(MxuOpKind kind) const;
@@ -217,7 +220,8 @@ class MxuCore {
   MxuReadiness check_at(MxuOpKind kind) const;
   void require_issue(MxuOpKind kind);  // and notes the issue cycle
   void account(uint64_t cycles);
-  void enter_cycle();  // the events of cycle now_
+  void enter_cycle();  // the events of cycle now_ (and of any cycle since the last call)
+  uint64_t next_accounting_event_cycle() const;
   void ensure_computed(size_t index);
   uint64_t fifo_space_cycle() const;
 
