@@ -114,8 +114,16 @@ class Builder {
     const float denom = opt_.loss == TrainOptions::Loss::kMse ? loss_count_ : local_b;
     std::string loss = node(OpKind::kDiv, {loss_sum, scalar("loss_denominator", denom)}, {}, "loss.local");
     if (opt_.replicas > 1) {
+      // The all_reduce runs on one element per replica (the lowering's schedules
+      // split a tensor into one chunk per replica; a 1-element all_reduce trips its
+      // race checker): +0.0 added to the local loss is exact, and every element of
+      // the sum is the same, so the max picks it.
+      const int64_t r = opt_.replicas;
+      const std::string z = constant("loss.lanes", {1, r}, std::vector<float>(static_cast<size_t>(r), 0.0f));
+      loss = node(OpKind::kAdd, {loss, z}, {}, "loss.spread");
       loss = node(OpKind::kAllReduce, {loss}, {}, "loss.sum");
-      loss = node(OpKind::kDiv, {loss, scalar("replicas", static_cast<float>(opt_.replicas))}, {}, "loss.mean");
+      loss = node(OpKind::kDiv, {loss, scalar("replicas", static_cast<float>(r))}, {}, "loss.mean");
+      loss = node(OpKind::kReduceMax, {loss}, {{"axes", Attr::Ints({1})}, {"keepdims", Attr::Int(1)}}, "loss.global");
     }
     loss = node(OpKind::kIdentity, {loss}, {}, "loss");
 
