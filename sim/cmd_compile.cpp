@@ -10,6 +10,7 @@
 
 #include "compiler/compiler.h"
 #include "compiler/lower/lower.h"
+#include "compiler/train/train.h"
 #include "hw/config/params.h"
 #include "hw/ici/topology.h"
 #include "isa/bundle/bundle_file.h"
@@ -45,6 +46,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int replicas = 1;
     std::string collective = "auto";
     std::vector<std::string> batched;
+    std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
   };
   auto opt = std::make_shared<Options>();
   cmd->add_option("model", opt->model, "Model: .onnx or graph IR text")->required();
@@ -59,6 +61,10 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   "Data-parallel replicas over the cores of the board's chips (the batch split along axis 0)");
   cmd->add_option("--batched", opt->batched, "Inputs split over the replicas (default: every input)")->delimiter(',');
   cmd->add_option("--collective", opt->collective, "all_reduce algorithm: auto | ring | bidir-ring | torus");
+  cmd->add_option("--train", opt->train,
+                  "Compile one training step instead: sgd:lr=X[,momentum=Y] (docs/training.md)");
+  cmd->add_option("--loss", opt->loss, "Training loss: xent (one-hot labels) | xent-index | mse");
+  cmd->add_option("--emit-graph", opt->emit_graph, "Also write the compiled graph (e.g. the training step) as IR text");
   cmd->callback([opt, &exit_code]() {
     try {
       const auto policy = num::parse_precision_policy(opt->precision);
@@ -73,13 +79,26 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       if (opt->cores < 1 || opt->cores > per_chip)
         throw std::runtime_error("--cores " + std::to_string(opt->cores) + ": the preset has " +
                                  std::to_string(preset.get_int("cores_per_chip")) + " cores per chip");
-      const compiler::Graph g = compiler::load_model(opt->model);
+      compiler::Graph g = compiler::load_model(opt->model);
       if (opt->batch > 0) {
         for (const auto& in : g.inputs)
           if (in.type.shape.empty() || in.type.shape[0] != opt->batch)
             throw std::runtime_error(opt->model + ": --batch " + std::to_string(opt->batch) + ": input '" + in.name +
                                      "' has shape " + compiler::shape_str(in.type.shape) +
                                      " (re-batching a model is not implemented yet)");
+      }
+      if (!opt->train.empty()) {
+        compiler::TrainOptions to;
+        compiler::parse_train_spec(opt->train, opt->loss, &to);
+        to.replicas = opt->replicas;
+        g = compiler::build_training_graph(g, to);
+      }
+      if (!opt->emit_graph.empty()) {
+        std::FILE* f = std::fopen(opt->emit_graph.c_str(), "w");
+        const std::string text = compiler::print_graph(g);
+        if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size())
+          throw std::runtime_error(opt->emit_graph + ": cannot write");
+        std::fclose(f);
       }
       compiler::LowerOptions lo;
       lo.target = target_from_preset(preset);
