@@ -15,6 +15,20 @@ needs Debian's python3-torch, python3-torchvision, python3-onnx, python3-numpy).
       runs PATH (tpusim-graph-ref) on every one-op case and compares it with the
       float64 result within the tolerance documented in docs/compiler.md
       ("Tolerances"); exit 1 listing the cases that miss.
+  export_models.py bundles DIR --tpusim PATH [--policy default|bf16] [--preset v4]
+                   [--run] [--only CASE,...]
+      the compiled path for every one-op case (docs/codegen.md, "Tests"): `tpusim
+      compile`, the bundle on `tpusim ref` must equal `tpusim ref CASE.onnx` (the
+      graph reference) bit for bit (`tpusim diff`) and the float64 result within
+      the same tolerance; with --run also `tpusim run` (SystemC model, fast mode)
+      bit for bit. Index inputs are given as int32 (the bundle's dtype for them).
+  export_models.py model-bundles DIR --tpusim PATH [--only NAME,...] [--policy P]
+                   [--preset v4] [--run]
+      the same for the whole models exported by `models` (their NAME.input.npy):
+      compile, bundle on `tpusim ref` ==
+      `tpusim ref NAME.onnx` bit for bit, within 2% of max |torch| of torch's fp32
+      output (default policy), and with --run `tpusim run` bit for bit; prints the
+      wall time of every step.
 """
 import argparse
 import json
@@ -249,6 +263,29 @@ def op_cases():
            lambda i, w: ((f64(i["x"]) - w["mean"].reshape(1, -1, 1, 1)) / np.sqrt(f64(w["var"]).reshape(1, -1, 1, 1) + 1e-5)
                          * w["scale"].reshape(1, -1, 1, 1) + w["bias"].reshape(1, -1, 1, 1)),
            weights={"scale": rnd(rng, (6,)), "bias": rnd(rng, (6,)), "mean": rnd(rng, (6,)), "var": rnd(rng, (6,), 0.1, 2)}))
+    # More shapes of the data-movement and any-axis ops, ragged against the 8x128 tiles.
+    C(Case("concat_3way_axis0", "Concat", {"a": rnd(rng, (7, 130)), "b": rnd(rng, (1, 130)), "c": rnd(rng, (5, 130))},
+           lambda i, w: np.concatenate([i["a"], i["b"], i["c"]], axis=0), attrs={"axis": 0}))
+    C(Case("slice_4d_steps", "Slice", {"x": rnd(rng, (2, 5, 9, 130))}, lambda i, w: i["x"][:, 1::2, 2::3, 3:129:5],
+           weights={"starts": np.array([0, 1, 2, 3], np.int64), "ends": np.array([2, 5, 9, 129], np.int64),
+                    "axes": np.array([0, 1, 2, 3], np.int64), "steps": np.array([1, 2, 3, 5], np.int64)}))
+    C(Case("pad_4d", "Pad", {"x": rnd(rng, (1, 3, 17, 19))},
+           lambda i, w: np.pad(i["x"], ((0, 0), (0, 0), (1, 3), (2, 1)), constant_values=-1.5),
+           weights={"pads": np.array([0, 0, 1, 2, 0, 0, 3, 1], np.int64), "value": np.array(-1.5, np.float32)}))
+    C(Case("gather_axis1", "Gather", {"table_ids": rng.integers(-9, 9, size=(2, 5)).astype(np.int64)},
+           lambda i, w: np.take(w["table"], i["table_ids"], axis=1), attrs={"axis": 1}, weights={"table": rnd(rng, (4, 9, 3))}))
+    C(Case("softmax_axis0_ragged", "Softmax", {"x": rnd(rng, (129, 200), -6, 6)}, lambda i, w: softmax(f64(i["x"]), 0),
+           attrs={"axis": 0}))
+    for op, fn in [("ReduceMean", np.mean), ("ReduceMax", np.max)]:
+        C(Case(f"{op.lower()}_axis0_ragged", op, {"x": rnd(rng, (129, 200))}, lambda i, w, fn=fn: fn(f64(i["x"]), axis=0),
+               attrs={"axes": [0], "keepdims": 0}, opset=11))
+    C(Case("batchnorm_3d", "BatchNormalization", {"x": rnd(rng, (3, 130, 9))},
+           lambda i, w: ((f64(i["x"]) - w["mean"].reshape(1, -1, 1)) / np.sqrt(f64(w["var"]).reshape(1, -1, 1) + 1e-5)
+                         * w["scale"].reshape(1, -1, 1) + w["bias"].reshape(1, -1, 1)),
+           weights={"scale": rnd(rng, (130,)), "bias": rnd(rng, (130,)), "mean": rnd(rng, (130,)), "var": rnd(rng, (130,), 0.1, 2)}))
+    C(Case("avgpool3x2_s23_asym_incpad0", "AveragePool", {"x": rnd(rng, (2, 3, 10, 11))},
+           lambda i, w: pool_ref(f64(i["x"]), (3, 2), (2, 3), (2, 1, 0, 1), "avg", 0),
+           attrs={"kernel_shape": [3, 2], "strides": [2, 3], "pads": [2, 1, 0, 1], "count_include_pad": 0}))
     C(Case("layernorm_op17", "LayerNormalization", {"x": rnd(rng, (4, 200))},
            lambda i, w: layernorm(f64(i["x"]), w["g"], w["b"], 1e-5), attrs={"axis": -1, "epsilon": 1e-5},
            weights={"g": rnd(rng, (200,)), "b": rnd(rng, (200,))}, opset=17))
@@ -323,7 +360,6 @@ def export_ops(out):
 def check(out, tool, policy):
     with open(os.path.join(out, "cases.json")) as f:
         index = json.load(f)
-    u = 2.0 ** -8
     bad = []
     for c in index:
         name = c["name"]
@@ -339,22 +375,9 @@ def check(out, tool, policy):
         if got.shape != exp.shape:
             bad.append(f"{name}: shape {got.shape}, expected {exp.shape}")
             continue
-        err = np.abs(got - exp)
-        if c["tol"] == "mxu":
-            scale = np.load(os.path.join(out, name + ".scale.npy"))
-            bound = 2 * u * scale + (2 * u * np.abs(exp) if policy == "bf16" else 0) + 1e-30
-        elif c["tol"] == "exact":
-            bound = np.zeros_like(exp)
-        elif policy == "bf16":
-            bound = 3 * u * (np.abs(exp) + np.abs(exp).max())
-        else:
-            bound = 1e-5 * (np.abs(exp) + np.abs(exp).max())
-        if policy == "bf16" and c["tol"] != "mxu" and c["op"] in ("Identity", "Transpose", "Reshape", "Flatten", "Unsqueeze",
-                                                                    "Squeeze", "Concat", "Slice", "Pad", "Gather", "Cast"):
-            bound = u * np.abs(exp)  # data movement of bf16-rounded inputs
-        worst = float((err - bound).max()) if err.size else 0.0
+        err, worst = tolerance_excess(out, c, got, exp, policy)
         status = "ok" if worst <= 0 else "MISS"
-        print(f"{status:4} {name:32} max|err| {float(err.max()):.3g}")
+        print(f"{status:4} {name:32} max|err| {float(err.max()) if err.size else 0.0:.3g}")
         if worst > 0:
             bad.append(f"{name}: max error {float(err.max()):.3g} exceeds the bound by {worst:.3g}")
     if bad:
@@ -364,18 +387,153 @@ def check(out, tool, policy):
     return 0
 
 
+def tolerance_excess(out, c, got, exp, policy):
+    """|got - exp| and its largest excess over the case's bound (<= 0: within)."""
+    u = 2.0 ** -8
+    err = np.abs(got - exp)
+    if c["tol"] == "mxu":
+        scale = np.load(os.path.join(out, c["name"] + ".scale.npy"))
+        bound = 2 * u * scale + (2 * u * np.abs(exp) if policy == "bf16" else 0) + 1e-30
+    elif c["tol"] == "exact":
+        bound = np.zeros_like(exp)
+    elif policy == "bf16":
+        bound = 3 * u * (np.abs(exp) + np.abs(exp).max())
+    else:
+        bound = 1e-5 * (np.abs(exp) + np.abs(exp).max())
+    if policy == "bf16" and c["tol"] != "mxu" and c["op"] in ("Identity", "Transpose", "Reshape", "Flatten", "Unsqueeze",
+                                                                "Squeeze", "Concat", "Slice", "Pad", "Gather", "Cast"):
+        bound = u * np.abs(exp)  # data movement of bf16-rounded inputs
+    worst = float((err - bound).max()) if err.size else 0.0
+    return err, worst
+
+
+def bundles(out, tpusim, policy, preset, run, only):
+    """Every one-op case compiled and run; see the module docstring."""
+    import time
+    with open(os.path.join(out, "cases.json")) as f:
+        index = json.load(f)
+    if only:
+        index = [c for c in index if c["name"] in only.split(",")]
+    bad = []
+    t0 = time.time()
+    for c in index:
+        name = c["name"]
+        with tempfile.TemporaryDirectory() as td:
+            args = []
+            for n in c["inputs"]:
+                a = np.load(os.path.join(out, f"{name}.{n}.npy"))
+                if a.dtype == np.int64:
+                    path = os.path.join(td, f"{n}.i32.npy")
+                    np.save(path, a.astype(np.int32))
+                else:
+                    path = os.path.join(out, f"{name}.{n}.npy")
+                args += ["--input", f"{n}={path}"]
+            tpb = os.path.join(td, name + ".tpb")
+            steps = [("compile", [tpusim, "compile", os.path.join(out, name + ".onnx"), "--preset", preset, "-o", tpb,
+                                  "--precision", policy]),
+                     ("graph ref", [tpusim, "ref", os.path.join(out, name + ".onnx"), "--precision", policy,
+                                    "--out", os.path.join(td, "graph")] + args),
+                     ("bundle ref", [tpusim, "ref", tpb, "--out", os.path.join(td, "bundle")] + args),
+                     ("diff bundle ref", [tpusim, "diff", os.path.join(td, "graph"), os.path.join(td, "bundle")])]
+            if run:
+                steps += [("run", [tpusim, "run", tpb, "--preset", preset, "-q", "--out", os.path.join(td, "chip")] + args),
+                          ("diff run", [tpusim, "diff", os.path.join(td, "graph"), os.path.join(td, "chip")])]
+            failed = None
+            for what, cmd in steps:
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                if r.returncode != 0:
+                    failed = f"{name}: {what} failed (exit {r.returncode}): {(r.stderr.strip() or r.stdout.strip())[:400]}"
+                    break
+            if failed:
+                print(f"FAIL {name}")
+                bad.append(failed)
+                continue
+            got = np.load(os.path.join(td, "bundle", "y.npy")).astype(np.float64)
+        exp = np.load(os.path.join(out, name + ".expect.npy"))
+        if got.shape != exp.shape:
+            bad.append(f"{name}: shape {got.shape}, expected {exp.shape}")
+            continue
+        err, worst = tolerance_excess(out, c, got, exp, policy)
+        print(f"{'ok' if worst <= 0 else 'MISS':4} {name:32} bit-exact{' (ref, run)' if run else ' (ref)'}, "
+              f"max|err| vs float64 {float(err.max()) if err.size else 0.0:.3g}")
+        if worst > 0:
+            bad.append(f"{name}: max error {float(err.max()):.3g} exceeds the bound by {worst:.3g}")
+    if bad:
+        print("\n".join(bad), file=sys.stderr)
+        return 1
+    print(f"all {len(index)} cases compiled bit-exact and within tolerance ({policy}, {preset}"
+          f"{', tpusim run too' if run else ''}; {time.time() - t0:.1f} s)")
+    return 0
+
+
+def model_bundles(out, tpusim, names, policy, preset, run):
+    import time
+    bad = []
+    for name in names:
+        onnx_path = os.path.join(out, name + ".onnx")
+        x = os.path.join(out, name + ".input.npy")
+        with tempfile.TemporaryDirectory() as td:
+            tpb = os.path.join(td, name + ".tpb")
+            steps = [("compile", [tpusim, "compile", onnx_path, "--preset", preset, "-o", tpb, "--precision", policy]),
+                     ("graph ref", [tpusim, "ref", onnx_path, "--precision", policy, "--input", "input=" + x,
+                                    "--out", os.path.join(td, "graph")]),
+                     ("bundle ref", [tpusim, "ref", tpb, "--input", "input=" + x, "--out", os.path.join(td, "bundle")]),
+                     ("diff", [tpusim, "diff", os.path.join(td, "graph"), os.path.join(td, "bundle")])]
+            if run:
+                steps += [("run", [tpusim, "run", tpb, "--preset", preset, "--input", "input=" + x,
+                                   "--out", os.path.join(td, "chip")]),
+                          ("diff run", [tpusim, "diff", os.path.join(td, "graph"), os.path.join(td, "chip")])]
+            times = []
+            for what, cmd in steps:
+                t0 = time.time()
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                times.append(f"{what} {time.time() - t0:.1f} s")
+                if r.returncode != 0:
+                    bad.append(f"{name}: {what} failed (exit {r.returncode}): {(r.stderr.strip() or r.stdout.strip())[:400]}")
+                    break
+                if what == "compile":
+                    print(f"{name}: {r.stdout.strip()}")
+                if what == "run":
+                    print("\n".join("  " + l for l in r.stdout.strip().splitlines()))
+            else:
+                got = np.load(os.path.join(td, "bundle", "output.npy")).astype(np.float64)
+                want = np.load(os.path.join(out, name + ".torch.npy")).astype(np.float64)
+                rel = float(np.abs(got - want).max() / np.abs(want).max())
+                times.append(f"max |bundle - torch| / max |torch| = {rel:.3g}")
+                if policy == "default" and rel > 0.02:
+                    bad.append(f"{name}: {rel:.3g} of max |torch| off torch's output (> 2%)")
+            print(f"{name} ({policy}, {preset}): " + ", ".join(times), flush=True)
+    if bad:
+        print("\n".join(bad), file=sys.stderr)
+        return 1
+    print(f"all of {', '.join(names)}: bundle == graph reference bit for bit{' on tpusim ref and tpusim run' if run else ''}")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["models", "ops", "check"])
+    ap.add_argument("what", choices=["models", "ops", "check", "bundles", "model-bundles"])
     ap.add_argument("dir")
     ap.add_argument("--only", default="resnet18,resnet50,mobilenet_v2,bert_layer")
     ap.add_argument("--tool")
     ap.add_argument("--policy", default="default")
+    ap.add_argument("--tpusim")
+    ap.add_argument("--preset", default="v4")
+    ap.add_argument("--run", action="store_true")
+    ap.add_argument("--cases", default="", help="bundles: only these cases (comma separated)")
     a = ap.parse_args()
     if a.what == "models":
         export_models(a.dir, a.only.split(","))
     elif a.what == "ops":
         export_ops(a.dir)
+    elif a.what == "model-bundles":
+        if not a.tpusim:
+            ap.error("model-bundles needs --tpusim")
+        sys.exit(model_bundles(a.dir, a.tpusim, a.only.split(","), a.policy, a.preset, a.run))
+    elif a.what == "bundles":
+        if not a.tpusim:
+            ap.error("bundles needs --tpusim")
+        sys.exit(bundles(a.dir, a.tpusim, a.policy, a.preset, a.run, a.cases))
     else:
         if not a.tool:
             ap.error("check needs --tool")

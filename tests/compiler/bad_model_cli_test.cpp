@@ -1,0 +1,165 @@
+// Bad models through the command line, as a user meets them: `tpusim compile` and
+// `tpusim ref MODEL` on a truncated or corrupt .onnx file, a graph with a cycle,
+// mismatched shapes and an IR text that uses a tensor before defining it. Each is
+// exit status 2 with exactly one line on stderr naming the file (and the node where
+// there is one); none crashes. Randomly corrupted bytes of a good model either
+// import or are such an error.
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "tests/sim/spawn.h"
+
+namespace tpusim {
+namespace {
+
+namespace fs = std::filesystem;
+
+onnx::ModelProto model() {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  auto* o = m.add_opset_import();
+  o->set_domain("");
+  o->set_version(14);
+  m.mutable_graph()->set_name("t");
+  return m;
+}
+
+void add_input(onnx::ModelProto& m, const std::string& name, std::vector<int64_t> shape) {
+  auto* vi = m.mutable_graph()->add_input();
+  vi->set_name(name);
+  auto* tt = vi->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(onnx::TensorProto_DataType_FLOAT);
+  for (int64_t d : shape) tt->mutable_shape()->add_dim()->set_dim_value(d);
+}
+
+void add_node(onnx::ModelProto& m, const std::string& op, std::vector<std::string> in, const std::string& out,
+              const std::string& name) {
+  auto* n = m.mutable_graph()->add_node();
+  n->set_op_type(op);
+  n->set_name(name);
+  for (auto& s : in) n->add_input(s);
+  n->add_output(out);
+}
+
+// y = relu(a @ w + c): a small good model with initializers to cut and corrupt.
+onnx::ModelProto good_model() {
+  onnx::ModelProto m = model();
+  add_input(m, "a", {4, 6});
+  auto* w = m.mutable_graph()->add_initializer();
+  w->set_name("w");
+  w->set_data_type(onnx::TensorProto_DataType_FLOAT);
+  w->add_dims(6);
+  w->add_dims(3);
+  for (int k = 0; k < 18; ++k) w->add_float_data(0.25f * static_cast<float>(k - 9));
+  add_node(m, "MatMul", {"a", "w"}, "h", "mm");
+  add_node(m, "Relu", {"h"}, "y", "act");
+  m.mutable_graph()->add_output()->set_name("y");
+  return m;
+}
+
+struct Scratch {
+  std::string path;
+  Scratch() {
+    path = (fs::temp_directory_path() / ("tpusim_bad_model_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+               .string();
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~Scratch() { fs::remove_all(path); }
+  std::string write(const std::string& name, const std::string& bytes) const {
+    std::ofstream(path + "/" + name, std::ios::binary) << bytes;
+    return path + "/" + name;
+  }
+};
+
+// Both commands on `file`: exit 2, one stderr line containing every needle.
+void expect_one_line_error(const Scratch& s, const std::string& file, const std::vector<std::string>& needles) {
+  const std::vector<std::vector<std::string>> cmds = {
+      {TPUSIM_BIN, "compile", file, "--preset", "v4", "-o", s.path + "/m.tpb"},
+      {TPUSIM_BIN, "ref", file, "--random-inputs", "1", "--out", s.path + "/out"}};
+  for (const auto& argv : cmds) {
+    const auto r = testing::spawn(argv, s.path, 60);
+    EXPECT_EQ(r.exit_code, 2) << argv[1] << " " << file << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    for (const auto& n : needles) EXPECT_NE(r.err.find(n), std::string::npos) << "no '" << n << "' in: " << r.err;
+    EXPECT_FALSE(fs::exists(s.path + "/m.tpb"));
+  }
+}
+
+TEST(BadModelCli, TruncatedOnnx) {
+  Scratch s;
+  const std::string good = good_model().SerializeAsString();
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{9}, good.size() / 3, good.size() / 2, good.size() - 3}) {
+    SCOPED_TRACE("cut at " + std::to_string(cut) + " of " + std::to_string(good.size()));
+    expect_one_line_error(s, s.write("cut.onnx", good.substr(0, cut)), {"cut.onnx"});
+  }
+}
+
+TEST(BadModelCli, CorruptOnnx) {
+  Scratch s;
+  expect_one_line_error(s, s.write("junk.onnx", "this is not protobuf at all \xff\xff\xff"), {"junk.onnx"});
+  // Random byte flips: either still a model (exit 0) or a one-line error (exit 2).
+  const std::string good = good_model().SerializeAsString();
+  std::mt19937 rng(5);
+  int errors = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    std::string b = good;
+    for (int k = 0; k < 3; ++k) b[rng() % b.size()] = static_cast<char>(rng());
+    const std::string f = s.write("flip.onnx", b);
+    const auto r = testing::spawn({TPUSIM_BIN, "compile", f, "--preset", "v4", "-o", s.path + "/f.tpb"}, s.path, 60);
+    ASSERT_TRUE(r.exit_code == 0 || r.exit_code == 2) << "trial " << trial << ": exit " << r.exit_code << ": " << r.err;
+    if (r.exit_code == 2) {
+      ++errors;
+      EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+      EXPECT_NE(r.err.find("flip.onnx"), std::string::npos) << r.err;
+    }
+  }
+  EXPECT_GT(errors, 0) << "no corruption was detected in 40 trials";
+}
+
+TEST(BadModelCli, CycleInOnnx) {
+  Scratch s;
+  onnx::ModelProto m = model();
+  add_input(m, "x", {4});
+  add_node(m, "Add", {"x", "b"}, "a", "first");
+  add_node(m, "Relu", {"a"}, "b", "second");
+  m.mutable_graph()->add_output()->set_name("b");
+  expect_one_line_error(s, s.write("cycle.onnx", m.SerializeAsString()), {"cycle.onnx", "cycle", "'first'"});
+}
+
+TEST(BadModelCli, MismatchedShapesInOnnx) {
+  Scratch s;
+  onnx::ModelProto m = model();
+  add_input(m, "a", {3, 4});
+  add_input(m, "b", {5, 6});
+  add_node(m, "MatMul", {"a", "b"}, "y", "mm");
+  m.mutable_graph()->add_output()->set_name("y");
+  expect_one_line_error(s, s.write("shapes.onnx", m.SerializeAsString()), {"shapes.onnx", "'mm' (MatMul)", "f32[3,4]"});
+  onnx::ModelProto e = model();
+  add_input(e, "a", {2, 3});
+  add_input(e, "b", {4, 3});
+  add_node(e, "Add", {"a", "b"}, "y", "adder");
+  e.mutable_graph()->add_output()->set_name("y");
+  expect_one_line_error(s, s.write("bcast.onnx", e.SerializeAsString()), {"bcast.onnx", "'adder' (Add)"});
+}
+
+TEST(BadModelCli, CycleAndShapeErrorsInIrText) {
+  Scratch s;
+  expect_one_line_error(s,
+                        s.write("cycle.ir", "graph g {\n  input %x : f32[4]\n  %a = add(%x, %b) {} : f32[4] #0\n"
+                                            "  %b = relu(%a) {} : f32[4] #1\n  output %b\n}\n"),
+                        {"cycle.ir", "%b"});
+  expect_one_line_error(s,
+                        s.write("shape.ir", "graph g {\n  input %x : f32[4,3]\n  %y = relu(%x) {} : f32[3,4] #0\n"
+                                            "  output %y\n}\n"),
+                        {"shape.ir", "relu"});
+}
+
+}  // namespace
+}  // namespace tpusim
