@@ -138,25 +138,40 @@ class Builder {
       backward(n, it->second);
     }
 
-    // ---- updates, in the order of the constants
+    // ---- updates, in the order of the constants. A parameter of rank > 2 is
+    // updated through its 2-D view [dim 0, the rest] and the hyperparameters are
+    // rows of that length: a broadcast then copies whole rows (a scalar would be
+    // replicated element by element). The bits are the same as with a scalar.
     std::vector<std::string> outs{loss};
     for (const Constant& c0 : std::vector<Constant>(g.constants)) {
       if (!params.count(c0.name) || !grad_.count(c0.name)) continue;
+      const Shape& S = c0.type.shape;
+      const int64_t row = S.size() >= 2 ? num_elements(Shape(S.begin() + 1, S.end())) : S[0];
+      const Shape view = S.size() >= 2 ? Shape{S[0], row} : S;
+      auto as_view = [&](const std::string& t, const std::string& name) {
+        return S.size() > 2 ? node(OpKind::kReshape, {t}, {{"shape", Attr::Ints(view)}}, name) : t;
+      };
+      auto as_param = [&](const std::string& t, const std::string& name) {
+        return S.size() > 2 ? node(OpKind::kReshape, {t}, {{"shape", Attr::Ints(S)}}, name) : t;
+      };
       std::string gw = grad_.at(c0.name);
-      if (opt_.replicas > 1) {
-        gw = node(OpKind::kAllReduce, {gw}, {}, c0.name + ".grad.sum");
-        gw = node(OpKind::kDiv, {gw, scalar("replicas", static_cast<float>(opt_.replicas))}, {}, c0.name + ".grad.mean");
-      }
-      std::string step = gw;
+      if (opt_.replicas > 1) gw = node(OpKind::kAllReduce, {gw}, {}, c0.name + ".grad.sum");
+      gw = as_view(gw, c0.name + ".grad.2d");
+      if (opt_.replicas > 1)
+        gw = node(OpKind::kDiv, {gw, row_of("replicas", static_cast<float>(opt_.replicas), row)}, {}, c0.name + ".grad.mean");
+      std::string step = gw, vnew;
       if (opt_.momentum != 0.0f) {
-        const std::string v = constant(c0.name + ".velocity", c0.type.shape,
-                                       std::vector<float>(static_cast<size_t>(num_elements(c0.type.shape)), 0.0f));
-        const std::string mv = node(OpKind::kMul, {v, scalar("momentum", opt_.momentum)}, {}, c0.name + ".velocity.decayed");
-        step = node(OpKind::kAdd, {mv, gw}, {}, c0.name + ".velocity.new");
+        const std::string v = constant(c0.name + ".velocity", view,
+                                       std::vector<float>(static_cast<size_t>(num_elements(S)), 0.0f));
+        const std::string mv = node(OpKind::kMul, {v, row_of("momentum", opt_.momentum, row)}, {}, c0.name + ".velocity.decayed");
+        step = node(OpKind::kAdd, {mv, gw}, {}, S.size() > 2 ? c0.name + ".velocity.2d" : c0.name + ".velocity.new");
+        vnew = as_param(step, c0.name + ".velocity.new");
       }
-      const std::string sc = node(OpKind::kMul, {step, scalar("lr", opt_.lr)}, {}, c0.name + ".step");
-      outs.push_back(node(OpKind::kSub, {c0.name, sc}, {}, c0.name + ".new"));
-      if (opt_.momentum != 0.0f) outs.push_back(step);
+      const std::string sc = node(OpKind::kMul, {step, row_of("lr", opt_.lr, row)}, {}, c0.name + ".step");
+      const std::string w = as_view(c0.name, c0.name + ".2d");
+      outs.push_back(as_param(node(OpKind::kSub, {w, sc}, {}, S.size() > 2 ? c0.name + ".new.2d" : c0.name + ".new"),
+                              c0.name + ".new"));
+      if (!vnew.empty()) outs.push_back(vnew);
     }
     if (outs.size() == 1) throw CompileError(g.name + ": no parameter receives a gradient");
     g.outputs = outs;
@@ -216,6 +231,14 @@ class Builder {
     return scalars_[key] = constant(name, {1}, {v});
   }
   std::map<std::string, std::string> scalars_;
+
+  // A hyperparameter as a row of `len` equal values, shared by name, value, length.
+  std::string row_of(const std::string& name, float v, int64_t len) {
+    const std::string key = name + "=" + std::to_string(v) + "x" + std::to_string(len);
+    auto it = scalars_.find(key);
+    if (it != scalars_.end()) return it->second;
+    return scalars_[key] = constant(name + ".row", {len}, std::vector<float>(static_cast<size_t>(len), v));
+  }
 
   void accumulate(const std::string& tensor, const std::string& gr) {
     if (!needs_.count(tensor)) return;
