@@ -4,6 +4,7 @@
 // replica's HBM plus vector adds.
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "compiler/lower/emitter.h"
 #include "compiler/ref/replicas.h"
@@ -15,20 +16,28 @@ namespace {
 // replicated driver's (f60..f62): sends count on the issuer, landings on the
 // receiver, one flag per source replica.
 constexpr const char* kSendFlag = "f58";
-constexpr int kFirstLandFlag = 20, kLastLandFlag = 57;
-// VMEM pieces of a combine: 64 tiles of 8 x 128 fp32 each for the received and the
-// local values.
-constexpr int64_t kPieceElems = 64 * kTileElems;
+constexpr int kFlagsPerKind = 19;
+constexpr int kFirstLandFlag = 20, kFirstReadyFlag = kFirstLandFlag + kFlagsPerKind;  // f20..f38, f39..f57
+// HBM mode's VMEM pieces of a combine: up to 64 tiles of 8 x 128 fp32 each for the
+// received and the local values.
+constexpr int64_t kMaxPieceTiles = 64;
 }  // namespace
 
 // all_reduce(x): with one replica the identity; otherwise every replica holds an
-// fp32 work buffer W (y itself for fp32, scratch for bf16) and runs the schedule's
-// steps: each move it sends is one DMA of its W chunk into a receive slot of the
-// destination replica's HBM (rflag there), and each move it receives is combined
-// after the landing: W[chunk] = received + W[chunk] (vadd, received on the left, as
-// the schedule's add order says) or W[chunk] = received. Receive slots are fresh
-// per (step, move), at the same offsets in every replica, so no slot is reused and a
-// sender never waits for a receiver.
+// fp32 work buffer W and runs the schedule's steps: each move it sends is one DMA of
+// its W chunk into a receive slot of the destination replica (rflag there), and
+// each move it receives is combined after the landing: W[chunk] = received +
+// W[chunk] (vadd, received on the left, as the schedule's add order says) or
+// W[chunk] = received. Receive slots are distinct per (step, move), at the same
+// offsets in every replica, so no slot is reused within the collective.
+//
+// VMEM mode (W and the slots fit the core's VMEM): W and the slots live in VMEM,
+// sends go VMEM to the neighbour's VMEM and a combine is vld/vadd/vst, with masked
+// stores for a chunk's ragged last tile. Since other nodes' lowerings use VMEM too,
+// every replica first tells each replica that sends to it that it has entered the
+// collective (a 4-byte token DMA, its rflag on the sender), and a sender waits for
+// that before its first send. HBM mode (larger buffers): W and the slots are HBM
+// scratch of this node (nobody else's), combines stream 64-tile pieces through VMEM.
 void Emitter::lower_all_reduce(const Node& n) {
   const ReplicaSpec& s = opt_.replicas;
   if (s.replicas <= 1) {
@@ -41,65 +50,127 @@ void Emitter::lower_all_reduce(const Node& n) {
   const bool f32 = n.type.dtype == DType::kF32;
   const ici::Schedule sch = all_reduce_schedule(s, E);
   const int me = opt_.replica;
-  const int64_t W = f32 ? Y.addr : place_hbm(E * 4);
+  const int64_t tile_bytes = kTileElems * 4;
+  const int64_t kPieceElems =
+      std::max<int64_t>(1, std::min<int64_t>(kMaxPieceTiles, static_cast<int64_t>(opt_.target.vmem_bytes) / (2 * tile_bytes))) *
+      kTileElems;
 
   // Receive slots: per step, the moves into a replica in schedule order, each at the
   // running offset of that replica's earlier incoming chunks of the step; a step
-  // takes the largest such total over the replicas.
+  // takes the largest such total over the replicas. Whole tiles, so a tile load
+  // never reads into a neighbouring slot that may be landing.
   std::vector<std::vector<int64_t>> slot(sch.steps.size());
   int64_t slots_bytes = 0;
   for (size_t st = 0; st < sch.steps.size(); ++st) {
     std::vector<int64_t> used(static_cast<size_t>(sch.chips), 0);
     for (const ici::Move& m : sch.steps[st]) {
       slot[st].push_back(slots_bytes + used[static_cast<size_t>(m.dst)]);
-      used[static_cast<size_t>(m.dst)] += align_up(sch.chunks[static_cast<size_t>(m.dst_chunk)].elems * 4, 64);
+      used[static_cast<size_t>(m.dst)] += align_up(sch.chunks[static_cast<size_t>(m.dst_chunk)].elems * 4, tile_bytes);
     }
     slots_bytes += *std::max_element(used.begin(), used.end());
   }
-  const int64_t slots = place_hbm(slots_bytes);
-  check_addr(n, slots + slots_bytes + s.cores_per_chip * opt_.replica_region);
-  // The same tensor in another replica's region (same layout, its core's base).
-  auto there = [&](int r, int64_t addr) {
-    return addr - opt_.hbm_base + static_cast<int64_t>(replica_core(s, r)) * opt_.replica_region;
-  };
-  const int64_t A = 0, B = kPieceElems * 4;  // VMEM: received / local piece
-
-  // W = fp32(x).
-  if (f32) {
-    dma(hbm(W), hbm(X.addr), E * 4);
-    wait_dmas();
-  } else {
-    for (int64_t p0 = 0; p0 < E; p0 += kPieceElems) {
-      const int64_t pn = std::min(kPieceElems, E - p0);
-      dma(vmem(A), hbm(X.addr + p0 * 2), pn * 2);
-      wait_dmas();
-      for (int64_t t = 0; t * kTileElems < pn; ++t) {
-        line("vld.bf16 v1, " + at(A + t * kTileElems * 2));
-        line("vst v1, " + at(B + t * kTileElems * 4));
-      }
-      dma(hbm(W + p0 * 4), vmem(B), pn * 4);
-      wait_dmas();
-    }
-  }
-
   // One landing flag per source replica of the receiver (the schedule's order of
   // first appearance), so a count waited on implies that source's DMAs of this step:
-  // a shared flag could count a fast neighbour's next step for a slow one's.
-  std::vector<std::vector<int>> sources(static_cast<size_t>(sch.chips));
+  // a shared flag could count a fast neighbour's next step for a slow one's. The
+  // entry tokens of VMEM mode likewise, one flag per destination.
+  std::vector<std::vector<int>> sources(static_cast<size_t>(sch.chips)), dests(static_cast<size_t>(sch.chips));
   for (const auto& step : sch.steps)
     for (const ici::Move& m : step) {
       auto& v = sources[static_cast<size_t>(m.dst)];
       if (std::find(v.begin(), v.end(), m.src) == v.end()) v.push_back(m.src);
+      auto& d = dests[static_cast<size_t>(m.src)];
+      if (std::find(d.begin(), d.end(), m.dst) == d.end()) d.push_back(m.dst);
     }
-  auto land_flag = [&](int dst, int src) {
-    const auto& v = sources[static_cast<size_t>(dst)];
-    const int k = static_cast<int>(std::find(v.begin(), v.end(), src) - v.begin());
-    if (kFirstLandFlag + k > kLastLandFlag)
-      fail(n, "a replica receives from " + std::to_string(v.size()) + " others; the lowering has flags for " +
-                  std::to_string(kLastLandFlag - kFirstLandFlag + 1));
-    return kFirstLandFlag + k;
+  auto index_in = [&](const std::vector<int>& v, int x) {
+    const int k = static_cast<int>(std::find(v.begin(), v.end(), x) - v.begin());
+    if (k >= kFlagsPerKind)
+      fail(n, "a replica exchanges with " + std::to_string(v.size()) + " others; the lowering has flags for " +
+                  std::to_string(kFlagsPerKind));
+    return k;
+  };
+  auto land_flag = [&](int dst, int src) { return kFirstLandFlag + index_in(sources[static_cast<size_t>(dst)], src); };
+  auto ready_flag = [&](int src, int dst) { return kFirstReadyFlag + index_in(dests[static_cast<size_t>(src)], dst); };
+
+  const int64_t w_bytes = align_up(E * 4, tile_bytes);
+  const int64_t conv_bytes = f32 ? 0 : align_up(E * 2, tile_bytes);  // bf16 staging of x and y
+  const bool in_vmem = w_bytes + slots_bytes + conv_bytes <= static_cast<int64_t>(opt_.target.vmem_bytes);
+  // The same HBM tensor in another replica's region (same layout, its core's base).
+  auto there = [&](int r, int64_t addr) {
+    return addr - opt_.hbm_base + static_cast<int64_t>(replica_core(s, r)) * opt_.replica_region;
+  };
+  auto endpoint = [&](const char* space, int r) {
+    return std::string(space) + "@chip" + std::to_string(replica_chip(s, r)) + ".c" + std::to_string(replica_core(s, r));
   };
   int64_t& sent = coll_sent_;
+
+  int64_t W, slots, conv = 0;
+  if (in_vmem) {
+    W = 0;
+    slots = w_bytes;
+    conv = slots + slots_bytes;
+    // Entry tokens: HBM scratch of this node, 4 bytes per writer.
+    const int64_t zero = place_hbm(4), tokens = place_hbm(4 * kFlagsPerKind);
+    check_addr(n, tokens + s.cores_per_chip * opt_.replica_region);
+    for (int src : sources[static_cast<size_t>(me)]) {
+      const int64_t at_src = there(src, tokens) + 4 * index_in(dests[static_cast<size_t>(src)], me);
+      line("dma " + endpoint("hbm", src) + ":" + at(at_src) + ", " + hbm(zero) + ", bytes=4, flag=" + kSendFlag +
+           ", rflag=f" + std::to_string(ready_flag(src, me)));
+      ++sent;
+    }
+  } else {
+    W = f32 ? Y.addr : place_hbm(E * 4);
+    slots = place_hbm(slots_bytes);
+    check_addr(n, slots + slots_bytes + s.cores_per_chip * opt_.replica_region);
+  }
+  const char* wspace = in_vmem ? "vmem" : "hbm";
+  auto wref = [&](int64_t a) { return std::string(wspace) + ":" + at(a); };
+  const int64_t A = 0, B = kPieceElems * 4;  // HBM mode's VMEM pieces: received / local
+
+  // Stores tile t of a run of `count` fp32 elements from v1 at `addr`: a whole tile,
+  // or its full rows and then the partial row under masks (m1, m2 scratch).
+  auto store_tile = [&](int64_t addr, int64_t t, int64_t count) {
+    const int64_t left = count - t * kTileElems;
+    if (left >= kTileElems) {
+      line("vst v1, " + at(addr));
+      return;
+    }
+    const int64_t rows = left / 128, lanes = left % 128;
+    if (rows) {
+      line("vmask m1, " + std::to_string(rows) + ", 128");
+      line("vst v1, " + at(addr) + ", mask=m1");
+    }
+    if (lanes) {
+      line("vmask m1, " + std::to_string(rows) + ", 128");
+      line("vmask m2, " + std::to_string(rows + 1) + ", " + std::to_string(lanes));
+      line("mnot m1, m1");
+      line("mand m2, m2, m1");
+      line("vst v1, " + at(addr) + ", mask=m2");
+    }
+  };
+
+  // W = fp32(x).
+  if (f32) {
+    dma(wref(W), hbm(X.addr), E * 4);
+    wait_dmas();
+  } else {
+    const int64_t piece = in_vmem ? E : kPieceElems;
+    for (int64_t p0 = 0; p0 < E; p0 += piece) {
+      const int64_t pn = std::min(piece, E - p0);
+      const int64_t stage = in_vmem ? conv : A;
+      dma(vmem(stage), hbm(X.addr + p0 * 2), pn * 2);
+      wait_dmas();
+      for (int64_t t = 0; t * kTileElems < pn; ++t) {
+        line("vld.bf16 v1, " + at(stage + t * kTileElems * 2));
+        line("vst v1, " + at((in_vmem ? W + p0 * 4 : B) + t * tile_bytes));
+      }
+      if (!in_vmem) {
+        dma(hbm(W + p0 * 4), vmem(B), pn * 4);
+        wait_dmas();
+      }
+    }
+  }
+
+  std::set<int> ready;  // destinations whose entry token this replica has waited for
   for (size_t st = 0; st < sch.steps.size(); ++st) {
     const auto& moves = sch.steps[st];
     std::map<int, int64_t> incoming;  // landing flag -> moves of this step
@@ -107,11 +178,15 @@ void Emitter::lower_all_reduce(const Node& n) {
       const ici::Move& m = moves[k];
       if (m.dst == me) ++incoming[land_flag(me, m.src)];
       if (m.src != me) continue;
+      if (in_vmem && ready.insert(m.dst).second) {
+        const int f = ready_flag(me, m.dst);
+        line("wait f" + std::to_string(f) + ", " + std::to_string(coll_landed_[f] += 1));
+      }
       const ici::Chunk& c = sch.chunks[static_cast<size_t>(m.src_chunk)];
-      const std::string dst = "hbm@chip" + std::to_string(replica_chip(s, m.dst)) + ".c" +
-                              std::to_string(replica_core(s, m.dst)) + ":" + at(there(m.dst, slots + slot[st][k]));
-      line("dma " + dst + ", " + hbm(W + c.offset * 4) + ", bytes=" + std::to_string(c.elems * 4) + ", flag=" +
-           kSendFlag + ", rflag=f" + std::to_string(land_flag(m.dst, me)));
+      const int64_t dst = in_vmem ? slots + slot[st][k] : there(m.dst, slots + slot[st][k]);
+      line("dma " + endpoint(wspace, m.dst) + ":" + at(dst) + ", " + wref(W + c.offset * 4) +
+           ", bytes=" + std::to_string(c.elems * 4) + ", flag=" + kSendFlag + ", rflag=f" +
+           std::to_string(land_flag(m.dst, me)));
       ++sent;
     }
     if (incoming.empty()) continue;
@@ -124,6 +199,17 @@ void Emitter::lower_all_reduce(const Node& n) {
       if (m.dst != me) continue;
       const ici::Chunk& c = sch.chunks[static_cast<size_t>(m.dst_chunk)];
       const int64_t recv = slots + slot[st][k];
+      if (in_vmem) {
+        for (int64_t t = 0; t * kTileElems < c.elems; ++t) {
+          line("vld v1, " + at(recv + t * tile_bytes));
+          if (m.reduce) {
+            line("vld v2, " + at(W + c.offset * 4 + t * tile_bytes));
+            line("vadd v1, v1, v2");
+          }
+          store_tile(W + c.offset * 4 + t * tile_bytes, t, c.elems);
+        }
+        continue;
+      }
       if (!m.reduce) {
         dma(hbm(W + c.offset * 4), hbm(recv), c.elems * 4);
         wait_dmas();
@@ -136,10 +222,10 @@ void Emitter::lower_all_reduce(const Node& n) {
         dma(vmem(B), hbm(w), pn * 4);
         wait_dmas();
         for (int64_t t = 0; t * kTileElems < pn; ++t) {
-          line("vld v1, " + at(A + t * kTileElems * 4));
-          line("vld v2, " + at(B + t * kTileElems * 4));
+          line("vld v1, " + at(A + t * tile_bytes));
+          line("vld v2, " + at(B + t * tile_bytes));
           line("vadd v1, v1, v2");
-          line("vst v1, " + at(A + t * kTileElems * 4));
+          line("vst v1, " + at(A + t * tile_bytes));
         }
         dma(hbm(w), vmem(A), pn * 4);
         wait_dmas();
@@ -147,17 +233,28 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
   }
   line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
-  if (f32) return;
-  // y = bf16(W), rounded once.
-  for (int64_t p0 = 0; p0 < E; p0 += kPieceElems) {
-    const int64_t pn = std::min(kPieceElems, E - p0);
-    dma(vmem(A), hbm(W + p0 * 4), pn * 4);
-    wait_dmas();
-    for (int64_t t = 0; t * kTileElems < pn; ++t) {
-      line("vld v1, " + at(A + t * kTileElems * 4));
-      line("vst.bf16 v1, " + at(B + t * kTileElems * 2));
+  // y = W (bf16: rounded once).
+  if (f32) {
+    if (in_vmem) {
+      dma(hbm(Y.addr), vmem(W), E * 4);
+      wait_dmas();
     }
-    dma(hbm(Y.addr + p0 * 2), vmem(B), pn * 2);
+    return;
+  }
+  const int64_t piece = in_vmem ? E : kPieceElems;
+  for (int64_t p0 = 0; p0 < E; p0 += piece) {
+    const int64_t pn = std::min(piece, E - p0);
+    const int64_t src = in_vmem ? W + p0 * 4 : A;
+    const int64_t stage = in_vmem ? conv : B;
+    if (!in_vmem) {
+      dma(vmem(A), hbm(W + p0 * 4), pn * 4);
+      wait_dmas();
+    }
+    for (int64_t t = 0; t * kTileElems < pn; ++t) {
+      line("vld v1, " + at(src + t * tile_bytes));
+      line("vst.bf16 v1, " + at(stage + t * kTileElems * 2));
+    }
+    dma(hbm(Y.addr + p0 * 2), vmem(stage), pn * 2);
     wait_dmas();
   }
 }

@@ -56,7 +56,8 @@ const Board kV38{"v3-8", ici::Topology(ici::TopologyKind::kTorus2d, {2, 2}), 2};
 const Board kV2x4x4{"v2-4x4", ici::Topology(ici::TopologyKind::kTorus2d, {4, 4}), 2};
 
 void expect_replicated_bit_exact(const std::string& ir, PrecisionPolicy policy, const Board& board, int replicas,
-                                 const std::string& algorithm = "auto", bool check_races = true) {
+                                 const std::string& algorithm = "auto", bool check_races = true,
+                                 uint64_t vmem_bytes = 16ull << 20) {
   SCOPED_TRACE(std::string(board.name) + ", " + std::to_string(replicas) + " replicas, " + algorithm + ", policy " +
                num::precision_policy_name(policy));
   const Graph g = parse_graph(ir, "test.ir");
@@ -74,6 +75,7 @@ void expect_replicated_bit_exact(const std::string& ir, PrecisionPolicy policy, 
   lo.target.mxu_cols = 32;
   lo.target.fifo_rows = 64;
   lo.target.hbm_bytes = 256ull << 20;
+  lo.target.vmem_bytes = vmem_bytes;
   lo.target.chips = static_cast<uint32_t>(board.topology.chips());
   lo.policy = policy;
   lo.replicas.replicas = replicas;
@@ -169,15 +171,28 @@ std::string allreduce_ir(int batch, int64_t rows, int64_t cols) {
   return s.str();
 }
 
+// The same without the broadcast use of the sum (its lowering keeps a whole operand
+// in VMEM, which the small-VMEM targets below do not have).
+std::string allreduce_only_ir(int batch, int64_t rows, int64_t cols) {
+  std::ostringstream s;
+  s << "graph ar {\n  input %x : f32[" << batch << "," << rows << "," << cols << "]\n";
+  s << "  %s = reduce_sum(%x) {axes=[0], keepdims=0} : f32[" << rows << "," << cols << "] #0\n";
+  s << "  %g = all_reduce(%s) : f32[" << rows << "," << cols << "] #1\n  output %g\n}\n";
+  return s.str();
+}
+
 TEST(DpLower, AllReduceOnV38EveryAlgorithm) {
   for (int R : {2, 4, 8})
     for (const char* alg : {"ring", "bidir-ring", "torus", "auto"})
       expect_replicated_bit_exact(allreduce_ir(R, 37, 29), PrecisionPolicy::kDefault, kV38, R, alg);
 }
 
-TEST(DpLower, AllReduceBf16AndLargerThanAVmemPiece) {
-  // 70 000 elements: more than one 64-tile VMEM piece per chunk on 2 replicas.
+TEST(DpLower, AllReduceBf16AndHbmMode) {
+  // 70 000 elements in VMEM mode; 42 000 in HBM mode (128 KiB of VMEM: W and the
+  // slots do not fit) with several 16-tile VMEM pieces per chunk.
   expect_replicated_bit_exact(allreduce_ir(2, 70, 1000), PrecisionPolicy::kBf16, kV38, 2, "ring");
+  expect_replicated_bit_exact(allreduce_only_ir(2, 42, 1000), PrecisionPolicy::kBf16, kV38, 2, "ring", true, 128 << 10);
+  expect_replicated_bit_exact(allreduce_only_ir(4, 42, 1000), PrecisionPolicy::kDefault, kV38, 4, "auto", true, 128 << 10);
   expect_replicated_bit_exact(allreduce_ir(8, 13, 11), PrecisionPolicy::kBf16, kV38, 8, "auto");
 }
 
