@@ -12,7 +12,7 @@ compare:
   loss:    |loss - loss64| <= 2u * F * max(1, |loss64|)
 with u = 2^-8 (bf16 unit roundoff), F the forward graph's MXU ops (matmul, conv2d)
 and S = 2F + 1 the MXU ops on the longest forward + backward path.
-Usage: check_train_torch.py --train-graph TOOL --graph-ref TOOL --work DIR
+Usage: check_train_torch.py --train-graph TOOL --graph-ref TOOL --work DIR [--tpusim TPUSIM]
 Exit 0 when every case holds, 1 otherwise; prints one line per tensor."""
 import argparse
 import os
@@ -118,13 +118,16 @@ def forward64(nodes, env, sim):
     return env, flips
 
 
-def run_case(args, name, script, script_args, train, loss, seed):
+def run_case(args, name, script, script_args, train, loss, seed, replicas=1):
+    """replicas > 1: the step is compiled for that many replicas of a v3-8 board and
+    its bundle run on the functional reference (tpusim ref), the float64 step is
+    still the whole batch's."""
     work = os.path.join(args.work, name)
     os.makedirs(work, exist_ok=True)
     fwd, step = os.path.join(work, "fwd.ir"), os.path.join(work, "train.ir")
     subprocess.run([sys.executable, os.path.join(MODELS, script), fwd] + script_args, check=True)
-    subprocess.run([args.train_graph, fwd, "-o", step, "--train", train, "--loss", loss], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run([args.train_graph, fwd, "-o", step, "--train", train, "--loss", loss, "--replicas", str(replicas)],
+                   check=True, stdout=subprocess.DEVNULL)
     inputs, consts, nodes, outputs = parse_ir(open(fwd).read())
     (xname, xshape), = inputs
     rng = np.random.default_rng(seed)
@@ -150,8 +153,15 @@ def run_case(args, name, script, script_args, train, loss, seed):
     open(step + ".pinned", "w").write(text[:-1] + "".join(f"  output %{t}\n" for t in pinned) + "}\n")
     out = os.path.join(work, "ref")
     os.makedirs(out, exist_ok=True)
-    subprocess.run([args.graph_ref, step + ".pinned", "--out", out, f"{xname}=" + os.path.join(work, "x.npy"),
-                    "labels=" + os.path.join(work, "labels.npy")], check=True, stdout=subprocess.DEVNULL)
+    if replicas == 1:
+        subprocess.run([args.graph_ref, step + ".pinned", "--out", out, f"{xname}=" + os.path.join(work, "x.npy"),
+                        "labels=" + os.path.join(work, "labels.npy")], check=True, stdout=subprocess.DEVNULL)
+    else:
+        bundle = os.path.join(work, "step.tpb")
+        subprocess.run([args.tpusim, "compile", step + ".pinned", "--preset", "v3-8", "--replicas", str(replicas),
+                        "-o", bundle], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([args.tpusim, "ref", bundle, "--out", out, "--input", f"{xname}=" + os.path.join(work, "x.npy"),
+                        "--input", "labels=" + os.path.join(work, "labels.npy")], check=True, stdout=subprocess.DEVNULL)
     sim = {t: np.load(os.path.join(out, t + ".npy")) for t in pinned}
     env = {xname: torch.tensor(x, dtype=torch.float64)}
     params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in consts.items()}
@@ -211,6 +221,7 @@ def main():
     ap.add_argument("--train-graph", required=True)
     ap.add_argument("--graph-ref", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--tpusim", help="tpusim, for the 8-replica v3-8 case")
     ap.add_argument("--cnn-batch", type=int, default=4)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -221,6 +232,9 @@ def main():
     ok &= run_case(args, "mlp_b8_mse", "make_mlp_train.py", ["--batch", "8", "--hidden", "32"], "sgd:lr=0.01", "mse", 3)
     ok &= run_case(args, f"cnn_w4_b{args.cnn_batch}_momentum", "make_cnn_train.py",
                    ["--batch", str(args.cnn_batch), "--width", "4"], "sgd:lr=0.05,momentum=0.9", "xent", 4)
+    if args.tpusim:
+        ok &= run_case(args, "mlp_b64_v3-8_8_replicas", "make_mlp_train.py", ["--batch", "64"],
+                       "sgd:lr=0.05,momentum=0.9", "xent", 5, replicas=8)
     print("all within tolerance" if ok else "OUT OF TOLERANCE")
     return 0 if ok else 1
 
