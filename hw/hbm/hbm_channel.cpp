@@ -65,6 +65,18 @@ HbmChannel::HbmChannel(const HbmConfig& cfg, uint32_t index) : cfg_(&cfg), index
   pool_.resize(cfg.queue_entries);
   for (int32_t i = int32_t(cfg.queue_entries) - 1; i >= 0; --i) free_.push_back(i);
   all_banks_mask_ = banks == 64 ? ~uint64_t(0) : bit(banks) - 1;
+  last_act_.assign(banks, 0);
+  address_rank_.assign(banks, 0);
+  for (uint32_t b = 0; b < banks; ++b) {
+    DecodedAddress d;
+    d.channel = index, d.bank_group = b / cfg.banks_per_group, d.bank = b % cfg.banks_per_group;
+    const uint64_t base = encode_address(cfg, d);
+    for (uint32_t o = 0; o < banks; ++o) {
+      DecodedAddress e = d;
+      e.bank_group = o / cfg.banks_per_group, e.bank = o % cfg.banks_per_group;
+      address_rank_[b] += encode_address(cfg, e) < base;
+    }
+  }
   refresh_interval_ = cfg.refresh_mode == RefreshMode::kAllBank ? t[tREFI] : t[tREFI] / banks;
   // All pseudo-channels refresh at the same times. Staggering them looks kinder but
   // a 4 KiB request spans every pseudo-channel and waits for the slowest: with 64
@@ -136,6 +148,7 @@ void HbmChannel::issue(uint64_t c, Command cmd, uint32_t bank, uint32_t group, u
       for (int32_t e = bank_head_[bank]; e >= 0; e = pool_[size_t(e)].next)
         hit_count_[bank] += pool_[size_t(e)].burst.row == row;
       last_acts_[act_ring_pos_] = c;
+      last_act_[bank] = c + 1;
       act_ring_pos_ = (act_ring_pos_ + 1) % 4;
       ++acts_seen_;
       ++counters_.activates;
@@ -168,6 +181,12 @@ void HbmChannel::start_refresh_if_due(uint64_t c) {
   }
   // Single-bank refresh: every bank once per round; within the round, refresh the
   // bank the queue needs least, so streaming rarely waits on a refreshing bank.
+  // Among equally idle banks: a closed one (no PRE first), then the one activated
+  // longest ago (recently used banks tend to be used again), then the one highest
+  // in the address space. Data usually starts at low addresses, which the default
+  // mapping puts in bank 0 of each group: refreshing bank 0 first, as this did,
+  // made the first small DMA of a program wait tRFCsb for it (the v4 VMEM->HBM 1 KiB
+  // calibration came out 8% slow; docs/validation.md, TensorCore calibration).
   uint64_t candidates = all_banks_mask_ & ~refreshed_this_round_;
   if (!candidates) {
     refreshed_this_round_ = 0;
@@ -182,9 +201,20 @@ void HbmChannel::start_refresh_if_due(uint64_t c) {
       best = b;
       continue;
     }
-    const bool fewer = demand[b] < demand[best];
-    const bool same_but_closed = demand[b] == demand[best] && (open_mask_ & bit(best)) && !(open_mask_ & bit(b));
-    if (fewer || same_but_closed) best = b;
+    if (demand[b] != demand[best]) {
+      if (demand[b] < demand[best]) best = b;
+      continue;
+    }
+    const bool open_b = (open_mask_ & bit(b)) != 0, open_best = (open_mask_ & bit(best)) != 0;
+    if (open_b != open_best) {
+      if (!open_b) best = b;
+      continue;
+    }
+    if (last_act_[b] != last_act_[best]) {
+      if (last_act_[b] < last_act_[best]) best = b;
+      continue;
+    }
+    if (address_rank_[b] > address_rank_[best]) best = b;
   }
   refreshed_this_round_ |= bit(best);
   pending_refresh_mask_ = bit(best);

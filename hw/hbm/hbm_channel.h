@@ -155,6 +155,10 @@ class HbmChannel {
   uint64_t refresh_due_ = 0;
   uint64_t pending_refresh_mask_ = 0;
   uint64_t refreshed_this_round_ = 0;
+  // Tie-breaks of the single-bank refresh choice: the last ACT cycle of each bank
+  // (+1; 0 = never), and each bank's rank by the address of its first byte.
+  std::vector<uint64_t> last_act_;
+  std::vector<uint32_t> address_rank_;
   uint64_t all_banks_mask_ = 0;
   bool last_col_was_read_ = true;
 

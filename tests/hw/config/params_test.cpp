@@ -154,5 +154,17 @@ TEST(Presets, OverrideMovesDerivedPeak) {
   EXPECT_DOUBLE_EQ(big.flops_per_s, 4 * base.flops_per_s);
 }
 
+TEST(Presets, HbmPeakFollowsTheTimingTable) {
+  // v4: 4 stacks x 8 channels x 2 pseudo-channels x 8 B x 2 edges x 1171875000 Hz.
+  EXPECT_DOUBLE_EQ(peak_figures(load_preset("v4")).hbm_bytes_per_s, 4.0 * 8 * 2 * 8 * 2 * 1171875000.0);
+  // Half the stacks, half the peak; a slower clock scales it; the simple pipe states its own.
+  EXPECT_DOUBLE_EQ(peak_figures(load_preset("v4", {"hbm.stacks=2"})).hbm_bytes_per_s, 600e9);
+  EXPECT_DOUBLE_EQ(peak_figures(load_preset("v4", {"hbm.clock_hz=585937500"})).hbm_bytes_per_s, 600e9);
+  EXPECT_DOUBLE_EQ(peak_figures(load_preset("v4", {"hbm.model=simple", "hbm.simple.bytes_per_s=1e11"})).hbm_bytes_per_s,
+                   1e11);
+  // A board multiplies by its chips.
+  EXPECT_DOUBLE_EQ(peak_figures(load_preset("v4-8")).hbm_bytes_per_s, 4 * 1200e9);
+}
+
 }  // namespace
 }  // namespace tpusim::config

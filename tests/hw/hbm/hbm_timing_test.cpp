@@ -173,19 +173,60 @@ TEST(HbmTiming, tRFC_AllBankRefreshBlocksActivates) {
 }
 
 TEST(HbmTiming, tRFCsb_SingleBankRefreshBlocksThatBank) {
-  // tREFI 1600 over 16 banks: a REFSB every 100 cycles, the first (bank 0, the
-  // lowest of equally idle banks) at 100.
+  // tREFI 1600 over 16 banks: a REFSB every 100 cycles, the first at 100 on bank 15
+  // (group 3, bank 3: of equally idle banks, the highest in the address space of
+  // the mapping "row bank bank_group column").
   Rig r(small_config("{tREFI: 1600}"));
+  r.burst(101, 3, 3, 5, 0);
   r.burst(101, 0, 0, 5, 0);
-  r.burst(101, 1, 0, 5, 0);
   r.run_until(600);
   const auto ref = r.nth(C::kRefSb);
   EXPECT_EQ(ref.cycle, 100u);
-  EXPECT_EQ(ref.bank, 0u);
-  // Group 1 is not refreshing and activates on arrival; bank 0 waits tRFCsb.
+  EXPECT_EQ(ref.bank, 15u);
+  // Bank 0 is not refreshing and activates on arrival; bank 15 waits tRFCsb.
   EXPECT_EQ(r.nth(C::kAct, 0).cycle, 101u);
-  EXPECT_EQ(r.nth(C::kAct, 0).bank, 4u);
+  EXPECT_EQ(r.nth(C::kAct, 0).bank, 0u);
+  EXPECT_EQ(r.nth(C::kAct, 1).bank, 15u);
   EXPECT_EQ(r.nth(C::kAct, 1).cycle - ref.cycle, r.cfg.timing[tRFCsb]);
+}
+
+std::vector<uint32_t> refsb_banks(const Rig& r, size_t n) {
+  std::vector<uint32_t> banks;
+  for (const auto& c : r.log())
+    if (c.cmd == C::kRefSb && banks.size() < n) banks.push_back(c.bank);
+  return banks;
+}
+
+TEST(HbmRefreshChoice, IdleBanksFromTheTopOfTheAddressSpaceDown) {
+  // "row bank bank_group column": bank is the more significant field, so the
+  // highest addresses are bank 3 of groups 3, 2, 1, 0 (flat 15, 11, 7, 3), then bank 2.
+  Rig r(small_config("{tREFI: 1600}"));
+  r.run_until(1650);
+  EXPECT_EQ(refsb_banks(r, 16), (std::vector<uint32_t>{15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0}));
+}
+
+TEST(HbmRefreshChoice, AQueuedBankIsNotRefreshed) {
+  // A burst for bank 15 is queued when the refresh at 100 is chosen: bank 11 goes instead.
+  Rig r(small_config("{tREFI: 1600}"));
+  r.burst(100, 3, 3, 5, 0);
+  r.run_until(150);
+  EXPECT_EQ(refsb_banks(r, 1), (std::vector<uint32_t>{11}));
+}
+
+TEST(HbmRefreshChoice, LeastRecentlyActivatedBankFirst) {
+  // Closed page: banks 15 and 11 were used (and closed again) before the refresh at
+  // 100; the highest bank never activated, 7, goes first. Then bank 3, and the
+  // used ones after every unused bank, the one activated earlier (15, at 1) first.
+  Rig r(small_config("{tREFI: 1600, page_policy: closed}"));
+  r.burst(1, 3, 3, 5, 0);
+  r.burst(20, 2, 3, 5, 0);
+  r.run_until(1650);
+  const auto order = refsb_banks(r, 16);
+  ASSERT_EQ(order.size(), 16u);
+  EXPECT_EQ(order[0], 7u);
+  EXPECT_EQ(order[1], 3u);
+  EXPECT_EQ(order[14], 15u);
+  EXPECT_EQ(order[15], 11u);
 }
 
 TEST(HbmTiming, tREFI_AllBankRefreshInterval) {
