@@ -171,6 +171,7 @@ void Emitter::lower_all_reduce(const Node& n) {
   }
 
   std::set<int> ready;  // destinations whose entry token this replica has waited for
+  std::vector<std::pair<int64_t, int64_t>> pending;  // W ranges (elements) in-flight sends read
   for (size_t st = 0; st < sch.steps.size(); ++st) {
     const auto& moves = sch.steps[st];
     std::map<int, int64_t> incoming;  // landing flag -> moves of this step
@@ -188,16 +189,39 @@ void Emitter::lower_all_reduce(const Node& n) {
            ", bytes=" + std::to_string(c.elems * 4) + ", flag=" + kSendFlag + ", rflag=f" +
            std::to_string(land_flag(m.dst, me)));
       ++sent;
+      pending.emplace_back(c.offset, c.elems);
     }
     if (incoming.empty()) continue;
-    for (const auto& [flag, count] : incoming)
-      line("wait f" + std::to_string(flag) + ", " + std::to_string(coll_landed_[flag] += count));
-    // W chunks this step overwrites may still be read by this replica's own sends.
-    line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
-    for (size_t k = 0; k < moves.size(); ++k) {
+    // Landings are combined source by source, those from this chip's other cores
+    // (fast) first, so on-chip data is added while ICI data is still in flight.
+    std::vector<size_t> order;
+    for (size_t k = 0; k < moves.size(); ++k)
+      if (moves[k].dst == me) order.push_back(k);
+    auto key = [&](size_t k) {
+      return std::make_pair(replica_chip(s, moves[k].src) != replica_chip(s, me), land_flag(me, moves[k].src));
+    };
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
+    int waited = -1;
+    for (size_t k : order) {
       const ici::Move& m = moves[k];
-      if (m.dst != me) continue;
+      const int f = land_flag(me, m.src);
+      if (f != waited) {
+        line("wait f" + std::to_string(f) + ", " + std::to_string(coll_landed_[f] += incoming[f]));
+        waited = f;
+      }
       const ici::Chunk& c = sch.chunks[static_cast<size_t>(m.dst_chunk)];
+      // A W chunk that this replica's own in-flight sends still read is overwritten
+      // only after they complete (a send's completion flag takes a round trip, so
+      // this wait is paid only where a schedule reuses a chunk that soon).
+      // (In elements; a tile store's range counts whole: the race checker sees a
+      // masked store's bounding range.)
+      const int64_t store_end = c.offset + (c.elems + kTileElems - 1) / kTileElems * kTileElems;
+      bool overlap = false;
+      for (const auto& [o, e] : pending) overlap = overlap || (o < store_end && c.offset < o + e);
+      if (overlap) {
+        line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
+        pending.clear();
+      }
       const int64_t recv = slots + slot[st][k];
       if (in_vmem) {
         for (int64_t t = 0; t * kTileElems < c.elems; ++t) {

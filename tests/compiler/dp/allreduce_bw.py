@@ -1,0 +1,124 @@
+#!/usr/bin/python3
+"""Achieved bandwidth of the lowered all_reduce (compiler/lower/collective.cpp) on a
+board preset, against the alpha-beta closed form of docs/ici.md extended to the
+replica topology (docs/codegen.md "Collectives"). Per size: a graph whose replicas
+each pad a 1-element input to N fp32 values, all_reduce them and slice 8 back, is
+compiled with --replicas and run on the SystemC model (fast mode); the all_reduce's
+time is taken from the timeline as (last replica's end of the op) - (last replica's
+start of it), so the input scatter's skew between replicas is not counted.
+
+usage: allreduce_bw.py TPUSIM [--preset v3-8] [--replicas 8] [--collective auto]
+                       [--sizes 1K,4K,...] [--work DIR]"""
+import argparse, json, os, subprocess, sys
+
+# v3 (configs/chips/v3.yaml): the neighbour-message fit of docs/ici.md.
+CLOCK = 940e6
+ICI_ALPHA = 1941.0                             # cycles, one neighbour message
+ICI_B = 82.0e9 * 0.8681 / CLOCK                # payload bytes/cycle of one link direction
+ONCHIP_ALPHA = 414.0                           # core to core on one chip
+ONCHIP_B = 512.0
+
+
+def parse_size(s):
+    m = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(s[:-1]) * m[s[-1]] if s[-1] in m else int(s)
+
+
+def closed_form(alg, dims, n, cores):
+    """Cycles of an all-reduce of n bytes per replica on replica dims [cores, chip
+    dims...]: dim 0 on chip, the others over ICI links that the chip's `cores`
+    replicas share (each link carries every core's message of a step)."""
+    ab = []
+    for i, k in enumerate(dims):
+        if i == 0 and cores > 1:
+            ab.append((ONCHIP_ALPHA, 1.0 / ONCHIP_B))
+        else:
+            ab.append((ICI_ALPHA, cores / ICI_B))
+    p = 1
+    for k in dims:
+        p *= k
+    worst = max(ab)  # a ring step waits for its slowest (an ICI) hop
+    if alg == "ring":
+        return 2 * (p - 1) * (worst[0] + worst[1] * n / p)
+    if alg == "bidir-ring":
+        return 2 * (p - 1) * (worst[0] + worst[1] * n / (2 * p))
+    D = len(dims)
+    G = 2 * D
+    best = 0.0
+    for j in range(D):
+        t, prod = 0.0, 1
+        for h in range(D):
+            d = (j + h) % D
+            prod *= dims[d]
+            t += (dims[d] - 1) * (ab[d][0] + ab[d][1] * n / (G * prod))
+        best = max(best, 2 * t)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("tpusim")
+    ap.add_argument("--preset", default="v3-8")
+    ap.add_argument("--replicas", type=int, default=8)
+    ap.add_argument("--cores-per-chip", type=int, default=2)
+    ap.add_argument("--dims", default="2,2", help="the board's chip dims (v3-8: 2,2)")
+    ap.add_argument("--collective", default="auto")
+    ap.add_argument("--sizes", default="1K,4K,16K,64K,256K,1M,4M,16M,64M")
+    ap.add_argument("--work", default="/tmp/allreduce_bw")
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    R = a.replicas
+    cores = min(R, a.cores_per_chip)
+    chips = R // cores
+    dims = [cores] if cores > 1 else []
+    prod = 1
+    for d in [int(x) for x in a.dims.split(",")]:
+        if prod < chips:
+            prod *= d
+            if d > 1:
+                dims.append(d)
+    print(f"| preset | replicas | algorithm | bytes/replica | cycles | us | algbw GB/s | closed form | sim/closed |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for s in a.sizes.split(","):
+        n = parse_size(s)
+        E = n // 4
+        g = os.path.join(a.work, f"ar_{s}.graph")
+        with open(g, "w") as f:
+            f.write(f"graph ar {{\n  input %x : f32[{R},1]\n"
+                    f"  %a = pad(%x) {{pads=[0,0,0,{E - 1}], value=1.0}} : f32[{R},{E}] #0\n"
+                    f"  %g = all_reduce(%a) : f32[{R},{E}] #1\n"
+                    f"  %o = slice(%g) {{starts=[0,0], ends=[1,8], axes=[0,1], steps=[1,1]}} : f32[1,8] #2\n"
+                    "  output %o\n}\n")
+        tpb, out = g + ".tpb", os.path.join(a.work, f"out_{s}")
+        subprocess.run([a.tpusim, "compile", g, "--preset", a.preset, "--replicas", str(R), "--collective",
+                        a.collective, "-o", tpb], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([a.tpusim, "run", tpb, "--preset", a.preset, "--random-inputs", "1", "--out", out,
+                        "--timeline", os.path.join(out, "t.json")], check=True, stdout=subprocess.DEVNULL)
+        ev = json.load(open(os.path.join(out, "t.json")))
+        ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+        names = {}
+        for e in ev:
+            if e.get("ph") == "M" and e.get("name") == "thread_name":
+                names[(e["pid"], e["tid"])] = e["args"]["name"]
+        start, end = {}, {}
+        for e in ev:
+            if e.get("ph") == "X" and e.get("name") == "op 1" and names.get((e["pid"], e["tid"]), "").endswith("sequencer"):
+                k = (e["pid"], e["tid"])
+                start[k] = min(start.get(k, 1e30), e["ts"])
+                end[k] = max(end.get(k, 0), e["ts"] + e["dur"])
+        us = max(end.values()) - max(start.values())
+        cyc = us * 1e-6 * CLOCK
+        stats = json.load(open(os.path.join(out, "stats.json")))
+        alg = a.collective
+        if alg == "auto":
+            # choose_algorithm (compiler/ref/replicas.cpp)
+            D = len(dims)
+            alg = "torus" if D >= 2 and E >= 2 * D * R else "bidir-ring" if E >= 2 * R else "ring"
+        cf = closed_form(alg, dims, n, cores)
+        print(f"| {a.preset} | {R} | {alg} | {s}iB | {cyc:.0f} | {us:.1f} | {n / (us * 1e-6) / 1e9:.2f} | {cf:.0f} | "
+              f"{cyc / cf:.3f} |", flush=True)
+        del stats
+
+
+if __name__ == "__main__":
+    main()
