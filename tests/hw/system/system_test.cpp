@@ -313,6 +313,25 @@ TEST(MultiChip, RemoteDmaAndBarrierMatchReferenceAndFigures) {
   EXPECT_NEAR(slope, 24.77 + 1.105 + 1.051, 0.1 * (24.77 + 1.105 + 1.051));
 }
 
+// A push from chip0's VMEM into chip1's through the chip model: the receiver's wait
+// retires the cycle after the landing, so its sequencer's active cycles (wait,
+// then halt) are the landing + 2, which must follow the published v4 neighbour
+// VMEM->VMEM figure 1941 + 24.77 K cycles within 1%.
+TEST(MultiChip, NeighbourPushLandsAtThePublishedFigure) {
+  for (const uint64_t kib : {1, 16, 1024}) {
+    const std::string text = ".target chips=2 cores=1 mxus=1\n.core chip0.core0\n  dma vmem@chip1.c0:[s0 + 0], vmem:[s0 + 0], bytes=" +
+                             std::to_string(kib * 1024) + ", rflag=f3\n  halt\n.core chip1.core0\n  wait.sub f3, 1\n  halt\n";
+    const std::string p = temp_program("neighbour", text);
+    const RunOut r = core_run(p, "fast", {}, "v4-8");
+    fs::remove(p);
+    ASSERT_EQ(r.status, 0);
+    ASSERT_FALSE(r.j["faulted"].get<bool>()) << r.j["fault"];
+    const double landed = double(r.j["units"]["chip1.core0.sequencer"]["active_cycles"].get<uint64_t>()) - 2;
+    const double published = 1941 + 24.77 * double(kib);
+    EXPECT_NEAR(landed, published, 0.01 * published) << kib << " KiB";
+  }
+}
+
 // Reads of another chip's memory (a request goes there, the data comes back), a
 // DMA between two other chips, and a push, all at once on v3-8: values equal the
 // reference, both modes agree (cycles and every counter, per-link ones included),
