@@ -286,6 +286,16 @@ def op_cases():
     C(Case("avgpool3x2_s23_asym_incpad0", "AveragePool", {"x": rnd(rng, (2, 3, 10, 11))},
            lambda i, w: pool_ref(f64(i["x"]), (3, 2), (2, 3), (2, 1, 0, 1), "avg", 0),
            attrs={"kernel_shape": [3, 2], "strides": [2, 3], "pads": [2, 1, 0, 1], "count_include_pad": 0}))
+    C(Case("maxpool2x3_s12_ragged", "MaxPool", {"x": rnd(rng, (2, 3, 7, 130))},
+           lambda i, w: pool_ref(f64(i["x"]), (2, 3), (1, 2), (0, 0, 0, 0), "max"), attrs={"kernel_shape": [2, 3], "strides": [1, 2]}))
+    C(Case("global_avgpool_130ch", "GlobalAveragePool", {"x": rnd(rng, (2, 130, 3, 5))},
+           lambda i, w: f64(i["x"]).mean(axis=(2, 3), keepdims=True)))
+    C(Case("clip_129x200", "Clip", {"x": rnd(rng, (129, 200), -3, 3)}, lambda i, w: np.clip(f64(i["x"]), -1, 0.5),
+           weights={"lo": np.array(-1.0, np.float32), "hi": np.array(0.5, np.float32)}))
+    C(Case("flatten_axis2", "Flatten", {"x": rnd(rng, (2, 3, 4, 5))}, lambda i, w: i["x"].reshape(6, 20), attrs={"axis": 2}))
+    C(Case("layernorm_op17_3d", "LayerNormalization", {"x": rnd(rng, (3, 9, 300))},
+           lambda i, w: layernorm(f64(i["x"]), w["g"], w["b"], 1e-5), attrs={"axis": -1, "epsilon": 1e-5},
+           weights={"g": rnd(rng, (300,)), "b": rnd(rng, (300,))}, opset=17))
     C(Case("layernorm_op17", "LayerNormalization", {"x": rnd(rng, (4, 200))},
            lambda i, w: layernorm(f64(i["x"]), w["g"], w["b"], 1e-5), attrs={"axis": -1, "epsilon": 1e-5},
            weights={"g": rnd(rng, (200,)), "b": rnd(rng, (200,))}, opset=17))
