@@ -303,7 +303,7 @@ RunResult System::run(const RunOptions& opt) {
     board.net = std::make_unique<ici::Network>(ici::Network::from_params(preset));
     host = HostParams::from_config(preset);
   } catch (const ici::IciError& e) {
-    throw SystemError(e.what());
+    throw config::ConfigError(e.what());  // a preset problem: bad input, like the units' own checks
   }
   board.net->set_timeline(opt.timeline);
   const RemotePort remote = [&board](RemoteTransfer&& t) { board.remote(std::move(t)); };
