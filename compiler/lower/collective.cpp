@@ -16,8 +16,8 @@ namespace {
 // replicated driver's (f60..f62): sends count on the issuer, landings on the
 // receiver, one flag per source replica.
 constexpr const char* kSendFlag = "f58";
-constexpr int kFlagsPerKind = 19;
-constexpr int kFirstLandFlag = 20, kFirstReadyFlag = kFirstLandFlag + kFlagsPerKind;  // f20..f38, f39..f57
+constexpr int kFirstLandFlag = 20, kLandFlags = 32;   // f20..f51
+constexpr int kFirstReadyFlag = 52, kReadyFlags = 6;  // f52..f57
 // HBM mode's VMEM pieces of a combine: up to 64 tiles of 8 x 128 fp32 each for the
 // received and the local values.
 constexpr int64_t kMaxPieceTiles = 64;
@@ -81,15 +81,67 @@ void Emitter::lower_all_reduce(const Node& n) {
       auto& d = dests[static_cast<size_t>(m.src)];
       if (std::find(d.begin(), d.end(), m.dst) == d.end()) d.push_back(m.dst);
     }
-  auto index_in = [&](const std::vector<int>& v, int x) {
+  auto index_in = [&](const std::vector<int>& v, int x, int limit) {
     const int k = static_cast<int>(std::find(v.begin(), v.end(), x) - v.begin());
-    if (k >= kFlagsPerKind)
+    if (k >= limit)
       fail(n, "a replica exchanges with " + std::to_string(v.size()) + " others; the lowering has flags for " +
-                  std::to_string(kFlagsPerKind));
+                  std::to_string(limit));
     return k;
   };
-  auto land_flag = [&](int dst, int src) { return kFirstLandFlag + index_in(sources[static_cast<size_t>(dst)], src); };
-  auto ready_flag = [&](int src, int dst) { return kFirstReadyFlag + index_in(dests[static_cast<size_t>(src)], dst); };
+  // Landing flags. Completion order is not issue order, so two in-flight messages
+  // of one source on one flag would let the later one's landing stand for the
+  // earlier one's. Each source of a receiver gets M flags used round robin over
+  // the steps it sends in, and a flag is reused only where the schedule itself
+  // orders the two uses: the source issues its (j+M)-th message to the receiver
+  // only after (happens-before through the moves) the receiver has finished the
+  // step of the j-th. Checked below for this replica's receives.
+  size_t most_sources = 1;
+  for (const auto& v : sources) most_sources = std::max(most_sources, v.size());
+  const int M = kLandFlags / static_cast<int>(most_sources);
+  if (M < 1) fail(n, "a replica receives from " + std::to_string(most_sources) + " others; the lowering has " +
+                         std::to_string(kLandFlags) + " landing flags");
+  // send_steps[dst][src]: the steps in which src sends to dst, in order.
+  std::vector<std::map<int, std::vector<size_t>>> send_steps(static_cast<size_t>(sch.chips));
+  for (size_t st = 0; st < sch.steps.size(); ++st)
+    for (const ici::Move& m : sch.steps[st]) {
+      auto& v = send_steps[static_cast<size_t>(m.dst)][m.src];
+      if (v.empty() || v.back() != st) v.push_back(st);
+    }
+  auto land_flag = [&](int dst, int src, size_t st) {
+    const auto& v = send_steps[static_cast<size_t>(dst)].at(src);
+    const int j = static_cast<int>(std::lower_bound(v.begin(), v.end(), st) - v.begin());
+    return kFirstLandFlag + index_in(sources[static_cast<size_t>(dst)], src, kLandFlags) * M + j % M;
+  };
+  {
+    // before[(r, st)]: the (replica, finished step) events that happen before replica
+    // r finishes step st: its own earlier steps and, per move into it at st, the
+    // sender's step st-1 (a send is issued once its sender finished the step before).
+    const size_t S = sch.steps.size(), P = static_cast<size_t>(sch.chips), words = (P * S + 63) / 64;
+    std::vector<std::vector<uint64_t>> before(P * S, std::vector<uint64_t>(words, 0));
+    auto id = [&](size_t r, size_t st) { return st * P + r; };
+    for (size_t st = 0; st < S; ++st) {
+      for (size_t r = 0; r < P; ++r) {
+        auto& b = before[id(r, st)];
+        b[id(r, st) / 64] |= uint64_t{1} << (id(r, st) % 64);
+        if (st > 0)
+          for (size_t w = 0; w < words; ++w) b[w] |= before[id(r, st - 1)][w];
+      }
+      for (const ici::Move& m : sch.steps[st])
+        if (st > 0)
+          for (size_t w = 0; w < words; ++w)
+            before[id(static_cast<size_t>(m.dst), st)][w] |= before[id(static_cast<size_t>(m.src), st - 1)][w];
+    }
+    for (const auto& [src, v] : send_steps[static_cast<size_t>(me)])
+      for (size_t j = 0; j + static_cast<size_t>(M) < v.size(); ++j) {
+        const size_t t = v[j + static_cast<size_t>(M)], e = id(static_cast<size_t>(me), v[j]);
+        if (t == 0 || !(before[id(static_cast<size_t>(src), t - 1)][e / 64] >> (e % 64) & 1))
+          fail(n, "the schedule lets replica " + std::to_string(src) + " run more than " + std::to_string(M) +
+                      " steps ahead of replica " + std::to_string(me) + "; the lowering has too few flags for it");
+      }
+  }
+  auto ready_flag = [&](int src, int dst) {
+    return kFirstReadyFlag + index_in(dests[static_cast<size_t>(src)], dst, kReadyFlags);
+  };
 
   const int64_t w_bytes = align_up(E * 4, tile_bytes);
   const int64_t conv_bytes = f32 ? 0 : align_up(E * 2, tile_bytes);  // bf16 staging of x and y
@@ -108,19 +160,21 @@ void Emitter::lower_all_reduce(const Node& n) {
     W = 0;
     slots = w_bytes;
     conv = slots + slots_bytes;
-    // Entry tokens: HBM scratch of this node, 4 bytes per writer.
-    const int64_t zero = place_hbm(4), tokens = place_hbm(4 * kFlagsPerKind);
-    check_addr(n, tokens + s.cores_per_chip * opt_.replica_region);
-    for (int src : sources[static_cast<size_t>(me)]) {
-      const int64_t at_src = there(src, tokens) + 4 * index_in(dests[static_cast<size_t>(src)], me);
-      line("dma " + endpoint("hbm", src) + ":" + at(at_src) + ", " + hbm(zero) + ", bytes=4, flag=" + kSendFlag +
-           ", rflag=f" + std::to_string(ready_flag(src, me)));
-      ++sent;
-    }
   } else {
     W = f32 ? Y.addr : place_hbm(E * 4);
     slots = place_hbm(slots_bytes);
     check_addr(n, slots + slots_bytes + s.cores_per_chip * opt_.replica_region);
+  }
+  // Entry tokens (HBM scratch of this node, 4 bytes per writer): they keep every
+  // landing of this collective after the receiver left its previous node, whose
+  // code may use the same VMEM and whose collectives the same flags.
+  const int64_t zero = place_hbm(4), tokens = place_hbm(4 * kReadyFlags);
+  check_addr(n, tokens + s.cores_per_chip * opt_.replica_region);
+  for (int src : sources[static_cast<size_t>(me)]) {
+    const int64_t at_src = there(src, tokens) + 4 * index_in(dests[static_cast<size_t>(src)], me, kReadyFlags);
+    line("dma " + endpoint("hbm", src) + ":" + at(at_src) + ", " + hbm(zero) + ", bytes=4, flag=" + kSendFlag +
+         ", rflag=f" + std::to_string(ready_flag(src, me)));
+    ++sent;
   }
   const char* wspace = in_vmem ? "vmem" : "hbm";
   auto wref = [&](int64_t a) { return std::string(wspace) + ":" + at(a); };
@@ -177,9 +231,9 @@ void Emitter::lower_all_reduce(const Node& n) {
     std::map<int, int64_t> incoming;  // landing flag -> moves of this step
     for (size_t k = 0; k < moves.size(); ++k) {
       const ici::Move& m = moves[k];
-      if (m.dst == me) ++incoming[land_flag(me, m.src)];
+      if (m.dst == me) ++incoming[land_flag(me, m.src, st)];
       if (m.src != me) continue;
-      if (in_vmem && ready.insert(m.dst).second) {
+      if (ready.insert(m.dst).second) {
         const int f = ready_flag(me, m.dst);
         line("wait f" + std::to_string(f) + ", " + std::to_string(coll_landed_[f] += 1));
       }
@@ -187,7 +241,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       const int64_t dst = in_vmem ? slots + slot[st][k] : there(m.dst, slots + slot[st][k]);
       line("dma " + endpoint(wspace, m.dst) + ":" + at(dst) + ", " + wref(W + c.offset * 4) +
            ", bytes=" + std::to_string(c.elems * 4) + ", flag=" + kSendFlag + ", rflag=f" +
-           std::to_string(land_flag(m.dst, me)));
+           std::to_string(land_flag(m.dst, me, st)));
       ++sent;
       pending.emplace_back(c.offset, c.elems);
     }
@@ -198,13 +252,13 @@ void Emitter::lower_all_reduce(const Node& n) {
     for (size_t k = 0; k < moves.size(); ++k)
       if (moves[k].dst == me) order.push_back(k);
     auto key = [&](size_t k) {
-      return std::make_pair(replica_chip(s, moves[k].src) != replica_chip(s, me), land_flag(me, moves[k].src));
+      return std::make_pair(replica_chip(s, moves[k].src) != replica_chip(s, me), land_flag(me, moves[k].src, st));
     };
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
     int waited = -1;
     for (size_t k : order) {
       const ici::Move& m = moves[k];
-      const int f = land_flag(me, m.src);
+      const int f = land_flag(me, m.src, st);
       if (f != waited) {
         line("wait f" + std::to_string(f) + ", " + std::to_string(coll_landed_[f] += incoming[f]));
         waited = f;

@@ -2,7 +2,7 @@
 # The bundled MLP (traces/models/make_mlp.py) at batch 64 compiled for 8 replicas
 # of a v3-8 board: the bundle on the functional reference (race checker on) and on
 # the SystemC model must both equal the graph reference of the whole-batch graph,
-# bit for bit. Usage: mlp_board.sh TPUSIM WORKDIR
+# bit for bit; then an all_reduce bundle on both. Usage: mlp_board.sh TPUSIM WORKDIR
 set -eu
 T=$1
 W=$2
@@ -15,3 +15,18 @@ rm -rf "$W" && mkdir -p "$W"
 "$T" run "$W/mlp.tpb" --preset v3-8 --random-inputs 3 --out "$W/run" > "$W/report.txt"
 "$T" diff "$W/graph" "$W/ref"
 "$T" diff "$W/graph" "$W/run"
+# An all_reduce (per-replica column sums of the batch, summed over the 8 replicas,
+# torus algorithm) on the SystemC model against the same bundle on the functional
+# reference: landings that complete out of order must not change a bit.
+cat > "$W/ar.graph" <<'GRAPH'
+graph ar {
+  input %x : f32[64,37,29]
+  %s = reduce_sum(%x) {axes=[0], keepdims=0} : f32[37,29] #0
+  %g = all_reduce(%s) : f32[37,29] #1
+  output %g
+}
+GRAPH
+"$T" compile "$W/ar.graph" --preset v3-8 --replicas 8 -o "$W/ar.tpb"
+"$T" ref "$W/ar.tpb" --random-inputs 5 --check-races --out "$W/ar_ref"
+"$T" run "$W/ar.tpb" --preset v3-8 --random-inputs 5 --out "$W/ar_run" > "$W/ar_report.txt"
+"$T" diff "$W/ar_ref" "$W/ar_run"
