@@ -9,9 +9,24 @@ namespace tpusim::hw {
 
 using isa::Op;
 
+// Built for the baseline ISA and for AVX2 / AVX-512, picked at load time.
+__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void fp32_bits_to_bf16(const uint32_t* src,
+                                                                                       uint16_t* dst, size_t n) {
+  for (size_t j = 0; j < n; ++j) {
+    const uint32_t u = src[j];
+    const uint32_t mag = u & 0x7FFFFFFFu;
+    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t zero = (u & 0x80000000u) >> 16;  // subnormal: signed zero (FTZ)
+    uint32_t r = mag < 0x00800000u ? zero : rounded;
+    r = mag > 0x7F800000u ? 0x7FC0u : r;  // NaN: the canonical one
+    dst[j] = static_cast<uint16_t>(r);
+  }
+}
+
 MatrixQueue::MatrixQueue(CoreEnv& env, const mxu::MxuParams& p, int index, size_t queue_depth)
     : env_(env), index_(index), depth_(queue_depth), core_(p), scratch_(1, 1, isa::kSublanes) {
   core_.set_compute_values(false);  // values come from isa/exec
+  core_.set_keep_popped(false);
   if (env_.timeline)
     track_ = env_.timeline->track(env_.name.substr(0, env_.name.find('.')),
                                   env_.name.substr(env_.name.find('.') + 1) + ".mxu" + std::to_string(index));
@@ -55,8 +70,6 @@ void MatrixQueue::tick(uint64_t cycle) {
     env_.note_activity(cycle);
     if (env_.timeline) env_.timeline->slice(track_, CoreEnv::slice_name(*p.it.in), p.it.issue_cycle, cycle);
     pops_.pop_front();
-  }
-  while (core_.take_popped()) {
   }
   if (head_ready()) {
     Issued& head = queue_.front();
@@ -170,12 +183,14 @@ void MatrixQueue::evaluate_lazy(exec::MxuState& m) {
     const size_t count = end - i;
     if (w->k > 0) {  // k = 0: no valid row, every result stays +0.0 (the placeholder)
       const size_t k = static_cast<size_t>(w->k);
-      lhs_.assign(count * isa::kSublanes * R, 0);
+      lhs_.resize(count * isa::kSublanes * R);
+      if (k < R) std::fill(lhs_.begin(), lhs_.end(), uint16_t{0});
       for (size_t t = 0; t < count; ++t)
         for (size_t s = 0; s < static_cast<size_t>(isa::kSublanes); ++s) {
           fp32_bits_to_bf16(&lazy_[i + t].lhs.bits[s * isa::kLanes], &lhs_[(t * isa::kSublanes + s) * R], k);
         }
-      out_.assign(count * kVreg, 0.0f);
+      out_.resize(count * kVreg);
+      if (C < static_cast<size_t>(isa::kLanes)) std::fill(out_.begin(), out_.end(), 0.0f);  // lanes >= C read +0.0
       num::MatmulArgs args;
       args.a = lhs_.data();
       args.lda = R;

@@ -15,19 +15,9 @@
 
 namespace tpusim::hw {
 
-// num::fp32_to_bf16 of n fp32 bit patterns, written branch-free so the compiler
-// vectorises it (the LHS of every mmul goes through it).
-inline void fp32_bits_to_bf16(const uint32_t* src, uint16_t* dst, size_t n) {
-  for (size_t j = 0; j < n; ++j) {
-    const uint32_t u = src[j];
-    const uint32_t mag = u & 0x7FFFFFFFu;
-    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t zero = (u & 0x80000000u) >> 16;  // subnormal: signed zero
-    uint32_t r = mag < 0x00800000u ? zero : rounded;
-    r = mag > 0x7F800000u ? 0x7FC0u : r;  // NaN: canonical
-    dst[j] = static_cast<uint16_t>(r);
-  }
-}
+// num::fp32_to_bf16 of n fp32 bit patterns, branch-free so that it vectorises
+// (the LHS of every mmul goes through it).
+void fp32_bits_to_bf16(const uint32_t* src, uint16_t* dst, size_t n);
 
 class MatrixQueue {
  public:

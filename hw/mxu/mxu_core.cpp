@@ -407,11 +407,10 @@ void MxuCore::skip(uint64_t n) {
 }
 
 void MxuCore::enter_cycle() {
-  // Rows the pipeline delivers in this cycle. Only the youngest entries can still
-  // be in flight, and they arrive in order.
-  size_t first = results_.size();
-  while (first > 0 && results_[first - 1].arrived < kSublanes) --first;
-  for (size_t i = first; i < results_.size(); ++i) {
+  // Rows the pipeline delivers in this cycle. Only the entries after the first
+  // complete_ can still be in flight, and rows arrive in issue order, so the first
+  // entry still waiting for a row ends the search.
+  for (size_t i = complete_; i < results_.size(); ++i) {
     ResultVreg& e = results_[i];
     while (e.arrived < kSublanes && e.arrival[static_cast<size_t>(e.arrived)] <= now_) {
       if (row_observer_) {
@@ -421,6 +420,8 @@ void MxuCore::enter_cycle() {
       ++e.arrived;
       ++counters_.result_rows;
     }
+    if (e.arrived < kSublanes) break;
+    ++complete_;
   }
   if (!pop_) return;
   // The mpop under way reads row j in cycle start + j; its slot is free from the next cycle.
@@ -432,6 +433,12 @@ void MxuCore::enter_cycle() {
                            " before the pipeline delivered it");
   head.freed = read;
   if (now_ < pop_->done) return;
+  if (!keep_popped_) {  // the owner takes the values elsewhere: no 4 KiB copies per mpop
+    results_.pop_front();
+    --complete_;  // an mpop has read all of its rows
+    pop_.reset();
+    return;
+  }
   ensure_computed(0);
   PoppedVreg p;
   p.tag = pop_->tag;
@@ -445,6 +452,7 @@ void MxuCore::enter_cycle() {
                   sizeof(float) * static_cast<size_t>(params_.cols));
   popped_.push_back(std::move(p));
   results_.pop_front();
+  --complete_;
   pop_.reset();
 }
 

@@ -187,6 +187,9 @@ class MxuCore {
   void set_row_observer(RowObserver fn) { row_observer_ = std::move(fn); }
   // Timing only: skip the arithmetic (benchmarks of the control path).
   void set_compute_values(bool on) { compute_values_ = on; }
+  // Off: finished mpops are not queued for take_popped() (an owner that has the
+  // values from elsewhere, as hw/core does).
+  void set_keep_popped(bool on) { keep_popped_ = on; }
 
   // --- external datapath ---
   std::optional<ArrayLaunch> take_launch();
@@ -234,6 +237,7 @@ class MxuCore {
   uint64_t pending_from_ = 0;
   uint64_t last_issue_cycle_ = kNever;
   bool compute_values_ = true;
+  bool keep_popped_ = true;
 
   // staging buffer and the two weight banks' bookkeeping
   std::vector<uint16_t> staging_;
@@ -250,6 +254,7 @@ class MxuCore {
   uint64_t next_seq_ = 0;
 
   std::deque<ResultVreg> results_;  // issued mmuls not yet fully popped, in order
+  size_t complete_ = 0;             // leading entries of results_ with all 8 rows arrived
   uint64_t unpopped_ = 0;           // mmuls issued minus pops issued
   std::optional<PopInProgress> pop_;
   std::deque<PoppedVreg> popped_;

@@ -111,7 +111,8 @@ class Board {
 
   // After the ticks of `cycle`: whether the run ends here, and why.
   enum class End { kNo, kDone, kFault, kDeadlock, kLimit };
-  End end_after(uint64_t cycle, std::string& why) const {
+  // `next` gets the board's next event cycle when the run goes on.
+  End end_after(uint64_t cycle, std::string& why, uint64_t* next = nullptr) const {
     why = fault();
     if (!why.empty()) return End::kFault;
     if (done()) return End::kDone;
@@ -124,10 +125,12 @@ class Board {
             " exhausted, likely an infinite loop (max_instructions)";
       return End::kLimit;
     }
-    if (next_event_cycle(cycle) == kNever) {
+    const uint64_t n = next_event_cycle(cycle);
+    if (n == kNever) {
       why = deadlock_report();
       return End::kDeadlock;
     }
+    if (next) *next = n;
     return End::kNo;
   }
 };
@@ -194,6 +197,11 @@ struct Driver : sc_core::sc_module {
   std::unique_ptr<sc_core::sc_clock> clock;
   uint64_t cycle = 0;
   bool finished = false;
+  // Fast mode: whether SystemC time must follow every event (a trace file samples
+  // the units' state at each time step); otherwise the board runs up to kQuantum
+  // cycles per activation of its thread, since nothing else in the kernel needs it.
+  bool sync_each_event = true;
+  static constexpr uint64_t kQuantum = 1u << 20;
   Board::End end = Board::End::kNo;
   std::string why;
 
@@ -212,15 +220,21 @@ struct Driver : sc_core::sc_module {
   // Event-driven: sleep until the next cycle at which any unit has work, and
   // account the cycles between with skip().
   void run_fast() {
+    uint64_t behind = 0;  // cycles the board is ahead of SystemC time
     for (;;) {
       board.tick(cycle);
-      end = board.end_after(cycle, why);
+      uint64_t next = 0;
+      end = board.end_after(cycle, why, &next);
       if (end != Board::End::kNo) break;
-      const uint64_t next = board.next_event_cycle(cycle);
       board.skip(next - cycle - 1);
-      wait(static_cast<double>(next - cycle) * period);
+      behind += next - cycle;
       cycle = next;
+      if (sync_each_event || behind >= kQuantum) {
+        wait(static_cast<double>(behind) * period);
+        behind = 0;
+      }
     }
+    if (behind) wait(static_cast<double>(behind) * period);
     finished = true;
     wait(period);  // one more step, so the trace file writes the last values
   }
@@ -327,6 +341,7 @@ RunResult System::run(const RunOptions& opt) {
         std::make_unique<ChipModule>(("chip" + std::to_string(chip->index())).c_str(), *chip, tracing));
   const sc_core::sc_time period(static_cast<double>(cycle_ps), sc_core::SC_PS);
   Driver driver("scheduler", board, period, opt.mode);
+  driver.sync_each_event = tf != nullptr;
 
   RunResult r;
   try {
