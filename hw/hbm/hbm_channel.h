@@ -110,6 +110,8 @@ class HbmChannel {
     bool row_conflict = false;  // a PRE that closes a row another request's row displaces
     uint64_t row_seq = kNeverCycle;
     uint64_t min_next = kNeverCycle;
+    bool other_col_legal = false;  // a column command besides the chosen one was legal at c
+    bool other_row_legal = false;  // a row command besides the chosen one was legal at c (or not looked at)
   };
   Choice choose(uint64_t c) const;
   void unlink(int32_t entry, int32_t prev);
@@ -117,6 +119,8 @@ class HbmChannel {
   const HbmConfig* cfg_;
   uint32_t index_;
   std::array<std::vector<Rule>, kCmds> rules_;  // by the earlier command
+  std::array<uint64_t, kCmds> min_delay_{};     // the shortest rule of each command
+  std::array<uint64_t, kCmds> col_channel_delay_{};  // its shortest channel-wide rule to RD or WR
   // Earliest cycle each command may issue, per scope.
   std::vector<std::array<uint64_t, kCmds>> bank_next_;
   std::vector<std::array<uint64_t, kCmds>> group_next_;
