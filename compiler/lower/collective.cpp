@@ -143,9 +143,20 @@ void Emitter::lower_all_reduce(const Node& n) {
     return kFirstReadyFlag + index_in(dests[static_cast<size_t>(src)], dst, kReadyFlags);
   };
 
-  const int64_t w_bytes = align_up(E * 4, tile_bytes);
+  // One spare tile: a tile load of a chunk that ends unaligned reads past it.
+  const int64_t w_bytes = align_up(E * 4, tile_bytes) + tile_bytes;
   const int64_t conv_bytes = f32 ? 0 : align_up(E * 2, tile_bytes);  // bf16 staging of x and y
-  const bool in_vmem = w_bytes + slots_bytes + conv_bytes <= static_cast<int64_t>(opt_.target.vmem_bytes);
+  // VMEM mode sends from private staging copies (send slots), so a combine never
+  // waits for its own sends' round trip before overwriting W. The mode must be the
+  // same on every replica (senders address the receiver's space): the largest
+  // replica's total decides.
+  std::vector<int64_t> out_bytes(static_cast<size_t>(sch.chips), 0);
+  for (const auto& step : sch.steps)
+    for (const ici::Move& m : step)
+      out_bytes[static_cast<size_t>(m.src)] += align_up(sch.chunks[static_cast<size_t>(m.src_chunk)].elems * 4, tile_bytes);
+  const int64_t send_bytes = *std::max_element(out_bytes.begin(), out_bytes.end());
+  const bool in_vmem =
+      w_bytes + slots_bytes + conv_bytes + send_bytes <= static_cast<int64_t>(opt_.target.vmem_bytes);
   // The same HBM tensor in another replica's region (same layout, its core's base).
   auto there = [&](int r, int64_t addr) {
     return addr - opt_.hbm_base + static_cast<int64_t>(replica_core(s, r)) * opt_.replica_region;
@@ -225,7 +236,8 @@ void Emitter::lower_all_reduce(const Node& n) {
   }
 
   std::set<int> ready;  // destinations whose entry token this replica has waited for
-  std::vector<std::pair<int64_t, int64_t>> pending;  // W ranges (elements) in-flight sends read
+  std::vector<std::pair<int64_t, int64_t>> pending;  // HBM mode: W ranges (elements) in-flight sends read
+  int64_t send_slot = conv + conv_bytes;               // VMEM mode: the next send slot
   for (size_t st = 0; st < sch.steps.size(); ++st) {
     const auto& moves = sch.steps[st];
     std::map<int, int64_t> incoming;  // landing flag -> moves of this step
@@ -239,11 +251,20 @@ void Emitter::lower_all_reduce(const Node& n) {
       }
       const ici::Chunk& c = sch.chunks[static_cast<size_t>(m.src_chunk)];
       const int64_t dst = in_vmem ? slots + slot[st][k] : there(m.dst, slots + slot[st][k]);
-      line("dma " + endpoint(wspace, m.dst) + ":" + at(dst) + ", " + wref(W + c.offset * 4) +
-           ", bytes=" + std::to_string(c.elems * 4) + ", flag=" + kSendFlag + ", rflag=f" +
-           std::to_string(land_flag(m.dst, me, st)));
+      int64_t src = W + c.offset * 4;
+      if (in_vmem) {
+        for (int64_t t = 0; t * kTileElems < c.elems; ++t) {
+          line("vld v1, " + at(src + t * tile_bytes));
+          line("vst v1, " + at(send_slot + t * tile_bytes));
+        }
+        src = send_slot;
+        send_slot += align_up(c.elems * 4, tile_bytes);
+      } else {
+        pending.emplace_back(c.offset, c.elems);
+      }
+      line("dma " + endpoint(wspace, m.dst) + ":" + at(dst) + ", " + wref(src) + ", bytes=" + std::to_string(c.elems * 4) +
+           ", flag=" + kSendFlag + ", rflag=f" + std::to_string(land_flag(m.dst, me, st)));
       ++sent;
-      pending.emplace_back(c.offset, c.elems);
     }
     if (incoming.empty()) continue;
     // Landings are combined source by source, those from this chip's other cores
@@ -264,14 +285,11 @@ void Emitter::lower_all_reduce(const Node& n) {
         waited = f;
       }
       const ici::Chunk& c = sch.chunks[static_cast<size_t>(m.dst_chunk)];
-      // A W chunk that this replica's own in-flight sends still read is overwritten
-      // only after they complete (a send's completion flag takes a round trip, so
-      // this wait is paid only where a schedule reuses a chunk that soon).
-      // (In elements; a tile store's range counts whole: the race checker sees a
-      // masked store's bounding range.)
-      const int64_t store_end = c.offset + (c.elems + kTileElems - 1) / kTileElems * kTileElems;
+      // HBM mode: a W chunk that this replica's own in-flight sends still read is
+      // overwritten only after they complete (a send's completion flag takes a
+      // round trip, so this wait is paid only where a schedule reuses a chunk soon).
       bool overlap = false;
-      for (const auto& [o, e] : pending) overlap = overlap || (o < store_end && c.offset < o + e);
+      for (const auto& [o, e] : pending) overlap = overlap || (o < c.offset + c.elems && c.offset < o + e);
       if (overlap) {
         line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
         pending.clear();
