@@ -324,8 +324,16 @@ void Emitter::lower_columns(const Node& n, int64_t outer, int64_t len, int64_t i
           load_s(t);
           line("vdiv v1, v1, v11");
           line(std::string(st(ot)) + " v1, " + at(ob + t * kTile));
-          dma(hbm(y + ((o * len + 8 * t) * inner + j0) * eo), vmem(ob + t * kTile), w * eo,
-              dim(std::min<int64_t>(8, len - 8 * t), 128 * eo, inner * eo));
+          const int64_t rows = std::min<int64_t>(8, len - 8 * t);
+          const int64_t dst = y + ((o * len + 8 * t) * inner + j0) * eo;
+          if (cores_ > 1 && inner > 128) {
+            // Another core writes the neighbouring lane blocks of these rows: one
+            // DMA per row keeps each bounding range to its own bytes (race checker).
+            for (int64_t r = 0; r < rows; ++r)
+              dma(hbm(dst + r * inner * eo), vmem(ob + t * kTile + r * 128 * eo), w * eo);
+          } else {
+            dma(hbm(dst), vmem(ob + t * kTile), w * eo, dim(rows, 128 * eo, inner * eo));
+          }
         }
       } else {
         if (n.op == OpKind::kReduceMax) {

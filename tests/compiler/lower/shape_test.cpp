@@ -241,6 +241,9 @@ TEST(LowerAxes, SoftmaxOverNonLastAxes) {
   expect_bit_exact(op_ir("softmax", {"f32[3,17,2,130]"}, "axis=1"));
   expect_bit_exact(op_ir("softmax", {"f32[3,9,1,1]"}, "axis=1"));     // innermost once 1s are dropped
   expect_bit_exact(op_ir("softmax", {"f32[5,40,9]"}, "axis=1"), 3);
+  // Lane blocks of the same rows on different cores.
+  expect_bit_exact(op_ir("softmax", {"f32[20,300]"}, "axis=0"), 2);
+  expect_bit_exact(op_ir("softmax", {"f32[2,9,260]"}, "axis=1"), 3);
 }
 
 TEST(LowerAxes, ReductionsOverNonLastAxes) {
