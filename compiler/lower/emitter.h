@@ -91,6 +91,15 @@ class Emitter {
   }
 
   int64_t broadcast_to(const Node& n, const std::string& name, const Shape& out_shape);
+  // Fusion (compiler/lower/fusion.cpp): the members of each root's fusion group that
+  // its kernel applies to its output tiles in registers, in order; their results
+  // never go through HBM.
+  void plan_fusion();
+  bool fused_away(const Node& n) const { return fused_.count(n.id) != 0; }
+  const std::vector<const Node*>& chain_of(const Node& n) const;
+  // The recipe's instruction sequence of elementwise op `n` on registers: vd = op(va[, vb]),
+  // t0 and t1 are scratch (vector.cpp).
+  void emit_op(const Node& n, int vd, int va, int vb, int t0, int t1);
   void lower_elementwise(const Node& n);
   void lower_matmul(const Node& n);
   void lower_copy(const Node& n);
@@ -135,6 +144,10 @@ class Emitter {
   std::map<int, int64_t> coll_landed_;  // and of landings, per rflag
   std::vector<int64_t> dmas_;
   std::vector<std::map<int, int64_t>> flag_dmas_;
+  std::map<int, std::vector<const Node*>> chains_;  // root id -> fused members
+  std::map<int, int> fused_;                        // member id -> root id
+  std::vector<const Node*> epi_;  // the chain lower_matmul applies (set by its caller)
+  std::string epi_dst_;           // where lower_matmul stores, if not the chain's end (conv's NHWC scratch)
 };
 
 }  // namespace tpusim::compiler::lowering

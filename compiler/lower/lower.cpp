@@ -55,11 +55,16 @@ LowerResult Emitter::run() {
     place(n.output, n.type);
   }
 
+  plan_fusion();
   for (const auto& n : g_.nodes) {
+    if (fused_away(n)) continue;  // its root's kernel applied it (fusion.cpp)
     for (auto& c : cs_) c << "  op " << n.id << "\n";
     cur_ = 0;
     switch (n.op) {
-      case OpKind::kMatmul: lower_matmul(n); break;
+      case OpKind::kMatmul:
+        epi_ = chain_of(n);
+        lower_matmul(n);
+        break;
       case OpKind::kConv2d: lower_conv(n); break;
       case OpKind::kAllReduce: lower_all_reduce(n); break;
       case OpKind::kTranspose: lower_transpose(n); break;
@@ -124,6 +129,7 @@ LowerResult lower_graph(const Graph& graph, const LowerOptions& options) {
   Graph g = graph;
   apply_precision(g, options.policy);
   verify(g, "lowering");
+  if (options.fuse) run_passes(g, {pass_by_name("fuse-elementwise")});
   if (options.cores < 1 || options.cores > 254) throw CompileError(g.name + ": cores must be 1..254");
   const std::string err = options.target.check();
   if (!err.empty()) throw CompileError(g.name + ": bad target: " + err);

@@ -29,6 +29,9 @@ struct LowerOptions {
   // TensorCores of chip 0 that share each node's work (independent row/tile groups
   // round robin, a barrier after every node); all tensors stay in the chip's HBM.
   int cores = 1;
+  // Run the fuse-elementwise pass and apply its groups (matmul/conv epilogues,
+  // elementwise chains in one VMEM pass); false lowers every node on its own.
+  bool fuse = true;
 };
 
 struct LowerResult {

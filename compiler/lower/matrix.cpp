@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 namespace tpusim::compiler::lowering {
 
@@ -23,7 +24,11 @@ void Emitter::lower_conv(const Node& n) {
   const int64_t COg = CO / G, CIall = X.type.shape[1];
   const int64_t OH = n.type.shape[2], OW = n.type.shape[3];
   const int64_t K = KH * KW * CI, M = NB * OH * OW;
-  const int64_t ex = esz(X.type.dtype), ew = esz(Wt.type.dtype), eo = esz(n.type.dtype);
+  // Fused members (unary ops, single-element operands) run in the matmul's epilogue
+  // on the NHWC tiles; the chain's end is what goes back to NCHW.
+  const std::vector<const Node*>& chain = chain_of(n);
+  const Node& last = chain.empty() ? n : *chain.back();
+  const int64_t ex = esz(X.type.dtype), ew = esz(Wt.type.dtype), eo = esz(last.type.dtype);
   // Each group is its own convolution (the reference's per-group chunking).
   for (int64_t g = 0; g < G; ++g) {
   const std::string tag = "#conv" + std::to_string(n.id) + "g" + std::to_string(g);
@@ -57,7 +62,7 @@ void Emitter::lower_conv(const Node& n) {
   wait_dmas();
   t_[tag + "p"] = Placed{TensorType{X.type.dtype, {M, K}}, P};
   t_[tag + "w"] = Placed{TensorType{Wt.type.dtype, {K, COg}}, Wm};
-  t_[tag + "y"] = Placed{TensorType{n.type.dtype, {M, COg}}, Y};
+  t_[tag + "y"] = Placed{TensorType{last.type.dtype, {M, COg}}, Y};
   Node mm;
   mm.id = n.id;
   mm.op = OpKind::kMatmul;
@@ -69,9 +74,11 @@ void Emitter::lower_conv(const Node& n) {
   }
   mm.output = tag + "y";
   mm.type = TensorType{n.type.dtype, {M, COg}};
+  epi_ = chain;
+  epi_dst_ = tag + "y";
   lower_matmul(mm);
   sync_all();
-  const int64_t y = t_.at(n.output).addr;
+  const int64_t y = t_.at(last.output).addr;
   for (int64_t b = 0; b < NB; ++b)
     dma(hbm(y + (b * CO + g * COg) * OH * OW * eo), hbm(Y + b * OH * OW * COg * eo), eo,
         dim(OH * OW, COg * eo, eo) + dim(COg, eo, OH * OW * eo));
@@ -79,35 +86,96 @@ void Emitter::lower_conv(const Node& n) {
   }
 }
 
-// matmul / Gemm. Per batch element, rows in groups of up to 512 and output columns
-// in tiles of C, one tile per MXU at a time (several MXUs share each LHS tile). K is
-// cut into chunks of R rows: chunk c's weights are pushed, `mswap k=kr` makes the
-// unused rows of a short chunk contribute nothing, and the chunk sums are combined
-// in increasing c by mpop (c = 0) and mpop.add onto the partial sums kept in VMEM,
-// exactly the contract's acc = s_0; acc = acc + s_1; ... Then alpha, beta * C, store.
+// matmul / Gemm (docs/codegen.md, "How it lowers"). Work units are (batch element,
+// group of Mg rows), round robin over the cores. Within a unit one software pipeline
+// runs over every (column-tile group, K pass, 8-row block): a pass puts kk <= kw
+// consecutive K chunks of up to cw column tiles on kw x cw MXUs, so one LHS vreg per
+// chunk feeds cw MXUs and the chunk sums of a block meet in one register. Block i's
+// mmuls issue at step i, its pops D steps later (the MXU latency is covered without
+// stalling on registers), its store one step after that. The chunk sums combine in
+// increasing chunk order: mpop (first chunk), then mpop.add of each later chunk onto
+// the partial sum (kept in VMEM between passes as fp32), exactly the contract's
+// acc = s_0; acc = acc + s_1; ... Then alpha, beta * C, the fused members' ops, store.
+// The LHS rows of a unit stay in VMEM for every column tile; weights stay resident
+// across units when they fit, else stream through a 3-slot ring fetched two passes
+// ahead; the next pass's weights are pushed while the current pass computes.
 void Emitter::lower_matmul(const Node& n) {
+  const std::vector<const Node*> chain = epi_;
+  const std::string dst_name = !epi_dst_.empty() ? epi_dst_ : chain.empty() ? n.output : chain.back()->output;
+  epi_.clear();
+  epi_dst_.clear();
   const Placed& A = t_.at(n.inputs[0]);
   const Placed& B = t_.at(n.inputs[1]);
   const bool ta = n.has_attr("trans_a") && n.attr_int("trans_a");
   const bool tb = n.has_attr("trans_b") && n.attr_int("trans_b");
   const float alpha = n.has_attr("alpha") ? n.attr_float("alpha") : 1.0f;
   const float beta = n.has_attr("beta") ? n.attr_float("beta") : 1.0f;
-  const Shape& as = A.type.shape;
-  const Shape& bs = B.type.shape;
-  const Shape& os = n.type.shape;
+  const Shape as = A.type.shape;
+  const Shape bs = B.type.shape;
+  const Shape os = n.type.shape;
   const size_t rank = os.size();
   const int64_t M = os[rank - 2], N = os[rank - 1];
   const int64_t K = ta ? as[as.size() - 2] : as[as.size() - 1];
-  const DType at_ = A.type.dtype, bt = B.type.dtype, ot = n.type.dtype;
+  const DType at_ = A.type.dtype, bt = B.type.dtype;
+  const Placed Out = t_.at(dst_name);
+  const DType ot = Out.type.dtype;
   const int64_t ea = esz(at_), eb = esz(bt), eo = esz(ot);
   const int64_t R = opt_.target.mxu_rows, C = opt_.target.mxu_cols;
   const int64_t mxus = opt_.target.mxus_per_core;
-  const int64_t bias = n.inputs.size() > 2 ? broadcast_to(n, n.inputs[2], os) : -1;
-  const DType ct = n.inputs.size() > 2 ? t_.at(n.inputs[2]).type.dtype : ot;
-  const int64_t ec = esz(ct);
+  const int64_t chunks = std::max<int64_t>(1, (K + R - 1) / R);
+  const int64_t ntiles = (N + C - 1) / C;
+  const int64_t batches = num_elements(os) / std::max<int64_t>(M * N, 1);
+
+  // Epilogue operands: the bias C (scaled by beta) and the other operand of each
+  // binary member. A row vector (or scalar) is a replicated 8-row tile per column
+  // tile, loaded once per core; anything else is materialised at the output's shape
+  // and streamed per (unit, column-tile group).
+  struct Operand {
+    bool full = false;
+    int64_t addr = 0;
+    DType dt = DType::kF32;
+    bool scalar = false;
+    int64_t vbase = 0;  // VMEM
+  };
+  std::vector<Operand> ops;
+  auto classify = [&](const std::string& name) {
+    const Placed& p = t_.at(name);
+    Operand o;
+    o.dt = p.type.dtype;
+    const Shape& s = p.type.shape;
+    bool vec = s.size() <= rank;
+    for (size_t d = 0; d + 1 < s.size() && vec; ++d) vec = s[d] == 1;
+    if (vec && (s.empty() || s.back() == 1 || s.back() == N)) {
+      o.addr = p.addr;
+      o.scalar = s.empty() || s.back() == 1;
+    } else {
+      o.full = true;
+      o.addr = broadcast_to(n, name, os);
+    }
+    ops.push_back(o);
+    return static_cast<int>(ops.size()) - 1;
+  };
+  const int bias_op = n.inputs.size() > 2 ? classify(n.inputs[2]) : -1;
+  struct Step {
+    const Node* m;
+    int operand;      // index into ops, -1 for a unary member
+    bool run_first;   // the running value is the member's first operand
+  };
+  std::vector<Step> steps;
+  {
+    std::string run = n.output;
+    for (const Node* m : chain) {
+      Step s{m, -1, true};
+      if (m->inputs.size() == 2) {
+        s.run_first = m->inputs[0] == run;
+        s.operand = classify(m->inputs[s.run_first ? 1 : 0]);
+      }
+      steps.push_back(s);
+      run = m->output;
+    }
+  }
 
   // Batch offsets with numpy broadcasting of the leading dims.
-  const int64_t batches = num_elements(os) / std::max<int64_t>(M * N, 1);
   auto batch_offset = [&](const Shape& s, int64_t b, int64_t e) {
     const size_t r = s.size();
     int64_t off = 0, stride = s[r - 1] * s[r - 2] * e;
@@ -122,113 +190,376 @@ void Emitter::lower_matmul(const Node& n) {
     return off;
   };
 
-  // VMEM plan (fixed regions; a node's tiles are dead when the next node starts).
-  // Rows per group: up to 512, fewer when that gives every core a group.
-  const int64_t kMg = std::max<int64_t>(8, std::min<int64_t>(512, align_up((M + cores_ - 1) / cores_, 8)));
-  const int64_t lane_f32 = 128 * 4;
-  // Two buffers, each the weights of one chunk per MXU (R rows x 128 lanes) and the
-  // LHS rows of that chunk (kMg rows x 128 lanes): chunk c+1 is fetched, on buffer
-  // (c+1)%2's flag, while chunk c computes.
-  const int64_t buf_bytes = mxus * R * lane_f32 + kMg * lane_f32;
-  auto w_buf = [&](int64_t c) { return (c % 2) * buf_bytes; };
-  auto lhs_buf = [&](int64_t c) { return (c % 2) * buf_bytes + mxus * R * lane_f32; };
-  const int64_t acc_base = 2 * buf_bytes;                   // mxus x kMg rows fp32
-  const int64_t bias_base = acc_base + mxus * kMg * lane_f32;
-  const int64_t out_base = bias_base + mxus * kMg * lane_f32;
-  const int64_t vmem_need = out_base + mxus * kMg * lane_f32;
-  if (static_cast<uint64_t>(vmem_need) > opt_.target.vmem_bytes)
-    fail(n, "needs " + std::to_string(vmem_need) + " bytes of VMEM, the target has " +
-                std::to_string(opt_.target.vmem_bytes));
-  const int64_t wrow = 128 * eb, lrow = 128 * ea, orow = 128 * eo, crow = 128 * ec;
+  // kw chunks x cw column tiles per pass: the split whose estimated issue + MXU time
+  // is least (one instruction per cycle; one 8-row mmul per MXU per 8 cycles).
+  int64_t kw = 1, cw = 1;
+  {
+    double best = 1e300;
+    for (int64_t k = 1; k <= std::min<int64_t>({4, chunks, mxus}); ++k)
+      for (int64_t c = 1; c <= std::min<int64_t>({4, ntiles, mxus / k}); ++c) {
+        const int64_t passes = (chunks + k - 1) / k, groups = (ntiles + c - 1) / c;
+        const double instr = static_cast<double>(k + 2 * k * c + c + (passes > 1 ? c : 0));
+        const double per_block = std::max(instr, 8.0 * std::max<int64_t>(1, k * c) / static_cast<double>(k * c));
+        const double push = 2.0 * k * c * static_cast<double>(R) / 8.0;
+        const double est = static_cast<double>(passes * groups) * (per_block * 64 + push);
+        if (est < best - 1e-9) best = est, kw = k, cw = c;
+      }
+  }
+  const int64_t wrow = 128 * eb, lrow = 128 * ea, orow = 128 * eo;
+  const int64_t wtile = R * wrow;  // one chunk of one column tile's weights
+  // HBM interleaves 4 KiB over all its channels (configs/hbm): DMA runs of at least
+  // that keep every channel busy, shorter strided runs hit a few channels only.
+  const int64_t kRunBytes = 4096;
+  // With full-width tiles, the output of a band of OB column groups goes out as one
+  // DMA with long runs; narrower MXUs store each tile on its own.
+  const bool wide_out = C == 128;
+  const int64_t OB = wide_out ? std::max<int64_t>(1, kRunBytes / (cw * C * eo)) : 1;
+  // LHS columns are fetched in bands of LB chunks (a multiple of kw).
+  const int64_t LB = std::max<int64_t>(kw, (kRunBytes / (R * ea) + kw - 1) / kw * kw);
+
+  // VMEM plan. Columns go in bands of BG column groups whose weights stay resident
+  // in VMEM (loaded by the first unit of the band on each core, reused by the
+  // rest); rows in units of Mg. One band if all of B fits; otherwise narrower bands
+  // (the LHS is then read once per band); streaming through a ring of weight tiles
+  // only if even one group's weights do not fit.
+  const int64_t per_core = align_up((M * batches + cores_ - 1) / cores_, 8);
+  int64_t Mg = std::max<int64_t>(8, std::min<int64_t>({2048, align_up(M, 8), per_core}));
+  const int64_t vmem_cap = static_cast<int64_t>(opt_.target.vmem_bytes);
+  // Row-major VMEM images (LHS rows of a unit, resident weights, output bands) have a
+  // row stride of an odd number of 8x128-tile rows, so the 8 rows of a strided vld or
+  // vst fall in different banks; DMAs fill them with long contiguous runs.
+  auto odd_stride = [](int64_t bytes, int64_t gran) {
+    int64_t s = align_up(bytes, gran);
+    if ((s / gran) % 2 == 0) s += gran;
+    return s;
+  };
+  const int64_t ngroups = (ntiles + cw - 1) / cw;
+  // A vld reads 128 lanes from a chunk's (column tile's) start: rows are that wide
+  // past the last one, so no read reaches into the next row (which a DMA may be filling).
+  const int64_t ls = odd_stride(((chunks - 1) * R + 128) * ea, lrow);
+  auto obs_of = [&](int64_t ob) { return wide_out ? odd_stride(ob * cw * C * eo, orow) : cw * orow; };
+  auto ws_of = [&](int64_t bg) { return odd_stride((std::min(bg * cw, ntiles) * C - C + 128) * eb, wrow); };
+  int64_t vec_bytes = 0, full_per_row = 0;
+  for (const Operand& o : ops) {
+    if (o.full) full_per_row += 2 * cw * 128 * esz(o.dt);
+    else vec_bytes += (o.scalar ? 1 : ntiles) * 8 * 128 * esz(o.dt);
+  }
+  auto need = [&](int64_t mg, bool res, int64_t bg) {
+    return (res ? chunks * R * ws_of(bg) + wrow : 3 * kw * cw * wtile) + mg * ls + cw * mg * 512 +
+           2 * mg * obs_of(std::min(OB, bg)) + vec_bytes + mg * full_per_row;
+  };
+  bool resident = true;
+  int64_t BG = ngroups;
+  const int64_t kMinRows = 256;  // below this the pushes and the pipeline's fill dominate
+  while (need(Mg, resident, BG) > vmem_cap) {
+    if (Mg > kMinRows) Mg = std::max<int64_t>(kMinRows, align_up(Mg / 2, 8));
+    else if (resident && BG > 1) BG = (BG + 1) / 2;
+    else if (Mg > 8) Mg = std::max<int64_t>(8, align_up(Mg / 2, 8));
+    else if (resident) resident = false, BG = 1, Mg = std::max<int64_t>(8, std::min<int64_t>(2048, per_core));
+    else break;
+  }
+  if (need(Mg, resident, BG) > vmem_cap)
+    fail(n, "needs " + std::to_string(need(Mg, resident, BG)) + " bytes of VMEM, the target has " +
+                std::to_string(vmem_cap));
+  const int64_t ws = ws_of(BG);
+  const int64_t wres_bytes = resident ? chunks * R * ws + wrow : 3 * kw * cw * wtile;
+  const int64_t lhs_base = wres_bytes;
+  const int64_t acc_base = lhs_base + Mg * ls;
+  const int64_t out_base = acc_base + cw * Mg * 512;
+  const int64_t OBb = std::min(OB, BG);
+  const int64_t obs = obs_of(OBb);  // output band buffer row stride
+  int64_t top = out_base + 2 * Mg * obs;
+  for (Operand& o : ops) {
+    o.vbase = top;
+    top += o.full ? 2 * cw * Mg * 128 * esz(o.dt) : (o.scalar ? 1 : ntiles) * 8 * 128 * esz(o.dt);
+  }
+
+  // Flags: f1 general, f4 output stores, f6/f7 full epilogue operands (by column-tile
+  // group parity), f10..f12 the pass ring's slots. Every wait covers every DMA issued
+  // on its flag so far (completion order is not issue order).
+  constexpr int kOutFlag = 4, kEpiFlag = 6, kSlotFlag = 10;
+  const int64_t fifo_vregs = std::max<int64_t>(2, opt_.target.fifo_rows / 8);
+  const int64_t D = std::max<int64_t>(1, std::min<int64_t>(18, fifo_vregs - 2));
+  const int64_t AS = 16 / cw;  // accumulator register sets (v8..v23)
+  const int64_t LS = 8 / kw;   // LHS register sets (v0..v7)
+  auto vr = [](int64_t r) { return "v" + std::to_string(r); };
+  auto mx = [](int64_t m) { return "mxu" + std::to_string(m); };
+
+  struct Pass {
+    int64_t t, p, c0, kk, n0, cwt;
+    bool first, last;
+  };
+  std::vector<std::vector<Pass>> band_passes((ngroups + BG - 1) / BG);
+  for (int64_t t = 0, n0 = 0; n0 < N; ++t, n0 += cw * C) {
+    const int64_t cwt = std::min(cw, (N - n0 + C - 1) / C);
+    const int64_t np = (chunks + kw - 1) / kw;
+    for (int64_t p = 0; p < np; ++p)
+      band_passes[static_cast<size_t>(t / BG)].push_back(
+          Pass{t, p, p * kw, std::min(kw, chunks - p * kw), n0, cwt, p == 0, p == np - 1});
+  }
+  auto ncols = [&](const Pass& ps, int64_t w) { return std::min(C, N - (ps.n0 + w * C)); };
+  auto kr_of = [&](int64_t c) { return std::min(R, K - c * R); };
 
   sync_all();
+  std::vector<std::map<int64_t, bool>> w_loaded(static_cast<size_t>(cores_));
+  std::vector<bool> vec_loaded(static_cast<size_t>(cores_), false);
   int64_t unit = 0;
+  for (size_t band = 0; band < band_passes.size(); ++band) {
+  const std::vector<Pass>& passes = band_passes[band];
+  const int64_t Q = static_cast<int64_t>(passes.size());
+  const int64_t t_first = passes.front().t, t_end = passes.back().t + 1;  // the band's column groups
+  const int64_t bn0 = passes.front().n0, bn1 = std::min(N, bn0 + BG * cw * C);
   for (int64_t b = 0; b < batches; ++b) {
     const int64_t a0 = A.addr + batch_offset(as, b, ea);
     const int64_t b0 = B.addr + batch_offset(bs, b, eb);
-    const int64_t o0 = t_.at(n.output).addr + b * M * N * eo;
-    const int64_t c0 = bias + b * M * N * ec;
-    for (int64_t m0 = 0; m0 < M; m0 += kMg) {
-      on_core(unit++);  // a row group writes its own rows of the output
-      const int64_t mr = std::min(kMg, M - m0);
+    const int64_t o0 = Out.addr + b * M * N * eo;
+    for (int64_t m0 = 0; m0 < M; m0 += Mg) {
+      on_core(unit++);
+      const int64_t mr = std::min(Mg, M - m0);
       const int64_t blocks = (mr + 7) / 8;
-      for (int64_t n0 = 0; n0 < N; n0 += C * mxus) {
-        const int64_t slots = std::min<int64_t>(mxus, (N - n0 + C - 1) / C);
-        auto ncols = [&](int64_t s) { return std::min(C, N - (n0 + s * C)); };
-        const int64_t chunks = (K + R - 1) / R;
-        auto fetch = [&](int64_t c) {
-          const int64_t k0 = c * R, kr = std::min(R, K - k0);
-          const int flag = 2 + static_cast<int>(c % 2);
-          for (int64_t s = 0; s < slots; ++s) {
-            const int64_t col = n0 + s * C;
+      const int64_t wkey = b * static_cast<int64_t>(band_passes.size()) + static_cast<int64_t>(band);
+      const bool load_w = !resident || !w_loaded[static_cast<size_t>(cur_)][wkey];
+      w_loaded[static_cast<size_t>(cur_)][wkey] = true;
+      // Weight tile (chunk c, column tile starting at col) in VMEM.
+      // Row r of the weight tile (pass q, column tile w, chunk c0 + k) in VMEM.
+      auto w_addr = [&](int64_t q, int64_t w, int64_t k, int64_t r) {
+        const Pass& ps = passes[static_cast<size_t>(q)];
+        if (resident) return ((ps.c0 + k) * R + r) * ws + (ps.n0 - bn0 + w * C) * eb;
+        return ((q % 3) * kw * cw + w * kw + k) * wtile + r * wrow;
+      };
+      auto fetch = [&](int64_t q) {
+        const Pass& ps = passes[static_cast<size_t>(q)];
+        const int flag = kSlotFlag + static_cast<int>(q % 3);
+        bool any = false;
+        const int64_t k0 = ps.c0 * R, kcols = std::min(K, (ps.c0 + ps.kk) * R) - k0;
+        if (load_w && resident) {
+          // The pass's rows of B for a band of column groups at least kRunBytes wide
+          // (long DMA runs keep HBM efficient), loaded by the band's first group, so
+          // loading spreads over the first unit instead of crowding its first group.
+          const int64_t wb = std::max<int64_t>(1, kRunBytes / (cw * C * eb));
+          if ((ps.t - t_first) % wb == 0) {
+            const int64_t gcols = std::min(wb * cw * C, bn1 - ps.n0);
             if (!tb)
-              dma_on(flag, vmem(w_buf(c) + s * R * wrow), hbm(b0 + (k0 * N + col) * eb), ncols(s) * eb,
-                     dim(kr, N * eb, wrow));
+              dma_on(flag, vmem(k0 * ws + (ps.n0 - bn0) * eb), hbm(b0 + (k0 * N + ps.n0) * eb), gcols * eb,
+                     dim(kcols, N * eb, ws));
             else
-              dma_on(flag, vmem(w_buf(c) + s * R * wrow), hbm(b0 + (col * K + k0) * eb), eb,
-                     dim(ncols(s), K * eb, eb) + dim(kr, eb, wrow));
+              dma_on(flag, vmem(k0 * ws + (ps.n0 - bn0) * eb), hbm(b0 + (ps.n0 * K + k0) * eb), eb,
+                     dim(gcols, K * eb, eb) + dim(kcols, eb, ws));
+            any = true;
           }
+        } else if (load_w) {
+          for (int64_t w = 0; w < ps.cwt; ++w)
+            for (int64_t k = 0; k < ps.kk; ++k) {
+              const int64_t c = ps.c0 + k, kc = c * R, kr = kr_of(c), col = ps.n0 + w * C;
+              if (!tb)
+                dma_on(flag, vmem(w_addr(q, w, k, 0)), hbm(b0 + (kc * N + col) * eb), ncols(ps, w) * eb,
+                       dim(kr, N * eb, wrow));
+              else
+                dma_on(flag, vmem(w_addr(q, w, k, 0)), hbm(b0 + (col * K + kc) * eb), eb,
+                       dim(ncols(ps, w), K * eb, eb) + dim(kr, eb, wrow));
+              any = true;
+            }
+        }
+        if (ps.t == t_first && ps.c0 % LB == 0) {  // the unit's LHS rows, a band of LB chunks' columns
+          const int64_t lcols = std::min(K, (ps.c0 + LB) * R) - k0;
           if (!ta)
-            dma_on(flag, vmem(lhs_buf(c)), hbm(a0 + (m0 * K + k0) * ea), kr * ea, dim(mr, K * ea, lrow));
+            dma_on(flag, vmem(lhs_base + k0 * ea), hbm(a0 + (m0 * K + k0) * ea), lcols * ea, dim(mr, K * ea, ls));
           else
-            dma_on(flag, vmem(lhs_buf(c)), hbm(a0 + (k0 * M + m0) * ea), ea, dim(kr, M * ea, ea) + dim(mr, ea, lrow));
-        };
-        fetch(0);
-        for (int64_t c = 0; c < chunks; ++c) {
-          const int64_t kr = std::min(R, K - c * R);
-          if (c + 1 < chunks) fetch(c + 1);
-          wait_flag(2 + static_cast<int>(c % 2));
-          const int64_t w_base = w_buf(c), lhs_base = lhs_buf(c);
-          for (int64_t s = 0; s < slots; ++s) {
-            for (int64_t r = 0; r < kr; r += 8) {
-              line(std::string(ld(bt)) + " v0, " + at(w_base + s * R * wrow + r * wrow));
-              line("mpush mxu" + std::to_string(s) + ", v0");
-            }
-            line("mswap mxu" + std::to_string(s) + ", k=" + std::to_string(kr));
+            dma_on(flag, vmem(lhs_base + k0 * ea), hbm(a0 + (k0 * M + m0) * ea), ea,
+                   dim(lcols, M * ea, ea) + dim(mr, ea, ls));
+          any = true;
+        }
+        return any;
+      };
+      std::vector<bool> fetched(static_cast<size_t>(Q), false);
+      auto wait_pass = [&](int64_t q) {
+        if (q < Q && fetched[static_cast<size_t>(q)]) wait_flag(kSlotFlag + static_cast<int>(q % 3));
+      };
+      auto epi_fetch = [&](int64_t t) {  // full operands of column-tile group t
+        const Pass* ps = nullptr;
+        for (const Pass& x : passes)
+          if (x.t == t) { ps = &x; break; }
+        for (const Operand& o : ops) {
+          if (!o.full) continue;
+          const int64_t e = esz(o.dt), crow = 128 * e;
+          for (int64_t w = 0; w < ps->cwt; ++w)
+            dma_on(kEpiFlag + static_cast<int>(t % 2), vmem(o.vbase + ((t % 2) * cw + w) * Mg * crow),
+                   hbm(o.addr + b * M * N * e + (m0 * N + ps->n0 + w * C) * e), ncols(*ps, w) * e,
+                   dim(mr, N * e, crow));
+        }
+      };
+      const bool any_full = full_per_row > 0;
+
+      // Prologue: replicated operand tiles, passes 0 and 1, pass 0's weights.
+      if (!vec_loaded[static_cast<size_t>(cur_)] && vec_bytes > 0) {
+        for (const Operand& o : ops) {
+          if (o.full) continue;
+          const int64_t e = esz(o.dt), crow = 128 * e;
+          if (o.scalar) {
+            dma(vmem(o.vbase), hbm(o.addr), e, dim(128, 0, e) + dim(8, 0, crow));
+          } else {
+            for (int64_t tl = 0; tl < ntiles; ++tl)
+              dma(vmem(o.vbase + tl * 8 * crow), hbm(o.addr + tl * C * e), std::min(C, N - tl * C) * e,
+                  dim(8, 0, crow));
           }
-          for (int64_t i = 0; i < blocks; ++i) {
-            line(std::string(ld(at_)) + " v1, " + at(lhs_base + i * 8 * lrow));
-            for (int64_t s = 0; s < slots; ++s) line("mmul mxu" + std::to_string(s) + ", v1");
-            for (int64_t s = 0; s < slots; ++s) {
-              const int64_t acc = acc_base + (s * kMg + i * 8) * lane_f32;
-              if (c == 0) {
-                line("mpop v2, mxu" + std::to_string(s));
-              } else {
-                line("vld v2, " + at(acc));
-                line("mpop.add v2, mxu" + std::to_string(s));
+        }
+        wait_dmas();
+      }
+      vec_loaded[static_cast<size_t>(cur_)] = true;
+      if (any_full) {
+        epi_fetch(t_first);
+        if (t_first + 1 < t_end) epi_fetch(t_first + 1);
+      }
+      for (int64_t q = 0; q < std::min<int64_t>(2, Q); ++q) fetched[static_cast<size_t>(q)] = fetch(q);
+      wait_pass(0);
+      int64_t wreg = 0;
+      auto push_list = [&](int64_t q) {
+        std::vector<std::pair<int64_t, int64_t>> l;  // (mxu, VMEM address of 8 weight rows)
+        if (q >= Q) return l;
+        const Pass& ps = passes[static_cast<size_t>(q)];
+        for (int64_t r = 0; r < R; r += 8)
+          for (int64_t w = 0; w < ps.cwt; ++w)
+            for (int64_t k = 0; k < ps.kk; ++k)
+              if (r < kr_of(ps.c0 + k)) l.push_back({w * kw + k, w_addr(q, w, k, r)});
+        return l;
+      };
+      auto emit_push = [&](const std::pair<int64_t, int64_t>& pw) {
+        const int64_t v = 24 + (wreg++ % 4);
+        line(std::string(ld(bt)) + " " + vr(v) + ", " + at(pw.second) + ", stride=" + std::to_string(resident ? ws : wrow));
+        line("mpush " + mx(pw.first) + ", " + vr(v));
+      };
+      auto emit_swaps = [&](int64_t q) {
+        const Pass& ps = passes[static_cast<size_t>(q)];
+        for (int64_t w = 0; w < ps.cwt; ++w)
+          for (int64_t k = 0; k < ps.kk; ++k)
+            line("mswap " + mx(w * kw + k) + ", k=" + std::to_string(kr_of(ps.c0 + k)));
+      };
+      for (const auto& pw : push_list(0)) emit_push(pw);
+      emit_swaps(0);
+
+      // Store lag: a block's partial sum passes through kk pops of 8 cycles each after its
+      // load; storing E steps later keeps the in-order vector unit from waiting on it.
+      // E < blocks keeps a store ahead of the next pass's load of the same rows.
+      const int64_t E = std::max<int64_t>(0, std::min<int64_t>({kw + 1, AS - 2, blocks - 1}));
+      const int64_t items = Q * blocks;
+      std::vector<std::pair<int64_t, int64_t>> pending;  // pushes of the next pass
+      size_t next_push = 0;
+      int64_t per_item = 0;
+      std::vector<bool> epi_waited(static_cast<size_t>(t_end), false);
+      int64_t out_dmas_issued = 0;
+      for (int64_t s = 0; s < items + D + E; ++s) {
+        // mmuls of item s
+        if (s < items) {
+          const int64_t q = s / blocks, i = s % blocks;
+          const Pass& ps = passes[static_cast<size_t>(q)];
+          if (i == 0) {
+            if (q + 1 < Q) wait_pass(q + 1);
+            if (q + 2 < Q) fetched[static_cast<size_t>(q + 2)] = fetch(q + 2);
+            pending = push_list(q + 1);
+            next_push = 0;
+            per_item = (static_cast<int64_t>(pending.size()) + blocks - 1) / blocks;
+          }
+          const int64_t lset = (s % LS) * kw;
+          for (int64_t k = 0; k < ps.kk; ++k)
+            line(std::string(ld(at_)) + " " + vr(lset + k) + ", " + at(lhs_base + i * 8 * ls + (ps.c0 + k) * R * ea) +
+                 ", stride=" + std::to_string(ls));
+          for (int64_t w = 0; w < ps.cwt; ++w)
+            for (int64_t k = 0; k < ps.kk; ++k) line("mmul " + mx(w * kw + k) + ", " + vr(lset + k));
+          for (int64_t x = 0; x < per_item && next_push < pending.size(); ++x) emit_push(pending[next_push++]);
+          if (i == blocks - 1 && q + 1 < Q) {
+            while (next_push < pending.size()) emit_push(pending[next_push++]);
+            emit_swaps(q + 1);
+          }
+        }
+        // pops of item s - D
+        const int64_t j = s - D;
+        if (j >= 0 && j < items) {
+          const int64_t q = j / blocks, i = j % blocks;
+          const Pass& ps = passes[static_cast<size_t>(q)];
+          for (int64_t w = 0; w < ps.cwt; ++w) {
+            const int64_t a = 8 + (j % AS) * cw + w;
+            if (!ps.first) line("vld " + vr(a) + ", " + at(acc_base + (w * Mg + i * 8) * 512));
+            for (int64_t k = 0; k < ps.kk; ++k)
+              line(std::string(k == 0 && ps.first ? "mpop " : "mpop.add ") + vr(a) + ", " + mx(w * kw + k));
+          }
+        }
+        // partial-sum store or epilogue of item s - D - E
+        const int64_t j2 = s - D - E;
+        if (j2 >= 0 && j2 < items) {
+          const int64_t q = j2 / blocks, i = j2 % blocks;
+          const Pass& ps = passes[static_cast<size_t>(q)];
+          if (ps.last && any_full && !epi_waited[static_cast<size_t>(ps.t)]) {
+            wait_flag(kEpiFlag + static_cast<int>(ps.t % 2));
+            epi_waited[static_cast<size_t>(ps.t)] = true;
+          }
+          for (int64_t w = 0; w < ps.cwt; ++w) {
+            const int64_t a = 8 + (j2 % AS) * cw + w;
+            const std::string va = vr(a);
+            if (!ps.last) {
+              line("vst " + va + ", " + at(acc_base + (w * Mg + i * 8) * 512));
+              continue;
+            }
+            auto load_operand = [&](int idx, const std::string& into) {
+              const Operand& o = ops[static_cast<size_t>(idx)];
+              const int64_t e = esz(o.dt), crow = 128 * e;
+              int64_t addr;
+              if (o.full) addr = o.vbase + (((ps.t % 2) * cw + w) * Mg + i * 8) * crow;
+              else addr = o.vbase + (o.scalar ? 0 : ((ps.n0 / C) + w) * 8 * crow);
+              line(std::string(ld(o.dt)) + " " + into + ", " + at(addr));
+            };
+            if (alpha != 1.0f) {
+              line("vbcast v31, " + fimm(alpha));
+              line("vmul " + va + ", v31, " + va);
+            }
+            if (bias_op >= 0) {
+              load_operand(bias_op, "v30");
+              if (beta != 1.0f) {
+                line("vbcast v31, " + fimm(beta));
+                line("vmul v30, v31, v30");
               }
-              line("vst v2, " + at(acc));
+              line("vadd " + va + ", " + va + ", v30");
             }
-          }
-        }
-        // Epilogue: (alpha * acc) + (beta * C), then the store rounding.
-        if (bias >= 0) {
-          for (int64_t s = 0; s < slots; ++s)
-            dma(vmem(bias_base + s * kMg * crow), hbm(c0 + (m0 * N + n0 + s * C) * ec), ncols(s) * ec,
-                dim(mr, N * ec, crow));
-          wait_dmas();
-        }
-        if (alpha != 1.0f) line("vbcast v5, " + fimm(alpha));
-        if (beta != 1.0f) line("vbcast v6, " + fimm(beta));
-        for (int64_t s = 0; s < slots; ++s) {
-          for (int64_t i = 0; i < blocks; ++i) {
-            line("vld v2, " + at(acc_base + (s * kMg + i * 8) * lane_f32));
-            if (alpha != 1.0f) line("vmul v2, v5, v2");
-            if (bias >= 0) {
-              line(std::string(ld(ct)) + " v3, " + at(bias_base + s * kMg * crow + i * 8 * crow));
-              if (beta != 1.0f) line("vmul v3, v6, v3");
-              line("vadd v2, v2, v3");
+            DType cur_t = n.type.dtype;
+            for (const Step& st_ : steps) {
+              if (cur_t == DType::kBf16) line("vcvt.bf16 " + va + ", " + va);
+              if (st_.operand >= 0) load_operand(st_.operand, "v30");
+              emit_op(*st_.m, static_cast<int>(a), st_.run_first ? static_cast<int>(a) : 30,
+                      st_.run_first ? 30 : static_cast<int>(a), 28, 29);
+              cur_t = st_.m->type.dtype;
             }
-            line(std::string(st(ot)) + " v2, " + at(out_base + s * kMg * orow + i * 8 * orow));
+            if (wide_out)
+              line(std::string(st(ot)) + " " + va + ", " +
+                   at(out_base + (((ps.t - t_first) / OBb) % 2) * Mg * obs + i * 8 * obs +
+                      (((ps.t - t_first) % OBb) * cw + w) * orow) +
+                   ", stride=" + std::to_string(obs));
+            else
+              line(std::string(st(ot)) + " " + va + ", " + at(out_base + ((ps.t % 2) * cw + w) * Mg * orow + i * 8 * orow));
           }
-          dma(hbm(o0 + (m0 * N + n0 + s * C) * eo), vmem(out_base + s * kMg * orow), ncols(s) * eo,
-              dim(mr, orow, N * eo));
-          // The race checker sees a strided DMA's bounding range, and neighbouring
-          // column tiles interleave, so each store completes before the next starts.
-          wait_dmas();
+          if (ps.last && i == blocks - 1) {
+            // The group's rows go out; the race checker sees a strided DMA's bounding
+            // range, and neighbouring groups interleave, so the previous one is waited on.
+            if (wide_out) {
+              const int64_t sub = (ps.t - t_first) / OBb;  // output sub-band of the column band
+              if ((ps.t - t_first) % OBb == OBb - 1 || ps.t == t_end - 1) {
+                const int64_t sn0 = bn0 + sub * OBb * cw * C;
+                if (out_dmas_issued++) wait_flag(kOutFlag);
+                dma_on(kOutFlag, hbm(o0 + (m0 * N + sn0) * eo), vmem(out_base + (sub % 2) * Mg * obs),
+                       std::min(OBb * cw * C, bn1 - sn0) * eo, dim(mr, obs, N * eo));
+              }
+            } else {
+              for (int64_t w = 0; w < ps.cwt; ++w) {
+                if (out_dmas_issued++) wait_flag(kOutFlag);
+                dma_on(kOutFlag, hbm(o0 + (m0 * N + ps.n0 + w * C) * eo),
+                       vmem(out_base + ((ps.t % 2) * cw + w) * Mg * orow), ncols(ps, w) * eo, dim(mr, orow, N * eo));
+              }
+            }
+            if (any_full && ps.t + 2 < t_end) epi_fetch(ps.t + 2);
+          }
         }
       }
+      wait_flag(kOutFlag);
     }
+  }
   }
 }
 

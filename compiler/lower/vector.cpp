@@ -7,72 +7,144 @@
 
 namespace tpusim::compiler::lowering {
 
-// Elementwise ops: 8x128 tiles streamed HBM -> VMEM -> vector unit -> HBM. A ragged
-// last tile moves only its bytes; the lanes past it compute on stale VMEM and are
-// never stored back.
+// The recipe's instructions of elementwise op `n` on registers: vd = op(va[, vb]).
+// vd is written last, so it may equal va or vb; t0 and t1 are scratch.
+void Emitter::emit_op(const Node& n, int vd, int va, int vb, int t0, int t1) {
+  const std::string d = "v" + std::to_string(vd), a = "v" + std::to_string(va), b = "v" + std::to_string(vb);
+  const std::string x = "v" + std::to_string(t0), y = "v" + std::to_string(t1);
+  switch (n.op) {
+    case OpKind::kAdd: line("vadd " + d + ", " + a + ", " + b); break;
+    case OpKind::kSub: line("vsub " + d + ", " + a + ", " + b); break;
+    case OpKind::kMul: line("vmul " + d + ", " + a + ", " + b); break;
+    case OpKind::kDiv: line("vdiv " + d + ", " + a + ", " + b); break;
+    case OpKind::kRelu: line("vbcast " + x + ", 0.0"); line("vmax " + d + ", " + a + ", " + x); break;
+    case OpKind::kTanh: line("vtanh " + d + ", " + a); break;
+    case OpKind::kExp: line("vexp " + d + ", " + a); break;
+    case OpKind::kLog: line("vlog " + d + ", " + a); break;
+    case OpKind::kSqrt: line("vsqrt " + d + ", " + a); break;
+    case OpKind::kRsqrt: line("vrsqrt " + d + ", " + a); break;
+    case OpKind::kErf: line("verf " + d + ", " + a); break;
+    case OpKind::kNeg: line("vneg " + d + ", " + a); break;
+    case OpKind::kIdentity:
+    case OpKind::kCast:
+      if (vd != va) line("vmov " + d + ", " + a);
+      break;
+    case OpKind::kSigmoid:  // div(1, add(1, exp(neg(x))))
+      line("vneg " + x + ", " + a); line("vexp " + x + ", " + x); line("vbcast " + y + ", 1.0");
+      line("vadd " + x + ", " + y + ", " + x); line("vdiv " + d + ", " + y + ", " + x);
+      break;
+    case OpKind::kGelu:  // t = x / fp32(sqrt 2); v = x * (erf(t) + 1); y = v * 0.5
+      line("vbcast " + x + ", " + fimm(1.41421354f)); line("vdiv " + x + ", " + a + ", " + x); line("verf " + x + ", " + x);
+      line("vbcast " + y + ", 1.0"); line("vadd " + x + ", " + x + ", " + y); line("vmul " + x + ", " + a + ", " + x);
+      line("vbcast " + y + ", 0.5"); line("vmul " + d + ", " + x + ", " + y);
+      break;
+    case OpKind::kClip:
+      line("vbcast " + x + ", " + fimm(n.attr_float("min"))); line("vbcast " + y + ", " + fimm(n.attr_float("max")));
+      line("vmax " + x + ", " + a + ", " + x); line("vmin " + d + ", " + x + ", " + y);
+      break;
+    case OpKind::kPow: {
+      const float p = n.attr_float("exponent");
+      if (p == 0.5f) line("vsqrt " + d + ", " + a);
+      else if (p == 1.0f) { if (vd != va) line("vmov " + d + ", " + a); }
+      else if (p == 2.0f) line("vmul " + d + ", " + a + ", " + a);
+      else if (p == 3.0f) { line("vmul " + x + ", " + a + ", " + a); line("vmul " + d + ", " + x + ", " + a); }
+      else fail(n, "exponent " + std::to_string(p) + " is not lowered");
+      break;
+    }
+    default: fail(n, "op is not supported by the lowering yet");
+  }
+}
+
+// Elementwise ops and their fused chains: blocks of up to 64 8x128-element tiles
+// stream HBM -> VMEM -> vector unit -> HBM, one DMA per operand and block, the next
+// block's operands fetched while this one computes (two buffers, a flag each), the
+// chain's members applied in registers, only the chain's end stored. A ragged last
+// tile moves only its bytes; the lanes past it compute on stale VMEM and are never
+// stored back. Blocks go round robin over the cores.
 void Emitter::lower_elementwise(const Node& n) {
+  const std::vector<const Node*>& chain = chain_of(n);
+  const Node& last = chain.empty() ? n : *chain.back();
   const Shape& os = n.type.shape;
   const int64_t total = num_elements(os);
   std::vector<int64_t> src;
   std::vector<DType> sdt;
-  const size_t nin = (n.op == OpKind::kAdd || n.op == OpKind::kSub || n.op == OpKind::kMul || n.op == OpKind::kDiv) ? 2 : 1;
+  const size_t nin = n.inputs.size() == 2 ? 2 : 1;
   for (size_t i = 0; i < nin; ++i) {
     src.push_back(broadcast_to(n, n.inputs[i], os));
     sdt.push_back(t_.at(n.inputs[i]).type.dtype);
   }
-  const int64_t dst = t_.at(n.output).addr;
-  const DType odt = n.type.dtype;
-  constexpr int64_t kIn0 = 0, kIn1 = 8192, kOut = 16384;
-  sync_all();
-  for (int64_t base = 0; base < total; base += kTileElems) {
-    on_core(base / kTileElems);
-    const int64_t cnt = std::min(kTileElems, total - base);
-    for (size_t i = 0; i < nin; ++i) dma(vmem(i ? kIn1 : kIn0), hbm(src[i] + base * esz(sdt[i])), cnt * esz(sdt[i]));
-    wait_dmas();
-    for (size_t i = 0; i < nin; ++i) line(std::string(ld(sdt[i])) + " v" + std::to_string(i) + ", " + at(i ? kIn1 : kIn0));
-    switch (n.op) {
-      case OpKind::kAdd: line("vadd v2, v0, v1"); break;
-      case OpKind::kSub: line("vsub v2, v0, v1"); break;
-      case OpKind::kMul: line("vmul v2, v0, v1"); break;
-      case OpKind::kDiv: line("vdiv v2, v0, v1"); break;
-      case OpKind::kRelu: line("vbcast v3, 0.0"); line("vmax v2, v0, v3"); break;
-      case OpKind::kTanh: line("vtanh v2, v0"); break;
-      case OpKind::kExp: line("vexp v2, v0"); break;
-      case OpKind::kLog: line("vlog v2, v0"); break;
-      case OpKind::kSqrt: line("vsqrt v2, v0"); break;
-      case OpKind::kRsqrt: line("vrsqrt v2, v0"); break;
-      case OpKind::kErf: line("verf v2, v0"); break;
-      case OpKind::kNeg: line("vneg v2, v0"); break;
-      case OpKind::kIdentity:
-      case OpKind::kCast: line("vmov v2, v0"); break;
-      case OpKind::kSigmoid:  // div(1, add(1, exp(neg(x))))
-        line("vneg v3, v0"); line("vexp v3, v3"); line("vbcast v4, 1.0"); line("vadd v3, v4, v3");
-        line("vdiv v2, v4, v3");
-        break;
-      case OpKind::kGelu:  // t = x / fp32(sqrt 2); v = x * (erf(t) + 1); y = v * 0.5
-        line("vbcast v3, " + fimm(1.41421354f)); line("vdiv v3, v0, v3"); line("verf v3, v3");
-        line("vbcast v4, 1.0"); line("vadd v3, v3, v4"); line("vmul v3, v0, v3"); line("vbcast v4, 0.5");
-        line("vmul v2, v3, v4");
-        break;
-      case OpKind::kClip:
-        line("vbcast v3, " + fimm(n.attr_float("min"))); line("vbcast v4, " + fimm(n.attr_float("max")));
-        line("vmax v3, v0, v3"); line("vmin v2, v3, v4");
-        break;
-      case OpKind::kPow: {
-        const float p = n.attr_float("exponent");
-        if (p == 0.5f) line("vsqrt v2, v0");
-        else if (p == 1.0f) line("vmov v2, v0");
-        else if (p == 2.0f) line("vmul v2, v0, v0");
-        else if (p == 3.0f) { line("vmul v3, v0, v0"); line("vmul v2, v3, v0"); }
-        else fail(n, "exponent " + std::to_string(p) + " is not lowered");
-        break;
-      }
-      default: fail(n, "op is not supported by the lowering yet");
+  struct Member {
+    const Node* m;
+    int operand;  // index into src, -1 for unary
+    bool run_first;
+  };
+  std::vector<Member> members;
+  std::string run = n.output;
+  for (const Node* m : chain) {
+    Member mb{m, -1, true};
+    if (m->inputs.size() == 2) {
+      mb.run_first = m->inputs[0] == run;
+      const std::string& other = m->inputs[mb.run_first ? 1 : 0];
+      src.push_back(broadcast_to(*m, other, os));
+      sdt.push_back(t_.at(other).type.dtype);
+      mb.operand = static_cast<int>(src.size()) - 1;
     }
-    line(std::string(st(odt)) + " v2, " + at(kOut));
-    dma(hbm(dst + base * esz(odt)), vmem(kOut), cnt * esz(odt));
-    wait_dmas();
+    members.push_back(mb);
+    run = m->output;
   }
+  const int64_t dst = t_.at(last.output).addr;
+  const DType odt = last.type.dtype;
+  const int64_t tiles = (total + kTileElems - 1) / kTileElems;
+  const int64_t T = std::min<int64_t>(64, tiles);
+  const int64_t buf = T * kTileElems * 4;  // one operand's block (f32 at most)
+  const int64_t nsrc = static_cast<int64_t>(src.size());
+  auto in_buf = [&](int64_t par, int64_t s) { return (par * (nsrc + 1) + s) * buf; };
+  auto out_buf = [&](int64_t par) { return (par * (nsrc + 1) + nsrc) * buf; };
+  if (static_cast<uint64_t>(2 * (nsrc + 1) * buf) > opt_.target.vmem_bytes) fail(n, "operands too large for VMEM");
+  constexpr int kInFlag = 14, kOutFlag = 16;  // f20..f62 belong to collectives and replication
+  const int64_t nblocks = (tiles + T - 1) / T;
+  sync_all();
+  for (int core = 0; core < cores_; ++core) {
+    cur_ = core;
+    std::vector<int64_t> mine;
+    for (int64_t blk = core; blk < nblocks; blk += cores_) mine.push_back(blk);
+    auto fetch = [&](size_t k) {
+      const int64_t base = mine[k] * T * kTileElems, cnt = std::min(T * kTileElems, total - base);
+      for (int64_t s = 0; s < nsrc; ++s)
+        dma_on(kInFlag + static_cast<int>(k % 2), vmem(in_buf(static_cast<int64_t>(k % 2), s)),
+               hbm(src[static_cast<size_t>(s)] + base * esz(sdt[static_cast<size_t>(s)])),
+               cnt * esz(sdt[static_cast<size_t>(s)]), "");
+    };
+    if (!mine.empty()) fetch(0);
+    for (size_t k = 0; k < mine.size(); ++k) {
+      const int64_t par = static_cast<int64_t>(k % 2);
+      if (k + 1 < mine.size()) fetch(k + 1);
+      wait_flag(kInFlag + static_cast<int>(par));
+      if (k >= 2) wait_flag(kOutFlag + static_cast<int>(par));  // the block that used this out buffer
+      const int64_t base = mine[k] * T * kTileElems, cnt = std::min(T * kTileElems, total - base);
+      const int64_t nt = (cnt + kTileElems - 1) / kTileElems;
+      for (int64_t t = 0; t < nt; ++t) {
+        for (size_t i = 0; i < nin; ++i)
+          line(std::string(ld(sdt[i])) + " v" + std::to_string(i) + ", " +
+               at(in_buf(par, static_cast<int64_t>(i)) + t * kTileElems * esz(sdt[i])));
+        emit_op(n, 2, 0, nin == 2 ? 1 : 0, 3, 4);
+        DType cur_t = n.type.dtype;
+        for (const Member& mb : members) {
+          if (cur_t == DType::kBf16) line("vcvt.bf16 v2, v2");
+          if (mb.operand >= 0)
+            line(std::string(ld(sdt[static_cast<size_t>(mb.operand)])) + " v5, " +
+                 at(in_buf(par, mb.operand) + t * kTileElems * esz(sdt[static_cast<size_t>(mb.operand)])));
+          emit_op(*mb.m, 2, mb.run_first ? 2 : 5, mb.run_first ? 5 : 2, 3, 4);
+          cur_t = mb.m->type.dtype;
+        }
+        line(std::string(st(odt)) + " v2, " + at(out_buf(par) + t * kTileElems * esz(odt)));
+      }
+      dma_on(kOutFlag + static_cast<int>(par), hbm(dst + base * esz(odt)), vmem(out_buf(par)), cnt * esz(odt), "");
+    }
+    wait_flag(kOutFlag);
+    wait_flag(kOutFlag + 1);
+  }
+  cur_ = 0;
 }
 
 // Ops over rows of n contiguous elements (softmax and layernorm over the last axis,

@@ -232,18 +232,38 @@ void fuse_layernorm(Graph& g) {
 
 void fuse_elementwise(Graph& g) {
   const auto uses = use_counts(g);
-  std::map<std::string, Node*> producer;
-  for (Node& n : g.nodes) producer[n.output] = &n;
-  for (Node& n : g.nodes) {
-    if (!is_elementwise(n.op) || n.fusion_group >= 0) continue;
+  std::map<std::string, size_t> at;  // tensor -> index of the node defining it
+  for (size_t k = 0; k < g.nodes.size(); ++k) at[g.nodes[k].output] = k;
+  std::map<int, size_t> index_of;
+  for (size_t k = 0; k < g.nodes.size(); ++k) index_of[g.nodes[k].id] = k;
+  std::map<int, std::string> chain_end;  // root id -> the tensor its kernel holds in registers
+  const auto types = g.types();
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    Node& n = g.nodes[k];
+    if (!is_elementwise(n.op) || n.fusion_group >= 0 || n.type.dtype == DType::kI64) continue;
     for (const std::string& in : n.inputs) {
-      auto it = producer.find(in);
-      if (it == producer.end() || uses.at(in) != 1) continue;
-      const Node& p = *it->second;
-      // A tile of the producer's result feeds this op: same element count, so the
-      // op runs on the producer's output tiles (no broadcast of the fused operand).
-      if (num_elements(p.type.shape) != num_elements(n.type.shape)) continue;
-      n.fusion_group = p.fusion_group >= 0 ? p.fusion_group : p.id;
+      auto it = at.find(in);
+      if (it == at.end() || uses.at(in) != 1) continue;
+      const Node& p = g.nodes[it->second];
+      const int root_id = p.fusion_group >= 0 ? p.fusion_group : p.id;
+      const Node& root = g.nodes[index_of.at(root_id)];
+      // The kernels that can apply an op to their output tiles: matmul and conv2d
+      // epilogues, and elementwise chains; the op continues the chain's end.
+      if (root.op != OpKind::kMatmul && root.op != OpKind::kConv2d && !is_elementwise(root.op)) continue;
+      if (chain_end.count(root_id) ? chain_end[root_id] != in : root_id != p.id) continue;
+      // Same tiles as the root's result.
+      if (n.type.shape != root.type.shape) continue;
+      if (n.inputs.size() == 2) {
+        if (n.inputs[0] == n.inputs[1]) continue;
+        const std::string& other = n.inputs[0] == in ? n.inputs[1] : n.inputs[0];
+        // The other operand must exist when the root's kernel runs; a conv's tiles
+        // are NHWC while tensors are NCHW, so it takes only a single element there.
+        auto ot = at.find(other);
+        if (ot != at.end() && ot->second >= index_of.at(root_id)) continue;
+        if (root.op == OpKind::kConv2d && num_elements(types.at(other).shape) != 1) continue;
+      }
+      n.fusion_group = root_id;
+      chain_end[root_id] = n.output;
       break;
     }
   }

@@ -51,9 +51,12 @@ void fuse_layernorm(Graph& g);
 // torch's exact-erf GELU: mul(mul(x, add(erf(div(x, sqrt2)), 1)), 0.5) -> gelu(x).
 void fuse_gelu(Graph& g);
 
-// Marks fusion groups: an elementwise op whose operand is the only use of another
-// node's result joins that node's group (fusion_group = the root's id), so the
-// later lowering applies it to the producer's output tile before storing it.
+// Marks fusion groups: an elementwise op whose operand is the only use (not a graph
+// output) of the current end of a chain rooted at a matmul, conv2d or elementwise
+// node joins that root's group (fusion_group = the root's id), so the lowering
+// applies it to the root's output tiles in registers and only the chain's end is
+// stored. Conditions: the root's output shape; a second operand that exists before
+// the root runs (for conv2d, whose tiles are NHWC, a single element).
 void fuse_elementwise(Graph& g);
 
 // Removes identity nodes (exporters emit them for shared initializers) whose

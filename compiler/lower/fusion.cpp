@@ -1,0 +1,83 @@
+// Fusion groups as the lowering applies them: a root (matmul, conv2d or an
+// elementwise op) and the chain of members the fuse-elementwise pass put in its
+// group, each consuming the previous one's result. The root's kernel runs the
+// members' recipes on its output tiles in registers and stores only the chain's
+// end, so the intermediate results never go through HBM (docs/codegen.md).
+#include "compiler/lower/emitter.h"
+
+#include <set>
+
+namespace tpusim::compiler::lowering {
+
+namespace {
+
+bool unary(const Node& m) { return m.inputs.size() == 1; }
+
+}  // namespace
+
+// Re-checks every mark (the graph may come from IR text with hand-written groups):
+// a member joins only if it consumes the current end of the chain, that end has no
+// other use and is no graph output, the member's shape is the root's (matmul,
+// elementwise) or its other operand is a single element (conv2d, whose tiles are
+// NHWC while the tensors are NCHW), and that operand exists before the root runs.
+// The first member that fails ends the chain; it and later ones run on their own.
+void Emitter::plan_fusion() {
+  chains_.clear();
+  fused_.clear();
+  if (!opt_.fuse) return;
+  std::map<std::string, int> uses;
+  for (const Node& n : g_.nodes)
+    for (const std::string& s : n.inputs) ++uses[s];
+  for (const std::string& o : g_.outputs) uses[o] += 2;
+  std::map<std::string, size_t> defined_at;  // tensor -> index of its node (inputs/consts: none)
+  for (size_t k = 0; k < g_.nodes.size(); ++k) defined_at[g_.nodes[k].output] = k;
+  std::map<int, size_t> index_of;
+  for (size_t k = 0; k < g_.nodes.size(); ++k) index_of[g_.nodes[k].id] = k;
+  std::set<int> cut;  // roots whose chain has ended
+  std::map<int, std::string> end;
+  for (size_t k = 0; k < g_.nodes.size(); ++k) {
+    const Node& m = g_.nodes[k];
+    if (m.fusion_group < 0 || !index_of.count(m.fusion_group) || cut.count(m.fusion_group)) continue;
+    const size_t ri = index_of.at(m.fusion_group);
+    const Node& root = g_.nodes[ri];
+    const bool root_ok = root.op == OpKind::kMatmul || root.op == OpKind::kConv2d ||
+                         (is_elementwise(root.op) && root.fusion_group < 0);
+    if (fused_.count(root.id) || !root_ok || ri >= k) {
+      cut.insert(root.id);
+      continue;
+    }
+    if (!end.count(root.id)) end[root.id] = root.output;
+    const std::string& run = end[root.id];
+    bool ok = is_elementwise(m.op) && m.type.dtype != DType::kI64 && uses[run] == 1 &&
+              (m.inputs[0] == run || (m.inputs.size() == 2 && m.inputs[1] == run)) &&
+              !(m.inputs.size() == 2 && m.inputs[0] == m.inputs[1]);
+    if (ok && !unary(m)) {
+      const std::string& other = m.inputs[0] == run ? m.inputs[1] : m.inputs[0];
+      auto it = defined_at.find(other);
+      ok = it == defined_at.end() || it->second < ri;
+      const Shape& os = t_.at(other).type.shape;
+      if (root.op == OpKind::kConv2d) ok = ok && num_elements(os) == 1;
+      if (t_.at(other).type.dtype == DType::kI64) ok = false;
+    }
+    if (ok) ok = m.type.shape == root.type.shape;
+    if (ok && m.op == OpKind::kPow) {
+      const float p = m.attr_float("exponent");
+      ok = p == 0.5f || p == 1.0f || p == 2.0f || p == 3.0f;
+    }
+    if (!ok) {
+      cut.insert(root.id);
+      continue;
+    }
+    chains_[root.id].push_back(&m);
+    fused_[m.id] = root.id;
+    end[root.id] = m.output;
+  }
+}
+
+const std::vector<const Node*>& Emitter::chain_of(const Node& n) const {
+  static const std::vector<const Node*> kNone;
+  auto it = chains_.find(n.id);
+  return it == chains_.end() ? kNone : it->second;
+}
+
+}  // namespace tpusim::compiler::lowering
