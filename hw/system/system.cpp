@@ -281,6 +281,13 @@ System::System(const config::Params& preset, const isa::Bundle& bundle)
            t.mxu_cols == static_cast<uint64_t>(preset.get_int("core.mxu.cols")),
        "MXU " + std::to_string(t.mxu_rows) + "x" + std::to_string(t.mxu_cols) + ", the preset's is " +
            std::to_string(preset.get_int("core.mxu.rows")) + "x" + std::to_string(preset.get_int("core.mxu.cols")));
+  // The bundle's FIFO depth decides when an mmul faults (as in the reference), the
+  // preset's when one stalls: a program written for a deeper FIFO than the
+  // hardware has would stall forever or fault in the timing model only.
+  const int64_t fifo_rows = preset.get_int("core.mxu.result_fifo_vregs") * isa::kSublanes;
+  need(t.fifo_rows <= static_cast<uint64_t>(fifo_rows),
+       "result FIFO of " + std::to_string(t.fifo_rows) + " rows, the preset's MXUs hold " +
+           std::to_string(fifo_rows) + " (core.mxu.result_fifo_vregs x 8)");
   exec::load_constants(impl_->machine, bundle);
 }
 

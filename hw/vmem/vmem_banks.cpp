@@ -1,8 +1,7 @@
 #include "hw/vmem/vmem_banks.h"
 
 #include <algorithm>
-#include <map>
-#include <set>
+#include <array>
 #include <stdexcept>
 #include <string>
 
@@ -24,18 +23,22 @@ uint64_t VmemBanks::banks_of(uint64_t addr, uint64_t bytes) const {
 }
 
 VmemBanks::TileAccess VmemBanks::tile(int64_t base, int rows, int64_t stride, int row_bytes) const {
-  std::set<int64_t> granules;
+  // Every vld/vst comes through here: a sorted scratch list instead of a set and a
+  // map, so the common access allocates nothing.
+  granules_.clear();
   for (int r = 0; r < rows; ++r) {
     const int64_t a = base + r * stride;
     if (a < 0) continue;  // the semantics fault on it; timing does not matter
-    for (int64_t g = a / bank_bytes_; g <= (a + row_bytes - 1) / bank_bytes_; ++g) granules.insert(g);
+    for (int64_t g = a / bank_bytes_; g <= (a + row_bytes - 1) / bank_bytes_; ++g) granules_.push_back(g);
   }
-  std::map<int, int> per_bank;
+  std::sort(granules_.begin(), granules_.end());
+  granules_.erase(std::unique(granules_.begin(), granules_.end()), granules_.end());
+  std::array<int, 64> per_bank{};
   TileAccess t;
   t.cycles = 1;
-  for (int64_t g : granules) {
+  for (int64_t g : granules_) {
     const int b = static_cast<int>(g % banks_);
-    const int n = ++per_bank[b];
+    const int n = ++per_bank[static_cast<size_t>(b)];
     t.cycles = std::max(t.cycles, n);
     if (n == 1) t.first_mask |= 1ull << b;
   }

@@ -37,6 +37,7 @@ class VmemBanks {
   int bank_bytes_;
   uint64_t cycle_ = ~0ull;
   uint64_t claimed_ = 0;
+  mutable std::vector<int64_t> granules_;  // scratch of tile()
 };
 
 }  // namespace tpusim::hw

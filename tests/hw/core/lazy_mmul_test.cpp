@@ -126,3 +126,24 @@ TEST(LazyMmul, FastModeEqualsTheReference) { run_against_reference(hw::Mode::kFa
 TEST(LazyMmul, DetailedModeEqualsTheReference) { run_against_reference(hw::Mode::kDetailed); }
 
 }  // namespace
+
+namespace {
+
+// The bundle's FIFO depth may not exceed the preset's: one line naming both.
+TEST(FifoDepth, ABundleWithADeeperResultFifoThanThePresetIsRefused) {
+  const isa::Bundle bundle =
+      isa::assemble(".target chips=1 cores=1 mxus=1 fifo_rows=512\n.core chip0.core0\n  halt\n", "deep_fifo.s");
+  const config::Params preset = config::load_preset("v4");  // 32 vregs = 256 rows
+  try {
+    hw::System sys(preset, bundle);
+    FAIL() << "accepted a 512-row FIFO on a 256-row preset";
+  } catch (const hw::SystemError& e) {
+    EXPECT_NE(std::string(e.what()).find("result FIFO of 512 rows, the preset's MXUs hold 256"), std::string::npos)
+        << e.what();
+  }
+  const isa::Bundle fits =
+      isa::assemble(".target chips=1 cores=1 mxus=1 fifo_rows=256\n.core chip0.core0\n  halt\n", "fifo.s");
+  EXPECT_NO_THROW(hw::System(preset, fits));
+}
+
+}  // namespace
