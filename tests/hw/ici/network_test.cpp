@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <random>
+#include <map>
 #include <set>
 
 #include "hw/config/params.h"
@@ -381,6 +382,45 @@ TEST(Messages, CallbackRunsAtDeliveryAndMaySendOn) {
   Network ref = Network::from_params(config::load_preset("v3-8"));
   const double single = double(one_transfer(ref, {0, 0}, {1, 0}, 5000));
   EXPECT_NEAR(double(second_done), 2 * single, 2.0);
+}
+
+}  // namespace
+}  // namespace tpusim::ici
+
+namespace tpusim::ici {
+namespace {
+
+// The per-link traffic counters of the timeline: one sample per window of
+// kTrafficWindow cycles that carried packets (bytes per cycle), a zero after an
+// idle stretch; summed back over the windows they give each link's byte count.
+TEST(Counters, LinkTrafficCountersAddUpToTheLinkBytes) {
+  Network net = Network::from_params(config::load_preset("v3-8"));
+  timeline::Options opt;
+  opt.clock_hz = net.params().clock_hz;
+  timeline::Timeline tl(opt);
+  net.set_timeline(&tl);
+  net.send({0, 0}, {1, 0}, 300000, 0);
+  net.send({0, 0}, {1, 0}, 7000, 200000);  // after an idle stretch
+  net.run();
+  net.flush_timeline();
+  const auto j = nlohmann::json::parse(tl.to_json());
+  std::map<std::string, double> summed;
+  std::map<std::string, int> zeros;
+  for (const auto& ev : j["traceEvents"]) {
+    if (ev.value("ph", "") != "C") continue;
+    const std::string name = ev["name"];
+    const double v = ev["args"]["value"].get<double>();
+    summed[name] += v * double(Network::kTrafficWindow);
+    zeros[name] += v == 0;
+  }
+  for (const auto& c : net.link_counters()) {
+    if (!c.packets) continue;
+    const std::string name = c.name + " B/cycle";
+    ASSERT_TRUE(summed.count(name)) << name;
+    EXPECT_NEAR(summed[name], double(c.bytes), 1e-6 * double(c.bytes)) << name;
+    EXPECT_GE(zeros[name], 1) << name << ": the idle stretch reads as zero";
+  }
+  EXPECT_TRUE(timeline::validate(tl.to_json()).empty());
 }
 
 }  // namespace
