@@ -18,9 +18,9 @@ namespace {
 constexpr const char* kSendFlag = "f58";
 constexpr int kFirstLandFlag = 20, kLandFlags = 32;   // f20..f51
 constexpr int kFirstReadyFlag = 52, kReadyFlags = 6;  // f52..f57
-// HBM mode's VMEM pieces of a combine: up to 64 tiles of 8 x 128 fp32 each for the
+// HBM mode's VMEM pieces of a combine: up to 256 tiles of 8 x 128 fp32 each for the
 // received and the local values.
-constexpr int64_t kMaxPieceTiles = 64;
+constexpr int64_t kMaxPieceTiles = 256;
 }  // namespace
 
 // all_reduce(x): with one replica the identity; otherwise every replica holds an
@@ -37,7 +37,7 @@ constexpr int64_t kMaxPieceTiles = 64;
 // every replica first tells each replica that sends to it that it has entered the
 // collective (a 4-byte token DMA, its rflag on the sender), and a sender waits for
 // that before its first send. HBM mode (larger buffers): W and the slots are HBM
-// scratch of this node (nobody else's), combines stream 64-tile pieces through VMEM.
+// scratch of this node (nobody else's), combines stream pieces of up to 256 tiles through VMEM.
 void Emitter::lower_all_reduce(const Node& n) {
   const ReplicaSpec& s = opt_.replicas;
   if (s.replicas <= 1) {
@@ -146,17 +146,15 @@ void Emitter::lower_all_reduce(const Node& n) {
   // One spare tile: a tile load of a chunk that ends unaligned reads past it.
   const int64_t w_bytes = align_up(E * 4, tile_bytes) + tile_bytes;
   const int64_t conv_bytes = f32 ? 0 : align_up(E * 2, tile_bytes);  // bf16 staging of x and y
-  // VMEM mode sends from private staging copies (send slots), so a combine never
-  // waits for its own sends' round trip before overwriting W. The mode must be the
-  // same on every replica (senders address the receiver's space): the largest
-  // replica's total decides.
-  std::vector<int64_t> out_bytes(static_cast<size_t>(sch.chips), 0);
-  for (const auto& step : sch.steps)
-    for (const ici::Move& m : step)
-      out_bytes[static_cast<size_t>(m.src)] += align_up(sch.chunks[static_cast<size_t>(m.src_chunk)].elems * 4, tile_bytes);
-  const int64_t send_bytes = *std::max_element(out_bytes.begin(), out_bytes.end());
-  const bool in_vmem =
-      w_bytes + slots_bytes + conv_bytes + send_bytes <= static_cast<int64_t>(opt_.target.vmem_bytes);
+  // VMEM mode sends from private staging copies in a ring of send slots (the rest
+  // of VMEM), so a combine never waits for its own sends' round trip before it
+  // overwrites W; only when the ring wraps does the replica wait for its sends.
+  // The mode must be the same on every replica (senders address the receiver's
+  // space), so it is decided from the schedule, not from this replica's moves.
+  int64_t largest = 0;
+  for (const auto& c : sch.chunks) largest = std::max(largest, align_up(c.elems * 4, tile_bytes));
+  const int64_t vmem_top = static_cast<int64_t>(opt_.target.vmem_bytes) / tile_bytes * tile_bytes;
+  const bool in_vmem = w_bytes + slots_bytes + conv_bytes + largest <= vmem_top;
   // The same HBM tensor in another replica's region (same layout, its core's base).
   auto there = [&](int r, int64_t addr) {
     return addr - opt_.hbm_base + static_cast<int64_t>(replica_core(s, r)) * opt_.replica_region;
@@ -237,7 +235,8 @@ void Emitter::lower_all_reduce(const Node& n) {
 
   std::set<int> ready;  // destinations whose entry token this replica has waited for
   std::vector<std::pair<int64_t, int64_t>> pending;  // HBM mode: W ranges (elements) in-flight sends read
-  int64_t send_slot = conv + conv_bytes;               // VMEM mode: the next send slot
+  const int64_t ring = conv + conv_bytes;              // VMEM mode: the send slots' ring
+  int64_t send_slot = ring;
   for (size_t st = 0; st < sch.steps.size(); ++st) {
     const auto& moves = sch.steps[st];
     std::map<int, int64_t> incoming;  // landing flag -> moves of this step
@@ -253,6 +252,10 @@ void Emitter::lower_all_reduce(const Node& n) {
       const int64_t dst = in_vmem ? slots + slot[st][k] : there(m.dst, slots + slot[st][k]);
       int64_t src = W + c.offset * 4;
       if (in_vmem) {
+        if (send_slot + align_up(c.elems * 4, tile_bytes) > vmem_top) {
+          line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
+          send_slot = ring;
+        }
         for (int64_t t = 0; t * kTileElems < c.elems; ++t) {
           line("vld v1, " + at(src + t * tile_bytes));
           line("vst v1, " + at(send_slot + t * tile_bytes));

@@ -55,6 +55,9 @@ struct Board {
 const Board kV38{"v3-8", ici::Topology(ici::TopologyKind::kTorus2d, {2, 2}), 2};
 const Board kV2x4x4{"v2-4x4", ici::Topology(ici::TopologyKind::kTorus2d, {4, 4}), 2};
 
+// Assembly of the last bundle expect_replicated_bit_exact compiled.
+std::string g_last_assembly;
+
 void expect_replicated_bit_exact(const std::string& ir, PrecisionPolicy policy, const Board& board, int replicas,
                                  const std::string& algorithm = "auto", bool check_races = true,
                                  uint64_t vmem_bytes = 16ull << 20) {
@@ -87,6 +90,7 @@ void expect_replicated_bit_exact(const std::string& ir, PrecisionPolicy policy, 
   const auto expected = evaluate_replicated(g, inputs, policy, lo.replicas, eo);
 
   const LowerResult lr = lower_graph(g, lo);
+  g_last_assembly = lr.assembly;
   ASSERT_EQ(lr.bundle.cores.size(), static_cast<size_t>(replicas));
   for (const auto& core : lr.bundle.cores)
     for (const auto& ins : core.code) ASSERT_GE(ins.op_id, 0) << "an instruction without an op id";
@@ -199,6 +203,22 @@ TEST(DpLower, AllReduceBf16AndHbmMode) {
 // 32 replicas (16 chips x 2 cores): the torus algorithm on [2, 4, 4]. The race
 // checker's cost grows with cores x in-flight DMAs (over a minute here), so it
 // checks the v3-8 cases only.
+// VMEM mode with little VMEM left for the send slots: the ring of send slots wraps
+// (a wait for the replica's own sends, f58, before the end of the collective).
+TEST(DpLower, AllReduceSendSlotRingWraps) {
+  int wrapped = 0;
+  for (uint64_t kib : {176, 192, 208, 224}) {
+    expect_replicated_bit_exact(allreduce_only_ir(8, 20, 100), PrecisionPolicy::kDefault, kV38, 8, "torus", true,
+                                kib << 10);
+    size_t waits = 0;
+    for (size_t at = g_last_assembly.find("wait f58"); at != std::string::npos; at = g_last_assembly.find("wait f58", at + 1))
+      ++waits;
+    const bool vmem_mode = g_last_assembly.find("vmem@chip") != std::string::npos;
+    wrapped += vmem_mode && waits > 8;  // more than the one closing wait per replica
+  }
+  EXPECT_GT(wrapped, 0) << "no VMEM size in the sweep made the send ring wrap";
+}
+
 TEST(DpLower, AllReduceOnAV2Slice4x4) {
   expect_replicated_bit_exact(allreduce_ir(32, 16, 24), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false);
   expect_replicated_bit_exact(allreduce_ir(32, 5, 7), PrecisionPolicy::kDefault, kV2x4x4, 32, "bidir-ring", false);
