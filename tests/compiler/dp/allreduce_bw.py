@@ -5,7 +5,9 @@ replica topology (docs/codegen.md "Collectives"). Per size: a graph whose replic
 each pad a 1-element input to N fp32 values, all_reduce them and slice 8 back, is
 compiled with --replicas and run on the SystemC model (fast mode); the all_reduce's
 time is taken from the timeline as (last replica's end of the op) - (last replica's
-start of it), so the input scatter's skew between replicas is not counted.
+start of it), so the input scatter's skew between replicas is not counted; above
+16 MiB (timelines of gigabytes) from stats.json's per-op span, which includes that
+skew (a few thousand cycles).
 
 usage: allreduce_bw.py TPUSIM [--preset v3-8] [--replicas 8] [--collective auto]
                        [--sizes 1K,4K,...] [--work DIR]"""
@@ -58,6 +60,24 @@ def closed_form(alg, dims, n, cores, one_link=False):
     return best
 
 
+def timeline_span(path):
+    """(us, cycles) from the last replica's start of op 1 to the last one's end."""
+    ev = json.load(open(path))
+    ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+    names = {}
+    for e in ev:
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            names[(e["pid"], e["tid"])] = e["args"]["name"]
+    start, end = {}, {}
+    for e in ev:
+        if e.get("ph") == "X" and e.get("name") == "op 1" and names.get((e["pid"], e["tid"]), "").endswith("sequencer"):
+            k = (e["pid"], e["tid"])
+            start[k] = min(start.get(k, 1e30), e["ts"])
+            end[k] = max(end.get(k, 0), e["ts"] + e["dur"])
+    us = max(end.values()) - max(start.values())
+    return us, us * 1e-6 * CLOCK
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("tpusim")
@@ -96,23 +116,16 @@ def main():
         tpb, out = g + ".tpb", os.path.join(a.work, f"out_{s}")
         subprocess.run([a.tpusim, "compile", g, "--preset", a.preset, "--replicas", str(R), "--collective",
                         a.collective, "-o", tpb], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run([a.tpusim, "run", tpb, "--preset", a.preset, "--random-inputs", "1", "--out", out,
-                        "--timeline", os.path.join(out, "t.json")], check=True, stdout=subprocess.DEVNULL)
-        ev = json.load(open(os.path.join(out, "t.json")))
-        ev = ev["traceEvents"] if isinstance(ev, dict) else ev
-        names = {}
-        for e in ev:
-            if e.get("ph") == "M" and e.get("name") == "thread_name":
-                names[(e["pid"], e["tid"])] = e["args"]["name"]
-        start, end = {}, {}
-        for e in ev:
-            if e.get("ph") == "X" and e.get("name") == "op 1" and names.get((e["pid"], e["tid"]), "").endswith("sequencer"):
-                k = (e["pid"], e["tid"])
-                start[k] = min(start.get(k, 1e30), e["ts"])
-                end[k] = max(end.get(k, 0), e["ts"] + e["dur"])
-        us = max(end.values()) - max(start.values())
-        cyc = us * 1e-6 * CLOCK
+        big = n > (16 << 20)
+        subprocess.run([a.tpusim, "run", tpb, "--preset", a.preset, "--random-inputs", "1", "--out", out] +
+                       ([] if big else ["--timeline", os.path.join(out, "t.json")]), check=True,
+                       stdout=subprocess.DEVNULL)
         stats = json.load(open(os.path.join(out, "stats.json")))
+        if big:
+            cyc = next(o["cycles"] for o in stats["ops"] if o["id"] == 1)
+            us = cyc / CLOCK * 1e6
+        else:
+            us, cyc = timeline_span(os.path.join(out, "t.json"))
         alg = a.collective
         if alg == "auto":
             # choose_algorithm (compiler/ref/replicas.cpp)
@@ -122,7 +135,6 @@ def main():
         c1 = closed_form(alg, dims, n, cores, one_link=True)
         print(f"| {a.preset} | {R} | {alg} | {s}iB | {cyc:.0f} | {us:.1f} | {n / (us * 1e-6) / 1e9:.2f} | {cf:.0f} | "
               f"{cyc / cf:.3f} | {c1:.0f} | {cyc / c1:.3f} |", flush=True)
-        del stats
 
 
 if __name__ == "__main__":
