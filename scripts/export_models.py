@@ -16,9 +16,9 @@ needs Debian's python3-torch, python3-torchvision, python3-onnx, python3-numpy).
       float64 result within the tolerance documented in docs/compiler.md
       ("Tolerances"); exit 1 listing the cases that miss.
   export_models.py bundles DIR --tpusim PATH [--policy default|bf16] [--preset v4]
-                   [--run] [--only CASE,...]
+                   [--run] [--cases CASE,...] [--cores N]
       the compiled path for every one-op case (docs/codegen.md, "Tests"): `tpusim
-      compile`, the bundle on `tpusim ref` must equal `tpusim ref CASE.onnx` (the
+      compile [--cores N]`, the bundle on `tpusim ref --check-races` must equal `tpusim ref CASE.onnx` (the
       graph reference) bit for bit (`tpusim diff`) and the float64 result within
       the same tolerance; with --run also `tpusim run` (SystemC model, fast mode)
       bit for bit. Index inputs are given as int32 (the bundle's dtype for them).
@@ -417,7 +417,7 @@ def tolerance_excess(out, c, got, exp, policy):
     return err, worst
 
 
-def bundles(out, tpusim, policy, preset, run, only):
+def bundles(out, tpusim, policy, preset, run, only, cores=1):
     """Every one-op case compiled and run; see the module docstring."""
     import time
     with open(os.path.join(out, "cases.json")) as f:
@@ -440,10 +440,10 @@ def bundles(out, tpusim, policy, preset, run, only):
                 args += ["--input", f"{n}={path}"]
             tpb = os.path.join(td, name + ".tpb")
             steps = [("compile", [tpusim, "compile", os.path.join(out, name + ".onnx"), "--preset", preset, "-o", tpb,
-                                  "--precision", policy]),
+                                  "--precision", policy, "--cores", str(cores)]),
                      ("graph ref", [tpusim, "ref", os.path.join(out, name + ".onnx"), "--precision", policy,
                                     "--out", os.path.join(td, "graph")] + args),
-                     ("bundle ref", [tpusim, "ref", tpb, "--out", os.path.join(td, "bundle")] + args),
+                     ("bundle ref", [tpusim, "ref", tpb, "--check-races", "--out", os.path.join(td, "bundle")] + args),
                      ("diff bundle ref", [tpusim, "diff", os.path.join(td, "graph"), os.path.join(td, "bundle")])]
             if run:
                 steps += [("run", [tpusim, "run", tpb, "--preset", preset, "-q", "--out", os.path.join(td, "chip")] + args),
@@ -471,7 +471,7 @@ def bundles(out, tpusim, policy, preset, run, only):
     if bad:
         print("\n".join(bad), file=sys.stderr)
         return 1
-    print(f"all {len(index)} cases compiled bit-exact and within tolerance ({policy}, {preset}"
+    print(f"all {len(index)} cases compiled bit-exact and within tolerance ({policy}, {preset}, {cores} core(s)"
           f"{', tpusim run too' if run else ''}; {time.time() - t0:.1f} s)")
     return 0
 
@@ -530,6 +530,7 @@ def main():
     ap.add_argument("--tpusim")
     ap.add_argument("--preset", default="v4")
     ap.add_argument("--run", action="store_true")
+    ap.add_argument("--cores", type=int, default=1, help="bundles: tpusim compile --cores")
     ap.add_argument("--cases", default="", help="bundles: only these cases (comma separated)")
     a = ap.parse_args()
     if a.what == "models":
@@ -543,7 +544,7 @@ def main():
     elif a.what == "bundles":
         if not a.tpusim:
             ap.error("bundles needs --tpusim")
-        sys.exit(bundles(a.dir, a.tpusim, a.policy, a.preset, a.run, a.cases))
+        sys.exit(bundles(a.dir, a.tpusim, a.policy, a.preset, a.run, a.cases, a.cores))
     else:
         if not a.tool:
             ap.error("check needs --tool")
