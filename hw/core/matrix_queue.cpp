@@ -60,8 +60,6 @@ void MatrixQueue::tick(uint64_t cycle) {
   while (!pops_.empty() && pops_.front().done <= cycle) {
     PendingPop& p = pops_.front();
     try {
-      scratch_.fifo.clear();
-      scratch_.fifo.push_back(p.held);
       exec::mxu_pop_into(scratch_, env_.state->v[p.it.in->a], p.it.in->op == Op::kMpopAdd);
     } catch (const exec::Fault& e) {
       env_.raise(p.it.pc, e.what());
@@ -82,10 +80,13 @@ void MatrixQueue::tick(uint64_t cycle) {
         if (pop) {
           exec::MxuState& ms = exec::mxu_at(st, in.b);
           if (!lazy_.empty() && lazy_.size() == ms.fifo.size()) evaluate_lazy(ms);
-          exec::MxuResult popped = exec::mxu_fifo_pop(ms);
+          if (ms.fifo.empty()) exec::mxu_fifo_pop(ms);  // faults: underflow, in the reference's words
           if (!r.fault.empty()) throw exec::Fault(r.fault);
           const uint64_t done = core_.pop(in.op == Op::kMpopAdd, head.pc);
-          pops_.push_back(PendingPop{std::move(head), done, popped});
+          // Popped now (program order), written at done: moved, not copied.
+          scratch_.fifo.push_back(std::move(ms.fifo.front()));
+          ms.fifo.pop_front();
+          pops_.push_back(PendingPop{std::move(head), done});
         } else {
           if (in.op == Op::kMmul) issue_mmul(st, in);
           else exec::exec_matrix(st, in);  // values in program order
@@ -169,7 +170,16 @@ void MatrixQueue::issue_mmul(exec::CoreState& st, const isa::Instr& in) {
   }
   if (!weights_) weights_ = std::make_shared<const LazyWeights>(LazyWeights{m.weights, m.weights_k});
   m.fifo.emplace_back();
-  lazy_.push_back(LazyMmul{weights_, st.v[in.b]});
+  lazy_.push_back(LazyMmul{weights_});
+  // The LHS as the array sees it: lanes [0, k) rounded to bf16, the rest +0.0.
+  const size_t R = static_cast<size_t>(m.rows), k = static_cast<size_t>(weights_->k);
+  const size_t at = lhs_.size();
+  lhs_.resize(at + isa::kSublanes * R);
+  for (size_t s = 0; s < static_cast<size_t>(isa::kSublanes); ++s) {
+    uint16_t* row = &lhs_[at + s * R];
+    fp32_bits_to_bf16(&st.v[in.b].bits[s * isa::kLanes], row, k);
+    std::fill(row + k, row + R, uint16_t{0});
+  }
 }
 
 void MatrixQueue::evaluate_lazy(exec::MxuState& m) {
@@ -182,17 +192,10 @@ void MatrixQueue::evaluate_lazy(exec::MxuState& m) {
     while (end < lazy_.size() && lazy_[end].weights == w) ++end;
     const size_t count = end - i;
     if (w->k > 0) {  // k = 0: no valid row, every result stays +0.0 (the placeholder)
-      const size_t k = static_cast<size_t>(w->k);
-      lhs_.resize(count * isa::kSublanes * R);
-      if (k < R) std::fill(lhs_.begin(), lhs_.end(), uint16_t{0});
-      for (size_t t = 0; t < count; ++t)
-        for (size_t s = 0; s < static_cast<size_t>(isa::kSublanes); ++s) {
-          fp32_bits_to_bf16(&lazy_[i + t].lhs.bits[s * isa::kLanes], &lhs_[(t * isa::kSublanes + s) * R], k);
-        }
       out_.resize(count * kVreg);
       if (C < static_cast<size_t>(isa::kLanes)) std::fill(out_.begin(), out_.end(), 0.0f);  // lanes >= C read +0.0
       num::MatmulArgs args;
-      args.a = lhs_.data();
+      args.a = lhs_.data() + i * isa::kSublanes * R;
       args.lda = R;
       args.w = w->w.data();
       args.ldw = C;
@@ -210,6 +213,7 @@ void MatrixQueue::evaluate_lazy(exec::MxuState& m) {
     i = end;
   }
   lazy_.clear();
+  lhs_.clear();
 }
 
 nlohmann::json MatrixQueue::counters_json() const {

@@ -41,8 +41,7 @@ class MatrixQueue {
  private:
   struct PendingPop {
     Issued it;
-    uint64_t done;
-    exec::MxuResult held;  // popped from the FIFO at issue, written at done
+    uint64_t done;  // its values wait in scratch_, in pop order
   };
   // Weights of the MXU as the mmuls after one mswap see them.
   struct LazyWeights {
@@ -50,8 +49,7 @@ class MatrixQueue {
     int k = 0;                // valid rows
   };
   struct LazyMmul {
-    std::shared_ptr<const LazyWeights> weights;
-    exec::VReg lhs;  // the LHS register at issue
+    std::shared_ptr<const LazyWeights> weights;  // its LHS: 8 x R bf16 in lhs_, in lazy_ order
   };
   static mxu::MxuOpKind kind_of(const isa::Instr& in);
   void issue_mmul(exec::CoreState& st, const isa::Instr& in);
@@ -63,13 +61,15 @@ class MatrixQueue {
   int index_;
   size_t depth_;
   mxu::MxuCore core_;
-  exec::MxuState scratch_;  // a one-entry FIFO, so mxu_pop_into writes the register
+  // Results popped from the MXU's FIFO at mpop issue, not yet written: mxu_pop_into
+  // takes them from here when each mpop has read its rows.
+  exec::MxuState scratch_;
   std::deque<Issued> queue_;
   std::deque<PendingPop> pops_;
   // mmuls whose rows are not computed yet: the youngest lazy_.size() FIFO entries.
   std::vector<LazyMmul> lazy_;  // emptied whole, so its storage is reused
   std::shared_ptr<const LazyWeights> weights_;  // null after an mswap until the next mmul
-  std::vector<uint16_t> lhs_;                   // scratch of evaluate_lazy
+  std::vector<uint16_t> lhs_;                   // the lazy mmuls' LHS, rounded at issue
   std::vector<float> out_;
   uint64_t real_macs_ = 0;
   uint64_t stall_dependency_ = 0;
