@@ -43,6 +43,7 @@ void OpProfile::matmul(int mxu, const isa::Instr& in, uint64_t macs, uint64_t be
   const uint64_t from = std::max(begin, mxu_busy_until_[m]);
   if (end > from) o.mxu_busy_cycles += end - from;
   mxu_busy_until_[m] = std::max(mxu_busy_until_[m], end);
+  units_end_ = std::max(units_end_, end);
 }
 
 void OpProfile::vector(const isa::Instr& in, uint64_t begin, uint64_t end) {
@@ -51,6 +52,7 @@ void OpProfile::vector(const isa::Instr& in, uint64_t begin, uint64_t end) {
   const uint64_t from = std::max(begin, vpu_busy_until_);
   if (end > from) o.vpu_busy_cycles += end - from;
   vpu_busy_until_ = std::max(vpu_busy_until_, end);
+  units_end_ = std::max(units_end_, end + 1);  // the result is written in cycle `end`
 }
 
 void OpProfile::dma_done(const isa::Instr& in, uint64_t hbm_bytes, uint64_t begin, uint64_t end,
@@ -58,6 +60,9 @@ void OpProfile::dma_done(const isa::Instr& in, uint64_t hbm_bytes, uint64_t begi
   Op& o = at(in.op_id);
   o.hbm_bytes += hbm_bytes;
   o.dma_busy_cycles += end > begin ? end - begin : 0;
+  units_end_ = std::max(units_end_, end + 1);  // data and flags land in cycle `end`
+  // The chip's HBM bandwidth counter: every core's HBM transfers summed per window.
+  if (tl_ && hbm_bytes) tl_->rate(track, "HBM bandwidth (GB/s)", begin, end, double(hbm_bytes), 1e-9);
   if (tl_ && in.flag >= 0 && in.flag < isa::kSyncFlags) {
     auto& src = flag_sources_[static_cast<size_t>(in.flag)];
     // A point strictly inside the transfer's slice [begin, end).
@@ -96,12 +101,16 @@ nlohmann::json OpProfile::to_json() const {
   nlohmann::json ops = nlohmann::json::array();
   std::array<uint64_t, kCauses> total{};
   uint64_t active = 0;
+  const uint64_t drain = units_end_ > seq_end_ && seq_end_ > 0 ? units_end_ - seq_end_ : 0;
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op& o = ops_[i];
     if (!o.seen) continue;
     nlohmann::json j;
-    j["id"] = static_cast<int64_t>(i) - 1;
-    j["cycles"] = o.cycles;
+    const int32_t id = static_cast<int32_t>(i) - 1;
+    const uint64_t tail = id == cur_op_ ? drain : 0;
+    j["id"] = id;
+    j["cycles"] = o.cycles + tail;
+    j["drain_cycles"] = tail;
     j["instructions"] = o.instructions;
     j["macs"] = o.macs;
     j["hbm_bytes"] = o.hbm_bytes;
@@ -113,7 +122,7 @@ nlohmann::json OpProfile::to_json() const {
       j[std::string("stall_") + cause_name(static_cast<Cause>(c)) + "_cycles"] = o.stall[static_cast<size_t>(c)];
       total[static_cast<size_t>(c)] += o.stall[static_cast<size_t>(c)];
     }
-    active += o.cycles;
+    active += o.cycles + tail;
     ops.push_back(std::move(j));
   }
   nlohmann::json stall = nlohmann::json::object();

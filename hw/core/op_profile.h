@@ -48,12 +48,14 @@ class OpProfile {
     uint64_t mxu_busy_cycles = 0;  // union of its matmuls' row streams, per MXU, summed over MXUs
     uint64_t vpu_busy_cycles = 0;  // union of its vector instructions' latencies
     uint64_t dma_busy_cycles = 0;  // engine-cycles of its transfers (engines overlap)
+    // to_json adds the drain after the sequencer halted to the last op's cycles.
     bool seen = false;
   };
 
   // Sequencer: a cycle it was active and not stalled, at `in` (null: ran off the end).
   void issue_cycle(const isa::Instr* in, uint64_t cycle) {
     progress_cycle.store(cycle, std::memory_order_relaxed);
+    seq_end_ = cycle + 1;
     if (in) cur_op_ = in->op_id;
     Op& o = at(cur_op_);
     ++o.cycles;
@@ -112,6 +114,9 @@ class OpProfile {
   // Cause of a wait on each flag; kSync until this core issues a DMA on it.
   std::array<Cause, isa::kSyncFlags> flag_cause_ = all_sync();
   std::vector<uint64_t> mxu_busy_until_;  // per MXU: end of the last matmul counted
+  // After the sequencer's last active cycle (seq_end_ - 1) the units may still
+  // drain until units_end_; that tail is the last op's, counted as computing.
+  uint64_t seq_end_ = 0, units_end_ = 0;
   uint64_t vpu_busy_until_ = 0;
 
   // Timeline state.

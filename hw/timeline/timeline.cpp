@@ -63,6 +63,23 @@ void Timeline::flow(TrackId from, uint64_t from_cycle, TrackId to, uint64_t to_c
   flows_.push_back({from, to, from_cycle, to_cycle, name});
 }
 
+void Timeline::rate(TrackId track, const std::string& name, uint64_t begin_cycle, uint64_t end_cycle, double amount,
+                    double scale) {
+  if (end_cycle <= begin_cycle) end_cycle = begin_cycle + 1;
+  if (end_cycle <= opt_.window_begin_cycle || begin_cycle > opt_.window_end_cycle) return;
+  Rate& r = rates_[tracks_.at(track).process + "\n" + name];
+  r.track = track;
+  r.scale = scale;
+  const uint64_t w = std::max<uint64_t>(1, opt_.rate_window_cycles);
+  const double per_cycle = amount / double(end_cycle - begin_cycle);
+  for (uint64_t c = begin_cycle; c < end_cycle;) {
+    const uint64_t window_end = (c / w + 1) * w;
+    const uint64_t upto = std::min(end_cycle, window_end);
+    r.per_window[c / w] += per_cycle * double(upto - c);
+    c = upto;
+  }
+}
+
 // Microseconds with picosecond resolution, printed from an integer so that a
 // slice's end (ts + dur) is exact and neighbouring slices never overlap by rounding.
 std::string Timeline::timestamp(uint64_t cycle) const {
@@ -120,10 +137,21 @@ std::string Timeline::to_json() const {
     first_tid[t] = next_tid;
     next_tid += lanes_per_track[t];
   }
-  // The lane of a track holding a slice that covers `cycle` (for flow ends).
+  // The lane of a track holding a slice that covers `cycle` (for flow ends): a
+  // binary search in `order` (sorted by track, then begin), then a short walk back
+  // over the slices that began earlier, so many flows stay cheap on a big trace.
   auto lane_at = [&](TrackId track, uint64_t cycle) {
-    for (size_t i = 0; i < slices_.size(); ++i)
-      if (slices_[i].track == track && slices_[i].begin <= cycle && cycle <= slices_[i].end) return lane_of[i];
+    const auto first = std::upper_bound(order.begin(), order.end(), std::make_pair(track, cycle),
+                                        [&](const std::pair<TrackId, uint64_t>& key, size_t idx) {
+                                          return key < std::make_pair(slices_[idx].track, slices_[idx].begin);
+                                        });
+    int steps = 0;
+    for (auto it = first; it != order.begin() && steps < 256; ++steps) {
+      --it;
+      const Slice& s = slices_[*it];
+      if (s.track != track) break;
+      if (s.begin <= cycle && cycle <= s.end) return lane_of[*it];
+    }
     return 0;
   };
 
@@ -164,6 +192,25 @@ std::string Timeline::to_json() const {
   for (const Counter& c : counters_) {
     emit(fmt::format("{{\"name\":{},\"ph\":\"C\",\"pid\":{},\"tid\":0,\"ts\":{},\"args\":{{\"value\":{}}}}}",
                      json_string(c.name), pid_of[c.track], timestamp(c.cycle), std::isfinite(c.value) ? c.value : 0.0));
+  }
+  // Rate counters: a sample per window that saw traffic, and a 0 after each run of
+  // windows, so the counter drops back when the traffic stops.
+  for (const auto& [key, r] : rates_) {
+    const std::string name = key.substr(key.find('\n') + 1);
+    const uint64_t w = std::max<uint64_t>(1, opt_.rate_window_cycles);
+    uint64_t next = UINT64_MAX;
+    for (const auto& [window, amount] : r.per_window) {
+      if (next != UINT64_MAX && window != next)
+        emit(fmt::format("{{\"name\":{},\"ph\":\"C\",\"pid\":{},\"tid\":0,\"ts\":{},\"args\":{{\"value\":0}}}}",
+                         json_string(name), pid_of[r.track], timestamp(next * w)));
+      const double value = amount / double(w) * opt_.clock_hz * r.scale;
+      emit(fmt::format("{{\"name\":{},\"ph\":\"C\",\"pid\":{},\"tid\":0,\"ts\":{},\"args\":{{\"value\":{}}}}}",
+                       json_string(name), pid_of[r.track], timestamp(window * w), std::isfinite(value) ? value : 0.0));
+      next = window + 1;
+    }
+    if (next != UINT64_MAX)
+      emit(fmt::format("{{\"name\":{},\"ph\":\"C\",\"pid\":{},\"tid\":0,\"ts\":{},\"args\":{{\"value\":0}}}}",
+                       json_string(name), pid_of[r.track], timestamp(next * w)));
   }
   for (size_t i = 0; i < flows_.size(); ++i) {
     const Flow& f = flows_[i];

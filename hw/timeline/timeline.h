@@ -30,6 +30,7 @@ struct Options {
   uint64_t window_begin_cycle = 0;
   uint64_t window_end_cycle = std::numeric_limits<uint64_t>::max();
   uint64_t max_events = 4'000'000;  // ~400 MB of JSON at most; Perfetto's UI stays responsive
+  uint64_t rate_window_cycles = 256;  // resolution of rate counters (HBM bandwidth)
 };
 
 class Timeline {
@@ -50,6 +51,13 @@ class Timeline {
   // that starts at `to_cycle`. Dropped as a whole when either end is outside the
   // window or over the cap, so every written flow has both ends.
   void flow(TrackId from, uint64_t from_cycle, TrackId to, uint64_t to_cycle, const std::string& name);
+  // A rate counter on the process of `track`: `amount` spread evenly over
+  // [begin, end) and summed with every other amount of the same process and
+  // name, written as one sample per window of `rate_window_cycles` in units per
+  // second (amount per cycle x clock_hz x `scale`). For bandwidth: bytes in, GB/s
+  // out with scale 1e-9.
+  void rate(TrackId track, const std::string& name, uint64_t begin_cycle, uint64_t end_cycle, double amount,
+            double scale = 1.0);
 
   uint64_t recorded_events() const { return recorded_; }
   uint64_t dropped_events() const { return dropped_; }
@@ -91,6 +99,12 @@ class Timeline {
   std::vector<Slice> slices_;
   std::vector<Counter> counters_;
   std::vector<Flow> flows_;
+  struct Rate {
+    TrackId track;
+    double scale;
+    std::map<uint64_t, double> per_window;  // window index -> amount
+  };
+  std::map<std::string, Rate> rates_;  // by "process\nname"
   uint64_t recorded_ = 0;
   uint64_t dropped_ = 0;
 };

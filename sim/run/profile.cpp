@@ -17,7 +17,7 @@ constexpr const char* kSum[] = {"instructions", "hbm_bytes", "vector_ops", "mxu_
 
 uint64_t u(const json& j, const char* key) {
   const auto it = j.find(key);
-  return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
+  return it != j.end() && it->is_number_integer() && it->get<int64_t>() >= 0 ? it->get<uint64_t>() : 0;
 }
 
 uint64_t take(uint64_t& from, uint64_t want) {

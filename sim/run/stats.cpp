@@ -74,8 +74,9 @@ void check_profile(std::vector<std::string>& p, const json& s) {
           p.push_back("ops[" + std::to_string(i) + "] is not an object");
           continue;
         }
-        if (!op.contains("id") || !(op["id"].is_string() || op["id"].is_number_unsigned()))
-          p.push_back("key " + where + "id is not an unsigned integer or a string");
+        const bool id_ok = op.contains("id") && (op["id"].is_string() || (op["id"].is_number_integer() &&
+                                                                         op["id"].get<int64_t>() >= 0));
+        if (!id_ok) p.push_back("key " + where + "id is not a non-negative integer or a string");
         require(p, op, where, "name", &json::is_string, "a string");
         require(p, op, where, "flops", &json::is_number_unsigned, "an unsigned integer");
         require(p, op, where, "hbm_bytes", &json::is_number_unsigned, "an unsigned integer");
@@ -95,10 +96,10 @@ void check_profile(std::vector<std::string>& p, const json& s) {
       uint64_t sum = 0;
       bool ok = t.is_object();
       for (const char* k : {"compute", "hbm", "infeed", "sync", "idle"}) {
-        ok = ok && t.contains(k) && t[k].is_number_unsigned();
+        ok = ok && t.contains(k) && t[k].is_number_integer() && t[k].get<int64_t>() >= 0;
         if (ok) sum += t[k].get<uint64_t>();
       }
-      if (!ok) p.push_back("time_by_cause." + core + " lacks an unsigned compute, hbm, infeed, sync or idle");
+      if (!ok) p.push_back("time_by_cause." + core + " lacks a count of compute, hbm, infeed, sync or idle");
       else if (sum != cycles) p.push_back("time_by_cause." + core + " does not sum to cycles");
     }
   }

@@ -9,6 +9,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "sim/run/profile.h"
 #include "sim/run/report.h"
 #include "sim/run/stats.h"
 
@@ -178,6 +179,103 @@ TEST(Report, StatesCyclesTimeThroughputAndUtilization) {
   EXPECT_NE(r.find("30.802 TFLOPS of 123.2 TFLOPS peak"), std::string::npos) << r;
   EXPECT_NE(r.find("25.00%"), std::string::npos) << r;
   EXPECT_NE(r.find("v3"), std::string::npos) << r;
+}
+
+
+// Two cores' profile records as hw/core/op_profile.cpp writes them: op 3 ran on
+// both (a matmul), op 4 on core 0 only; core 1 also carries the host model's
+// infeed counter. Every expected figure is worked out by hand from these numbers.
+json two_core_units() {
+  auto op = [](int64_t id, uint64_t cycles, uint64_t macs, uint64_t bytes, uint64_t c, uint64_t h, uint64_t i,
+               uint64_t y) {
+    return json{{"id", id}, {"cycles", cycles}, {"macs", macs}, {"hbm_bytes", bytes}, {"instructions", 10},
+                {"vector_ops", 2}, {"mxu_busy_cycles", 5}, {"vpu_busy_cycles", 1}, {"dma_busy_cycles", 7},
+                {"stall_compute_cycles", c}, {"stall_hbm_cycles", h}, {"stall_infeed_cycles", i},
+                {"stall_sync_cycles", y}};
+  };
+  json units;
+  units["chip0.core0.profile"] = {{"ops", {op(3, 600, 1000, 4096, 10, 300, 0, 20), op(4, 300, 0, 512, 0, 100, 0, 0)}},
+                                  {"stall_cycles", {{"compute", 10}, {"hbm", 400}, {"infeed", 0}, {"sync", 20}}},
+                                  {"active_cycles", 900}};
+  units["chip0.core1.profile"] = {{"ops", {op(3, 700, 3000, 8192, 0, 100, 50, 40)}},
+                                  {"stall_cycles", {{"compute", 0}, {"hbm", 100}, {"infeed", 50}, {"sync", 40}}},
+                                  {"active_cycles", 700}};
+  units["chip0.core1.sequencer"] = {{"stall_infeed_cycles", 80}, {"stall_flag_cycles", 110}};
+  units["chip0.core0.mxu0"] = {{"busy_cycles", 5}};
+  return units;
+}
+
+TEST(Profile, FoldsOpsOverCoresAndTimeByCauseSumsToTheRun) {
+  json units = two_core_units();
+  const json p = fold_profiles(units, 1000);
+  // Profile records leave units; the others stay.
+  EXPECT_FALSE(units.contains("chip0.core0.profile"));
+  EXPECT_FALSE(units.contains("chip0.core1.profile"));
+  EXPECT_TRUE(units.contains("chip0.core0.mxu0"));
+  ASSERT_EQ(p["ops"].size(), 2u);
+  const json& op3 = p["ops"][0];
+  EXPECT_EQ(op3["id"], 3);
+  EXPECT_EQ(op3["name"], "op 3");
+  EXPECT_EQ(op3["cycles"], 700u);       // the longer core
+  EXPECT_EQ(op3["core_cycles"], 1300u);  // 600 + 700
+  EXPECT_EQ(op3["cores"], 2u);
+  EXPECT_EQ(op3["flops"], 8000u);  // 2 x (1000 + 3000)
+  EXPECT_EQ(op3["hbm_bytes"], 12288u);
+  EXPECT_EQ(op3["stall_cycles"]["hbm"], 400u);
+  EXPECT_EQ(op3["stall_cycles"]["infeed"], 50u);
+  EXPECT_EQ(p["ops"][1]["id"], 4);
+  EXPECT_EQ(p["ops"][1]["cycles"], 300u);
+  // core 0: active 900 of 1000, waits 400 HBM + 20 sync: compute 480, idle 100.
+  const json& t0 = p["time_by_cause"]["chip0.core0"];
+  EXPECT_EQ(t0, (json{{"compute", 480}, {"hbm", 400}, {"infeed", 0}, {"sync", 20}, {"idle", 100}}));
+  // core 1: the host model counted 80 infeed cycles, 30 more than the profile's
+  // 50: they come out of sync (40 -> 10). compute 700 - 100 - 80 - 10 = 510.
+  const json& t1 = p["time_by_cause"]["chip0.core1"];
+  EXPECT_EQ(t1, (json{{"compute", 510}, {"hbm", 100}, {"infeed", 80}, {"sync", 10}, {"idle", 300}}));
+}
+
+TEST(Profile, StatsWithOpsPassTheCheckAndBadOnesAreNamed) {
+  RunFigures f = v3_figures();
+  json units = two_core_units();
+  const json p = fold_profiles(units, f.cycles);
+  f.ops = p["ops"];
+  f.time_by_cause = p["time_by_cause"];
+  json s = make_stats(f);
+  EXPECT_TRUE(check_stats(s).empty()) << check_stats(s).front();
+  json bad = s;
+  bad["time_by_cause"]["chip0.core0"]["idle"] = 0;
+  ASSERT_FALSE(check_stats(bad).empty());
+  EXPECT_NE(check_stats(bad).front().find("does not sum to cycles"), std::string::npos);
+  bad = s;
+  bad["ops"][0]["cycles"] = 0;
+  ASSERT_FALSE(check_stats(bad).empty());
+  EXPECT_NE(check_stats(bad).front().find("ops[0].cycles"), std::string::npos);
+  bad = s;
+  bad["ops"][1].erase("hbm_bytes");
+  ASSERT_FALSE(check_stats(bad).empty());
+  EXPECT_NE(check_stats(bad).front().find("ops[1].hbm_bytes"), std::string::npos);
+}
+
+TEST(Report, BreakdownAndTopOpsWithRooflineBound) {
+  RunFigures f = v3_figures();
+  json units = two_core_units();
+  const json p = fold_profiles(units, f.cycles);
+  f.ops = p["ops"];
+  f.time_by_cause = p["time_by_cause"];
+  const std::string r = format_report(make_stats(f));
+  // core 0 of 1880 cycles: active 900, hbm 400 = 21.3%, idle 980 = 52.1%.
+  EXPECT_NE(r.find("21.3%"), std::string::npos) << r;
+  EXPECT_NE(r.find("52.1%"), std::string::npos) << r;
+  // Ridge 123.2e12 / 0.9e12 = 136.9 FLOP/B; op 3: 8000 / 12288 = 0.65: memory;
+  // op 4: no FLOPs, 512 bytes: intensity 0, memory.
+  EXPECT_NE(r.find("ridge 136.9 FLOP/B"), std::string::npos) << r;
+  EXPECT_NE(r.find("top 2 of 2 ops"), std::string::npos) << r;
+  const size_t op3 = r.find("op 3 ");
+  ASSERT_NE(op3, std::string::npos) << r;
+  const std::string line = r.substr(op3, r.find('\n', op3) - op3);
+  EXPECT_NE(line.find("0.65"), std::string::npos) << line;
+  EXPECT_NE(line.find("memory"), std::string::npos) << line;
+  EXPECT_LT(op3, r.find("op 4 ")) << "longest op first";
 }
 
 }  // namespace

@@ -1,0 +1,157 @@
+// The report as users read it, against numbers worked out by hand
+// (golden/matmul_v3.md derives every figure of golden/matmul_v3.report from the
+// v3 preset), and the per-op profile and timeline of a compiled model checked
+// against the run's own totals and the trace-event validator.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hw/timeline/timeline.h"
+#include "sim/run/stats.h"
+#include "tests/sim/spawn.h"
+
+namespace fs = std::filesystem;
+using tpusim::testing::Completed;
+using tpusim::testing::slurp;
+using tpusim::testing::spawn;
+
+namespace {
+
+const std::string kSrc = TPUSIM_SOURCE_DIR;
+
+// The report without the host wall time line, the only figure that is not a
+// function of the bundle and the preset.
+std::string without_wall_time(const std::string& report) {
+  std::istringstream in(report);
+  std::string line, out;
+  while (std::getline(in, line))
+    if (line.find("host wall time") == std::string::npos) out += line + "\n";
+  return out;
+}
+
+class ReportGolden : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "tpusim_golden_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  Completed tpusim(std::vector<std::string> args, unsigned timeout_s = 120) {
+    args.insert(args.begin(), TPUSIM_BIN);
+    return spawn(args, dir_, timeout_s);
+  }
+  std::string dir_;
+};
+
+TEST_F(ReportGolden, SingleMatmulOnV3MatchesTheHandDerivedReport) {
+  const std::string bundle = dir_ + "/mm.tpu";
+  Completed c = tpusim({"asm", kSrc + "/tests/sim/golden/matmul_v3.s", "-o", bundle});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const std::string golden = slurp(kSrc + "/tests/sim/golden/matmul_v3.report");
+  ASSERT_FALSE(golden.empty());
+  for (const std::string mode : {"fast", "detailed"}) {
+    const std::string out = dir_ + "/" + mode;
+    c = tpusim({"run", bundle, "--preset", "v3", "--mode", mode, "--random-inputs", "1", "--out", out});
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    std::string expected = golden;
+    if (mode == "detailed") expected.replace(expected.find("fast mode"), 9, "detailed mode");
+    EXPECT_EQ(without_wall_time(c.out), expected) << mode;
+    EXPECT_EQ(c.err, "") << "no progress line when stderr is not a terminal";
+    // The reprint is the same text, wall time included.
+    const Completed r = tpusim({"report", out + "/stats.json"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, c.out);
+  }
+}
+
+// A compiled model: the per-op profile accounts for the run's totals, and the
+// timeline has op slices on the sequencer, DMA-to-wait flows, and validates.
+TEST_F(ReportGolden, CompiledModelProfileAddsUpAndTimelineValidates) {
+  const std::string bundle = dir_ + "/mlp.tpb";
+  Completed c = tpusim({"compile", kSrc + "/tests/compiler/lower/data/mlp.ir", "--preset", "v3", "--cores", "2",
+                        "-o", bundle});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const std::string tl = dir_ + "/t.json";
+  c = tpusim({"run", bundle, "--preset", "v3", "--random-inputs", "1", "--out", dir_ + "/run", "--timeline", tl});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const nlohmann::json s = tpusim::run::read_stats(dir_ + "/run/stats.json");  // check_stats included
+  ASSERT_TRUE(s.contains("ops") && s.contains("time_by_cause"));
+  uint64_t flops = 0, hbm = 0, core_cycles = 0;
+  for (const auto& op : s["ops"]) {
+    flops += op["flops"].get<uint64_t>();
+    hbm += op["hbm_bytes"].get<uint64_t>();
+    core_cycles += op["core_cycles"].get<uint64_t>();
+    EXPECT_LE(op["cycles"].get<uint64_t>(), s["cycles"].get<uint64_t>());
+  }
+  // Every MAC and every HBM byte belongs to exactly one op.
+  EXPECT_EQ(flops, s["flops"].get<uint64_t>());
+  EXPECT_EQ(hbm, s["hbm"]["bytes_read"].get<uint64_t>() + s["hbm"]["bytes_written"].get<uint64_t>());
+  // Op time over all cores is each core's non-idle time.
+  uint64_t busy = 0;
+  ASSERT_EQ(s["time_by_cause"].size(), 2u);
+  for (const auto& [core, t] : s["time_by_cause"].items())
+    busy += s["cycles"].get<uint64_t>() - t["idle"].get<uint64_t>();
+  EXPECT_EQ(core_cycles, busy);
+  // The units carry no profile records any more (they went into "ops").
+  for (const auto& [unit, rec] : s["units"].items()) EXPECT_EQ(unit.find(".profile"), std::string::npos) << unit;
+
+  const std::string text = slurp(tl);
+  const auto problems = tpusim::timeline::validate(text);
+  EXPECT_TRUE(problems.empty()) << problems.front();
+  const nlohmann::json doc = nlohmann::json::parse(text);
+  size_t flows = 0, op_slices_on_sequencer = 0;
+  std::vector<int64_t> sequencer_tids;
+  for (const auto& e : doc["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name" &&
+        e["args"]["name"].get<std::string>().find(".sequencer") != std::string::npos)
+      sequencer_tids.push_back(e["tid"].get<int64_t>());
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "s") ++flows;
+    if (e["ph"] == "X" && e["name"].get<std::string>().rfind("op ", 0) == 0 &&
+        std::find(sequencer_tids.begin(), sequencer_tids.end(), e["tid"].get<int64_t>()) != sequencer_tids.end())
+      ++op_slices_on_sequencer;
+  }
+  EXPECT_GT(flows, 0u) << "no DMA-to-wait flow arrows";
+  EXPECT_GE(op_slices_on_sequencer, s["ops"].size()) << "sequencer tracks lack op slices";
+}
+
+// scripts/plot.py places the run's ops on a roofline (PNG) and classifies them as
+// the report does.
+TEST_F(ReportGolden, PlotPlacesTheOpsOfARunOnTheRoofline) {
+  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+  const std::string bundle = dir_ + "/mm.tpu";
+  Completed c = tpusim({"asm", kSrc + "/tests/sim/golden/matmul_v3.s", "-o", bundle});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  c = tpusim({"run", bundle, "--preset", "v3", "--random-inputs", "1", "--out", dir_, "-q"});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const std::string png = dir_ + "/roofline.png";
+  ::setenv("MPLBACKEND", "Agg", 1);
+  c = spawn({"/usr/bin/python3", kSrc + "/scripts/plot.py", dir_ + "/stats.json", "--roofline", png, "--summary"},
+            dir_);
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const std::string bytes = slurp(png);
+  ASSERT_GT(bytes.size(), 8u);
+  EXPECT_EQ(bytes.substr(1, 3), "PNG");
+  // op 7: 16384 FLOP, no HBM bytes: infinite intensity, compute bound (matmul_v3.md).
+  bool seen = false;
+  std::istringstream in(c.out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"point\": 7") == std::string::npos && line.find("\"point\": \"7\"") == std::string::npos) continue;
+    seen = true;
+    EXPECT_NE(line.find("\"bound\": \"compute\""), std::string::npos) << line;
+    EXPECT_NE(line.find("Infinity"), std::string::npos) << line;
+  }
+  EXPECT_TRUE(seen) << c.out;
+}
+
+}  // namespace
