@@ -55,16 +55,25 @@ void Emitter::lower_all_reduce(const Node& n) {
       std::max<int64_t>(1, std::min<int64_t>(kMaxPieceTiles, static_cast<int64_t>(opt_.target.vmem_bytes) / (2 * tile_bytes))) *
       kTileElems;
 
-  // Receive slots: per step, the moves into a replica in schedule order, each at the
-  // running offset of that replica's earlier incoming chunks of the step; a step
-  // takes the largest such total over the replicas. Whole tiles, so a tile load
-  // never reads into a neighbouring slot that may be landing.
+  // Receive slots: per step, the moves into a replica grouped by source (then in
+  // schedule order), each at the running offset of that replica's earlier incoming
+  // chunks of the step; a step takes the largest such total over the replicas.
+  // Whole tiles, so a tile load never reads into a neighbouring slot that may be
+  // landing; grouped, so one source's chunks of a step are one contiguous run that
+  // VMEM mode sends as a single DMA (on a size-2 torus dimension both directions'
+  // groups go to the same neighbour).
   std::vector<std::vector<int64_t>> slot(sch.steps.size());
   int64_t slots_bytes = 0;
   for (size_t st = 0; st < sch.steps.size(); ++st) {
+    const auto& moves = sch.steps[st];
+    std::vector<size_t> by_src(moves.size());
+    for (size_t k = 0; k < moves.size(); ++k) by_src[k] = k;
+    std::stable_sort(by_src.begin(), by_src.end(), [&](size_t a, size_t b) { return moves[a].src < moves[b].src; });
     std::vector<int64_t> used(static_cast<size_t>(sch.chips), 0);
-    for (const ici::Move& m : sch.steps[st]) {
-      slot[st].push_back(slots_bytes + used[static_cast<size_t>(m.dst)]);
+    slot[st].assign(moves.size(), 0);
+    for (size_t k : by_src) {
+      const ici::Move& m = moves[k];
+      slot[st][k] = slots_bytes + used[static_cast<size_t>(m.dst)];
       used[static_cast<size_t>(m.dst)] += align_up(sch.chunks[static_cast<size_t>(m.dst_chunk)].elems * 4, tile_bytes);
     }
     slots_bytes += *std::max_element(used.begin(), used.end());
@@ -151,8 +160,12 @@ void Emitter::lower_all_reduce(const Node& n) {
   // overwrites W; only when the ring wraps does the replica wait for its sends.
   // The mode must be the same on every replica (senders address the receiver's
   // space), so it is decided from the schedule, not from this replica's moves.
-  int64_t largest = 0;
-  for (const auto& c : sch.chunks) largest = std::max(largest, align_up(c.elems * 4, tile_bytes));
+  int64_t largest = 0;  // the largest (step, source, destination) run of staged chunks
+  for (const auto& step : sch.steps) {
+    std::map<std::pair<int, int>, int64_t> run;
+    for (const ici::Move& m : step)
+      largest = std::max(largest, run[{m.src, m.dst}] += align_up(sch.chunks[static_cast<size_t>(m.src_chunk)].elems * 4, tile_bytes));
+  }
   const int64_t vmem_top = static_cast<int64_t>(opt_.target.vmem_bytes) / tile_bytes * tile_bytes;
   const bool in_vmem = w_bytes + slots_bytes + conv_bytes + largest <= vmem_top;
   // The same HBM tensor in another replica's region (same layout, its core's base).
@@ -239,35 +252,59 @@ void Emitter::lower_all_reduce(const Node& n) {
   int64_t send_slot = ring;
   for (size_t st = 0; st < sch.steps.size(); ++st) {
     const auto& moves = sch.steps[st];
-    std::map<int, int64_t> incoming;  // landing flag -> moves of this step
+    std::map<int, int64_t> incoming;  // landing flag -> DMAs of this step
+    std::set<int> sources_now;
+    for (size_t k = 0; k < moves.size(); ++k)
+      if (moves[k].dst == me) {
+        // VMEM mode: one DMA per source and step; HBM mode: one per move.
+        if (!in_vmem || sources_now.insert(moves[k].src).second) ++incoming[land_flag(me, moves[k].src, st)];
+      }
+    // This replica's sends of the step, grouped by destination (first appearance).
+    std::vector<int> to;
+    std::map<int, std::vector<size_t>> group;
     for (size_t k = 0; k < moves.size(); ++k) {
-      const ici::Move& m = moves[k];
-      if (m.dst == me) ++incoming[land_flag(me, m.src, st)];
-      if (m.src != me) continue;
-      if (ready.insert(m.dst).second) {
-        const int f = ready_flag(me, m.dst);
+      if (moves[k].src != me) continue;
+      if (!group.count(moves[k].dst)) to.push_back(moves[k].dst);
+      group[moves[k].dst].push_back(k);
+    }
+    for (int d : to) {
+      if (ready.insert(d).second) {
+        const int f = ready_flag(me, d);
         line("wait f" + std::to_string(f) + ", " + std::to_string(coll_landed_[f] += 1));
       }
-      const ici::Chunk& c = sch.chunks[static_cast<size_t>(m.src_chunk)];
-      const int64_t dst = in_vmem ? slots + slot[st][k] : there(m.dst, slots + slot[st][k]);
-      int64_t src = W + c.offset * 4;
-      if (in_vmem) {
-        if (send_slot + align_up(c.elems * 4, tile_bytes) > vmem_top) {
-          line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
-          send_slot = ring;
+      const std::string rflag = ", flag=" + std::string(kSendFlag) + ", rflag=f" + std::to_string(land_flag(d, me, st));
+      const std::vector<size_t>& ks = group[d];
+      if (!in_vmem) {
+        for (size_t k : ks) {
+          const ici::Chunk& c = sch.chunks[static_cast<size_t>(moves[k].src_chunk)];
+          pending.emplace_back(c.offset, c.elems);
+          line("dma " + endpoint(wspace, d) + ":" + at(there(d, slots + slot[st][k])) + ", " + hbm(W + c.offset * 4) +
+               ", bytes=" + std::to_string(c.elems * 4) + rflag);
+          ++sent;
         }
-        for (int64_t t = 0; t * kTileElems < c.elems; ++t) {
-          line("vld v1, " + at(src + t * tile_bytes));
-          line("vst v1, " + at(send_slot + t * tile_bytes));
-        }
-        src = send_slot;
-        send_slot += align_up(c.elems * 4, tile_bytes);
-      } else {
-        pending.emplace_back(c.offset, c.elems);
+        continue;
       }
-      line("dma " + endpoint(wspace, m.dst) + ":" + at(dst) + ", " + wref(src) + ", bytes=" + std::to_string(c.elems * 4) +
-           ", flag=" + kSendFlag + ", rflag=f" + std::to_string(land_flag(m.dst, me, st)));
+      // Staged copies laid out as the receiver's slots for them, one DMA.
+      int64_t span = 0;
+      for (size_t k : ks) span += align_up(sch.chunks[static_cast<size_t>(moves[k].src_chunk)].elems * 4, tile_bytes);
+      if (send_slot + span > vmem_top) {
+        line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
+        send_slot = ring;
+      }
+      int64_t off = 0, bytes = 0;
+      for (size_t k : ks) {
+        const ici::Chunk& c = sch.chunks[static_cast<size_t>(moves[k].src_chunk)];
+        for (int64_t t = 0; t * kTileElems < c.elems; ++t) {
+          line("vld v1, " + at(W + c.offset * 4 + t * tile_bytes));
+          line("vst v1, " + at(send_slot + off + t * tile_bytes));
+        }
+        bytes = off + c.elems * 4;
+        off += align_up(c.elems * 4, tile_bytes);
+      }
+      line("dma " + endpoint("vmem", d) + ":" + at(slots + slot[st][ks.front()]) + ", " + vmem(send_slot) +
+           ", bytes=" + std::to_string(bytes) + rflag);
       ++sent;
+      send_slot += span;
     }
     if (incoming.empty()) continue;
     // Landings are combined source by source, those from this chip's other cores
