@@ -13,7 +13,8 @@ usage: allreduce_bw.py TPUSIM [--preset v3-8] [--replicas 8] [--collective auto]
                        [--sizes 1K,4K,...] [--work DIR]"""
 import argparse, json, os, subprocess, sys
 
-# v3 (configs/chips/v3.yaml): the neighbour-message fit of docs/ici.md.
+# The neighbour-message fit of docs/ici.md; clock and link rate per chip (--clock,
+# --link-bytes-per-s; defaults v3, configs/chips/v3.yaml).
 CLOCK = 940e6
 ICI_ALPHA = 1941.0                             # cycles, one neighbour message
 ICI_B = 82.0e9 * 0.8681 / CLOCK                # payload bytes/cycle of one link direction
@@ -88,7 +89,12 @@ def main():
     ap.add_argument("--collective", default="auto")
     ap.add_argument("--sizes", default="1K,4K,16K,64K,256K,1M,4M,16M,64M")
     ap.add_argument("--work", default="/tmp/allreduce_bw")
+    ap.add_argument("--clock", type=float, default=940e6)
+    ap.add_argument("--link-bytes-per-s", type=float, default=82.0e9)
     a = ap.parse_args()
+    global CLOCK, ICI_B
+    CLOCK = a.clock
+    ICI_B = a.link_bytes_per_s * 0.8681 / CLOCK
     os.makedirs(a.work, exist_ok=True)
     R = a.replicas
     cores = min(R, a.cores_per_chip)
