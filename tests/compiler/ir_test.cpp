@@ -66,10 +66,18 @@ const char* kEveryOp = R"(graph every_op {
   %ga = gather(%table, %"ids:0") {axis=0} : f32[2,5,3] #35
   %ca = cast(%ga) {to="bf16"} : bf16[2,5,3] #36
   %id = identity(%ca) : bf16[2,5,3] #37
+  %ar = all_reduce(%rsh) : f32[16,8] #38
+  %rg = relu_grad(%ar, %rsh) : f32[16,8] #39
+  %rv = reverse(%rg) {axes=[0]} : f32[16,8] #40
+  %ic = im2col(%x) {dilations=[1,1], kernel=[3,3], pads=[1,1,1,1], strides=[1,1]} : f32[128,27] #41
+  %mg = maxpool_grad(%mp, %r, %mp) {kernel=[3,3], pads=[1,1,1,1], strides=[2,2]} : f32[2,4,8,8] #42
   output %id
   output %pd
   output %rsum
   output %rmean
+  output %rv
+  output %ic
+  output %mg
 }
 )";
 
@@ -87,7 +95,7 @@ TEST(GraphIr, EveryOpRoundTripsExactly) {
   verify(g);
   std::set<OpKind> seen;
   for (const Node& n : g.nodes) seen.insert(n.op);
-  for (int k = 0; k <= static_cast<int>(OpKind::kIdentity); ++k)
+  for (int k = 0; k <= static_cast<int>(OpKind::kIm2col); ++k)
     EXPECT_TRUE(seen.count(static_cast<OpKind>(k))) << "no node of op " << op_name(static_cast<OpKind>(k));
   const std::string printed = print_graph(g);
   EXPECT_EQ(printed, text);  // the snippet is written in canonical form
