@@ -20,8 +20,6 @@ std::string hex(int64_t v) {
 }  // namespace
 
 std::string collective_program(const Schedule& s, const ProgramOptions& o) {
-  if (s.steps.size() > size_t(64 - kFirstFlag))
-    throw IciError(s.name + ": " + std::to_string(s.steps.size()) + " steps, the program has flags for 56");
   for (const Chunk& c : s.chunks)
     if (c.elems % kTile || c.offset % kTile)
       throw IciError(s.name + ": chunk [" + std::to_string(c.offset) + ", +" + std::to_string(c.elems) +
@@ -55,38 +53,81 @@ std::string collective_program(const Schedule& s, const ProgramOptions& o) {
     p += ".input x" + std::to_string(c) + " f32 [" + std::to_string(s.elements) + "] " + at + "\n";
     p += ".output y" + std::to_string(c) + " f32 [" + std::to_string(s.elements) + "] " + at + "\n";
   }
+  // One flag per receive of a chip, in (step, move) order: each receive is
+  // waited on alone, so a chip adds (and forwards) one group's chunk while the
+  // other groups' data is still on the way, as the network-level run does.
+  std::vector<std::vector<int>> flag_of(s.steps.size());  // [step][move]
+  std::vector<int> receives(size_t(s.chips), 0);
+  for (size_t st = 0; st < s.steps.size(); ++st)
+    for (const Move& m : s.steps[st]) {
+      const int f = kFirstFlag + receives[size_t(m.dst)]++;
+      if (f > 63) throw IciError(s.name + ": chip " + std::to_string(m.dst) + " receives more than 56 moves");
+      flag_of[st].push_back(f);
+    }
+  const auto overlaps = [&](int a, int b) {
+    const Chunk &x = s.chunks[size_t(a)], &y = s.chunks[size_t(b)];
+    return x.offset < y.offset + y.elems && y.offset < x.offset + x.elems;
+  };
   for (int c = 0; c < s.chips; ++c) {
     p += ".core chip" + std::to_string(c) + ".core0\n";
-    for (size_t st = 0; st < s.steps.size(); ++st) {
-      const std::string flag = "f" + std::to_string(kFirstFlag + int(st));
-      int receives = 0;
-      for (size_t mi = 0; mi < s.steps[st].size(); ++mi) {
-        const Move& m = s.steps[st][mi];
-        if (m.dst == c) ++receives;
-        if (m.src != c) continue;
+    struct Ref {
+      size_t step, move;
+    };
+    std::vector<Ref> sends;  // not yet written, in step order
+    for (size_t st = 0; st < s.steps.size(); ++st)
+      for (size_t mi = 0; mi < s.steps[st].size(); ++mi)
+        if (s.steps[st][mi].src == c) sends.push_back({st, mi});
+    std::vector<std::vector<char>> received(s.steps.size());
+    for (size_t st = 0; st < s.steps.size(); ++st) received[st].assign(s.steps[st].size(), 0);
+    // A send goes out once every earlier receive into the elements it reads is in
+    // (and added): sends of step t + 1 follow the receive of step t they need.
+    const auto emit_ready_sends = [&](size_t up_to_step) {
+      for (auto it = sends.begin(); it != sends.end();) {
+        const Move& m = s.steps[it->step][it->move];
+        bool ready = it->step <= up_to_step;
+        for (size_t st = 0; ready && st < it->step; ++st)
+          for (size_t mi = 0; ready && mi < s.steps[st].size(); ++mi) {
+            const Move& r = s.steps[st][mi];
+            if (r.dst == c && !received[st][mi] && overlaps(r.dst_chunk, m.src_chunk)) ready = false;
+          }
+        if (!ready) {
+          ++it;
+          continue;
+        }
         const Chunk& from = s.chunks[size_t(m.src_chunk)];
         const Chunk& to = s.chunks[size_t(m.dst_chunk)];
-        const int64_t dst = m.reduce ? recv_at[st][mi] : to.offset * 4;
+        const int64_t dst = m.reduce ? recv_at[it->step][it->move] : to.offset * 4;
         p += "  dma vmem@chip" + std::to_string(m.dst) + ".c0:[s0 + " + hex(dst) + "], vmem:[s0 + " +
-             hex(from.offset * 4) + "], bytes=" + std::to_string(from.elems * 4) + ", rflag=" + flag + "\n";
+             hex(from.offset * 4) + "], bytes=" + std::to_string(from.elems * 4) +
+             ", rflag=f" + std::to_string(flag_of[it->step][it->move]) + "\n";
+        it = sends.erase(it);
       }
-      if (!receives) continue;
-      p += "  wait.sub " + flag + ", " + std::to_string(receives) + "\n";
+    };
+    emit_ready_sends(0);
+    for (size_t st = 0; st < s.steps.size(); ++st) {
       for (size_t mi = 0; mi < s.steps[st].size(); ++mi) {
         const Move& m = s.steps[st][mi];
-        if (m.dst != c || !m.reduce) continue;
-        const Chunk& to = s.chunks[size_t(m.dst_chunk)];
-        for (int64_t t = 0; t < to.elems; t += kTile) {
-          const std::string local = hex((to.offset + t) * 4), recv = hex(recv_at[st][mi] + t * 4);
-          // Ten register triples in turn, so consecutive tiles do not wait on each other.
-          const int r = 1 + 3 * int((t / kTile) % 10);
-          const std::string a = "v" + std::to_string(r), b = "v" + std::to_string(r + 1),
-                            sum = "v" + std::to_string(r + 2);
-          p += "  vld " + a + ", [s0 + " + recv + "]\n  vld " + b + ", [s0 + " + local + "]\n";
-          p += "  vadd " + sum + ", " + a + ", " + b + "\n  vst " + sum + ", [s0 + " + local + "]\n";
+        if (m.dst != c) continue;
+        p += "  wait.sub f" + std::to_string(flag_of[st][mi]) + ", 1\n";
+        if (m.reduce) {
+          const Chunk& to = s.chunks[size_t(m.dst_chunk)];
+          for (int64_t t = 0; t < to.elems; t += kTile) {
+            const std::string local = hex((to.offset + t) * 4), recv = hex(recv_at[st][mi] + t * 4);
+            // Ten register triples in turn, so consecutive tiles do not wait on each other.
+            const int r = 1 + 3 * int((t / kTile) % 10);
+            const std::string a = "v" + std::to_string(r), b = "v" + std::to_string(r + 1),
+                              sum = "v" + std::to_string(r + 2);
+            p += "  vld " + a + ", [s0 + " + recv + "]\n  vld " + b + ", [s0 + " + local + "]\n";
+            p += "  vadd " + sum + ", " + a + ", " + b + "\n  vst " + sum + ", [s0 + " + local + "]\n";
+          }
         }
+        received[st][mi] = 1;
+        emit_ready_sends(st + 1);
       }
+      emit_ready_sends(st + 1);
     }
+    emit_ready_sends(s.steps.size());
+    if (!sends.empty()) throw IciError(s.name + ": chip " + std::to_string(c) + ": a send depends on nothing received");
     p += "  halt\n";
   }
   return p;

@@ -7,12 +7,14 @@
 //
 // Layout on each chip's core 0: the fp32 buffer of `elements` at VMEM 0 (input
 // `x<c>` and output `y<c>` of chip c), then per step a receive area for the
-// reducing moves into that chip. Step s of a chip: issue its sends (a DMA starts
-// only after the vst issued before it, so it sends what the previous step
-// computed), then wait for its receives on flag f(8 + s) (rflag of the senders)
-// and add. Sends of a step read elements no receive of the same step writes
-// (collectives.h), and later writes land only after data-dependent receipts, so
-// the program needs no issuer flags.
+// reducing moves into that chip. Every receive of a chip has its own flag
+// (f8, f9, .. in step order; the sender's rflag). A chip's program waits for its
+// receives one at a time in step order, adds each, and right after it issues the
+// sends that needed it (a DMA starts only after the vst issued before it), so the
+// groups of a bidirectional ring or torus schedule pipeline independently, as in
+// the network-level run. Sends of a step read elements no receive of the same
+// step writes (collectives.h), and later writes land only after data-dependent
+// receipts, so the program needs no issuer flags.
 #pragma once
 
 #include <cstdint>
@@ -28,9 +30,9 @@ struct ProgramOptions {
   std::string extra_target;     // appended to the .target line
 };
 
-// Throws IciError if a chunk is not a whole number of 1024-element tiles, the
-// schedule has more than 56 steps (one flag each), or the buffers do not fit
-// 16 MiB of VMEM.
+// Throws IciError if a chunk is not a whole number of 1024-element tiles, a chip
+// receives more than 56 moves (one flag each), or the buffers do not fit 16 MiB
+// of VMEM.
 std::string collective_program(const Schedule& s, const ProgramOptions& o = {});
 
 }  // namespace tpusim::ici
