@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <string>
 #include <unistd.h>
@@ -48,7 +49,8 @@ struct Result {
   std::vector<std::vector<float>> inputs;
 };
 
-Result run_program(const ici::Schedule& s, const std::string& mode, const std::string& tag) {
+Result run_program(const ici::Schedule& s, const std::string& mode, const std::string& tag,
+                   const std::string& preset = "v3-8") {
   const fs::path dir = fs::temp_directory_path() / ("allreduce_" + std::to_string(::getpid()) + "_" + tag);
   fs::create_directories(dir);
   std::ofstream(dir / "prog.s") << ici::collective_program(s);
@@ -57,7 +59,7 @@ Result run_program(const ici::Schedule& s, const std::string& mode, const std::s
   // Wide exponent range, normal numbers only: a wrong add order changes bits.
   std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
   std::uniform_int_distribution<int> expo(-20, 20);
-  std::string cmd = std::string(TPUSIM_CORE_RUN) + " '" + (dir / "prog.s").string() + "' v3-8 " + mode + " '" +
+  std::string cmd = std::string(TPUSIM_CORE_RUN) + " '" + (dir / "prog.s").string() + "' " + preset + " " + mode + " '" +
                     (dir / "out.json").string() + "'";
   for (int c = 0; c < s.chips; ++c) {
     std::vector<float> x(size_t(s.elements));
@@ -136,6 +138,32 @@ TEST(AllReduceProgram, RingOnV3x8MatchesReferenceFoldAndNetworkFigures) {
         link_bytes += u.value("bytes", uint64_t{0});
     EXPECT_EQ(link_bytes, uint64_t(2 * (p - 1)) * uint64_t(bytes));  // each chip sends 2(p-1) blocks of n/p, one hop
   }
+}
+
+// The torus algorithm on a v2 4x4 slice (4 groups, two phases each): the program's
+// outputs equal the reference and the schedule's own semantics (ici::execute with
+// fp32 adds), and it runs no faster than the network-level figure.
+TEST(AllReduceProgram, TorusOnV2x4x4MatchesScheduleSemantics) {
+  const config::Params preset = config::load_preset("v2-4x4", {});
+  const ici::Topology topo = ici::Topology::from_params(preset);
+  const ici::Schedule s = ici::make_schedule(ici::CollectiveKind::kAllReduce, ici::Algorithm::kTorus, topo, 65536);
+  const Result r = run_program(s, "fast", "torus", "v2-4x4");
+  ASSERT_FALSE(r.j.value("faulted", true)) << r.j.value("fault", std::string());
+  ASSERT_TRUE(r.j.value("ref_ok", false));
+  std::vector<std::vector<float>> state = r.inputs;
+  ici::execute<float>(s, state, std::numeric_limits<float>::infinity(), [](float a, float b) {
+    volatile float sum = a + b;
+    return float(sum);
+  });
+  for (int c = 0; c < s.chips; ++c) {
+    const std::string y = "y" + std::to_string(c);
+    EXPECT_EQ(r.j["outputs"][y], r.j["ref_outputs"][y]) << y;
+    const std::vector<float> got = from_hex(r.j["outputs"][y].get<std::string>());
+    ASSERT_EQ(got.size(), state[size_t(c)].size());
+    EXPECT_EQ(std::memcmp(got.data(), state[size_t(c)].data(), got.size() * 4), 0) << y;
+  }
+  ici::Network net = ici::Network::from_params(preset);
+  EXPECT_GE(double(r.j["cycles"].get<uint64_t>()), double(ici::simulate(net, s, 4).cycles));
 }
 
 TEST(AllReduceProgram, FastAndDetailedAgree) {
