@@ -11,6 +11,7 @@ Chip::Chip(const CoreParams& p, exec::Machine& m, const isa::Bundle& b, uint32_t
       machine_(m),
       hub_(std::make_unique<MemoryHub>(make_memory(), cycle_ps)),
       host_(std::make_unique<HostLink>(host)) {
+  if (tl) hub_->port().set_timeline(tl, "chip" + std::to_string(chip), cycle_ps);  // per-channel HBM counters
   // One beat through idle copies of the memory: the part of the published DMA
   // latency the memory itself accounts for.
   const uint64_t read_beat = MemoryHub::unloaded_beat_cycles(*make_memory(), p.dma.chunk_bytes, false, cycle_ps);

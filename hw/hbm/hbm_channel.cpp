@@ -411,6 +411,7 @@ nlohmann::json HbmChannel::stats_json(uint64_t elapsed_cycles) const {
                      cycles},
         {"max", counters_.occupancy_max}}},
       {"bandwidth_bytes_per_cycle", double((counters_.reads + counters_.writes) * burst) / cycles},
+      {"bandwidth_bytes_per_s", double((counters_.reads + counters_.writes) * burst) / cycles * double(cfg_->clock_hz)},
       {"data_bus_utilization", double((counters_.reads + counters_.writes) * cfg_->timing.tBURST()) / cycles},
       {"latency_cycles", latency_cycles_.to_json()},
   };

@@ -1,5 +1,7 @@
 #include "hw/hbm/hbm_memory.h"
 
+#include "hw/timeline/timeline.h"
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -98,7 +100,62 @@ bool HbmMemory::pop_completion(mem::MemCompletion& out) {
   return true;
 }
 
+void HbmMemory::set_timeline(timeline::Timeline* tl, const std::string& process, uint64_t cycle_ps) {
+  tl_ = tl;
+  tl_channels_.clear();
+  if (!tl_) return;
+  tl_cycle_ps_ = std::max<uint64_t>(1, cycle_ps);
+  tl_interval_ = cfg_.sample_interval_cycles ? cfg_.sample_interval_cycles : kTimelineIntervalCycles;
+  tl_next_ = (next_cycle_ / tl_interval_ + 1) * tl_interval_;
+  tl_bursts_seen_ = 0;
+  tl_nonzero_ = 0;
+  for (uint32_t i = 0; i < channel_count(); ++i) {
+    TimelineChannel t;
+    const std::string unit = "hbm.ch" + std::to_string(i);
+    t.track = tl_->track(process, unit);
+    t.bw_name = unit + " GB/s";
+    t.queued_name = unit + " queued";
+    t.bursts_before = channels_[i].counters().reads + channels_[i].counters().writes;
+    tl_bursts_seen_ += t.bursts_before;
+    tl_channels_.push_back(std::move(t));
+  }
+}
+
+void HbmMemory::timeline_until(uint64_t c) {
+  if (c < tl_next_) return;
+  uint64_t bursts = 0;
+  size_t queued = 0;
+  for (const auto& ch : channels_) bursts += ch.counters().reads + ch.counters().writes, queued += ch.queued();
+  const double seconds = double(clock_.cycle_to_ps(tl_interval_)) * 1e-12;
+  while (tl_next_ <= c) {
+    // Nothing moved since the last boundary, nothing waits, and every counter
+    // already reads 0: jump over the idle boundaries.
+    if (bursts == tl_bursts_seen_ && queued == 0 && tl_nonzero_ == 0) {
+      tl_next_ = (c / tl_interval_ + 1) * tl_interval_;
+      break;
+    }
+    const uint64_t at = clock_.cycle_to_ps(tl_next_ - tl_interval_) / tl_cycle_ps_;
+    for (uint32_t i = 0; i < channel_count(); ++i) {
+      TimelineChannel& t = tl_channels_[i];
+      const auto& k = channels_[i].counters();
+      const uint64_t now = k.reads + k.writes;
+      const double bw = double((now - t.bursts_before) * cfg_.burst_bytes()) / seconds * 1e-9;
+      t.bursts_before = now;
+      const uint64_t q = channels_[i].queued();
+      const bool was_zero = t.last_bw == 0 && t.last_queued == 0;
+      if (bw != t.last_bw) tl_->counter(t.track, t.bw_name, at, bw), t.last_bw = bw;
+      if (q != t.last_queued) tl_->counter(t.track, t.queued_name, at, double(q)), t.last_queued = q;
+      const bool is_zero = t.last_bw == 0 && t.last_queued == 0;
+      tl_nonzero_ += uint32_t(was_zero && !is_zero);
+      tl_nonzero_ -= uint32_t(!was_zero && is_zero);
+    }
+    tl_bursts_seen_ = bursts;
+    tl_next_ += tl_interval_;
+  }
+}
+
 void HbmMemory::take_samples_until(uint64_t c) {
+  if (tl_) timeline_until(c);
   if (cfg_.sample_interval_cycles == 0) return;
   for (; next_sample_ <= c; next_sample_ += cfg_.sample_interval_cycles)
     for (auto& ch : channels_) ch.sample(next_sample_);

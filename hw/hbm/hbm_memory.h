@@ -32,6 +32,12 @@ class HbmMemory final : public mem::MemoryPort {
   uint64_t outstanding() const override { return outstanding_; }
   double peak_bytes_per_s() const override { return cfg_.peak_bytes_per_s(); }
   nlohmann::json stats_json() const override;
+  // Every kTimelineIntervalCycles DRAM cycles (or sample_interval_cycles when set),
+  // each pseudo-channel's bandwidth (GB/s) and queued bursts over the interval
+  // before, as counters "hbm.chN GB/s" and "hbm.chN queued" on track "hbm.chN";
+  // a counter is written only when its value changes, so idle channels cost nothing.
+  void set_timeline(timeline::Timeline* tl, const std::string& process, uint64_t cycle_ps) override;
+  static constexpr uint64_t kTimelineIntervalCycles = 1024;
 
   // The unit-core view, in DRAM cycles.
   void tick();
@@ -67,6 +73,7 @@ class HbmMemory final : public mem::MemoryPort {
   void advance_cycles_to(uint64_t end_cycle);  // process cycles < end_cycle
   void take_samples_until(uint64_t c);         // boundaries <= c not yet sampled
   void finish_bursts();
+  void timeline_until(uint64_t c);  // interval boundaries <= c not yet recorded
 
   HbmConfig cfg_;
   ClockConversion clock_;
@@ -88,6 +95,21 @@ class HbmMemory final : public mem::MemoryPort {
   std::vector<BurstDone> done_;
   std::priority_queue<mem::MemCompletion, std::vector<mem::MemCompletion>, Later> completions_;
   uint64_t outstanding_ = 0;
+
+  struct TimelineChannel {
+    uint32_t track = 0;
+    std::string bw_name, queued_name;
+    uint64_t bursts_before = 0;
+    double last_bw = 0;
+    uint64_t last_queued = 0;
+  };
+  timeline::Timeline* tl_ = nullptr;
+  uint64_t tl_cycle_ps_ = 1;
+  uint64_t tl_interval_ = 0;
+  uint64_t tl_next_ = 0;  // next boundary to record
+  uint64_t tl_bursts_seen_ = 0;  // all channels' bursts at the last boundary
+  uint32_t tl_nonzero_ = 0;      // channels whose last written counters are not both 0
+  std::vector<TimelineChannel> tl_channels_;
 
   uint64_t requests_read_ = 0, requests_write_ = 0, bytes_read_ = 0, bytes_written_ = 0, rejected_ = 0;
   mem::LatencyHistogram request_latency_ps_;

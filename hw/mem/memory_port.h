@@ -23,6 +23,11 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
+
+namespace tpusim::timeline {
+class Timeline;
+}
 
 namespace tpusim::mem {
 
@@ -54,6 +59,11 @@ class MemoryPort {
   virtual double peak_bytes_per_s() const = 0;
   // Everything the model counts, ready to embed into stats.json.
   virtual nlohmann::json stats_json() const = 0;
+  // Per-channel counters on the timeline's `process` (e.g. "chip0"), which counts
+  // in cycles of `cycle_ps`; models without channels record nothing.
+  virtual void set_timeline(timeline::Timeline* tl, const std::string& process, uint64_t cycle_ps) {
+    (void)tl, (void)process, (void)cycle_ps;
+  }
 };
 
 }  // namespace tpusim::mem

@@ -1,0 +1,94 @@
+// Per-channel statistics (stats_json "channels") and the per-channel timeline
+// counters, against counts that follow from the address mapping and against the
+// channel's own counter samples.
+#include "hbm_test_util.h"
+
+#include "hw/hbm/traffic.h"
+#include "hw/timeline/timeline.h"
+
+namespace tpusim::hbm::testing {
+namespace {
+
+// 64 sequential 4 KiB reads on one v3 stack (16 pseudo-channels): the default
+// mapping spreads each request as 8 bursts over every pseudo-channel, so each
+// reads 64 x 8 = 512 bursts, 16 KiB: 16 rows of 1 KiB, each opened at least once.
+TEST(HbmStats, PerChannelCountersAddUpForASequentialStream) {
+  const HbmConfig cfg = load_hbm_preset("hbm2_v3", {"hbm.stacks=1"});
+  ASSERT_EQ(cfg.channels(), 16u);
+  HbmMemory mem(cfg);
+  TrafficSpec spec = TrafficSpec::defaults(Pattern::kSequential, 64);
+  run_traffic(mem, spec, cfg.capacity_bytes());
+  const auto j = mem.stats_json();
+  ASSERT_EQ(j["channels"].size(), 16u);
+  EXPECT_EQ(j["bursts"]["reads"].get<uint64_t>(), 64u * 128);
+  EXPECT_EQ(j["requests"]["reads"].get<uint64_t>(), 64u);
+  EXPECT_EQ(j["request_latency_ps"]["count"].get<uint64_t>(), 64u);
+  for (const auto& ch : j["channels"]) {
+    SCOPED_TRACE(ch["channel"].dump());
+    EXPECT_EQ(ch["reads"].get<uint64_t>(), 512u);
+    EXPECT_EQ(ch["writes"].get<uint64_t>(), 0u);
+    EXPECT_EQ(ch["bytes"].get<uint64_t>(), 512u * 32);
+    const uint64_t hits = ch["row_hits"], misses = ch["row_misses"], conflicts = ch["row_conflicts"];
+    EXPECT_EQ(hits + misses + conflicts, 512u);
+    EXPECT_EQ(misses + conflicts, ch["activates"].get<uint64_t>());
+    EXPECT_GE(ch["activates"].get<uint64_t>(), 16u);
+    EXPECT_LE(ch["queue_occupancy"]["max"].get<uint64_t>(), cfg.queue_entries);
+    EXPECT_GT(ch["queue_occupancy"]["mean"].get<double>(), 0.0);
+    const auto& lat = ch["latency_cycles"];
+    EXPECT_EQ(lat["count"].get<uint64_t>(), 512u);
+    // A read burst takes at least tCL + BL/2 after its RD, itself at least tRCD after an ACT.
+    EXPECT_GE(lat["p50"].get<uint64_t>(), cfg.timing[tCL] + cfg.timing.tBURST());
+    EXPECT_LE(lat["p50"].get<uint64_t>(), lat["p99"].get<uint64_t>());
+    EXPECT_LE(lat["p99"].get<uint64_t>(), lat["max"].get<uint64_t>());
+    // Bandwidth per channel = bytes / elapsed cycles, at most 16 B/cycle (64 bits, both edges).
+    const double bpc = ch["bandwidth_bytes_per_cycle"];
+    EXPECT_DOUBLE_EQ(bpc, double(512 * 32) / double(j["cycles"].get<uint64_t>()));
+    EXPECT_LE(bpc, 16.0);
+    EXPECT_DOUBLE_EQ(ch["bandwidth_bytes_per_s"].get<double>(), bpc * double(cfg.clock_hz));
+  }
+}
+
+// The timeline's per-channel counters follow the channel samples taken at the same
+// boundaries: bandwidth = bursts in the interval x 32 B / interval, queued = queue.
+TEST(HbmStats, TimelineCountersFollowTheChannelSamples) {
+  const HbmConfig cfg = load_hbm_preset("hbm2_v3", {"hbm.stacks=1", "hbm.sample_interval_cycles=97"});
+  HbmMemory mem(cfg);
+  timeline::Options o;
+  o.clock_hz = 1e12;  // the timeline counts picoseconds
+  timeline::Timeline tl(o);
+  mem.set_timeline(&tl, "chip0", 1);
+  TrafficSpec spec = TrafficSpec::defaults(Pattern::kMix, 300);
+  run_traffic(mem, spec, cfg.capacity_bytes());
+  mem.skip(5000);  // idle tail: the counters fall to 0 once, then nothing
+  const auto events = nlohmann::json::parse(tl.to_json());
+  const auto& list = events.is_object() ? events["traceEvents"] : events;
+  const double interval_s = double(mem.clock().cycle_to_ps(97)) * 1e-12;
+  for (uint32_t i : {0u, 5u, 15u}) {
+    SCOPED_TRACE(i);
+    const auto& samples = mem.channel(i).samples();
+    ASSERT_GT(samples.size(), 10u);
+    std::vector<double> want_bw, want_q;
+    uint64_t before = 0;
+    double last_bw = 0, last_q = 0;
+    for (const auto& s : samples) {
+      const double bw = double((s.reads + s.writes - before) * 32) / interval_s * 1e-9;
+      before = s.reads + s.writes;
+      if (bw != last_bw) want_bw.push_back(bw), last_bw = bw;
+      if (double(s.queued) != last_q) want_q.push_back(double(s.queued)), last_q = double(s.queued);
+    }
+    std::vector<double> got_bw, got_q;
+    const std::string unit = "hbm.ch" + std::to_string(i);
+    for (const auto& e : list) {
+      if (e.value("ph", "") != "C") continue;
+      if (e["name"] == unit + " GB/s") got_bw.push_back(e["args"]["value"].get<double>());
+      if (e["name"] == unit + " queued") got_q.push_back(e["args"]["value"].get<double>());
+    }
+    ASSERT_EQ(got_bw.size(), want_bw.size());
+    for (size_t k = 0; k < got_bw.size(); ++k) EXPECT_NEAR(got_bw[k], want_bw[k], 1e-9 * want_bw[k] + 1e-12) << k;
+    EXPECT_EQ(got_q, want_q);
+    EXPECT_EQ(got_bw.back(), 0.0);  // the idle tail
+  }
+}
+
+}  // namespace
+}  // namespace tpusim::hbm::testing
