@@ -122,6 +122,13 @@ TEST_F(ReportGolden, CompiledModelProfileAddsUpAndTimelineValidates) {
       ++op_slices_on_sequencer;
   }
   EXPECT_GT(flows, 0u) << "no DMA-to-wait flow arrows";
+  // The HBM bandwidth counter (GB/s per 256-cycle window) integrates to the
+  // run's HBM bytes: sum(value x 1e9 x 256 / clock_hz).
+  double integrated = 0;
+  for (const auto& e : doc["traceEvents"])
+    if (e["ph"] == "C" && e["name"] == "HBM bandwidth (GB/s)")
+      integrated += e["args"]["value"].get<double>() * 1e9 * 256.0 / s["clock_hz"].get<double>();
+  EXPECT_NEAR(integrated, double(hbm), 1e-6 * double(hbm));
   EXPECT_GE(op_slices_on_sequencer, s["ops"].size()) << "sequencer tracks lack op slices";
 }
 
