@@ -97,6 +97,23 @@ class Emitter {
   void plan_fusion();
   bool fused_away(const Node& n) const { return fused_.count(n.id) != 0; }
   const std::vector<const Node*>& chain_of(const Node& n) const;
+  // Gathers through VMEM (staging.cpp): the HBM bytes [src, src + src_bytes) are
+  // copied to VMEM with one contiguous DMA, rearranged there by VMEM -> VMEM DMAs
+  // (whose cost is per byte, not per run, so element-sized runs are cheap), and the
+  // result [0, dst_bytes) goes to HBM at dst with one DMA. Offsets of each gather are
+  // relative to the staged source and the staged result; the result is first filled
+  // with `fill` (element type fill_dt) where gathers leave holes (padding taps).
+  struct Gather {
+    int64_t src_off, dst_off, run;
+    std::string dims;  // dim(...) terms
+  };
+  bool staging_fits(int64_t src_bytes, int64_t dst_bytes) const {
+    return static_cast<uint64_t>(align_up(src_bytes, kAlign) + align_up(dst_bytes, kAlign) + 8192) <=
+           opt_.target.vmem_bytes;
+  }
+  // planes > 1: the result is `planes` equal parts, part p going to dst + p * plane_stride.
+  void staged_gather(int64_t src, int64_t src_bytes, int64_t dst, int64_t dst_bytes, const std::vector<Gather>& gathers,
+                     bool fill, float fill_value, DType fill_dt, int64_t planes = 1, int64_t plane_stride = 0);
   // The recipe's instruction sequence of elementwise op `n` on registers: vd = op(va[, vb]),
   // t0 and t1 are scratch (vector.cpp).
   void emit_op(const Node& n, int vd, int va, int vb, int t0, int t1);

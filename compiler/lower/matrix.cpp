@@ -34,32 +34,65 @@ void Emitter::lower_conv(const Node& n) {
   const std::string tag = "#conv" + std::to_string(n.id) + "g" + std::to_string(g);
   const int64_t P = place_hbm(M * K * ex), Wm = place_hbm(K * COg * ew), Y = place_hbm(M * COg * eo);
   check_addr(n, hbm_top_);
+  auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
+    *lo = 0;
+    while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
+    *hi = out;
+    while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
+  };
+  const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
+  const int64_t img = CI * H * W * ex;  // one image's channels of this group
+  // Output rows per staged band of im2col rows (0: the image does not fit VMEM).
+  int64_t band = OH;
+  while (band > 0 && !staging_fits(img, band * OW * K * ex)) band /= 2;
+  // Channel-rich convs gather through VMEM; depthwise ones (a channel per group)
+  // keep the direct HBM gathers, which are as cheap there.
+  const bool staged = CI >= 8 && band > 0;
   for (int64_t b = 0; b < NB; ++b)
+    for (int64_t oh0 = 0; oh0 < OH; oh0 += staged ? band : OH) {
+      const int64_t oh1 = staged ? std::min(OH, oh0 + band) : OH;
+      std::vector<Gather> gathers;
+      for (int64_t kh = 0; kh < KH; ++kh)
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          // Output positions whose tap (kh, kw) lands inside the image.
+          int64_t ha, hb, ow0, ow1;
+          range(OH, H, st[0], pads[0], kh * dil[0], &ha, &hb);
+          range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
+          ha = std::max(ha, oh0);
+          hb = std::min(hb, oh1);
+          if (ha >= hb || ow0 >= ow1) continue;
+          const int64_t ih = ha * st[0] - pads[0] + kh * dil[0], iw = ow0 * st[1] - pads[1] + kw * dil[1];
+          const int64_t soff = (ih * W + iw) * ex;
+          const int64_t doff = (((ha - oh0) * OW + ow0) * K + (kh * KW + kw) * CI) * ex;
+          const std::string dims =
+              dim(ow1 - ow0, st[1] * ex, K * ex) + dim(CI, H * W * ex, ex) + dim(hb - ha, st[0] * W * ex, OW * K * ex);
+          if (staged) {
+            gathers.push_back(Gather{soff, doff, ex, dims});
+          } else {
+            dma(hbm(P + (b * OH * OW) * K * ex + doff), hbm(X.addr + (b * CIall + g * CI) * H * W * ex + soff), ex, dims);
+            wait_dmas();  // the gathers' bounding ranges interleave (race checker)
+          }
+        }
+      if (staged)
+        staged_gather(X.addr + (b * CIall + g * CI) * H * W * ex, img, P + ((b * OH + oh0) * OW) * K * ex,
+                      (oh1 - oh0) * OW * K * ex, gathers, any_pad, 0.0f, X.type.dtype);
+    }
+  // OIHW -> W[(kh,kw,cin), o]: through VMEM when it fits.
+  const int64_t wbytes = COg * CI * KH * KW * ew;
+  if (staging_fits(wbytes, wbytes)) {
+    std::vector<Gather> gathers;
     for (int64_t kh = 0; kh < KH; ++kh)
-      for (int64_t kw = 0; kw < KW; ++kw) {
-        // Output positions whose tap (kh, kw) lands inside the image.
-        auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
-          *lo = 0;
-          while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
-          *hi = out;
-          while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
-        };
-        int64_t oh0, oh1, ow0, ow1;
-        range(OH, H, st[0], pads[0], kh * dil[0], &oh0, &oh1);
-        range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
-        if (oh0 >= oh1 || ow0 >= ow1) continue;
-        const int64_t ih = oh0 * st[0] - pads[0] + kh * dil[0], iw = ow0 * st[1] - pads[1] + kw * dil[1];
-        const int64_t src = X.addr + ((b * CIall + g * CI) * H * W + ih * W + iw) * ex;
-        const int64_t dst = P + (((b * OH + oh0) * OW + ow0) * K + (kh * KW + kw) * CI) * ex;
-        dma(hbm(dst), hbm(src), ex,
-            dim(ow1 - ow0, st[1] * ex, K * ex) + dim(CI, H * W * ex, ex) + dim(oh1 - oh0, st[0] * W * ex, OW * K * ex));
-        wait_dmas();  // the gathers' bounding ranges interleave (race checker)
-      }
-  for (int64_t kh = 0; kh < KH; ++kh)
-    for (int64_t kw = 0; kw < KW; ++kw)
-      dma(hbm(Wm + (kh * KW + kw) * CI * COg * ew), hbm(Wt.addr + (g * COg * CI * KH * KW + kh * KW + kw) * ew), ew,
-          dim(COg, CI * KH * KW * ew, ew) + dim(CI, KH * KW * ew, COg * ew));
-  wait_dmas();
+      for (int64_t kw = 0; kw < KW; ++kw)
+        gathers.push_back(Gather{(kh * KW + kw) * ew, (kh * KW + kw) * CI * COg * ew, ew,
+                                 dim(COg, CI * KH * KW * ew, ew) + dim(CI, KH * KW * ew, COg * ew)});
+    staged_gather(Wt.addr + g * wbytes, wbytes, Wm, wbytes, gathers, false, 0.0f, Wt.type.dtype);
+  } else {
+    for (int64_t kh = 0; kh < KH; ++kh)
+      for (int64_t kw = 0; kw < KW; ++kw)
+        dma(hbm(Wm + (kh * KW + kw) * CI * COg * ew), hbm(Wt.addr + (g * COg * CI * KH * KW + kh * KW + kw) * ew), ew,
+            dim(COg, CI * KH * KW * ew, ew) + dim(CI, KH * KW * ew, COg * ew));
+    wait_dmas();
+  }
   t_[tag + "p"] = Placed{TensorType{X.type.dtype, {M, K}}, P};
   t_[tag + "w"] = Placed{TensorType{Wt.type.dtype, {K, COg}}, Wm};
   t_[tag + "y"] = Placed{TensorType{last.type.dtype, {M, COg}}, Y};

@@ -306,33 +306,85 @@ void Emitter::lower_pool(const Node& n) {
   const int64_t e = esz(dt), tile = kTileElems * e;
   const int64_t P = place_hbm(align_up(T * KK * e, tile));
   check_addr(n, hbm_top_);
-  if (is_max && any_pad) {
+  auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
+    *lo = 0;
+    while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
+    *hi = out;
+    while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
+  };
+  // Channels per staged band (0: not even one channel fits VMEM: direct HBM gathers).
+  int64_t cb = CH;
+  while (cb > 0 && !staging_fits(cb * H * W * e, cb * OH * OW * KK * e)) cb /= 2;
+  // maxpool: the taps go to KK planes of output pixels, reduced elementwise.
+  const bool planes = is_max && cb > 0 && (KK + 1) * 16 * kTileElems * e <= static_cast<int64_t>(opt_.target.vmem_bytes);
+  if (cb == 0 && is_max && any_pad) {
     line("vbcast v0, " + fimm(-INFINITY));
     line(std::string(this->st(dt)) + " v0, " + at(0));
     dma(hbm(P), vmem(0), tile, dim(align_up(T * KK * e, tile) / tile, 0, tile));
     wait_dmas();
   }
   for (int64_t b = 0; b < NB; ++b)
-    for (int64_t kh = 0; kh < k[0]; ++kh)
-      for (int64_t kw = 0; kw < k[1]; ++kw) {
-        auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
-          *lo = 0;
-          while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
-          *hi = out;
-          while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
-        };
-        int64_t oh0, oh1, ow0, ow1;
-        range(OH, H, st[0], pads[0], kh, &oh0, &oh1);
-        range(OW, W, st[1], pads[1], kw, &ow0, &ow1);
-        if (oh0 >= oh1 || ow0 >= ow1) continue;
-        const int64_t ih = oh0 * st[0] - pads[0] + kh, iw = ow0 * st[1] - pads[1] + kw;
-        const int64_t src = X.addr + ((b * CH * H + ih) * W + iw) * e;
-        const int64_t dst = P + (((b * CH * OH + oh0) * OW + ow0) * KK + kh * k[1] + kw) * e;
-        dma(hbm(dst), hbm(src), e,
-            dim(ow1 - ow0, st[1] * e, KK * e) + dim(oh1 - oh0, st[0] * W * e, OW * KK * e) +
-                dim(CH, H * W * e, OH * OW * KK * e));
-        wait_dmas();  // the gathers' bounding ranges interleave (race checker)
+    for (int64_t c0 = 0; c0 < CH; c0 += cb ? cb : CH) {
+      const int64_t nc = cb ? std::min(cb, CH - c0) : CH;
+      const int64_t band = nc * OH * OW;  // output pixels of this band
+      std::vector<Gather> gathers;
+      for (int64_t kh = 0; kh < k[0]; ++kh)
+        for (int64_t kw = 0; kw < k[1]; ++kw) {
+          int64_t oh0, oh1, ow0, ow1;
+          range(OH, H, st[0], pads[0], kh, &oh0, &oh1);
+          range(OW, W, st[1], pads[1], kw, &ow0, &ow1);
+          if (oh0 >= oh1 || ow0 >= ow1) continue;
+          const int64_t ih = oh0 * st[0] - pads[0] + kh, iw = ow0 * st[1] - pads[1] + kw;
+          const int64_t soff = (ih * W + iw) * e;
+          const int64_t doff = ((oh0 * OW + ow0) * KK + kh * k[1] + kw) * e;
+          const std::string dims = dim(ow1 - ow0, st[1] * e, KK * e) + dim(oh1 - oh0, st[0] * W * e, OW * KK * e) +
+                                   dim(nc, H * W * e, OH * OW * KK * e);
+          if (planes) {  // tap plane kh*KW + kw, pixels in output order
+            gathers.push_back(Gather{soff, ((kh * k[1] + kw) * band + oh0 * OW + ow0) * e, e,
+                                     dim(ow1 - ow0, st[1] * e, e) + dim(oh1 - oh0, st[0] * W * e, OW * e) +
+                                         dim(nc, H * W * e, OH * OW * e)});
+          } else if (cb) {
+            gathers.push_back(Gather{soff, doff, e, dims});
+          } else {
+            dma(hbm(P + (b * CH * OH * OW * KK) * e + doff), hbm(X.addr + (b * CH * H * W) * e + soff), e, dims);
+            wait_dmas();  // the gathers' bounding ranges interleave (race checker)
+          }
+        }
+      // Padding taps: -inf for max (the max is over the valid taps), +0.0 for an
+      // average with count_include_pad.
+      if (planes)
+        staged_gather(X.addr + (b * CH + c0) * H * W * e, nc * H * W * e, P + (b * CH + c0) * OH * OW * e,
+                      KK * band * e, gathers, any_pad, -INFINITY, dt, KK, T * e);
+      else if (cb)
+        staged_gather(X.addr + (b * CH + c0) * H * W * e, nc * H * W * e, P + (b * CH + c0) * OH * OW * KK * e,
+                      nc * OH * OW * KK * e, gathers, any_pad, is_max ? -INFINITY : 0.0f, dt);
+    }
+  if (planes) {
+    // max is exact and order-free (num::max: flushed operands, canonical NaN, +0 wins
+    // a signed-zero tie), so the taps combine elementwise across the planes, 1024
+    // output pixels per vreg, instead of as rows of KK lanes.
+    const int64_t y = t_.at(n.output).addr;
+    const int64_t blk = 16 * kTileElems;  // outputs per block
+    sync_all();
+    for (int64_t base = 0, u = 0; base < T; base += blk, ++u) {
+      on_core(u);
+      const int64_t cnt = std::min(blk, T - base);
+      for (int64_t t = 0; t < KK; ++t) dma(vmem(t * blk * e), hbm(P + (t * T + base) * e), cnt * e);
+      wait_dmas();
+      for (int64_t i = 0; i * kTileElems < cnt; ++i) {
+        line(std::string(ld(dt)) + " v0, " + at(i * kTileElems * e));
+        for (int64_t t = 1; t < KK; ++t) {
+          line(std::string(ld(dt)) + " v1, " + at((t * blk + i * kTileElems) * e));
+          line("vmax v0, v0, v1");
+        }
+        line(std::string(this->st(dt)) + " v0, " + at((KK * blk + i * kTileElems) * e));
       }
+      dma(hbm(y + base * e), vmem(KK * blk * e), cnt * e);
+      wait_dmas();
+    }
+    cur_ = 0;
+    return;
+  }
   const std::string tag = "#pool" + std::to_string(n.id);
   t_[tag] = Placed{TensorType{dt, {T, KK}}, P};
   Node r;
