@@ -27,6 +27,7 @@ std::string percent(uint64_t part, uint64_t whole) {
 }
 
 constexpr size_t kTopOps = 10;
+constexpr size_t kListedCores = 16;
 
 }  // namespace
 
@@ -61,10 +62,24 @@ std::string format_report(const nlohmann::json& s) {
     r += "where each core's time went (share of the step's cycles):\n";
     r += fmt::format("  {:<14} {:>8} {:>9} {:>8} {:>9} {:>8}\n", "core", "compute", "HBM wait", "infeed",
                      "sync/ICI", "idle");
-    for (const auto& [core, t] : s["time_by_cause"].items())
+    const auto& cores = s["time_by_cause"];
+    const char* const causes[] = {"compute", "hbm", "infeed", "sync", "idle"};
+    uint64_t sum[5] = {0, 0, 0, 0, 0};
+    size_t listed = 0;
+    for (const auto& [core, t] : cores.items()) {
+      for (int c = 0; c < 5; ++c) sum[c] += t[causes[c]].get<uint64_t>();
+      // A pod slice has hundreds of cores: the first ones, then the mean says the rest.
+      if (++listed > kListedCores) continue;
       r += fmt::format("  {:<14} {:>8} {:>9} {:>8} {:>9} {:>8}\n", core, percent(t["compute"], cycles),
                        percent(t["hbm"], cycles), percent(t["infeed"], cycles), percent(t["sync"], cycles),
                        percent(t["idle"], cycles));
+    }
+    if (cores.size() > kListedCores) r += fmt::format("  ... {} more cores\n", cores.size() - kListedCores);
+    if (cores.size() > 1) {
+      const uint64_t all = cycles * cores.size();
+      r += fmt::format("  {:<14} {:>8} {:>9} {:>8} {:>9} {:>8}\n", "mean", percent(sum[0], all),
+                       percent(sum[1], all), percent(sum[2], all), percent(sum[3], all), percent(sum[4], all));
+    }
   }
 
   if (s.contains("ops") && !s["ops"].empty()) {

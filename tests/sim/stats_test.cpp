@@ -266,6 +266,12 @@ TEST(Report, BreakdownAndTopOpsWithRooflineBound) {
   // core 0 of 1880 cycles: active 900, hbm 400 = 21.3%, idle 980 = 52.1%.
   EXPECT_NE(r.find("21.3%"), std::string::npos) << r;
   EXPECT_NE(r.find("52.1%"), std::string::npos) << r;
+  // Mean over both cores' 2 x 1880 cycles: compute 480 + 510 = 26.3%, HBM
+  // 400 + 100 = 13.3%, idle 980 + 1180 = 57.4%.
+  const size_t mean = r.find("  mean ");
+  ASSERT_NE(mean, std::string::npos) << r;
+  const std::string mean_line = r.substr(mean, r.find('\n', mean) - mean);
+  for (const char* v : {"26.3%", "13.3%", "57.4%"}) EXPECT_NE(mean_line.find(v), std::string::npos) << mean_line;
   // Ridge 123.2e12 / 0.9e12 = 136.9 FLOP/B; op 3: 8000 / 12288 = 0.65: memory;
   // op 4: no FLOPs, 512 bytes: intensity 0, memory.
   EXPECT_NE(r.find("ridge 136.9 FLOP/B"), std::string::npos) << r;
