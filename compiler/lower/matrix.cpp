@@ -269,7 +269,13 @@ void Emitter::lower_matmul(const Node& n) {
   const int64_t ngroups = (ntiles + cw - 1) / cw;
   // A vld reads 128 lanes from a chunk's (column tile's) start: rows are that wide
   // past the last one, so no read reaches into the next row (which a DMA may be filling).
-  const int64_t ls = odd_stride(((chunks - 1) * R + 128) * ea, lrow);
+  // LHS bands of LB chunks are separate row-major images (band-major), so a band's
+  // DMA and the vlds of another band touch disjoint byte ranges (race checker).
+  const int64_t ls = odd_stride(((std::min(LB, chunks) - 1) * R + 128) * ea, lrow);
+  const int64_t lbands = (chunks + LB - 1) / LB;
+  auto lhs_at = [&](int64_t c, int64_t row) {  // chunk c's lanes of LHS row `row`, relative to the LHS image
+    return ((c / LB) * Mg + row) * ls + (c % LB) * R * ea;
+  };
   auto obs_of = [&](int64_t ob) { return wide_out ? odd_stride(ob * cw * C * eo, orow) : cw * orow; };
   auto ws_of = [&](int64_t bg) { return odd_stride((std::min(bg * cw, ntiles) * C - C + 128) * eb, wrow); };
   int64_t vec_bytes = 0, full_per_row = 0;
@@ -278,7 +284,7 @@ void Emitter::lower_matmul(const Node& n) {
     else vec_bytes += (o.scalar ? 1 : ntiles) * 8 * 128 * esz(o.dt);
   }
   auto need = [&](int64_t mg, bool res, int64_t bg) {
-    return (res ? chunks * R * ws_of(bg) + wrow : 3 * kw * cw * wtile) + mg * ls + cw * mg * 512 +
+    return (res ? chunks * R * ws_of(bg) + wrow : 3 * kw * cw * wtile) + lbands * mg * ls + cw * mg * 512 +
            2 * mg * obs_of(std::min(OB, bg)) + vec_bytes + mg * full_per_row;
   };
   bool resident = true;
@@ -297,7 +303,7 @@ void Emitter::lower_matmul(const Node& n) {
   const int64_t ws = ws_of(BG);
   const int64_t wres_bytes = resident ? chunks * R * ws + wrow : 3 * kw * cw * wtile;
   const int64_t lhs_base = wres_bytes;
-  const int64_t acc_base = lhs_base + Mg * ls;
+  const int64_t acc_base = lhs_base + lbands * Mg * ls;
   const int64_t out_base = acc_base + cw * Mg * 512;
   const int64_t OBb = std::min(OB, BG);
   const int64_t obs = obs_of(OBb);  // output band buffer row stride
@@ -396,9 +402,10 @@ void Emitter::lower_matmul(const Node& n) {
         if (ps.t == t_first && ps.c0 % LB == 0) {  // the unit's LHS rows, a band of LB chunks' columns
           const int64_t lcols = std::min(K, (ps.c0 + LB) * R) - k0;
           if (!ta)
-            dma_on(flag, vmem(lhs_base + k0 * ea), hbm(a0 + (m0 * K + k0) * ea), lcols * ea, dim(mr, K * ea, ls));
+            dma_on(flag, vmem(lhs_base + lhs_at(ps.c0, 0)), hbm(a0 + (m0 * K + k0) * ea), lcols * ea,
+                   dim(mr, K * ea, ls));
           else
-            dma_on(flag, vmem(lhs_base + k0 * ea), hbm(a0 + (k0 * M + m0) * ea), ea,
+            dma_on(flag, vmem(lhs_base + lhs_at(ps.c0, 0)), hbm(a0 + (k0 * M + m0) * ea), ea,
                    dim(lcols, M * ea, ea) + dim(mr, ea, ls));
           any = true;
         }
@@ -494,7 +501,7 @@ void Emitter::lower_matmul(const Node& n) {
           }
           const int64_t lset = (s % LS) * kw;
           for (int64_t k = 0; k < ps.kk; ++k)
-            line(std::string(ld(at_)) + " " + vr(lset + k) + ", " + at(lhs_base + i * 8 * ls + (ps.c0 + k) * R * ea) +
+            line(std::string(ld(at_)) + " " + vr(lset + k) + ", " + at(lhs_base + lhs_at(ps.c0 + k, i * 8)) +
                  ", stride=" + std::to_string(ls));
           for (int64_t w = 0; w < ps.cwt; ++w)
             for (int64_t k = 0; k < ps.kk; ++k) line("mmul " + mx(w * kw + k) + ", " + vr(lset + k));

@@ -1,0 +1,232 @@
+// The performance schedule of the lowering against the graph reference, bit for bit
+// on the functional reference with the race checker: the matmul pipeline's shapes
+// (K chunks split over MXUs, several column tiles per pass, ragged passes, several
+// row units per core, column bands and the streamed-weight fallback forced by small
+// VMEM, batches), fused epilogues and elementwise chains (and that the fused
+// members really left no code of their own), VMEM-staged im2col/pooling gathers.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "compiler/compiler.h"
+#include "compiler/lower/lower.h"
+#include "isa/exec/interpreter.h"
+#include "isa/exec/tensors.h"
+#include "isa/numerics/bf16.h"
+
+namespace tpusim::compiler {
+namespace {
+
+using num::PrecisionPolicy;
+const PrecisionPolicy kPolicies[] = {PrecisionPolicy::kDefault, PrecisionPolicy::kBf16};
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+std::vector<float> random_values(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-2.0f, 2.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::string hex_list(const std::vector<float>& v) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t k = 0; k < v.size(); ++k) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "0x%08x", bits(v[k]));
+    s << (k ? ", " : "") << buf;
+  }
+  s << "]";
+  return s.str();
+}
+
+isa::Target target(uint32_t mxus, uint32_t rows, uint32_t cols, uint64_t vmem = 16ull << 20) {
+  isa::Target t;
+  t.mxus_per_core = mxus;
+  t.mxu_rows = rows;
+  t.mxu_cols = cols;
+  t.fifo_rows = 128;
+  t.vmem_bytes = vmem;
+  t.hbm_bytes = 256ull << 20;
+  return t;
+}
+
+// Lowers `ir`, runs it on the functional reference (race checker on) and compares
+// every output with evaluate(); returns the assembly.
+std::string expect_bit_exact(const std::string& ir, PrecisionPolicy policy, const isa::Target& t, int cores = 1,
+                             bool fuse = true) {
+  SCOPED_TRACE(std::string("policy ") + num::precision_policy_name(policy) + ", " + std::to_string(t.mxus_per_core) +
+               " MXUs of " + std::to_string(t.mxu_rows) + "x" + std::to_string(t.mxu_cols) + ", VMEM " +
+               std::to_string(t.vmem_bytes) + ", cores " + std::to_string(cores) + (fuse ? "" : ", no fusion") +
+               "\n" + ir.substr(0, 600));
+  const Graph g = parse_graph(ir, "test.ir");
+  std::map<std::string, HostTensor> inputs;
+  uint32_t seed = 11;
+  for (const auto& in : g.inputs) {
+    HostTensor h;
+    h.dtype = DType::kF32;
+    h.shape = in.type.shape;
+    h.f = random_values(static_cast<size_t>(num_elements(in.type.shape)), seed++);
+    if (policy == PrecisionPolicy::kBf16)
+      for (float& x : h.f) x = num::round_to_bf16(x);
+    inputs[in.name] = h;
+  }
+  EvalOptions eo;
+  eo.mxu_rows = static_cast<int>(t.mxu_rows);
+  const auto expected = evaluate(g, inputs, policy, eo);
+  LowerOptions lo;
+  lo.target = t;
+  lo.policy = policy;
+  lo.cores = cores;
+  lo.fuse = fuse;
+  const LowerResult lr = lower_graph(g, lo);
+  exec::Interpreter interp(lr.bundle);
+  for (const auto& e : lr.bundle.io) {
+    if (e.kind != isa::IoKind::kInput) continue;
+    std::vector<uint8_t> dense;
+    for (float x : inputs.at(e.name).f) {
+      const uint32_t u = e.dtype == isa::Dtype::kBf16 ? num::fp32_to_bf16(x) : bits(x);
+      for (size_t k = 0; k < isa::dtype_size(e.dtype); ++k) dense.push_back(static_cast<uint8_t>(u >> (8 * k)));
+    }
+    exec::write_tensor(interp.machine(), e, dense);
+  }
+  exec::RunOptions ro;
+  ro.check_races = true;
+  const exec::RunResult rr = interp.run(ro);
+  EXPECT_TRUE(rr.ok()) << rr.message;
+  if (!rr.ok()) return lr.assembly;
+  for (const auto& e : lr.bundle.io) {
+    if (e.kind != isa::IoKind::kOutput) continue;
+    const std::vector<uint8_t> dense = exec::read_tensor(interp.machine(), e);
+    const HostTensor& want = expected.at(e.name);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < want.f.size(); ++i) {
+      uint32_t got = 0;
+      if (e.dtype == isa::Dtype::kBf16) got = bits(num::bf16_to_fp32(static_cast<uint16_t>(dense[2 * i] | dense[2 * i + 1] << 8)));
+      else std::memcpy(&got, &dense[4 * i], 4);
+      if (got != bits(want.f[i]) && bad++ == 0) first = i;
+    }
+    EXPECT_EQ(bad, 0u) << e.name << ": " << bad << " of " << want.f.size() << " elements differ; first at " << first;
+  }
+  return lr.assembly;
+}
+
+std::string matmul_ir(int64_t M, int64_t K, int64_t N, const std::string& attrs = "", const std::string& bias = "",
+                      const std::string& batch = "") {
+  std::ostringstream s;
+  s << "graph mm {\n  input %a : f32[" << batch << M << "," << K << "]\n  input %b : f32[" << K << "," << N << "]\n";
+  if (!bias.empty()) s << "  input %c : f32" << bias << "\n";
+  s << "  %y = matmul(%a, %b" << (bias.empty() ? "" : ", %c") << ") {" << attrs << "} : f32[" << batch << M << ","
+    << N << "] #0\n  output %y\n}\n";
+  return s.str();
+}
+
+// K split over 1..4 MXUs, 1..4 column tiles per pass, ragged last pass and tile.
+TEST(LowerSchedule, MatmulPassShapes) {
+  for (auto p : kPolicies) {
+    expect_bit_exact(matmul_ir(40, 100, 70), p, target(4, 16, 16));     // 7 chunks: passes of 4 + 3
+    expect_bit_exact(matmul_ir(17, 48, 130), p, target(4, 16, 16));     // 3 chunks, 9 column tiles
+    expect_bit_exact(matmul_ir(24, 200, 24), p, target(2, 32, 32));     // 7 chunks on 2 MXUs
+    expect_bit_exact(matmul_ir(9, 30, 20), p, target(3, 8, 8));         // 3 MXUs
+    expect_bit_exact(matmul_ir(300, 260, 140), p, target(2, 128, 128)); // full-width tiles, ragged everything
+  }
+}
+
+// Small VMEM: several row units per core, narrow column bands (LHS read once per
+// band), and at the smallest the streamed-weight ring.
+TEST(LowerSchedule, MatmulBandsUnitsAndStreamedWeights) {
+  for (auto p : kPolicies) {
+    for (uint64_t vmem : {1ull << 20, 448ull << 10})
+      expect_bit_exact(matmul_ir(200, 384, 384), p, target(2, 128, 128, vmem));
+    for (uint64_t vmem : {256ull << 10, 96ull << 10})
+      expect_bit_exact(matmul_ir(72, 96, 100), p, target(4, 16, 16, vmem));
+    // 128 chunks of 16 rows: one column group's weights do not fit, they stream.
+    expect_bit_exact(matmul_ir(16, 2048, 40), p, target(4, 16, 16, 256ull << 10));
+  }
+}
+
+TEST(LowerSchedule, MatmulEpilogueOperandsBatchesAndCores) {
+  for (auto p : kPolicies) {
+    const isa::Target t = target(2, 16, 16);
+    expect_bit_exact(matmul_ir(20, 40, 36, "", "[36]"), p, t);                         // row-vector bias
+    expect_bit_exact(matmul_ir(20, 40, 36, "alpha=0.5, beta=2", "[20,36]"), p, t);      // full C
+    expect_bit_exact(matmul_ir(20, 40, 36, "", "[1]"), p, t);                          // scalar bias
+    expect_bit_exact("graph t {\n  input %a : f32[40,20]\n  input %b : f32[36,40]\n"
+                     "  %y = matmul(%a, %b) {trans_a=1, trans_b=1} : f32[20,36] #0\n  output %y\n}\n",
+                     p, t);
+    expect_bit_exact(matmul_ir(20, 40, 36, "", "", "3,"), p, t, 2);                     // batches on 2 cores
+    expect_bit_exact(matmul_ir(300, 64, 200), p, target(2, 128, 128), 2);
+  }
+}
+
+// matmul -> add bias row -> relu -> add residual -> mul scalar const -> clip -> sigmoid,
+// all in the matmul's epilogue; the chain's intermediates never get code of their own.
+TEST(LowerSchedule, FusedMatmulEpilogue) {
+  const std::string ir =
+      "graph f {\n  input %x : f32[20,40]\n  input %w : f32[40,36]\n  input %r : f32[20,36]\n"
+      "  input %bias : f32[36]\n  const %s : f32[1] = [0x3fc00000]\n"
+      "  %h = matmul(%x, %w) : f32[20,36] #0\n  %hb = add(%h, %bias) : f32[20,36] #1\n"
+      "  %a = relu(%hb) : f32[20,36] #2\n  %b = add(%r, %a) : f32[20,36] #3\n  %c = mul(%b, %s) : f32[20,36] #4\n"
+      "  %d = clip(%c) {max=3, min=-1} : f32[20,36] #5\n  %e = sigmoid(%d) : f32[20,36] #6\n  %f = sub(%r, %e) : f32[20,36] #7\n"
+      "  output %f\n}\n";
+  for (auto p : kPolicies) {
+    const std::string fused = expect_bit_exact(ir, p, target(2, 16, 16));
+    for (int id = 1; id <= 7; ++id)
+      EXPECT_EQ(fused.find("  op " + std::to_string(id) + "\n"), std::string::npos) << "node #" << id << " not fused";
+    const std::string unfused = expect_bit_exact(ir, p, target(2, 16, 16), 1, false);
+    EXPECT_NE(unfused.find("  op 7\n"), std::string::npos);
+  }
+}
+
+// Elementwise chains (broadcast operands, operand order of sub/div), a member whose
+// other operand is computed after the root (not fusable: runs on its own), a value
+// with two users (ends the chain), and a graph output inside a chain.
+TEST(LowerSchedule, ElementwiseChains) {
+  const std::string ir =
+      "graph e {\n  input %x : f32[5,300]\n  input %y : f32[5,300]\n  input %v : f32[300]\n"
+      "  %a = add(%x, %y) : f32[5,300] #0\n  %b = relu(%a) : f32[5,300] #1\n  %c = div(%v, %b) : f32[5,300] #2\n"
+      "  %t = tanh(%x) : f32[5,300] #3\n  %d = sub(%c, %t) : f32[5,300] #4\n  %e = exp(%d) : f32[5,300] #5\n"
+      "  %g = mul(%e, %e) : f32[5,300] #6\n  %h = gelu(%g) : f32[5,300] #7\n  output %h\n  output %e\n}\n";
+  for (auto p : kPolicies) {
+    const std::string as = expect_bit_exact(ir, p, target(1, 128, 128), 2);
+    for (int id : {1, 2, 4, 5, 7}) EXPECT_EQ(as.find("  op " + std::to_string(id) + "\n"), std::string::npos) << id;
+    // %d = sub(%c, %t) cannot join #0's chain (%t comes after #0) but joins #3's with %t
+    // as the running value; %e ends it (a graph output); mul(%e, %e) runs on its own.
+    EXPECT_NE(as.find("  op 3\n"), std::string::npos);
+    EXPECT_NE(as.find("  op 6\n"), std::string::npos);
+  }
+}
+
+// Convs gathered through VMEM (channels >= 8), with a fused relu and scalar add, both
+// staged and (tiny VMEM) direct; maxpool through tap planes.
+TEST(LowerSchedule, StagedConvAndPool) {
+  const std::string conv =
+      "graph c {\n  input %x : f32[2,16,9,11]\n  const %w : f32[12,8,3,3] = " + hex_list(random_values(864, 3)) +
+      "\n  const %b : f32[12] = " + hex_list(random_values(12, 4)) +
+      "\n  const %s : f32[1] = [0xbf000000]\n"
+      "  %c = conv2d(%x, %w, %b) {dilations=[1,1], groups=2, pads=[1,2,1,0], strides=[2,1]} : f32[2,12,5,11] #0\n"
+      "  %r = relu(%c) : f32[2,12,5,11] #1\n  %a = add(%s, %r) : f32[2,12,5,11] #2\n"
+      "  %m = maxpool(%a) {kernel=[3,3], pads=[1,1,1,1], strides=[2,2]} : f32[2,12,3,6] #3\n  output %m\n}\n";
+  // Depthwise (one channel per group): the direct HBM gathers.
+  const std::string dw =
+      "graph d {\n  input %x : f32[1,16,7,7]\n  const %w : f32[16,1,3,3] = " + hex_list(random_values(144, 5)) +
+      "\n  %c = conv2d(%x, %w) {dilations=[1,1], groups=16, pads=[1,1,1,1], strides=[1,1]} : f32[1,16,7,7] #0\n"
+      "  %r = clip(%c) {max=6, min=0} : f32[1,16,7,7] #1\n  output %r\n}\n";
+  for (auto p : kPolicies) {
+    expect_bit_exact(dw, p, target(1, 16, 16));
+    const std::string as = expect_bit_exact(conv, p, target(2, 16, 16));
+    EXPECT_EQ(as.find("  op 2\n"), std::string::npos);
+    expect_bit_exact(conv, p, target(2, 16, 16, 96ull << 10));
+  }
+}
+
+}  // namespace
+}  // namespace tpusim::compiler
