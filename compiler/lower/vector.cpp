@@ -213,74 +213,107 @@ void Emitter::lower_rows(const Node& n) {
     }
     line(std::string("vreduce.lanes.") + kind + " " + acc + ", " + acc);
   };
-  auto load_x = [&](int64_t t) { line(std::string(ld(xt)) + " v1, " + at(xb + t * kTile)); };
+  // Blocks of up to 8 row groups (64 rows) move as one contiguous DMA each way and
+  // sit row-major in VMEM; a tile is a strided vld of 8 rows. The next block is
+  // fetched while this one computes (two buffers, a flag each), and its results go
+  // out while the next one computes.
+  const int64_t GB = std::max<int64_t>(1, std::min<int64_t>(8, (opt_.target.vmem_bytes / 4) /
+                                                                   std::max<int64_t>(1, 2 * 8 * (len + 128) * 4)));
+  const int64_t blk_rows = 8 * GB;
+  const int64_t ibytes = align_up((blk_rows + 8) * len * ex + 128 * ex, kAlign);
+  const int64_t obytes = row_out ? align_up((blk_rows + 8) * len * eo + 128 * eo, kAlign) : GB * kTile;
+  const int64_t ib0 = ob + nt * kTile, ob0 = ib0 + 2 * ibytes;
+  if (static_cast<uint64_t>(ob0 + 2 * obytes) > opt_.target.vmem_bytes) fail(n, "rows too long for VMEM");
+  auto ibuf = [&](int64_t par) { return ib0 + par * ibytes; };
+  auto obuf = [&](int64_t par) { return ob0 + par * obytes; };
+  constexpr int kInFlag = 14, kOutFlag = 16;  // f20..f62 belong to collectives and replication
+  int64_t par = 0, gi = 0;  // the current block's buffer, the group within it
+  auto load_x = [&](int64_t t) {
+    line(std::string(ld(xt)) + " v1, " + at(ibuf(par) + (gi * 8 * len + t * 128) * ex) + ", stride=" +
+         std::to_string(len * ex));
+  };
   auto load_s = [&](int64_t t) { line("vld v1, " + at(sb + t * kTile)); };
-  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
-    on_core(r0 / 8);
-    const int64_t rg = std::min<int64_t>(8, rows - r0);
-    for (int64_t t = 0; t < nt; ++t)
-      dma(vmem(xb + t * kTile), hbm(X.addr + (r0 * len + t * 128) * ex), std::min<int64_t>(128, len - t * 128) * ex,
-          dim(rg, len * ex, 128 * ex));
-    wait_dmas();
-    switch (n.op) {
-      case OpKind::kSoftmax:  // m = max; e = exp(x - m); y = e / sum(e)
-        reduce("max", "v20", "v10", load_x);
-        for (int64_t t = 0; t < nt; ++t) {
-          load_x(t);
-          line("vsub v1, v1, v10");
-          line("vexp v1, v1");
-          line("vst v1, " + at(sb + t * kTile));
+  auto store_y = [&](int64_t t) {
+    line(std::string(st(ot)) + " v1, " + at(obuf(par) + (gi * 8 * len + t * 128) * eo) + ", stride=" +
+         std::to_string(len * eo) + (t == nt - 1 && rem < 128 ? ", mask=m1" : ""));
+  };
+  const int64_t nblocks = (rows + blk_rows - 1) / blk_rows;
+  for (int core = 0; core < cores_; ++core) {
+    cur_ = core;
+    std::vector<int64_t> mine;
+    for (int64_t k = core; k < nblocks; k += cores_) mine.push_back(k);
+    auto fetch = [&](size_t k) {
+      const int64_t b0 = mine[k] * blk_rows, br = std::min(blk_rows, rows - b0);
+      dma_on(kInFlag + static_cast<int>(k % 2), vmem(ibuf(static_cast<int64_t>(k % 2))), hbm(X.addr + b0 * len * ex),
+             br * len * ex, "");
+    };
+    if (!mine.empty()) fetch(0);
+    for (size_t k = 0; k < mine.size(); ++k) {
+      par = static_cast<int64_t>(k % 2);
+      if (k + 1 < mine.size()) fetch(k + 1);
+      wait_flag(kInFlag + static_cast<int>(par));
+      if (k >= 2) wait_flag(kOutFlag + static_cast<int>(par));  // the block that used this out buffer
+      const int64_t b0 = mine[k] * blk_rows, br = std::min(blk_rows, rows - b0);
+      for (gi = 0; gi * 8 < br; ++gi) {
+        const int64_t r0 = b0 + gi * 8, rg = std::min<int64_t>(8, rows - r0);
+        switch (n.op) {
+          case OpKind::kSoftmax:  // m = max; e = exp(x - m); y = e / sum(e)
+            reduce("max", "v20", "v10", load_x);
+            for (int64_t t = 0; t < nt; ++t) {
+              load_x(t);
+              line("vsub v1, v1, v10");
+              line("vexp v1, v1");
+              line("vst v1, " + at(sb + t * kTile));
+            }
+            reduce("sum", "v21", "v11", load_s);
+            for (int64_t t = 0; t < nt; ++t) {
+              load_s(t);
+              line("vdiv v1, v1, v11");
+              store_y(t);
+            }
+            break;
+          case OpKind::kLayerNorm:
+            reduce("sum", "v21", "v10", load_x);
+            line("vdiv v10, v10, v12");  // mean
+            for (int64_t t = 0; t < nt; ++t) {
+              load_x(t);
+              line("vsub v1, v1, v10");  // d
+              line("vst v1, " + at(sb + t * kTile));
+            }
+            reduce("sum", "v21", "v11", [&](int64_t t) { load_s(t); line("vmul v1, v1, v1"); });
+            line("vdiv v11, v11, v12");  // var
+            line("vbcast v13, " + fimm(n.attr_float("epsilon")));
+            line("vadd v11, v11, v13");
+            line("vsqrt v11, v11");  // den
+            for (int64_t t = 0; t < nt; ++t) {
+              load_s(t);
+              line("vdiv v1, v1, v11");
+              line(std::string(ld(gt)) + " v2, " + at(gb + t * kTile));
+              line("vmul v1, v1, v2");
+              line(std::string(ld(gt)) + " v3, " + at(bb + t * kTile));
+              line("vadd v1, v1, v3");
+              store_y(t);
+            }
+            break;
+          default:
+            if (n.op == OpKind::kReduceMax) {
+              reduce("max", "v20", "v10", load_x);
+            } else {
+              reduce("sum", "v21", "v10", load_x);
+              if (n.op != OpKind::kReduceSum) line("vdiv v10, v10, v12");
+            }
+            line(std::string(st(ot)) + " v10, " + at(obuf(par) + gi * kTile));
+            dma_on(kOutFlag + static_cast<int>(par), hbm(y + r0 * eo), vmem(obuf(par) + gi * kTile), eo,
+                   dim(rg, 128 * eo, eo));
         }
-        reduce("sum", "v21", "v11", load_s);
-        for (int64_t t = 0; t < nt; ++t) {
-          load_s(t);
-          line("vdiv v1, v1, v11");
-          line(std::string(st(ot)) + " v1, " + at(ob + t * kTile));
-        }
-        break;
-      case OpKind::kLayerNorm:
-        reduce("sum", "v21", "v10", load_x);
-        line("vdiv v10, v10, v12");  // mean
-        for (int64_t t = 0; t < nt; ++t) {
-          load_x(t);
-          line("vsub v1, v1, v10");  // d
-          line("vst v1, " + at(sb + t * kTile));
-        }
-        reduce("sum", "v21", "v11", [&](int64_t t) { load_s(t); line("vmul v1, v1, v1"); });
-        line("vdiv v11, v11, v12");  // var
-        line("vbcast v13, " + fimm(n.attr_float("epsilon")));
-        line("vadd v11, v11, v13");
-        line("vsqrt v11, v11");  // den
-        for (int64_t t = 0; t < nt; ++t) {
-          load_s(t);
-          line("vdiv v1, v1, v11");
-          line(std::string(ld(gt)) + " v2, " + at(gb + t * kTile));
-          line("vmul v1, v1, v2");
-          line(std::string(ld(gt)) + " v3, " + at(bb + t * kTile));
-          line("vadd v1, v1, v3");
-          line(std::string(st(ot)) + " v1, " + at(ob + t * kTile));
-        }
-        break;
-      default:
-        if (n.op == OpKind::kReduceMax) {
-          reduce("max", "v20", "v10", load_x);
-        } else {
-          reduce("sum", "v21", "v10", load_x);
-          if (n.op != OpKind::kReduceSum) line("vdiv v10, v10, v12");
-        }
-        line(std::string(st(ot)) + " v10, " + at(ob));
-    }
-    if (row_out) {
-      for (int64_t t = 0; t < nt; ++t) {
-        dma(hbm(y + (r0 * len + t * 128) * eo), vmem(ob + t * kTile), std::min<int64_t>(128, len - t * 128) * eo,
-            dim(rg, 128 * eo, len * eo));
-        wait_dmas();  // neighbouring tiles' bounding ranges interleave (race checker)
       }
-    } else {
-      dma(hbm(y + r0 * eo), vmem(ob), eo, dim(rg, 128 * eo, eo));
-      wait_dmas();
+      if (row_out)
+        dma_on(kOutFlag + static_cast<int>(par), hbm(y + b0 * len * eo), vmem(obuf(par)), br * len * eo, "");
     }
+    wait_flag(kOutFlag);
+    wait_flag(kOutFlag + 1);
   }
+  cur_ = 0;
 }
 
 // maxpool / avgpool: each output pixel's window taps are gathered, row-major in
