@@ -123,7 +123,10 @@ void MatrixQueue::tick(uint64_t cycle) {
   if (dependency_stalled_) ++stall_dependency_;
   core_.tick();
   busy_ = core_.busy() || !pops_.empty();
+  const int depth_before = queue_depth_now_;
   queue_depth_now_ = static_cast<int>(queue_.size());
+  if (env_.timeline && queue_depth_now_ != depth_before)  // sampled at the MXU's ticks
+    env_.timeline->counter(track_, env_.name + ".mxu" + std::to_string(index_) + " queue", cycle, queue_depth_now_);
   if (!busy_) current_op_ = -1;
 }
 

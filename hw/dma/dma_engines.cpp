@@ -348,7 +348,10 @@ void DmaEngines::tick(uint64_t cycle) {
       ++engine_counters_[e]["busy_cycles"];
       ++active_now_;
     }
+  const int depth_before = queue_depth_now_;
   queue_depth_now_ = static_cast<int>(queue_.size());
+  if (env_.timeline && queue_depth_now_ != depth_before)  // sampled at the engines' ticks
+    env_.timeline->counter(track_, env_.name + ".dma queue", cycle, queue_depth_now_);
   if (env_.timeline && active_now_ != recorded_active_) {
     recorded_active_ = active_now_;
     env_.timeline->counter(track_, env_.name + ".dma transfers in flight", cycle, active_now_);
