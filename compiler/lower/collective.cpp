@@ -21,6 +21,9 @@ constexpr int kFirstReadyFlag = 52, kReadyFlags = 6;  // f52..f57
 // HBM mode's VMEM pieces of a combine: up to 256 tiles of 8 x 128 fp32 each for the
 // received and the local values.
 constexpr int64_t kMaxPieceTiles = 256;
+// HBM mode's double buffers: loads of piece i on kLoadFlag + i%2, its write-back on
+// kStoreFlag + i%2 (the emitter's per-flag running counts, shared with matrix.cpp).
+constexpr int kLoadFlag = 2, kStoreFlag = 6;
 }  // namespace
 
 // all_reduce(x): with one replica the identity; otherwise every replica holds an
@@ -52,7 +55,7 @@ void Emitter::lower_all_reduce(const Node& n) {
   const int me = opt_.replica;
   const int64_t tile_bytes = kTileElems * 4;
   const int64_t kPieceElems =
-      std::max<int64_t>(1, std::min<int64_t>(kMaxPieceTiles, static_cast<int64_t>(opt_.target.vmem_bytes) / (2 * tile_bytes))) *
+      std::max<int64_t>(1, std::min<int64_t>(kMaxPieceTiles, static_cast<int64_t>(opt_.target.vmem_bytes) / (4 * tile_bytes))) *
       kTileElems;
 
   // Receive slots: per step, the moves into a replica grouped by source (then in
@@ -351,21 +354,34 @@ void Emitter::lower_all_reduce(const Node& n) {
         wait_dmas();
         continue;
       }
-      for (int64_t p0 = 0; p0 < c.elems; p0 += kPieceElems) {
-        const int64_t pn = std::min(kPieceElems, c.elems - p0);
-        const int64_t w = W + (c.offset + p0) * 4;
-        dma(vmem(A), hbm(recv + p0 * 4), pn * 4);
-        dma(vmem(B), hbm(w), pn * 4);
-        wait_dmas();
-        for (int64_t t = 0; t * kTileElems < pn; ++t) {
-          line("vld v1, " + at(A + t * tile_bytes));
-          line("vld v2, " + at(B + t * tile_bytes));
-          line("vadd v1, v1, v2");
-          line("vst v1, " + at(A + t * tile_bytes));
+      // Double-buffered pieces: piece i+1 is fetched (on flag kLoad + (i+1)%2, after
+      // the write-back that last used its buffers) while piece i is added.
+      const int64_t pieces = (c.elems + kPieceElems - 1) / kPieceElems;
+      auto buf = [&](int64_t i, int which) { return ((i % 2) * 2 + which) * kPieceElems * 4; };
+      auto fetch = [&](int64_t i) {
+        const int64_t p0 = i * kPieceElems, pn = std::min(kPieceElems, c.elems - p0);
+        const int fl = kLoadFlag + static_cast<int>(i % 2);
+        dma_on(fl, vmem(buf(i, 0)), hbm(recv + p0 * 4), pn * 4, "");
+        dma_on(fl, vmem(buf(i, 1)), hbm(W + (c.offset + p0) * 4), pn * 4, "");
+      };
+      fetch(0);
+      for (int64_t i = 0; i < pieces; ++i) {
+        if (i + 1 < pieces) {
+          wait_flag(kStoreFlag + static_cast<int>((i + 1) % 2));
+          fetch(i + 1);
         }
-        dma(hbm(w), vmem(A), pn * 4);
-        wait_dmas();
+        wait_flag(kLoadFlag + static_cast<int>(i % 2));
+        const int64_t p0 = i * kPieceElems, pn = std::min(kPieceElems, c.elems - p0);
+        for (int64_t t = 0; t * kTileElems < pn; ++t) {
+          line("vld v1, " + at(buf(i, 0) + t * tile_bytes));
+          line("vld v2, " + at(buf(i, 1) + t * tile_bytes));
+          line("vadd v1, v1, v2");
+          line("vst v1, " + at(buf(i, 0) + t * tile_bytes));
+        }
+        dma_on(kStoreFlag + static_cast<int>(i % 2), hbm(W + (c.offset + p0) * 4), vmem(buf(i, 0)), pn * 4, "");
       }
+      wait_flag(kStoreFlag);
+      wait_flag(kStoreFlag + 1);
     }
   }
   line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));

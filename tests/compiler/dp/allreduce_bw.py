@@ -43,11 +43,14 @@ def closed_form(alg, dims, n, cores, one_link=False):
     p = 1
     for k in dims:
         p *= k
-    worst = max(ab)  # a ring step waits for its slowest (an ICI) hop
-    if alg == "ring":
-        return 2 * (p - 1) * (worst[0] + worst[1] * n / p)
-    if alg == "bidir-ring":
-        return 2 * (p - 1) * (worst[0] + worst[1] * n / (2 * p))
+    # Rings (approximate): the ring order walks dimension 0 fastest, so a share
+    # (cores-1)/cores of its hops are on chip; the latency term takes the mean hop,
+    # the bandwidth term one ICI link per direction (a ring step puts one message on
+    # each link), both ring directions on one link when one_link (size-2 dims).
+    if alg in ("ring", "bidir-ring"):
+        alpha = ((cores - 1) * ONCHIP_ALPHA + ICI_ALPHA) / cores
+        beta = (2 if one_link and alg == "bidir-ring" else 1) / ICI_B
+        return 2 * (p - 1) * (alpha + beta * n / (p * (2 if alg == "bidir-ring" else 1)))
     D = len(dims)
     G = 2 * D
     best = 0.0
