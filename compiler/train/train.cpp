@@ -113,20 +113,6 @@ class Builder {
     }
     const float denom = opt_.loss == TrainOptions::Loss::kMse ? loss_count_ : local_b;
     std::string loss = node(OpKind::kDiv, {loss_sum, scalar("loss_denominator", denom)}, {}, "loss.local");
-    if (opt_.replicas > 1) {
-      // The all_reduce runs on one element per replica (the lowering's schedules
-      // split a tensor into one chunk per replica; a 1-element all_reduce trips its
-      // race checker): +0.0 added to the local loss is exact, and every element of
-      // the sum is the same, so the max picks it.
-      const int64_t r = opt_.replicas;
-      const std::string z = constant("loss.lanes", {1, r}, std::vector<float>(static_cast<size_t>(r), 0.0f));
-      loss = node(OpKind::kAdd, {loss, z}, {}, "loss.spread");
-      loss = node(OpKind::kAllReduce, {loss}, {}, "loss.sum");
-      loss = node(OpKind::kDiv, {loss, scalar("replicas", static_cast<float>(r))}, {}, "loss.mean");
-      loss = node(OpKind::kReduceMax, {loss}, {{"axes", Attr::Ints({1})}, {"keepdims", Attr::Int(1)}}, "loss.global");
-    }
-    loss = node(OpKind::kIdentity, {loss}, {}, "loss");
-
     // ---- backward, nodes in reverse order; gradients of a tensor used several
     // times are added in the order its users are visited.
     grad_[pred] = dpred;
@@ -137,6 +123,39 @@ class Builder {
       if (it == grad_.end()) continue;
       backward(n, it->second);
     }
+
+    // ---- data parallel: one all_reduce of a bucket holding the local loss and
+    // every parameter gradient, flattened and concatenated in constant order (one
+    // collective's latency instead of one per parameter, as XLA's all-reduce
+    // combiner and DDP's buckets do); the sums are sliced back out.
+    std::map<std::string, std::string> summed;
+    if (opt_.replicas > 1) {
+      std::vector<std::pair<std::string, std::string>> items{{"loss", loss}};
+      for (const Constant& c : g.constants)
+        if (params.count(c.name) && grad_.count(c.name)) items.push_back({c.name, grad_.at(c.name)});
+      std::vector<std::string> flat;
+      std::vector<int64_t> sizes;
+      for (const auto& [name, t] : items) {
+        const int64_t n = num_elements(types_.at(t).shape);
+        sizes.push_back(n);
+        flat.push_back(node(OpKind::kReshape, {t}, {{"shape", Attr::Ints({1, n})}}, name + ".grad.flat"));
+      }
+      const std::string bucket = node(OpKind::kConcat, flat, {{"axis", Attr::Int(1)}}, "grads.bucket");
+      const std::string sum = node(OpKind::kAllReduce, {bucket}, {}, "grads.bucket.sum");
+      int64_t off = 0;
+      for (size_t k = 0; k < items.size(); ++k) {
+        const std::string& t = items[k].second;
+        const std::string sl = node(OpKind::kSlice, {sum},
+                                    {{"starts", Attr::Ints({0, off})}, {"ends", Attr::Ints({1, off + sizes[k]})},
+                                     {"axes", Attr::Ints({0, 1})}, {"steps", Attr::Ints({1, 1})}},
+                                    items[k].first + ".grad.sum.flat");
+        summed[items[k].first] =
+            node(OpKind::kReshape, {sl}, {{"shape", Attr::Ints(types_.at(t).shape)}}, items[k].first + ".grad.sum");
+        off += sizes[k];
+      }
+      loss = node(OpKind::kDiv, {summed.at("loss"), scalar("replicas", static_cast<float>(opt_.replicas))}, {}, "loss.mean");
+    }
+    loss = node(OpKind::kIdentity, {loss}, {}, "loss");
 
     // ---- updates, in the order of the constants. A parameter of rank > 2 is
     // updated through its 2-D view [dim 0, the rest] and the hyperparameters are
@@ -155,7 +174,7 @@ class Builder {
         return S.size() > 2 ? node(OpKind::kReshape, {t}, {{"shape", Attr::Ints(S)}}, name) : t;
       };
       std::string gw = grad_.at(c0.name);
-      if (opt_.replicas > 1) gw = node(OpKind::kAllReduce, {gw}, {}, c0.name + ".grad.sum");
+      if (opt_.replicas > 1) gw = summed.at(c0.name);
       gw = as_view(gw, c0.name + ".grad.2d");
       if (opt_.replicas > 1)
         gw = node(OpKind::kDiv, {gw, row_of("replicas", static_cast<float>(opt_.replicas), row)}, {}, c0.name + ".grad.mean");
