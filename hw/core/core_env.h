@@ -10,6 +10,8 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -27,7 +29,34 @@ inline constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
 // Named event counters of one unit, written to stats.json under its hierarchical name.
 class Counters {
  public:
+  Counters() = default;
+  // Copies and moves keep the values and drop the literal cache (it points into
+  // the source's map).
+  Counters(const Counters& o) : values_(o.values_) {}
+  Counters(Counters&& o) noexcept : values_(std::move(o.values_)) {}
+  Counters& operator=(const Counters& o) {
+    values_ = o.values_;
+    literals_.clear();
+    return *this;
+  }
+  Counters& operator=(Counters&& o) noexcept {
+    values_ = std::move(o.values_);
+    literals_.clear();
+    return *this;
+  }
+
   uint64_t& operator[](const std::string& name) { return values_[name]; }
+  // Units count with string literals, some every cycle: after a literal's first
+  // use its slot is found by the literal's address, with no string built or
+  // compared (map nodes never move, so the slot stays valid).
+  template <size_t N>
+  uint64_t& operator[](const char (&name)[N]) {
+    for (const auto& [p, slot] : literals_)
+      if (p == name) return *slot;
+    uint64_t& slot = values_[std::string(name)];
+    literals_.emplace_back(name, &slot);
+    return slot;
+  }
   uint64_t get(const std::string& name) const {
     auto it = values_.find(name);
     return it == values_.end() ? 0 : it->second;
@@ -40,6 +69,7 @@ class Counters {
 
  private:
   std::map<std::string, uint64_t> values_;
+  std::vector<std::pair<const char*, uint64_t*>> literals_;
 };
 
 // An instruction the sequencer has issued into a unit queue.
