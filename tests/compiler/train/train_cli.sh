@@ -20,6 +20,21 @@ rm -rf "$W" && mkdir -p "$W"
 "$T" ref "$W/dp.tpb" --random-inputs 2 --check-races --out "$W/dp_ref" > /dev/null
 "$T" run "$W/dp.tpb" --preset v3-8 --random-inputs 2 --out "$W/dp_run" > "$W/dp_report.txt"
 "$T" diff "$W/dp_ref" "$W/dp_run"
+# A torch-exported ONNX CNN (Conv with bias, ReLU, MaxPool, GlobalAveragePool via
+# AdaptiveAvgPool, Flatten, Gemm with transB) trains through the same path.
+/usr/bin/python3 - "$W/cnn.onnx" <<'PY'
+import sys
+import torch
+torch.manual_seed(0)
+c = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                        torch.nn.Flatten(), torch.nn.Linear(8, 10))
+torch.onnx.export(c, torch.randn(4, 3, 8, 8), sys.argv[1], input_names=["x"], output_names=["logits"])
+PY
+"$T" compile "$W/cnn.onnx" --preset v3 --train sgd:lr=0.1 --emit-graph "$W/cnn_step.ir" -o "$W/cnn.tpb"
+"$T" ref "$W/cnn_step.ir" --random-inputs 4 --out "$W/cnn_graph" > /dev/null
+"$T" ref "$W/cnn.tpb" --random-inputs 4 --check-races --out "$W/cnn_ref" > /dev/null
+"$T" diff "$W/cnn_graph" "$W/cnn_ref"
 set +e
 "$T" compile "$W/mlp.ir" --preset v3 --train adam:lr=1 -o "$W/bad.tpb" 2> "$W/bad.txt"
 rc=$?
