@@ -224,6 +224,13 @@ TEST(DpLower, AllReduceOnAV2Slice4x4) {
   expect_replicated_bit_exact(allreduce_ir(32, 5, 7), PrecisionPolicy::kDefault, kV2x4x4, 32, "bidir-ring", false);
 }
 
+// Buffers smaller than the replica count (empty blocks, every algorithm's fallback).
+TEST(DpLower, TinyAllReduces) {
+  for (int64_t e : {1, 3, 7, 9, 17})
+    for (const char* alg : {"auto", "torus"})
+      expect_replicated_bit_exact(allreduce_only_ir(8, 1, e), PrecisionPolicy::kDefault, kV38, 8, alg);
+}
+
 TEST(DpLower, OneReplicaAllReduceIsTheIdentity) {
   LowerOptions lo;
   lo.target.hbm_bytes = 64ull << 20;
