@@ -90,9 +90,11 @@ void Emitter::lower_reverse(const Node& n) {
   wait_dmas();
 }
 
-// im2col: one 3-D DMA per (n, kh, kw) gathers that tap of every output pixel and
-// channel (the gather of lower_conv); padding taps are never written, so they read
-// +0.0 from the fresh result.
+// im2col: x is first staged in NHWC order (one DMA per image, element runs), so
+// that every tap (kh, kw) is then one 3-D DMA over (ow, oh, n) whose runs are a
+// pixel's C channels, instead of single elements; with a 1x1 window, stride 1 and
+// no padding the staged NHWC tensor is the result itself. Padding taps are never
+// written, so they read +0.0 from the fresh result.
 void Emitter::lower_im2col(const Node& n) {
   const Placed X = t_.at(n.inputs[0]);
   const auto& k = n.attr_ints("kernel");
@@ -105,27 +107,36 @@ void Emitter::lower_im2col(const Node& n) {
   const int64_t K = k[0] * k[1] * CI;
   const int64_t ex = esz(X.type.dtype);
   const int64_t P = t_.at(n.output).addr;
-  if (OW > 65535 || OH > 65535 || CI > 65535) fail(n, "an extent beyond 65535 is not lowered for im2col");
+  if (OW > 65535 || OH > 65535 || CI > 65535 || H > 65535 || W > 65535 || NB > 65535)
+    fail(n, "an extent beyond 65535 is not lowered for im2col");
+  const bool pointwise = k[0] == 1 && k[1] == 1 && st[0] == 1 && st[1] == 1 && !pads[0] && !pads[1] && !pads[2] && !pads[3];
+  const int64_t S = pointwise ? P : place_hbm(NB * H * W * CI * ex);
+  check_addr(n, hbm_top_);
   for (int64_t b = 0; b < NB; ++b)
-    for (int64_t kh = 0; kh < k[0]; ++kh)
-      for (int64_t kw = 0; kw < k[1]; ++kw) {
-        auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
-          *lo = 0;
-          while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
-          *hi = out;
-          while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
-        };
-        int64_t oh0, oh1, ow0, ow1;
-        range(OH, H, st[0], pads[0], kh * dil[0], &oh0, &oh1);
-        range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
-        if (oh0 >= oh1 || ow0 >= ow1) continue;
-        const int64_t ih = oh0 * st[0] - pads[0] + kh * dil[0], iw = ow0 * st[1] - pads[1] + kw * dil[1];
-        const int64_t src = X.addr + ((b * CI) * H * W + ih * W + iw) * ex;
-        const int64_t dst = P + (((b * OH + oh0) * OW + ow0) * K + (kh * k[1] + kw) * CI) * ex;
-        dma(hbm(dst), hbm(src), ex,
-            dim(ow1 - ow0, st[1] * ex, K * ex) + dim(CI, H * W * ex, ex) + dim(oh1 - oh0, st[0] * W * ex, OW * K * ex));
-        wait_dmas();  // the gathers' bounding ranges interleave (race checker)
-      }
+    dma(hbm(S + b * H * W * CI * ex), hbm(X.addr + b * CI * H * W * ex), ex,
+        dim(CI, H * W * ex, ex) + dim(W, ex, CI * ex) + dim(H, W * ex, W * CI * ex));
+  wait_dmas();
+  if (pointwise) return;
+  for (int64_t kh = 0; kh < k[0]; ++kh)
+    for (int64_t kw = 0; kw < k[1]; ++kw) {
+      auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
+        *lo = 0;
+        while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
+        *hi = out;
+        while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
+      };
+      int64_t oh0, oh1, ow0, ow1;
+      range(OH, H, st[0], pads[0], kh * dil[0], &oh0, &oh1);
+      range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
+      if (oh0 >= oh1 || ow0 >= ow1) continue;
+      const int64_t ih = oh0 * st[0] - pads[0] + kh * dil[0], iw = ow0 * st[1] - pads[1] + kw * dil[1];
+      const int64_t src = S + (ih * W + iw) * CI * ex;
+      const int64_t dst = P + ((oh0 * OW + ow0) * K + (kh * k[1] + kw) * CI) * ex;
+      dma(hbm(dst), hbm(src), CI * ex,
+          dim(ow1 - ow0, st[1] * CI * ex, K * ex) + dim(oh1 - oh0, st[0] * W * CI * ex, OW * K * ex) +
+              dim(NB, H * W * CI * ex, OH * OW * K * ex));
+      wait_dmas();  // the taps' bounding ranges interleave (race checker)
+    }
 }
 
 // maxpool_grad(dy, x, y) for windows that do not overlap (stride >= kernel) and no

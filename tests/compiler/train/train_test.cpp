@@ -189,6 +189,9 @@ TEST(TrainOps, ReverseAxes) {
 TEST(TrainOps, Im2colShapes) {
   expect_bit_exact("graph g {\n input %x : f32[2,3,7,6]\n %p = im2col(%x) {dilations=[1,1], kernel=[3,3], pads=[1,1,1,1], strides=[1,1]} : f32[84,27] #0\n output %p\n}\n");
   expect_bit_exact("graph g {\n input %x : f32[1,5,8,9]\n %p = im2col(%x) {dilations=[2,1], kernel=[2,3], pads=[0,1,2,0], strides=[2,2]} : f32[16,30] #0\n output %p\n}\n");
+  // 1x1 window: the NHWC matrix itself (written directly), and with padding.
+  expect_bit_exact("graph g {\n input %x : f32[3,130,5,4]\n %p = im2col(%x) {dilations=[1,1], kernel=[1,1], pads=[0,0,0,0], strides=[1,1]} : f32[60,130] #0\n output %p\n}\n");
+  expect_bit_exact("graph g {\n input %x : f32[2,3,5,4]\n %p = im2col(%x) {dilations=[1,1], kernel=[1,1], pads=[1,0,0,1], strides=[1,1]} : f32[60,3] #0\n output %p\n}\n");
 }
 
 // The conv recipe is a matmul over im2col rows with HWIO weights: the reference
