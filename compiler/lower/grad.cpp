@@ -8,29 +8,37 @@
 
 namespace tpusim::compiler::lowering {
 
-// relu_grad(dy, x) = x > +0.0 ? dy : +0.0: 8x128 tiles streamed like the
-// elementwise ops; vsel moves dy's stored bits unchanged, so the store rounding of
-// an already stored value is exact under both policies.
+// relu_grad(dy, x) = x > +0.0 ? dy : +0.0: chunks of up to 16 8x128 tiles are
+// DMA'd in (one DMA per operand, so the transfer latency is paid once per chunk),
+// each tile `vcmp.lt` + `vsel`, and the chunk DMA'd out. vsel moves dy's stored
+// bits unchanged, so the store rounding of an already stored value is exact under
+// both policies. A ragged last tile computes on stale VMEM lanes that are never
+// stored back.
 void Emitter::lower_relu_grad(const Node& n) {
   const Placed& DY = t_.at(n.inputs[0]);
   const Placed& X = t_.at(n.inputs[1]);
   const int64_t total = num_elements(n.type.shape);
   const DType dt = DY.type.dtype, xt = X.type.dtype, ot = n.type.dtype;
   const int64_t dst = t_.at(n.output).addr;
-  constexpr int64_t kDy = 0, kX = 8192, kOut = 16384;
+  constexpr int64_t kTiles = 16, kChunk = kTiles * kTileElems, kTileBytes = kTileElems * 4;
+  constexpr int64_t kDy = 0, kX = kTiles * kTileBytes, kOut = 2 * kTiles * kTileBytes;
   sync_all();
-  for (int64_t base = 0; base < total; base += kTileElems) {
-    on_core(base / kTileElems);
-    const int64_t cnt = std::min(kTileElems, total - base);
+  for (cur_ = 0; cur_ < cores_; ++cur_) line("vbcast v3, 0.0");
+  cur_ = 0;
+  for (int64_t base = 0; base < total; base += kChunk) {
+    on_core(base / kChunk);
+    const int64_t cnt = std::min(kChunk, total - base);
+    // Tiles are dense in VMEM at their dtype's size (vld/vst.bf16 read 2-byte lanes).
     dma(vmem(kDy), hbm(DY.addr + base * esz(dt)), cnt * esz(dt));
     dma(vmem(kX), hbm(X.addr + base * esz(xt)), cnt * esz(xt));
     wait_dmas();
-    line(std::string(ld(dt)) + " v0, " + at(kDy));
-    line(std::string(ld(xt)) + " v1, " + at(kX));
-    line("vbcast v3, 0.0");
-    line("vcmp.lt m1, v3, v1");
-    line("vsel v2, m1, v0, v3");
-    line(std::string(st(ot)) + " v2, " + at(kOut));
+    for (int64_t t = 0; t * kTileElems < cnt; ++t) {
+      line(std::string(ld(dt)) + " v0, " + at(kDy + t * kTileElems * esz(dt)));
+      line(std::string(ld(xt)) + " v1, " + at(kX + t * kTileElems * esz(xt)));
+      line("vcmp.lt m1, v3, v1");
+      line("vsel v2, m1, v0, v3");
+      line(std::string(st(ot)) + " v2, " + at(kOut + t * kTileElems * esz(ot)));
+    }
     dma(hbm(dst + base * esz(ot)), vmem(kOut), cnt * esz(ot));
     wait_dmas();
   }
