@@ -45,9 +45,9 @@ void Emitter::lower_conv(const Node& n) {
   // Output rows per staged band of im2col rows (0: the image does not fit VMEM).
   int64_t band = OH;
   while (band > 0 && !staging_fits(img, band * OW * K * ex)) band /= 2;
-  // Channel-rich convs gather through VMEM; depthwise ones (a channel per group)
+  // Ungrouped or channel-rich convs gather through VMEM; depthwise ones (a channel per group)
   // keep the direct HBM gathers, which are as cheap there.
-  const bool staged = CI >= 8 && band > 0;
+  const bool staged = (CI >= 8 || G == 1) && band > 0;
   for (int64_t b = 0; b < NB; ++b)
     for (int64_t oh0 = 0; oh0 < OH; oh0 += staged ? band : OH) {
       const int64_t oh1 = staged ? std::min(OH, oh0 + band) : OH;
@@ -138,13 +138,13 @@ void Emitter::lower_matmul(const Node& n) {
   epi_.clear();
   epi_dst_.clear();
   const Placed& A = t_.at(n.inputs[0]);
-  const Placed& B = t_.at(n.inputs[1]);
+  Placed B = t_.at(n.inputs[1]);
   const bool ta = n.has_attr("trans_a") && n.attr_int("trans_a");
-  const bool tb = n.has_attr("trans_b") && n.attr_int("trans_b");
+  bool tb = n.has_attr("trans_b") && n.attr_int("trans_b");
   const float alpha = n.has_attr("alpha") ? n.attr_float("alpha") : 1.0f;
   const float beta = n.has_attr("beta") ? n.attr_float("beta") : 1.0f;
   const Shape as = A.type.shape;
-  const Shape bs = B.type.shape;
+  Shape bs = B.type.shape;
   const Shape os = n.type.shape;
   const size_t rank = os.size();
   const int64_t M = os[rank - 2], N = os[rank - 1];
@@ -153,6 +153,17 @@ void Emitter::lower_matmul(const Node& n) {
   const Placed Out = t_.at(dst_name);
   const DType ot = Out.type.dtype;
   const int64_t ea = esz(at_), eb = esz(bt), eo = esz(ot);
+  if (tb && bs.size() == 2 && staging_fits(K * N * eb, K * N * eb)) {
+    // B^T (a Gemm's weights, transB=1) is transposed once through VMEM into HBM
+    // scratch, so the weight loads below read rows of B instead of single elements.
+    const int64_t Bt = place_hbm(K * N * eb);
+    check_addr(n, hbm_top_);
+    staged_gather(B.addr, K * N * eb, Bt, K * N * eb, {Gather{0, 0, eb, dim(N, K * eb, eb) + dim(K, eb, N * eb)}},
+                  false, 0.0f, bt);
+    B = Placed{TensorType{bt, {K, N}}, Bt};
+    bs = B.type.shape;
+    tb = false;
+  }
   const int64_t R = opt_.target.mxu_rows, C = opt_.target.mxu_cols;
   const int64_t mxus = opt_.target.mxus_per_core;
   const int64_t chunks = std::max<int64_t>(1, (K + R - 1) / R);
