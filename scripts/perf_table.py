@@ -297,7 +297,7 @@ def measure(build, preset, work, out, timeout):
         res["timeout"] = timeout
         return res
     if r.returncode != 0:
-        res["error"] = "run: " + (r.stderr.strip() or r.stdout.strip()).splitlines()[0]
+        res["error"] = "run: " + ((r.stderr.strip() or r.stdout.strip()).splitlines() or [f"exit {r.returncode}"])[0]
         return res
     res["wall_s"] = time.time() - t0
     with open(os.path.join(out, tag, "stats.json")) as f:
