@@ -168,7 +168,7 @@ void Emitter::lower_maxpool_grad(const Node& n) {
   const DType dt = X.type.dtype;
   const int64_t e = esz(dt);
   if (OH > 65535 || OW > 65535) fail(n, "an extent beyond 65535 is not lowered for maxpool_grad");
-  if (static_cast<uint64_t>((2 + 2 * KK) * 8192) > opt_.target.vmem_bytes) fail(n, "window too large for VMEM");
+  if (static_cast<uint64_t>((2 + 2 * KK) * kTileElems * 4) > opt_.target.vmem_bytes) fail(n, "window too large for VMEM");
   const int64_t row = align_up(T * e, kAlign);
   const int64_t XK = place_hbm(KK * row), DK = place_hbm(KK * row);
   check_addr(n, hbm_top_);
@@ -191,30 +191,37 @@ void Emitter::lower_maxpool_grad(const Node& n) {
   for (int64_t kh = 0; kh < k[0]; ++kh)
     for (int64_t kw = 0; kw < k[1]; ++kw) tap_dmas(true, kh, kw);
   sync_all();
-  constexpr int64_t kTile = 8192;  // bytes per VMEM slot
-  const int64_t vdy = 0, vy = kTile, vx = 2 * kTile, vd = vx + KK * kTile;
+  // Chunks of up to 16 tiles per DMA (the transfer latency once per chunk); VMEM
+  // slots of a chunk per operand: dy, y, the KK taps in, the KK results out.
+  const int64_t tiles = std::max<int64_t>(1, std::min<int64_t>(16, static_cast<int64_t>(opt_.target.vmem_bytes) /
+                                                                       ((2 + 2 * KK) * kTileElems * 4)));
+  const int64_t chunk = tiles * kTileElems, slot = chunk * 4;
+  const int64_t vdy = 0, vy = slot, vx = 2 * slot, vd = vx + KK * slot;
+  const int64_t te = kTileElems * e;  // one tile's bytes at the tensor's dtype
   for (cur_ = 0; cur_ < cores_; ++cur_) line("vbcast v3, 0.0");
   cur_ = 0;
-  for (int64_t base = 0; base < T; base += kTileElems) {
-    on_core(base / kTileElems);
-    const int64_t cnt = std::min(kTileElems, T - base);
+  for (int64_t base = 0; base < T; base += chunk) {
+    on_core(base / chunk);
+    const int64_t cnt = std::min(chunk, T - base);
     dma(vmem(vdy), hbm(DY.addr + base * e), cnt * e);
     dma(vmem(vy), hbm(Y.addr + base * e), cnt * e);
-    for (int64_t t = 0; t < KK; ++t) dma(vmem(vx + t * kTile), hbm(XK + t * row + base * e), cnt * e);
+    for (int64_t t = 0; t < KK; ++t) dma(vmem(vx + t * slot), hbm(XK + t * row + base * e), cnt * e);
     wait_dmas();
-    line(std::string(ld(dt)) + " v0, " + at(vdy));
-    line(std::string(ld(dt)) + " v1, " + at(vy));
-    line("vmask m1, 0, 0");  // taps already hit: none
-    for (int64_t t = 0; t < KK; ++t) {
-      line(std::string(ld(dt)) + " v2, " + at(vx + t * kTile));
-      line("vcmp.eq m2, v2, v1");
-      line("mnot m3, m1");
-      line("mand m2, m2, m3");
-      line("mor m1, m1, m2");
-      line("vsel v4, m2, v0, v3");
-      line(std::string(this->st(n.type.dtype)) + " v4, " + at(vd + t * kTile));
-      dma(hbm(DK + t * row + base * e), vmem(vd + t * kTile), cnt * e);
+    for (int64_t i = 0; i * kTileElems < cnt; ++i) {
+      line(std::string(ld(dt)) + " v0, " + at(vdy + i * te));
+      line(std::string(ld(dt)) + " v1, " + at(vy + i * te));
+      line("vmask m1, 0, 0");  // taps already hit: none
+      for (int64_t t = 0; t < KK; ++t) {
+        line(std::string(ld(dt)) + " v2, " + at(vx + t * slot + i * te));
+        line("vcmp.eq m2, v2, v1");
+        line("mnot m3, m1");
+        line("mand m2, m2, m3");
+        line("mor m1, m1, m2");
+        line("vsel v4, m2, v0, v3");
+        line(std::string(this->st(n.type.dtype)) + " v4, " + at(vd + t * slot + i * te));
+      }
     }
+    for (int64_t t = 0; t < KK; ++t) dma(hbm(DK + t * row + base * e), vmem(vd + t * slot), cnt * e);
     wait_dmas();
   }
   sync_all();

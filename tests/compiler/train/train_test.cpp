@@ -146,6 +146,7 @@ TEST(TrainOps, MaxPoolGradWithTiesAndUncoveredBorders) {
   expect_bit_exact(maxpool_grad_ir(2, 3, 9, 10, 2, 2), 5, 1);
   expect_bit_exact(maxpool_grad_ir(3, 5, 12, 12, 3, 3), 7, 2);
   expect_bit_exact(maxpool_grad_ir(1, 130, 8, 8, 2, 2), 9, 0);  // more than one tile of windows
+  expect_bit_exact(maxpool_grad_ir(2, 33, 32, 34, 2, 2), 13, 1);  // more than one chunk of 16 tiles, ragged
 }
 
 // The recipe against a brute force written from its definition: each window's
