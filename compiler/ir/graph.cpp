@@ -24,6 +24,9 @@ const OpInfo kOps[] = {
     {OpKind::kMatmul, "matmul", 2, 3, false},
     {OpKind::kConv2d, "conv2d", 2, 3, false},
     {OpKind::kAllReduce, "all_reduce", 1, 1, false},
+    {OpKind::kAllGather, "all_gather", 1, 1, false},
+    {OpKind::kReduceScatter, "reduce_scatter", 1, 1, false},
+    {OpKind::kAllToAll, "all_to_all", 1, 1, false},
     {OpKind::kAdd, "add", 2, 2, true},
     {OpKind::kSub, "sub", 2, 2, true},
     {OpKind::kMul, "mul", 2, 2, true},
@@ -297,6 +300,17 @@ TensorType infer_type(const Node& n, const std::vector<TensorType>& in) {
     case OpKind::kLog: case OpKind::kSqrt: case OpKind::kRsqrt: case OpKind::kErf: case OpKind::kNeg:
     case OpKind::kIdentity: case OpKind::kAllReduce:
       return x;
+    case OpKind::kAllGather: case OpKind::kReduceScatter: case OpKind::kAllToAll: {
+      const int64_t r = get_int(n, "replicas", 1);
+      if (r < 1) fail(n, "replicas must be at least 1");
+      if (x.shape.empty()) fail(n, "needs an operand of rank >= 1 (replicas split or stack axis 0)");
+      if (n.op != OpKind::kAllGather && x.shape[0] % r != 0)
+        fail(n, "axis 0 of " + type_str(x) + " does not split into " + std::to_string(r) + " replicas' blocks");
+      TensorType out = x;
+      if (n.op == OpKind::kAllGather) out.shape[0] *= r;
+      if (n.op == OpKind::kReduceScatter) out.shape[0] /= r;
+      return out;
+    }
     case OpKind::kSoftmax: {
       const int64_t axis = get_int(n, "axis", -1);
       if (axis < 0 || axis >= static_cast<int64_t>(x.shape.size())) fail(n, "axis " + std::to_string(axis) + " out of range for " + type_str(x));

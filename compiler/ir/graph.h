@@ -41,6 +41,11 @@ enum class OpKind {
   // fp32 sum over the replicas of that replica's x, in the add order of the
   // collective schedule the lowering uses (docs/ici.md "Add order"); 1 replica: identity.
   kAllReduce,  // (x)
+  // The direct collectives (docs/codegen.md "Collectives"); {replicas=R} is set on
+  // the per-replica graph, absent (1) they are the identity like all_reduce.
+  kAllGather,      // (x): the replicas' x concatenated along axis 0 in replica order: shape[0] * R
+  kReduceScatter,  // (x): block r of the sum over the replicas (axis 0 cut in R), replica r's: shape[0] / R
+  kAllToAll,       // (x): block q of axis 0 goes to replica q, where it is block r (from replica r)
   kAdd, kSub, kMul, kDiv,  // numpy broadcasting
   kPow,        // (x) {exponent}: 0.5, 1, 2 or 3
   kRelu, kGelu, kTanh, kSigmoid, kExp, kLog, kSqrt, kRsqrt, kErf, kNeg,

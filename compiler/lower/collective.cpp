@@ -412,3 +412,101 @@ void Emitter::lower_all_reduce(const Node& n) {
 }
 
 }  // namespace tpusim::compiler::lowering
+
+namespace tpusim::compiler::lowering {
+
+// all_gather, reduce_scatter, all_to_all with {replicas=R} (one replica, or R = 1:
+// the identity). Direct algorithms: every replica sends each other replica its
+// block in one DMA (HBM to HBM, rflag f59 there). A `barrier` first puts every
+// replica past its previous node, so the landings f59 counts are this collective's
+// (the barrier is the board-wide one of the ISA; on a real board it would be a
+// token exchange over ICI like all_reduce's entry tokens). reduce_scatter folds the
+// received blocks in replica order, acc = x_0; acc = acc + x_q, in fp32.
+void Emitter::lower_direct_collective(const Node& n) {
+  const ReplicaSpec& s = opt_.replicas;
+  const int64_t R = n.has_attr("replicas") ? n.attr_int("replicas") : 1;
+  if (s.replicas <= 1 || R <= 1) {
+    lower_copy(n);
+    return;
+  }
+  if (R != s.replicas) fail(n, "replicas=" + std::to_string(R) + " but the bundle has " + std::to_string(s.replicas));
+  const Placed X = t_.at(n.inputs[0]);
+  const Placed Y = t_.at(n.output);
+  const DType dt = n.type.dtype;
+  const int64_t e = esz(dt);
+  const int64_t xb = num_elements(X.type.shape) * e;  // bytes of this replica's x
+  const int me = opt_.replica;
+  const int land = 59;
+  auto there = [&](int r, int64_t addr) {
+    return addr - opt_.hbm_base + static_cast<int64_t>(replica_core(s, r)) * opt_.replica_region;
+  };
+  auto endpoint = [&](int r) {
+    return "hbm@chip" + std::to_string(replica_chip(s, r)) + ".c" + std::to_string(replica_core(s, r));
+  };
+  // (destination of block q on replica q, source of it here, bytes)
+  int64_t block = 0, recv_base = 0;
+  auto dst_of = [&](int) -> int64_t {  // in the destination replica's layout
+    switch (n.op) {
+      case OpKind::kAllGather: return Y.addr + me * xb;
+      case OpKind::kAllToAll: return Y.addr + me * block;
+      default: return recv_base + me * block;  // reduce_scatter: q's receive slots
+    }
+  };
+  auto src_of = [&](int q) -> int64_t { return n.op == OpKind::kAllGather ? X.addr : X.addr + q * block; };
+  if (n.op == OpKind::kAllGather) {
+    block = xb;
+  } else {
+    block = xb / R;
+    if (n.op == OpKind::kReduceScatter) recv_base = place_hbm(R * block);
+  }
+  check_addr(n, hbm_top_ + s.cores_per_chip * opt_.replica_region);
+  line("barrier");
+  int64_t sent = 0;
+  for (int q = 0; q < R; ++q) {
+    if (q == me) continue;
+    line("dma " + endpoint(q) + ":" + at(there(q, dst_of(q))) + ", " + hbm(src_of(q)) + ", bytes=" +
+         std::to_string(block) + ", flag=" + kSendFlag + ", rflag=f" + std::to_string(land));
+    ++sent;
+  }
+  dma(hbm(dst_of(me)), hbm(src_of(me)), block);
+  wait_dmas();
+  coll_sent_ += sent;
+  line("wait f" + std::to_string(land) + ", " + std::to_string(coll_landed_[land] += R - 1));
+  line(std::string("wait ") + kSendFlag + ", " + std::to_string(coll_sent_));
+  if (n.op != OpKind::kReduceScatter) return;
+
+  // Y = fold over the R received blocks, in pieces through VMEM.
+  const int64_t tile_bytes = kTileElems * 4;
+  const int64_t piece =
+      std::max<int64_t>(1, std::min<int64_t>(kMaxPieceTiles, static_cast<int64_t>(opt_.target.vmem_bytes) / (3 * tile_bytes))) *
+      kTileElems;
+  const int64_t elems = block / e;
+  const int64_t ACC = 0, IN = piece * 4, OUT = 2 * piece * 4;
+  const std::string load = dt == DType::kBf16 ? "vld.bf16" : "vld";
+  const int64_t tile_in = kTileElems * e;
+  for (int64_t p0 = 0; p0 < elems; p0 += piece) {
+    const int64_t pn = std::min(piece, elems - p0);
+    for (int q = 0; q < R; ++q) {
+      dma(vmem(q == 0 ? OUT : IN), hbm(recv_base + q * block + p0 * e), pn * e);
+      wait_dmas();
+      for (int64_t t = 0; t * kTileElems < pn; ++t) {
+        if (q == 0) {
+          line(load + " v1, " + at(OUT + t * tile_in));
+        } else {
+          line("vld v1, " + at(ACC + t * tile_bytes));
+          line(load + " v2, " + at(IN + t * tile_in));
+          line("vadd v1, v1, v2");
+        }
+        line("vst v1, " + at(ACC + t * tile_bytes));
+      }
+    }
+    for (int64_t t = 0; t * kTileElems < pn; ++t) {
+      line("vld v1, " + at(ACC + t * tile_bytes));
+      line(std::string(st(dt)) + " v1, " + at(OUT + t * tile_in));
+    }
+    dma(hbm(Y.addr + p0 * e), vmem(OUT), pn * e);
+    wait_dmas();
+  }
+}
+
+}  // namespace tpusim::compiler::lowering

@@ -125,6 +125,7 @@ class Emitter {
   void lower_transpose(const Node& n);
   void lower_pool(const Node& n);
   void lower_all_reduce(const Node& n);  // collective.cpp
+  void lower_direct_collective(const Node& n);  // all_gather, reduce_scatter, all_to_all
   // grad.cpp: the training graphs' backward ops (docs/training.md).
   void lower_relu_grad(const Node& n);
   void lower_maxpool_grad(const Node& n);

@@ -67,6 +67,9 @@ LowerResult Emitter::run() {
         break;
       case OpKind::kConv2d: lower_conv(n); break;
       case OpKind::kAllReduce: lower_all_reduce(n); break;
+      case OpKind::kAllGather:
+      case OpKind::kReduceScatter:
+      case OpKind::kAllToAll: lower_direct_collective(n); break;
       case OpKind::kTranspose: lower_transpose(n); break;
       case OpKind::kMaxPool: lower_pool(n); break;
       case OpKind::kAvgPool: {

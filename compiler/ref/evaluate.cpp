@@ -130,6 +130,7 @@ class Evaluator {
       case OpKind::kTranspose: return transpose(n, out);
       case OpKind::kReshape: case OpKind::kFlatten: case OpKind::kIdentity: case OpKind::kCast:
       case OpKind::kAllReduce:  // one replica; evaluate_replicated combines several
+      case OpKind::kAllGather: case OpKind::kReduceScatter: case OpKind::kAllToAll:
         out.f = in(n, 0).f;
         return;
       case OpKind::kConcat: return concat(n, out);
@@ -601,13 +602,15 @@ std::map<std::string, HostTensor> evaluate_replicated(const Graph& graph, const 
     ev[static_cast<size_t>(r)].bind(mine);
   }
   for (const Node& n : rg.graph.nodes) {
-    if (n.op != OpKind::kAllReduce) {
+    if (n.op != OpKind::kAllReduce && n.op != OpKind::kAllGather && n.op != OpKind::kReduceScatter &&
+        n.op != OpKind::kAllToAll) {
       for (auto& e : ev) e.step(n);
       continue;
     }
     std::vector<std::vector<float>> x;
     for (const auto& e : ev) x.push_back(e.value(n.inputs[0]).f);
-    std::vector<std::vector<float>> y = all_reduce_values(spec, x);
+    std::vector<std::vector<float>> y =
+        n.op == OpKind::kAllReduce ? all_reduce_values(spec, x) : direct_collective_values(n.op, x);
     for (int r = 0; r < R; ++r) {
       HostTensor out;
       out.dtype = n.type.dtype;

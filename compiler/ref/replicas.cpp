@@ -82,6 +82,27 @@ std::vector<std::vector<float>> all_reduce_values(const ReplicaSpec& s, const st
   return state;
 }
 
+std::vector<std::vector<float>> direct_collective_values(OpKind op, const std::vector<std::vector<float>>& x) {
+  const size_t R = x.size(), n = x.empty() ? 0 : x[0].size();
+  std::vector<std::vector<float>> y(R);
+  for (size_t r = 0; r < R; ++r) {
+    if (op == OpKind::kAllGather) {
+      for (size_t q = 0; q < R; ++q) y[r].insert(y[r].end(), x[q].begin(), x[q].end());
+    } else if (op == OpKind::kReduceScatter) {
+      const size_t b = n / R;
+      y[r].assign(x[0].begin() + static_cast<std::ptrdiff_t>(r * b), x[0].begin() + static_cast<std::ptrdiff_t>((r + 1) * b));
+      for (size_t q = 1; q < R; ++q)
+        for (size_t i = 0; i < b; ++i) y[r][i] = num::add(y[r][i], x[q][r * b + i]);
+    } else {  // all_to_all: block q of replica r's result is block r of replica q's x
+      const size_t b = n / R;
+      for (size_t q = 0; q < R; ++q)
+        y[r].insert(y[r].end(), x[q].begin() + static_cast<std::ptrdiff_t>(r * b),
+                    x[q].begin() + static_cast<std::ptrdiff_t>((r + 1) * b));
+    }
+  }
+  return y;
+}
+
 ReplicaGraph replica_graph(const Graph& global, const ReplicaSpec& s) {
   ReplicaGraph out;
   out.graph = global;
@@ -108,6 +129,8 @@ ReplicaGraph replica_graph(const Graph& global, const ReplicaSpec& s) {
   for (const auto& c : out.graph.constants) types[c.name] = c.type;
   const std::map<std::string, TensorType> old = global.types();
   for (auto& n : out.graph.nodes) {
+    if (n.op == OpKind::kAllGather || n.op == OpKind::kReduceScatter || n.op == OpKind::kAllToAll)
+      n.attrs["replicas"] = Attr::Int(R);
     std::vector<TensorType> operands;
     for (const auto& i : n.inputs) operands.push_back(types.at(i));
     if (n.op == OpKind::kReshape && !operands.empty()) {

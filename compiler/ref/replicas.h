@@ -46,6 +46,10 @@ ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements);
 // result to the output dtype once).
 std::vector<std::vector<float>> all_reduce_values(const ReplicaSpec& s, const std::vector<std::vector<float>>& x);
 
+// all_gather, reduce_scatter, all_to_all (see graph.h) on the replicas' values:
+// reduce_scatter's sum is the left fold in replica order, x_0 + x_1 + ... + x_{R-1}.
+std::vector<std::vector<float>> direct_collective_values(OpKind op, const std::vector<std::vector<float>>& x);
+
 struct ReplicaGraph {
   Graph graph;                           // the per-replica graph (types re-inferred)
   std::set<std::string> batched_inputs;  // split along axis 0

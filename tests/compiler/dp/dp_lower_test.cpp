@@ -231,6 +231,23 @@ TEST(DpLower, TinyAllReduces) {
       expect_replicated_bit_exact(allreduce_only_ir(8, 1, e), PrecisionPolicy::kDefault, kV38, 8, alg);
 }
 
+// all_gather, reduce_scatter (its fold in replica order) and all_to_all, lowered
+// as direct exchanges.
+TEST(DpLower, DirectCollectives) {
+  for (int R : {2, 4, 8})
+    for (PrecisionPolicy p : {PrecisionPolicy::kDefault, PrecisionPolicy::kBf16}) {
+      const int64_t rows = 8 * R;
+      std::ostringstream ir;
+      ir << "graph dc {\n  input %x : f32[" << rows << ",6]\n"
+         << "  %rs = reduce_scatter(%x) : f32[" << rows << ",6] #0\n"
+         << "  %ag = all_gather(%rs) : f32[" << rows << ",6] #1\n"
+         << "  %aa = all_to_all(%x) : f32[" << rows << ",6] #2\n"
+         << "  %g2 = all_gather(%x) : f32[" << rows << ",6] #3\n"
+         << "  output %ag\n  output %aa\n  output %g2\n}\n";
+      expect_replicated_bit_exact(ir.str(), p, kV38, R);
+    }
+}
+
 TEST(DpLower, OneReplicaAllReduceIsTheIdentity) {
   LowerOptions lo;
   lo.target.hbm_bytes = 64ull << 20;

@@ -106,6 +106,37 @@ TEST(DpRef, EveryAlgorithmSumsExactValuesOnEveryReplica) {
     }
 }
 
+// The direct collectives by their definitions (graph.h), written out element by element.
+TEST(DpRef, DirectCollectivesFollowTheirDefinitions) {
+  const size_t R = 4, n = 8;  // 2 elements per block
+  std::vector<std::vector<float>> x;
+  for (size_t r = 0; r < R; ++r) x.push_back(wide_values(n, static_cast<uint32_t>(40 + r)));
+  const auto ag = direct_collective_values(OpKind::kAllGather, x);
+  const auto rs = direct_collective_values(OpKind::kReduceScatter, x);
+  const auto aa = direct_collective_values(OpKind::kAllToAll, x);
+  for (size_t r = 0; r < R; ++r) {
+    ASSERT_EQ(ag[r].size(), R * n);
+    for (size_t q = 0; q < R; ++q)
+      for (size_t i = 0; i < n; ++i) EXPECT_EQ(bits(ag[r][q * n + i]), bits(x[q][i]));
+    ASSERT_EQ(rs[r].size(), n / R);
+    for (size_t i = 0; i < n / R; ++i) {
+      const size_t e = r * (n / R) + i;
+      const float want = num::add(num::add(num::add(x[0][e], x[1][e]), x[2][e]), x[3][e]);
+      EXPECT_EQ(bits(rs[r][i]), bits(want));
+    }
+    for (size_t q = 0; q < R; ++q)
+      for (size_t i = 0; i < n / R; ++i) EXPECT_EQ(bits(aa[r][q * (n / R) + i]), bits(x[q][r * (n / R) + i]));
+  }
+  const std::string ir =
+      "graph g {\n  input %x : f32[8,3]\n  %y = reduce_scatter(%x) {replicas=4} : f32[2,3] #0\n"
+      "  %z = all_gather(%y) {replicas=4} : f32[8,3] #1\n  output %z\n}\n";
+  const Graph g = parse_graph(ir);
+  verify(g);
+  EXPECT_EQ(print_graph(parse_graph(print_graph(g))), print_graph(g));
+  EXPECT_THROW(verify(parse_graph("graph g {\n  input %x : f32[6,3]\n  %y = reduce_scatter(%x) {replicas=4} : f32[1,3] #0\n  output %y\n}\n")),
+               CompileError);
+}
+
 TEST(DpRef, ReplicaTopologyPutsTheCoresOfAChipFirst) {
   ReplicaSpec s;
   s.cores_per_chip = 2;
