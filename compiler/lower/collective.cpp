@@ -1,7 +1,7 @@
 // Collectives between the replicas of a data-parallel bundle (docs/codegen.md
 // "Collectives"): the schedule of compiler/ref/replicas.h, whose add order the
-// graph reference folds in, lowered move by move to DMAs into the receiving
-// replica's HBM plus vector adds.
+// graph reference folds in, lowered to DMAs into the receiving replica's VMEM or
+// HBM plus vector adds; and the direct all_gather / reduce_scatter / all_to_all.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -12,9 +12,10 @@
 namespace tpusim::compiler::lowering {
 
 namespace {
-// The collective's own flags, apart from the node lowerings' (f1..f3) and the
-// replicated driver's (f60..f62): sends count on the issuer, landings on the
-// receiver, one flag per source replica.
+// The collectives' own flags, apart from the node lowerings' (f1..f17) and the
+// replicated driver's (f60..f62): sends count on the issuer (f58), landings on the
+// receiver (per source and step, see lower_all_reduce; f59 for the direct ones),
+// entry tokens on the sender.
 constexpr const char* kSendFlag = "f58";
 constexpr int kFirstLandFlag = 20, kLandFlags = 32;   // f20..f51
 constexpr int kFirstReadyFlag = 52, kReadyFlags = 6;  // f52..f57
@@ -27,20 +28,21 @@ constexpr int kLoadFlag = 2, kStoreFlag = 6;
 }  // namespace
 
 // all_reduce(x): with one replica the identity; otherwise every replica holds an
-// fp32 work buffer W and runs the schedule's steps: each move it sends is one DMA of
-// its W chunk into a receive slot of the destination replica (rflag there), and
-// each move it receives is combined after the landing: W[chunk] = received +
-// W[chunk] (vadd, received on the left, as the schedule's add order says) or
-// W[chunk] = received. Receive slots are distinct per (step, move), at the same
-// offsets in every replica, so no slot is reused within the collective.
+// fp32 work buffer W and runs the schedule's steps: the chunks it sends go by DMA
+// into receive slots of the destination replica (rflag there), and each move it
+// receives is combined after the landing: W[chunk] = received + W[chunk] (vadd,
+// received on the left, as the schedule's add order says) or W[chunk] = received.
+// Receive slots are distinct per (step, move), at the same offsets in every
+// replica, so no slot is reused within the collective. Every replica first tells
+// each replica that sends to it that it has entered the collective (a 4-byte token
+// DMA, its rflag on the sender), and a sender waits for that before its first send.
 //
 // VMEM mode (W and the slots fit the core's VMEM): W and the slots live in VMEM,
-// sends go VMEM to the neighbour's VMEM and a combine is vld/vadd/vst, with masked
-// stores for a chunk's ragged last tile. Since other nodes' lowerings use VMEM too,
-// every replica first tells each replica that sends to it that it has entered the
-// collective (a 4-byte token DMA, its rflag on the sender), and a sender waits for
-// that before its first send. HBM mode (larger buffers): W and the slots are HBM
-// scratch of this node (nobody else's), combines stream pieces of up to 256 tiles through VMEM.
+// sends are staged copies, one DMA per (step, destination), VMEM to the
+// neighbour's VMEM, and a combine is vld/vadd/vst, with masked stores for a chunk's
+// ragged last tile. HBM mode (larger buffers): W and the slots are HBM scratch of
+// this node, one DMA per move, combines stream double-buffered pieces of up to 256
+// tiles through VMEM. docs/codegen.md "Collectives" has the whole story.
 void Emitter::lower_all_reduce(const Node& n) {
   const ReplicaSpec& s = opt_.replicas;
   if (s.replicas <= 1) {
