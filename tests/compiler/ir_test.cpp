@@ -71,6 +71,9 @@ const char* kEveryOp = R"(graph every_op {
   %rv = reverse(%rg) {axes=[0]} : f32[16,8] #40
   %ic = im2col(%x) {dilations=[1,1], kernel=[3,3], pads=[1,1,1,1], strides=[1,1]} : f32[128,27] #41
   %mg = maxpool_grad(%mp, %r, %mp) {kernel=[3,3], pads=[1,1,1,1], strides=[2,2]} : f32[2,4,8,8] #42
+  %agt = all_gather(%rsh) {replicas=2} : f32[32,8] #43
+  %rsc = reduce_scatter(%agt) {replicas=4} : f32[8,8] #44
+  %a2a = all_to_all(%rsc) {replicas=2} : f32[8,8] #45
   output %id
   output %pd
   output %rsum
@@ -78,6 +81,7 @@ const char* kEveryOp = R"(graph every_op {
   output %rv
   output %ic
   output %mg
+  output %a2a
 }
 )";
 
