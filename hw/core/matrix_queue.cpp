@@ -79,7 +79,7 @@ void MatrixQueue::tick(uint64_t cycle) {
       try {
         if (pop) {
           exec::MxuState& ms = exec::mxu_at(st, in.b);
-          if (!lazy_.empty() && lazy_.size() == ms.fifo.size()) evaluate_lazy(ms);
+          if (lazy_ != 0 && lazy_ == ms.fifo.size()) evaluate_lazy(ms);
           if (ms.fifo.empty()) exec::mxu_fifo_pop(ms);  // faults: underflow, in the reference's words
           if (!r.fault.empty()) throw exec::Fault(r.fault);
           const uint64_t done = core_.pop(in.op == Op::kMpopAdd, head.pc);
@@ -88,9 +88,9 @@ void MatrixQueue::tick(uint64_t cycle) {
           ms.fifo.pop_front();
           pops_.push_back(PendingPop{std::move(head), done});
         } else {
+          if (in.op == Op::kMswap && lazy_ != 0) evaluate_lazy(exec::mxu_at(st, in.a));  // on the weights they saw
           if (in.op == Op::kMmul) issue_mmul(st, in);
           else exec::exec_matrix(st, in);  // values in program order
-          if (in.op == Op::kMswap) weights_.reset();
           if (!r.fault.empty()) throw exec::Fault(r.fault);
           static const mxu::Vreg none;
           switch (in.op) {
@@ -160,22 +160,22 @@ uint64_t MatrixQueue::next_event_cycle(uint64_t now) const {
 }
 
 // The reference computes an mmul's rows when it issues (m = 8 through the kernel).
-// Here the rows are computed when the first mpop needs them, all uncomputed results
-// on the same weights in one kernel call: the kernel runs near its large-matrix
-// throughput instead of its 8-row one, and each row is the same chunk sum either
-// way (rows of a matmul are independent). The FIFO holds a zero placeholder until then;
-// nothing reads it before an mpop, and the LHS is the register as it was at issue.
+// Here the rows are computed when the first mpop needs them, or before an mswap
+// replaces the weights they use, all uncomputed results in one kernel call: the
+// kernel runs near its large-matrix throughput instead of its 8-row one, and each
+// row is the same chunk sum either way (rows of a matmul are independent). The
+// FIFO holds a zero placeholder until then; nothing reads it before an mpop, and
+// the LHS is rounded from the register as it was at issue.
 void MatrixQueue::issue_mmul(exec::CoreState& st, const isa::Instr& in) {
   exec::MxuState& m = exec::mxu_at(st, in.a);
   if (m.fifo_rows_used() + isa::kSublanes > m.fifo_rows || in.b >= isa::kVectorRegs) {
     exec::exec_matrix(st, in);  // faults (FIFO overflow, bad register) in the reference's words
     return;
   }
-  if (!weights_) weights_ = std::make_shared<const LazyWeights>(LazyWeights{m.weights, m.weights_k});
   m.fifo.emplace_back();
-  lazy_.push_back(LazyMmul{weights_});
+  ++lazy_;
   // The LHS as the array sees it: lanes [0, k) rounded to bf16, the rest +0.0.
-  const size_t R = static_cast<size_t>(m.rows), k = static_cast<size_t>(weights_->k);
+  const size_t R = static_cast<size_t>(m.rows), k = static_cast<size_t>(m.weights_k);
   const size_t at = lhs_.size();
   lhs_.resize(at + isa::kSublanes * R);
   for (size_t s = 0; s < static_cast<size_t>(isa::kSublanes); ++s) {
@@ -186,36 +186,28 @@ void MatrixQueue::issue_mmul(exec::CoreState& st, const isa::Instr& in) {
 }
 
 void MatrixQueue::evaluate_lazy(exec::MxuState& m) {
-  const size_t base = m.fifo.size() - lazy_.size();
-  const size_t R = static_cast<size_t>(m.rows), C = static_cast<size_t>(m.cols);
+  const size_t base = m.fifo.size() - lazy_;
   constexpr size_t kVreg = static_cast<size_t>(isa::kSublanes) * isa::kLanes;
-  for (size_t i = 0; i < lazy_.size();) {
-    const std::shared_ptr<const LazyWeights> w = lazy_[i].weights;
-    size_t end = i;
-    while (end < lazy_.size() && lazy_[end].weights == w) ++end;
-    const size_t count = end - i;
-    if (w->k > 0) {  // k = 0: no valid row, every result stays +0.0 (the placeholder)
-      out_.resize(count * kVreg);
-      if (C < static_cast<size_t>(isa::kLanes)) std::fill(out_.begin(), out_.end(), 0.0f);  // lanes >= C read +0.0
-      num::MatmulArgs args;
-      args.a = lhs_.data() + i * isa::kSublanes * R;
-      args.lda = R;
-      args.w = w->w.data();
-      args.ldw = C;
-      args.c = out_.data();
-      args.ldc = isa::kLanes;
-      args.m = static_cast<int>(count) * isa::kSublanes;
-      args.k = w->k;
-      args.n = m.cols;
-      args.rows = m.rows;
-      num::mxu_matmul(args);
-      for (size_t t = 0; t < count; ++t)
-        std::copy(out_.begin() + static_cast<std::ptrdiff_t>(t * kVreg),
-                  out_.begin() + static_cast<std::ptrdiff_t>((t + 1) * kVreg), m.fifo[base + i + t].v.begin());
-    }
-    i = end;
+  if (m.weights_k > 0) {  // k = 0: no valid row, every result stays +0.0 (the placeholder)
+    out_.resize(lazy_ * kVreg);
+    if (m.cols < isa::kLanes) std::fill(out_.begin(), out_.end(), 0.0f);  // lanes >= C read +0.0
+    num::MatmulArgs args;
+    args.a = lhs_.data();
+    args.lda = static_cast<size_t>(m.rows);
+    args.w = m.weights.data();
+    args.ldw = static_cast<size_t>(m.cols);
+    args.c = out_.data();
+    args.ldc = isa::kLanes;
+    args.m = static_cast<int>(lazy_) * isa::kSublanes;
+    args.k = m.weights_k;
+    args.n = m.cols;
+    args.rows = m.rows;
+    num::mxu_matmul(args);
+    for (size_t t = 0; t < lazy_; ++t)
+      std::copy(out_.begin() + static_cast<std::ptrdiff_t>(t * kVreg),
+                out_.begin() + static_cast<std::ptrdiff_t>((t + 1) * kVreg), m.fifo[base + t].v.begin());
   }
-  lazy_.clear();
+  lazy_ = 0;
   lhs_.clear();
 }
 

@@ -43,17 +43,9 @@ class MatrixQueue {
     Issued it;
     uint64_t done;  // its values wait in scratch_, in pop order
   };
-  // Weights of the MXU as the mmuls after one mswap see them.
-  struct LazyWeights {
-    std::vector<uint16_t> w;  // R x C bf16
-    int k = 0;                // valid rows
-  };
-  struct LazyMmul {
-    std::shared_ptr<const LazyWeights> weights;  // its LHS: 8 x R bf16 in lhs_, in lazy_ order
-  };
   static mxu::MxuOpKind kind_of(const isa::Instr& in);
   void issue_mmul(exec::CoreState& st, const isa::Instr& in);
-  void evaluate_lazy(exec::MxuState& m);  // every result in lazy_, into the FIFO
+  void evaluate_lazy(exec::MxuState& m);  // every uncomputed result, into the FIFO
   bool head_ready() const;
   void declare_pending();
 
@@ -66,10 +58,10 @@ class MatrixQueue {
   exec::MxuState scratch_;
   std::deque<Issued> queue_;
   std::deque<PendingPop> pops_;
-  // mmuls whose rows are not computed yet: the youngest lazy_.size() FIFO entries.
-  std::vector<LazyMmul> lazy_;  // emptied whole, so its storage is reused
-  std::shared_ptr<const LazyWeights> weights_;  // null after an mswap until the next mmul
-  std::vector<uint16_t> lhs_;                   // the lazy mmuls' LHS, rounded at issue
+  // mmuls whose rows are not computed yet: the youngest lazy_ FIFO entries, all on
+  // the MXU's current weights (an mswap computes them first).
+  size_t lazy_ = 0;
+  std::vector<uint16_t> lhs_;  // their LHS, rounded at issue (8 x R bf16 each)
   std::vector<float> out_;
   uint64_t real_macs_ = 0;
   uint64_t stall_dependency_ = 0;
