@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "compiler/lower/emitter.h"
 #include "compiler/ref/replicas.h"
@@ -126,31 +127,117 @@ void Emitter::lower_all_reduce(const Node& n) {
     const int j = static_cast<int>(std::lower_bound(v.begin(), v.end(), st) - v.begin());
     return kFirstLandFlag + index_in(sources[static_cast<size_t>(dst)], src, kLandFlags) * M + j % M;
   };
-  {
-    // before[(r, st)]: the (replica, finished step) events that happen before replica
-    // r finishes step st: its own earlier steps and, per move into it at st, the
-    // sender's step st-1 (a send is issued once its sender finished the step before).
-    const size_t S = sch.steps.size(), P = static_cast<size_t>(sch.chips), words = (P * S + 63) / 64;
-    std::vector<std::vector<uint64_t>> before(P * S, std::vector<uint64_t>(words, 0));
-    auto id = [&](size_t r, size_t st) { return st * P + r; };
-    for (size_t st = 0; st < S; ++st) {
-      for (size_t r = 0; r < P; ++r) {
-        auto& b = before[id(r, st)];
-        b[id(r, st) / 64] |= uint64_t{1} << (id(r, st) % 64);
-        if (st > 0)
-          for (size_t w = 0; w < words; ++w) b[w] |= before[id(r, st - 1)][w];
+  // The order in which a replica sends and combines (its program): per step, the
+  // sends not yet issued (by destination, first appearance), then the landings
+  // source by source (this chip's other cores first); after each source's combine,
+  // every send group of the next step whose chunks no remaining combine of this
+  // step writes goes out at once, so a group whose data landed early runs ahead.
+  // Only for buffers up to 512 KiB: measured on v3-8 (docs/codegen.md), running
+  // ahead saves 9-10% of the latency-bound sizes and costs 3-13% from 1 MiB up,
+  // where the early sends crowd the links and DMA engines of the slower groups.
+  const bool run_ahead = E * 4 <= (int64_t{512} << 10);
+  struct Event {
+    bool send;
+    size_t step;
+    int peer;
+  };
+  auto source_order = [&](int r, size_t st) {
+    std::vector<int> v;
+    for (const ici::Move& m : sch.steps[st])
+      if (m.dst == r && std::find(v.begin(), v.end(), m.src) == v.end()) v.push_back(m.src);
+    const auto& all = sources[static_cast<size_t>(r)];
+    auto key = [&](int a) {
+      return std::make_pair(replica_chip(s, a) != replica_chip(s, r),
+                            std::find(all.begin(), all.end(), a) - all.begin());
+    };
+    std::stable_sort(v.begin(), v.end(), [&](int a, int b) { return key(a) < key(b); });
+    return v;
+  };
+  auto dest_order = [&](int r, size_t st) {
+    std::vector<int> v;
+    for (const ici::Move& m : sch.steps[st])
+      if (m.src == r && std::find(v.begin(), v.end(), m.dst) == v.end()) v.push_back(m.dst);
+    return v;
+  };
+  auto plan = [&](int r) {
+    std::vector<Event> ev;
+    std::set<std::pair<size_t, int>> issued;
+    for (size_t st = 0; st < sch.steps.size(); ++st) {
+      for (int d : dest_order(r, st))
+        if (issued.insert({st, d}).second) ev.push_back({true, st, d});
+      std::vector<int> left = source_order(r, st);
+      while (!left.empty()) {
+        const int a = left.front();
+        left.erase(left.begin());
+        ev.push_back({false, st, a});
+        if (!run_ahead || st + 1 >= sch.steps.size()) continue;
+        for (int d : dest_order(r, st + 1)) {
+          if (issued.count({st + 1, d})) continue;
+          bool clash = false;
+          for (const ici::Move& m : sch.steps[st + 1]) {
+            if (m.src != r || m.dst != d) continue;
+            const ici::Chunk& c = sch.chunks[static_cast<size_t>(m.src_chunk)];
+            for (const ici::Move& w : sch.steps[st]) {
+              if (w.dst != r || std::find(left.begin(), left.end(), w.src) == left.end()) continue;
+              const ici::Chunk& x = sch.chunks[static_cast<size_t>(w.dst_chunk)];
+              clash = clash || (x.offset < c.offset + c.elems && c.offset < x.offset + x.elems);
+            }
+          }
+          if (!clash) {
+            issued.insert({st + 1, d});
+            ev.push_back({true, st + 1, d});
+          }
+        }
       }
-      for (const ici::Move& m : sch.steps[st])
-        if (st > 0)
-          for (size_t w = 0; w < words; ++w)
-            before[id(static_cast<size_t>(m.dst), st)][w] |= before[id(static_cast<size_t>(m.src), st - 1)][w];
     }
+    return ev;
+  };
+  const std::vector<Event> mine = plan(me);
+  {
+    // Flag reuse check: the receiver's combine of the j-th message must happen
+    // before the source issues the (j+M)-th, through program order and landings
+    // (a send -> the destination's combine of it).
+    const size_t P = static_cast<size_t>(sch.chips);
+    std::vector<std::vector<Event>> all(P);
+    std::vector<size_t> base(P + 1, 0);
+    for (size_t r = 0; r < P; ++r) {
+      all[r] = static_cast<int>(r) == me ? mine : plan(static_cast<int>(r));
+      base[r + 1] = base[r] + all[r].size();
+    }
+    std::map<std::tuple<size_t, bool, size_t, int>, size_t> id;
+    for (size_t r = 0; r < P; ++r)
+      for (size_t i = 0; i < all[r].size(); ++i) id[{r, all[r][i].send, all[r][i].step, all[r][i].peer}] = base[r] + i;
+    std::vector<size_t> owner(base[P]);
+    for (size_t r = 0; r < P; ++r)
+      for (size_t i = base[r]; i < base[r + 1]; ++i) owner[i] = r;
+    auto next = [&](size_t e, std::vector<size_t>& out) {
+      out.clear();
+      const size_t r = owner[e];
+      if (e + 1 < base[r + 1]) out.push_back(e + 1);
+      const Event& x = all[r][e - base[r]];
+      if (x.send) out.push_back(id.at({static_cast<size_t>(x.peer), false, x.step, static_cast<int>(r)}));
+    };
     for (const auto& [src, v] : send_steps[static_cast<size_t>(me)])
       for (size_t j = 0; j + static_cast<size_t>(M) < v.size(); ++j) {
-        const size_t t = v[j + static_cast<size_t>(M)], e = id(static_cast<size_t>(me), v[j]);
-        if (t == 0 || !(before[id(static_cast<size_t>(src), t - 1)][e / 64] >> (e % 64) & 1))
+        const size_t from = id.at({static_cast<size_t>(me), false, v[j], src});
+        const size_t to = id.at({static_cast<size_t>(src), true, v[j + static_cast<size_t>(M)], me});
+        std::vector<char> seen(base[P], 0);
+        std::vector<size_t> stack{from}, out;
+        bool ok = false;
+        while (!stack.empty() && !ok) {
+          const size_t e = stack.back();
+          stack.pop_back();
+          if (e == to) ok = true;
+          next(e, out);
+          for (size_t o : out)
+            if (!seen[o]) {
+              seen[o] = 1;
+              stack.push_back(o);
+            }
+        }
+        if (!ok)
           fail(n, "the schedule lets replica " + std::to_string(src) + " run more than " + std::to_string(M) +
-                      " steps ahead of replica " + std::to_string(me) + "; the lowering has too few flags for it");
+                      " messages ahead of replica " + std::to_string(me) + "; the lowering has too few flags for it");
       }
   }
   auto ready_flag = [&](int src, int dst) {
@@ -255,30 +342,19 @@ void Emitter::lower_all_reduce(const Node& n) {
   std::vector<std::pair<int64_t, int64_t>> pending;  // HBM mode: W ranges (elements) in-flight sends read
   const int64_t ring = conv + conv_bytes;              // VMEM mode: the send slots' ring
   int64_t send_slot = ring;
-  for (size_t st = 0; st < sch.steps.size(); ++st) {
+  for (const Event& ev : mine) {
+    const size_t st = ev.step;
     const auto& moves = sch.steps[st];
-    std::map<int, int64_t> incoming;  // landing flag -> DMAs of this step
-    std::set<int> sources_now;
-    for (size_t k = 0; k < moves.size(); ++k)
-      if (moves[k].dst == me) {
-        // VMEM mode: one DMA per source and step; HBM mode: one per move.
-        if (!in_vmem || sources_now.insert(moves[k].src).second) ++incoming[land_flag(me, moves[k].src, st)];
-      }
-    // This replica's sends of the step, grouped by destination (first appearance).
-    std::vector<int> to;
-    std::map<int, std::vector<size_t>> group;
-    for (size_t k = 0; k < moves.size(); ++k) {
-      if (moves[k].src != me) continue;
-      if (!group.count(moves[k].dst)) to.push_back(moves[k].dst);
-      group[moves[k].dst].push_back(k);
-    }
-    for (int d : to) {
+    if (ev.send) {
+      const int d = ev.peer;
       if (ready.insert(d).second) {
         const int f = ready_flag(me, d);
         line("wait f" + std::to_string(f) + ", " + std::to_string(coll_landed_[f] += 1));
       }
       const std::string rflag = ", flag=" + std::string(kSendFlag) + ", rflag=f" + std::to_string(land_flag(d, me, st));
-      const std::vector<size_t>& ks = group[d];
+      std::vector<size_t> ks;
+      for (size_t k = 0; k < moves.size(); ++k)
+        if (moves[k].src == me && moves[k].dst == d) ks.push_back(k);
       if (!in_vmem) {
         for (size_t k : ks) {
           const ici::Chunk& c = sch.chunks[static_cast<size_t>(moves[k].src_chunk)];
@@ -310,25 +386,16 @@ void Emitter::lower_all_reduce(const Node& n) {
            ", bytes=" + std::to_string(bytes) + rflag);
       ++sent;
       send_slot += span;
+      continue;
     }
-    if (incoming.empty()) continue;
-    // Landings are combined source by source, those from this chip's other cores
-    // (fast) first, so on-chip data is added while ICI data is still in flight.
-    std::vector<size_t> order;
-    for (size_t k = 0; k < moves.size(); ++k)
-      if (moves[k].dst == me) order.push_back(k);
-    auto key = [&](size_t k) {
-      return std::make_pair(replica_chip(s, moves[k].src) != replica_chip(s, me), land_flag(me, moves[k].src, st));
-    };
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
-    int waited = -1;
-    for (size_t k : order) {
+    // The landings from ev.peer in this step: one DMA (VMEM mode) or one per move.
+    int64_t count = 0;
+    for (const ici::Move& m : moves) count += m.dst == me && m.src == ev.peer;
+    const int f = land_flag(me, ev.peer, st);
+    line("wait f" + std::to_string(f) + ", " + std::to_string(coll_landed_[f] += in_vmem ? 1 : count));
+    for (size_t k = 0; k < moves.size(); ++k) {
       const ici::Move& m = moves[k];
-      const int f = land_flag(me, m.src, st);
-      if (f != waited) {
-        line("wait f" + std::to_string(f) + ", " + std::to_string(coll_landed_[f] += incoming[f]));
-        waited = f;
-      }
+      if (m.dst != me || m.src != ev.peer) continue;
       const ici::Chunk& c = sch.chunks[static_cast<size_t>(m.dst_chunk)];
       // HBM mode: a W chunk that this replica's own in-flight sends still read is
       // overwritten only after they complete (a send's completion flag takes a
