@@ -285,17 +285,15 @@ class Builder {
     if (gs == os) return gr;
     // A vector along the last axis, broadcast over the leading ones (a bias).
     if (os.size() == 1 && gs.size() >= 1 && os[0] == gs.back()) {
-      std::string g2 = gr;
-      if (gs.size() != 2)
-        no_recipe(n, "a bias broadcast over a rank-" + std::to_string(gs.size()) + " result");
-      return sum_rows(g2, "grad." + operand);
+      if (gs.size() != 2) no_recipe(n, "a bias broadcast over a rank-" + std::to_string(gs.size()) + " result");
+      return sum_rows(gr, "grad." + operand);
     }
     no_recipe(n, "operand %" + operand + " broadcast from " + shape_str(os) + " to " + shape_str(gs));
   }
 
   void backward(const Node& n, const std::string& G) {
     auto needs = [&](size_t k) { return k < n.inputs.size() && needs_.count(n.inputs[k]) != 0; };
-    const std::string pre = "grad." ;
+    const std::string pre = "grad.";
     switch (n.op) {
       case OpKind::kMatmul: {
         const std::string &A = n.inputs[0], &Bm = n.inputs[1];
