@@ -390,6 +390,41 @@ class Builder {
       case OpKind::kIdentity:
         accumulate(n.inputs[0], G);
         return;
+      case OpKind::kNeg:
+        accumulate(n.inputs[0], node(OpKind::kNeg, {G}, {}, pre + n.inputs[0]));
+        return;
+      case OpKind::kMul:  // d(a*b) = G*b, G*a, each summed back over its broadcast
+        if (needs(0)) accumulate(n.inputs[0], unbroadcast(n, node(OpKind::kMul, {G, n.inputs[1]}, {}, pre + n.inputs[0] + ".full"), n.inputs[0]));
+        if (needs(1)) accumulate(n.inputs[1], unbroadcast(n, node(OpKind::kMul, {G, n.inputs[0]}, {}, pre + n.inputs[1] + ".full"), n.inputs[1]));
+        return;
+      case OpKind::kDiv:  // d(a/b) = G/b for a; b (a divisor that depends on a parameter) has no recipe
+        if (needs(1)) no_recipe(n, "a divisor that depends on a parameter");
+        accumulate(n.inputs[0], unbroadcast(n, node(OpKind::kDiv, {G, n.inputs[1]}, {}, pre + n.inputs[0] + ".full"), n.inputs[0]));
+        return;
+      case OpKind::kTanh: {  // G * (1 - y*y)
+        const int64_t last = n.type.shape.empty() ? 1 : n.type.shape.back();
+        const std::string y2 = node(OpKind::kMul, {n.output, n.output}, {}, pre + n.output + ".sq");
+        const std::string d = node(OpKind::kSub, {row_of("one", 1.0f, last), y2}, {}, pre + n.output + ".slope");
+        accumulate(n.inputs[0], node(OpKind::kMul, {G, d}, {}, pre + n.inputs[0]));
+        return;
+      }
+      case OpKind::kSigmoid: {  // G * (y * (1 - y))
+        const int64_t last = n.type.shape.empty() ? 1 : n.type.shape.back();
+        const std::string c = node(OpKind::kSub, {row_of("one", 1.0f, last), n.output}, {}, pre + n.output + ".complement");
+        const std::string d = node(OpKind::kMul, {n.output, c}, {}, pre + n.output + ".slope");
+        accumulate(n.inputs[0], node(OpKind::kMul, {G, d}, {}, pre + n.inputs[0]));
+        return;
+      }
+      case OpKind::kSoftmax: {  // y * (G - sum(G * y)) over the softmax axis (the last)
+        const int64_t axis = n.attr_int("axis");
+        if (axis != static_cast<int64_t>(n.type.shape.size()) - 1) no_recipe(n, "softmax over other than the last axis");
+        const std::string gy = node(OpKind::kMul, {G, n.output}, {}, pre + n.output + ".gy");
+        const std::string sm = node(OpKind::kReduceSum, {gy}, {{"axes", Attr::Ints({axis})}, {"keepdims", Attr::Int(1)}},
+                                    pre + n.output + ".dot");
+        const std::string d = node(OpKind::kSub, {G, sm}, {}, pre + n.output + ".centered");
+        accumulate(n.inputs[0], node(OpKind::kMul, {n.output, d}, {}, pre + n.inputs[0]));
+        return;
+      }
       default:
         no_recipe(n, std::string("op '") + op_name(n.op) + "'");
     }

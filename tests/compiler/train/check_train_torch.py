@@ -110,12 +110,44 @@ def forward64(nodes, env, sim):
             y = a[0].mean(dim=(2, 3), keepdim=True)
         elif op == "flatten":
             y = a[0].reshape(a[0].shape[0], -1)
+        elif op == "tanh":
+            y = torch.tanh(a[0])
+        elif op == "sigmoid":
+            y = torch.sigmoid(a[0])
+        elif op == "mul":
+            y = a[0] * a[1]
+        elif op == "div":
+            y = a[0] / a[1]
+        elif op == "neg":
+            y = -a[0]
         elif op == "softmax":
             y = torch.softmax(a[0], dim=int(at["axis"]))
         else:
             raise SystemExit(f"check_train_torch: op {op} not in this checker")
         env[out] = y
     return env, flips
+
+
+def write_smooth(path, batch):
+    """tanh, a learned scale, softmax mid-graph, sigmoid, neg, div by a rank-0
+    constant: the elementwise and row ops with gradient recipes."""
+    rng = np.random.default_rng(12)
+
+    def const(name, arr):
+        bits = np.asarray(arr, dtype=np.float32).view(np.uint32).ravel()
+        return (f"  const %{name} : f32[{','.join(str(d) for d in np.shape(arr))}] = ["
+                + ", ".join(f"0x{b:08x}" for b in bits) + "]\n")
+    text = f"graph smooth {{\n  input %x : f32[{batch},784]\n"
+    text += const("w1", rng.standard_normal((784, 32)) * 0.05) + const("b1", rng.standard_normal(32) * 0.1)
+    text += const("s", 0.5 + rng.random(32)) + const("w2", rng.standard_normal((32, 16)) * 0.3)
+    text += const("w3", rng.standard_normal((16, 10)) * 2.0) + "  const %two : f32[] = [0x40000000]\n"
+    b = batch
+    text += (f"  %h = matmul(%x, %w1, %b1) : f32[{b},32] #0\n  %t = tanh(%h) : f32[{b},32] #1\n"
+             f"  %u = mul(%t, %s) : f32[{b},32] #2\n  %v = matmul(%u, %w2) : f32[{b},16] #3\n"
+             f"  %p = softmax(%v) {{axis=1}} : f32[{b},16] #4\n  %q = matmul(%p, %w3) : f32[{b},10] #5\n"
+             f"  %g = sigmoid(%q) : f32[{b},10] #6\n  %n = neg(%g) : f32[{b},10] #7\n"
+             f"  %z = div(%n, %two) : f32[{b},10] #8\n  output %z\n}}\n")
+    open(path, "w").write(text)
 
 
 def run_case(args, name, script, script_args, train, loss, seed, replicas=1):
@@ -125,7 +157,10 @@ def run_case(args, name, script, script_args, train, loss, seed, replicas=1):
     work = os.path.join(args.work, name)
     os.makedirs(work, exist_ok=True)
     fwd, step = os.path.join(work, "fwd.ir"), os.path.join(work, "train.ir")
-    subprocess.run([sys.executable, os.path.join(MODELS, script), fwd] + script_args, check=True)
+    if script == "smooth":
+        write_smooth(fwd, int(script_args[1]))
+    else:
+        subprocess.run([sys.executable, os.path.join(MODELS, script), fwd] + script_args, check=True)
     subprocess.run([args.train_graph, fwd, "-o", step, "--train", train, "--loss", loss, "--replicas", str(replicas)],
                    check=True, stdout=subprocess.DEVNULL)
     inputs, consts, nodes, outputs = parse_ir(open(fwd).read())
@@ -164,7 +199,9 @@ def run_case(args, name, script, script_args, train, loss, seed, replicas=1):
                         "--input", "labels=" + os.path.join(work, "labels.npy")], check=True, stdout=subprocess.DEVNULL)
     sim = {t: np.load(os.path.join(out, t + ".npy")) for t in pinned}
     env = {xname: torch.tensor(x, dtype=torch.float64)}
-    params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in consts.items()}
+    # Parameters: constants of rank >= 1 (as compiler/train picks them); scalars are op constants.
+    params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in consts.items() if v.ndim >= 1}
+    env.update({k: torch.tensor(v, dtype=torch.float64) for k, v in consts.items() if v.ndim == 0})
     env.update(params)
     env, flips = forward64(nodes, env, sim)
     z = env[pred]
@@ -232,6 +269,7 @@ def main():
     ok &= run_case(args, "mlp_b8_mse", "make_mlp_train.py", ["--batch", "8", "--hidden", "32"], "sgd:lr=0.01", "mse", 3)
     ok &= run_case(args, f"cnn_w4_b{args.cnn_batch}_momentum", "make_cnn_train.py",
                    ["--batch", str(args.cnn_batch), "--width", "4"], "sgd:lr=0.05,momentum=0.9", "xent", 4)
+    ok &= run_case(args, "smooth_b16_momentum", "smooth", ["--batch", "16"], "sgd:lr=0.5,momentum=0.9", "xent", 6)
     if args.tpusim:
         ok &= run_case(args, "mlp_b64_v3-8_8_replicas", "make_mlp_train.py", ["--batch", "64"],
                        "sgd:lr=0.05,momentum=0.9", "xent", 5, replicas=8)

@@ -314,6 +314,49 @@ std::string cnn_ir() {
   return o.str();
 }
 
+// The elementwise and row ops with gradient recipes: tanh, a learned scale (mul by a
+// broadcast parameter), softmax in mid-graph, sigmoid, neg, div by a rank-0 constant.
+std::string smooth_ir() {
+  std::ostringstream o;
+  auto cst = [&](const std::string& name, std::vector<int64_t> shape, uint32_t seed, float scale) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> v = random_values(static_cast<size_t>(n), seed);
+    o << " const %" << name << " : f32" << shape_str(shape) << " = [";
+    for (int64_t k = 0; k < n; ++k) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "0x%08x", bits(v[static_cast<size_t>(k)] * scale));
+      o << (k ? ", " : "") << buf;
+    }
+    o << "]\n";
+  };
+  o << "graph smooth {\n input %x : f32[8,20]\n";
+  cst("w1", {20, 16}, 101, 0.3f);
+  cst("b1", {16}, 102, 0.1f);
+  cst("s", {16}, 103, 0.8f);
+  cst("w2", {16, 12}, 104, 0.4f);
+  cst("w3", {12, 6}, 105, 0.5f);
+  o << " const %two : f32[] = [0x40000000]\n"
+    << " %h = matmul(%x, %w1, %b1) : f32[8,16] #0\n"
+    << " %t = tanh(%h) : f32[8,16] #1\n"
+    << " %u = mul(%t, %s) : f32[8,16] #2\n"
+    << " %v = matmul(%u, %w2) : f32[8,12] #3\n"
+    << " %p = softmax(%v) {axis=1} : f32[8,12] #4\n"
+    << " %q = matmul(%p, %w3) : f32[8,6] #5\n"
+    << " %g = sigmoid(%q) : f32[8,6] #6\n"
+    << " %n = neg(%g) : f32[8,6] #7\n"
+    << " %z = div(%n, %two) : f32[8,6] #8\n output %z\n}\n";
+  return o.str();
+}
+
+TEST(TrainGraph, SmoothOpsBitExact) {
+  TrainOptions o;
+  parse_train_spec("sgd:lr=0.5", "xent", &o);
+  const Graph g = build_training_graph(parse_graph(smooth_ir()), o);
+  EXPECT_EQ(g.outputs.size(), 6u);  // loss + w1 b1 s w2 w3
+  for (auto p : kPolicies) expect_bit_exact(g, p, random_inputs(g, 111));
+}
+
 TEST(TrainGraph, CnnMomentumBitExact) {
   TrainOptions o;
   parse_train_spec("sgd:lr=0.1,momentum=0.9", "xent", &o);
@@ -415,14 +458,14 @@ TEST(TrainGraph, DataParallelV3_8BitExact) {
 
 TEST(TrainGraph, ErrorsNameTheNode) {
   TrainOptions o;
-  const std::string tanh_mlp =
+  const std::string erf_mlp =
       "graph t {\n input %x : f32[2,3]\n const %w : f32[3,3] = [0x3f800000, 0x00000000, 0x00000000, 0x00000000, 0x3f800000, 0x00000000, 0x00000000, 0x00000000, 0x3f800000]\n"
-      " %h = matmul(%x, %w) : f32[2,3] #0\n %t = tanh(%h) : f32[2,3] #1\n output %t\n}\n";
+      " %h = matmul(%x, %w) : f32[2,3] #0\n %t = erf(%h) : f32[2,3] #1\n output %t\n}\n";
   try {
-    build_training_graph(parse_graph(tanh_mlp), o);
-    FAIL() << "tanh has no gradient recipe";
+    build_training_graph(parse_graph(erf_mlp), o);
+    FAIL() << "erf has no gradient recipe";
   } catch (const CompileError& e) {
-    EXPECT_NE(std::string(e.what()).find("node 't' (#1, tanh): no gradient recipe"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("node 't' (#1, erf): no gradient recipe"), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse_train_spec("adam:lr=1", "xent", &o), CompileError);
   EXPECT_THROW(parse_train_spec("sgd:lr=abc", "xent", &o), CompileError);
