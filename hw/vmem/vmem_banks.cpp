@@ -42,6 +42,7 @@ VmemBanks::TileAccess VmemBanks::tile(int64_t base, int rows, int64_t stride, in
     t.cycles = std::max(t.cycles, n);
     if (n == 1) t.first_mask |= 1ull << b;
   }
+  for (size_t b = 0; b < per_bank.size(); ++b) t.granules[b] = static_cast<uint16_t>(per_bank[b]);
   return t;
 }
 

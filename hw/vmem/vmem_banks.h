@@ -5,6 +5,8 @@
 // a tile access that needs a claimed bank waits a cycle (a bank conflict).
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -23,6 +25,13 @@ class VmemBanks {
   struct TileAccess {
     uint64_t first_mask = 0;
     int cycles = 1;
+    std::array<uint16_t, 64> granules{};  // per bank: pass p uses the banks with more than p
+    uint64_t pass_mask(int p) const {
+      uint64_t m = 0;
+      for (size_t b = 0; b < granules.size(); ++b)
+        if (granules[b] > p) m |= 1ull << b;
+      return m;
+    }
   };
   TileAccess tile(int64_t base, int rows, int64_t stride, int row_bytes) const;
 

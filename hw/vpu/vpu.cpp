@@ -95,6 +95,26 @@ void Vpu::retire(InFlight& f, uint64_t cycle) {
 void Vpu::tick(uint64_t cycle) {
   last_tick_ = cycle;
   banks_.begin_cycle(cycle);
+  // Later passes of multi-pass tile accesses hold their banks in their cycles, after
+  // the DMA beats of the cycle (which have priority): a pass whose bank a beat
+  // holds waits a cycle, and so do the access's completion and its port.
+  for (size_t i = 0; i < passes_.size();) {
+    Passes& ps = passes_[i];
+    const uint64_t mask = ps.acc.pass_mask(ps.next);
+    if (banks_.free(mask)) {
+      banks_.claim_vpu(mask);
+      if (++ps.next == ps.acc.cycles) {
+        passes_.erase(passes_.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+    } else {
+      for (auto& f : inflight_)
+        if (f.it.seq == ps.seq) ++f.done;
+      ++pipe_free(ps.store ? Pipe::kStore : Pipe::kLoad);
+      ++counters_["stall_bank_conflict_cycles"];
+    }
+    ++i;
+  }
   // Completions first, in dispatch order (the scoreboard forbids two in-flight
   // writers of one register, so order only matters for VMEM, where it is program order).
   for (size_t i = 0; i < inflight_.size();) {
@@ -130,6 +150,7 @@ void Vpu::tick(uint64_t cycle) {
       stall_ = Stall::kBankConflict;
     } else {
       if (mem) banks_.claim_vpu(acc.first_mask);
+      if (mem && acc.cycles > 1) passes_.push_back({head.seq, t.pipe == Pipe::kStore, acc, 1});
       pipe_free(t.pipe) = cycle + static_cast<uint64_t>(t.interval);
       current_op_ = static_cast<int>(in.op);
       inflight_.push_back({std::move(head), cycle, cycle + static_cast<uint64_t>(t.latency)});
@@ -165,6 +186,7 @@ void Vpu::skip(uint64_t n) {
 }
 
 uint64_t Vpu::next_event_cycle(uint64_t now) const {
+  if (!passes_.empty()) return now + 1;  // each pass claims its banks in its cycle
   uint64_t next = kNever;
   for (const auto& f : inflight_) next = std::min(next, f.done);
   if (!queue_.empty()) {

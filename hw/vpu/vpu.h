@@ -70,6 +70,13 @@ class Vpu {
   size_t depth_;
   std::deque<Issued> queue_;
   std::vector<InFlight> inflight_;  // dispatch order
+  struct Passes {  // a multi-pass tile access past its first cycle
+    uint64_t seq;  // its instruction (in inflight_)
+    bool store;
+    VmemBanks::TileAccess acc;
+    int next;  // the pass of the coming cycle
+  };
+  std::vector<Passes> passes_;  // at most one per port
   uint64_t alu_free_ = 0, trans_free_ = 0, load_free_ = 0, store_free_ = 0, xlu_free_ = 0;
   uint64_t mem_retired_ = 0;
   Stall stall_ = Stall::kNone;
