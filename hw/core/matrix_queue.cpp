@@ -10,7 +10,7 @@ namespace tpusim::hw {
 using isa::Op;
 
 // Built for the baseline ISA and for AVX2 / AVX-512, picked at load time.
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void fp32_bits_to_bf16(const uint32_t* src,
+__attribute__((target_clones("avx512f", "avx2", "default"))) void fp32_bits_to_bf16(const uint32_t* src,
                                                                                        uint16_t* dst, size_t n) {
   for (size_t j = 0; j < n; ++j) {
     const uint32_t u = src[j];
