@@ -166,6 +166,7 @@ class Emitter {
   std::map<int, int> fused_;                        // member id -> root id
   std::vector<const Node*> epi_;  // the chain lower_matmul applies (set by its caller)
   std::string epi_dst_;           // where lower_matmul stores, if not the chain's end (conv's NHWC scratch)
+  std::vector<isa::IoEntry> extra_consts_;  // constants the lowering lays out itself (conv weights as W[(kh,kw,cin), o])
 };
 
 }  // namespace tpusim::compiler::lowering

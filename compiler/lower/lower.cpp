@@ -103,6 +103,7 @@ LowerResult Emitter::run() {
     sync_all();
   }
   for (int c = 0; c < cores_; ++c) out_ << ".core chip0.core" << c << "\n" << cs_[static_cast<size_t>(c)].str() << "  halt\n";
+  for (auto& e : extra_consts_) io.push_back(std::move(e));  // laid out by the lowering (conv weights)
   for (const auto& o : g_.outputs) {
     const Placed& p = t_.at(o);
     io.push_back(entry(isa::IoKind::kOutput, o, p.type, p.addr));

@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+
+#include "isa/numerics/bf16.h"
 
 namespace tpusim::compiler::lowering {
 
@@ -77,9 +80,33 @@ void Emitter::lower_conv(const Node& n) {
         staged_gather(X.addr + (b * CIall + g * CI) * H * W * ex, img, P + ((b * OH + oh0) * OW) * K * ex,
                       (oh1 - oh0) * OW * K * ex, gathers, any_pad, 0.0f, X.type.dtype);
     }
-  // OIHW -> W[(kh,kw,cin), o]: through VMEM when it fits.
+  // OIHW -> W[(kh,kw,cin), o]: a constant is laid out at compile time (a .const entry
+  // of its own: no run-time rearrangement, and the matmul's weight loads read
+  // contiguous rows); otherwise through VMEM when it fits.
   const int64_t wbytes = COg * CI * KH * KW * ew;
-  if (staging_fits(wbytes, wbytes)) {
+  const Constant* wc = g_.find_constant(n.inputs[1]);
+  if (wc && (G == 1 || CI >= 8)) {
+    isa::IoEntry e;
+    e.kind = isa::IoKind::kConst;
+    e.name = tag + "w";
+    e.dtype = Wt.type.dtype == DType::kBf16 ? isa::Dtype::kBf16 : isa::Dtype::kF32;
+    e.shape = {K, COg};
+    e.space = isa::Space::kHbm;
+    e.addr = static_cast<uint64_t>(Wm);
+    e.data.resize(static_cast<size_t>(wbytes));
+    for (int64_t o = 0; o < COg; ++o)
+      for (int64_t ci = 0; ci < CI; ++ci)
+        for (int64_t kh = 0; kh < KH; ++kh)
+          for (int64_t kw = 0; kw < KW; ++kw) {
+            const float f = wc->f[static_cast<size_t>((((g * COg + o) * CI + ci) * KH + kh) * KW + kw)];
+            const int64_t at = (((kh * KW + kw) * CI + ci) * COg + o) * ew;
+            uint32_t u;
+            std::memcpy(&u, &f, 4);
+            if (ew == 2) u = num::fp32_to_bf16(f);  // exact: the policy pass rounded it
+            for (int64_t k = 0; k < ew; ++k) e.data[static_cast<size_t>(at + k)] = static_cast<uint8_t>(u >> (8 * k));
+          }
+    extra_consts_.push_back(std::move(e));
+  } else if (staging_fits(wbytes, wbytes)) {
     std::vector<Gather> gathers;
     for (int64_t kh = 0; kh < KH; ++kh)
       for (int64_t kw = 0; kw < KW; ++kw)
