@@ -139,10 +139,19 @@ void Emitter::lower_conv(const Node& n) {
   lower_matmul(mm);
   sync_all();
   const int64_t y = t_.at(last.output).addr;
-  for (int64_t b = 0; b < NB; ++b)
-    dma(hbm(y + (b * CO + g * COg) * OH * OW * eo), hbm(Y + b * OH * OW * COg * eo), eo,
-        dim(OH * OW, COg * eo, eo) + dim(COg, eo, OH * OW * eo));
-  wait_dmas();
+  // NHWC -> NCHW per image: through VMEM when it fits (element-sized runs are cheap
+  // there, one memory request each in HBM).
+  const int64_t ibytes = OH * OW * COg * eo;
+  for (int64_t b = 0; b < NB; ++b) {
+    const std::string dims = dim(OH * OW, COg * eo, eo) + dim(COg, eo, OH * OW * eo);
+    if (staging_fits(ibytes, ibytes)) {
+      staged_gather(Y + b * ibytes, ibytes, y + (b * CO + g * COg) * OH * OW * eo, ibytes, {Gather{0, 0, eo, dims}},
+                    false, 0.0f, last.type.dtype);
+    } else {
+      dma(hbm(y + (b * CO + g * COg) * OH * OW * eo), hbm(Y + b * ibytes), eo, dims);
+      wait_dmas();
+    }
+  }
   }
 }
 
@@ -157,7 +166,7 @@ void Emitter::lower_conv(const Node& n) {
 // the partial sum (kept in VMEM between passes as fp32), exactly the contract's
 // acc = s_0; acc = acc + s_1; ... Then alpha, beta * C, the fused members' ops, store.
 // The LHS rows of a unit stay in VMEM for every column tile; weights stay resident
-// across units when they fit, else stream through a 3-slot ring fetched two passes
+// across units when they fit, else stream through a 5-slot ring fetched four passes
 // ahead; the next pass's weights are pushed while the current pass computes.
 void Emitter::lower_matmul(const Node& n) {
   const std::vector<const Node*> chain = epi_;
@@ -281,6 +290,9 @@ void Emitter::lower_matmul(const Node& n) {
   // HBM interleaves 4 KiB over all its channels (configs/hbm): DMA runs of at least
   // that keep every channel busy, shorter strided runs hit a few channels only.
   const int64_t kRunBytes = 4096;
+  // Pass fetches go kSlots - 1 passes ahead, each slot on its own flag (f8..f12): a
+  // slot is refilled only after the wait for its previous contents.
+  constexpr int64_t kSlots = 5;
   // With full-width tiles, the output of a band of OB column groups goes out as one
   // DMA with long runs; narrower MXUs store each tile on its own.
   const bool wide_out = C == 128;
@@ -322,7 +334,7 @@ void Emitter::lower_matmul(const Node& n) {
     else vec_bytes += (o.scalar ? 1 : ntiles) * 8 * 128 * esz(o.dt);
   }
   auto need = [&](int64_t mg, bool res, int64_t bg) {
-    return (res ? chunks * R * ws_of(bg) + wrow : 3 * kw * cw * wtile) + lbands * mg * ls + cw * mg * 512 +
+    return (res ? chunks * R * ws_of(bg) + wrow : kSlots * kw * cw * wtile) + lbands * mg * ls + cw * mg * 512 +
            2 * mg * obs_of(std::min(OB, bg)) + vec_bytes + mg * full_per_row;
   };
   bool resident = true;
@@ -339,7 +351,7 @@ void Emitter::lower_matmul(const Node& n) {
     fail(n, "needs " + std::to_string(need(Mg, resident, BG)) + " bytes of VMEM, the target has " +
                 std::to_string(vmem_cap));
   const int64_t ws = ws_of(BG);
-  const int64_t wres_bytes = resident ? chunks * R * ws + wrow : 3 * kw * cw * wtile;
+  const int64_t wres_bytes = resident ? chunks * R * ws + wrow : kSlots * kw * cw * wtile;
   const int64_t lhs_base = wres_bytes;
   const int64_t acc_base = lhs_base + lbands * Mg * ls;
   const int64_t out_base = acc_base + cw * Mg * 512;
@@ -354,7 +366,7 @@ void Emitter::lower_matmul(const Node& n) {
   // Flags: f1 general, f4 output stores, f6/f7 full epilogue operands (by column-tile
   // group parity), f10..f12 the pass ring's slots. Every wait covers every DMA issued
   // on its flag so far (completion order is not issue order).
-  constexpr int kOutFlag = 4, kEpiFlag = 6, kSlotFlag = 10;
+  constexpr int kOutFlag = 4, kEpiFlag = 6, kSlotFlag = 8;
   const int64_t fifo_vregs = std::max<int64_t>(2, opt_.target.fifo_rows / 8);
   const int64_t D = std::max<int64_t>(1, std::min<int64_t>(18, fifo_vregs - 2));
   const int64_t AS = 16 / cw;  // accumulator register sets (v8..v23)
@@ -402,11 +414,11 @@ void Emitter::lower_matmul(const Node& n) {
       auto w_addr = [&](int64_t q, int64_t w, int64_t k, int64_t r) {
         const Pass& ps = passes[static_cast<size_t>(q)];
         if (resident) return ((ps.c0 + k) * R + r) * ws + (ps.n0 - bn0 + w * C) * eb;
-        return ((q % 3) * kw * cw + w * kw + k) * wtile + r * wrow;
+        return ((q % kSlots) * kw * cw + w * kw + k) * wtile + r * wrow;
       };
       auto fetch = [&](int64_t q) {
         const Pass& ps = passes[static_cast<size_t>(q)];
-        const int flag = kSlotFlag + static_cast<int>(q % 3);
+        const int flag = kSlotFlag + static_cast<int>(q % kSlots);
         bool any = false;
         const int64_t k0 = ps.c0 * R, kcols = std::min(K, (ps.c0 + ps.kk) * R) - k0;
         if (load_w && resident) {
@@ -451,7 +463,7 @@ void Emitter::lower_matmul(const Node& n) {
       };
       std::vector<bool> fetched(static_cast<size_t>(Q), false);
       auto wait_pass = [&](int64_t q) {
-        if (q < Q && fetched[static_cast<size_t>(q)]) wait_flag(kSlotFlag + static_cast<int>(q % 3));
+        if (q < Q && fetched[static_cast<size_t>(q)]) wait_flag(kSlotFlag + static_cast<int>(q % kSlots));
       };
       auto epi_fetch = [&](int64_t t) {  // full operands of column-tile group t
         const Pass* ps = nullptr;
@@ -488,7 +500,7 @@ void Emitter::lower_matmul(const Node& n) {
         epi_fetch(t_first);
         if (t_first + 1 < t_end) epi_fetch(t_first + 1);
       }
-      for (int64_t q = 0; q < std::min<int64_t>(2, Q); ++q) fetched[static_cast<size_t>(q)] = fetch(q);
+      for (int64_t q = 0; q < std::min<int64_t>(kSlots - 1, Q); ++q) fetched[static_cast<size_t>(q)] = fetch(q);
       wait_pass(0);
       int64_t wreg = 0;
       auto push_list = [&](int64_t q) {
@@ -532,7 +544,7 @@ void Emitter::lower_matmul(const Node& n) {
           const Pass& ps = passes[static_cast<size_t>(q)];
           if (i == 0) {
             if (q + 1 < Q) wait_pass(q + 1);
-            if (q + 2 < Q) fetched[static_cast<size_t>(q + 2)] = fetch(q + 2);
+            if (q + kSlots - 1 < Q) fetched[static_cast<size_t>(q + kSlots - 1)] = fetch(q + kSlots - 1);
             pending = push_list(q + 1);
             next_push = 0;
             per_item = (static_cast<int64_t>(pending.size()) + blocks - 1) / blocks;
