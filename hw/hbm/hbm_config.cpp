@@ -258,6 +258,25 @@ DecodedAddress decode_address(const HbmConfig& cfg, uint64_t addr) {
   return d;
 }
 
+void BurstDecoder::decode(uint64_t addr, uint64_t bytes, std::vector<DecodedAddress>& out) {
+  const uint32_t shift = cfg_->mapping.offset_bits;
+  const uint64_t first = addr >> shift, last = (addr + bytes - 1) >> shift, n = last - first + 1;
+  uint64_t span = 1;
+  while (span < n) span <<= 1;
+  out.clear();
+  if (first % span != 0 || span > 4096) {
+    for (uint64_t b = first; b <= last; ++b) out.push_back(decode_address(*cfg_, b << shift));
+    return;
+  }
+  for (uint64_t k = offsets_.size(); k < span; ++k) offsets_.push_back(decode_address(*cfg_, k << shift));
+  const DecodedAddress base = decode_address(*cfg_, first << shift);
+  for (uint64_t k = 0; k < n; ++k) {
+    const DecodedAddress& o = offsets_[k];
+    out.push_back({base.channel | o.channel, base.bank_group | o.bank_group, base.bank | o.bank, base.row | o.row,
+                   base.column | o.column});
+  }
+}
+
 uint64_t encode_address(const HbmConfig& cfg, const DecodedAddress& d) {
   std::array<uint32_t, size_t(Field::kCount)> v{};
   v[size_t(Field::kPseudoChannel)] = d.channel % cfg.pseudo_channels_per_channel;

@@ -128,6 +128,21 @@ DecodedAddress decode_address(const HbmConfig& cfg, uint64_t addr);
 // The inverse, for traffic generators and tests.
 uint64_t encode_address(const HbmConfig& cfg, const DecodedAddress& d);
 
+// The bursts of a request [addr, addr + bytes), in address order, as decode_address
+// gives them. Every field is a set of address bits and every count a power of two,
+// so the decode of a | b with disjoint bits is the field-wise OR of the decodes:
+// a request aligned to its power-of-two span is its base's decode ORed with cached
+// decodes of the offsets (a 4 KiB request: one decode instead of 128).
+class BurstDecoder {
+ public:
+  explicit BurstDecoder(const HbmConfig& cfg) : cfg_(&cfg) {}
+  void decode(uint64_t addr, uint64_t bytes, std::vector<DecodedAddress>& out);
+
+ private:
+  const HbmConfig* cfg_;
+  std::vector<DecodedAddress> offsets_;  // decodes of bursts 0 .. span - 1
+};
+
 // Exact DRAM-cycle <-> picosecond conversion: the period 1e12 / clock_hz ps as a
 // reduced fraction, so clocks like 878.90625 MHz keep no rounding drift.
 class ClockConversion {

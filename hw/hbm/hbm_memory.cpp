@@ -8,7 +8,7 @@
 
 namespace tpusim::hbm {
 
-HbmMemory::HbmMemory(const HbmConfig& cfg) : cfg_(cfg), clock_(cfg.clock_hz) {
+HbmMemory::HbmMemory(const HbmConfig& cfg) : cfg_(cfg), clock_(cfg.clock_hz), decoder_(cfg_) {
   channels_.reserve(cfg_.channels());
   // Channels keep a pointer to cfg_, which lives as long as they do.
   for (uint32_t i = 0; i < cfg_.channels(); ++i) channels_.emplace_back(cfg_, i);
@@ -28,11 +28,8 @@ bool HbmMemory::try_enqueue(const mem::MemRequest& req, uint64_t now_ps) {
   // All or nothing: a request never sits half in the queues.
   if (memo_bytes_ != req.bytes || memo_addr_ != req.addr) {
     memo_counts_.clear();
-    memo_bursts_.clear();
-    for (uint64_t b = first; b <= last; ++b) {
-      memo_bursts_.push_back(decode_address(cfg_, b << shift));
-      ++bursts_per_channel_[memo_bursts_.back().channel];
-    }
+    decoder_.decode(req.addr, req.bytes, memo_bursts_);
+    for (const DecodedAddress& d : memo_bursts_) ++bursts_per_channel_[d.channel];
     for (const DecodedAddress& d : memo_bursts_) {
       const uint32_t ch = d.channel;
       if (bursts_per_channel_[ch]) memo_counts_.push_back({ch, bursts_per_channel_[ch]}), bursts_per_channel_[ch] = 0;

@@ -92,6 +92,7 @@ class HbmMemory final : public mem::MemoryPort {
   uint64_t memo_addr_ = 0, memo_bytes_ = 0;
   std::vector<std::pair<uint32_t, uint32_t>> memo_counts_;
   std::vector<DecodedAddress> memo_bursts_;
+  BurstDecoder decoder_;
   std::vector<BurstDone> done_;
   std::priority_queue<mem::MemCompletion, std::vector<mem::MemCompletion>, Later> completions_;
   uint64_t outstanding_ = 0;
