@@ -478,8 +478,12 @@ TEST(VmemBanksShared, DmaBeatsDelayTileLoads) {
   for (int i = 0; i < 700; ++i) text += "  vld v" + std::to_string(1 + i % 30) + ", [s1 + 0]\n";
   text += "  wait.sub f1, 1\n  halt\n";
   const std::string p = temp_program("banks", text);
-  const RunOut fast = core_run(p, "fast");
-  const RunOut det = core_run(p, "detailed");
+  // The placeholder memory lands the beats evenly at the path's rate, which the
+  // closed form below assumes; the HBM controller delivers them in clumps of
+  // bursts from several channels at once, so fewer cycles carry a landing.
+  const std::vector<std::string> even_beats = {"--set", "hbm.model=simple"};
+  const RunOut fast = core_run(p, "fast", even_beats);
+  const RunOut det = core_run(p, "detailed", even_beats);
   fs::remove(p);
   ASSERT_EQ(fast.status, 0);
   ASSERT_FALSE(fast.j["faulted"].get<bool>()) << fast.j["fault"];
