@@ -353,7 +353,7 @@ void Assembler::location(const Token& tok, Space& space, int& chip, int& core, b
   if (at == std::string::npos) return;
   std::string rest = s.substr(at + 1);
   auto number = [&](const std::string& x, size_t from) {
-    if (from >= x.size() || x.size() - from > 3) error(tok, "bad target '" + s + "'");
+    if (from >= x.size() || x.size() - from > 4) error(tok, "bad target '" + s + "'");
     int v = 0;
     for (size_t j = from; j < x.size(); ++j) {
       if (!std::isdigit(static_cast<unsigned char>(x[j]))) error(tok, "bad target '" + s + "'");

@@ -35,10 +35,13 @@ FieldUse field_use(Op op) {
 uint64_t u32(int32_t v) { return static_cast<uint64_t>(static_cast<uint32_t>(v)); }
 int32_t s32(uint64_t w) { return static_cast<int32_t>(static_cast<uint32_t>(w & 0xFFFFFFFFu)); }
 
+// chip + 1 is 12 bits: the low 8 at bits 16-23, the high 4 at bits 4-7 (zero, and
+// so the same words as before, for chips below 255; docs/isa.md section 5).
 uint64_t encode_endpoint(const DmaEndpoint& e) {
-  return static_cast<uint64_t>(e.space) | static_cast<uint64_t>(e.reg) << 8 |
-         static_cast<uint64_t>(static_cast<uint8_t>(e.chip + 1)) << 16 |
-         static_cast<uint64_t>(static_cast<uint8_t>(e.core + 1)) << 24 | u32(e.offset) << 32;
+  const uint64_t chip1 = static_cast<uint64_t>(static_cast<uint16_t>(e.chip + 1)) & 0xFFF;
+  return static_cast<uint64_t>(e.space) | (chip1 >> 8) << 4 | static_cast<uint64_t>(e.reg) << 8 |
+         (chip1 & 0xFF) << 16 | static_cast<uint64_t>(static_cast<uint8_t>(e.core + 1)) << 24 |
+         u32(e.offset) << 32;
 }
 
 [[noreturn]] void bad(size_t word, const std::string& what) {
@@ -46,11 +49,12 @@ uint64_t encode_endpoint(const DmaEndpoint& e) {
 }
 
 DmaEndpoint decode_endpoint(uint64_t w, size_t at) {
-  if ((w & 0xFF) >= static_cast<uint64_t>(kSpaceCount)) bad(at, "bad DMA memory space");
+  if ((w & 0xF) >= static_cast<uint64_t>(kSpaceCount)) bad(at, "bad DMA memory space");
   DmaEndpoint e;
-  e.space = static_cast<Space>(w & 0xFF);
+  e.space = static_cast<Space>(w & 0xF);
   e.reg = static_cast<uint8_t>(w >> 8);
-  e.chip = static_cast<int16_t>(static_cast<int>((w >> 16) & 0xFF) - 1);
+  const int chip1 = static_cast<int>((w >> 16) & 0xFF) | static_cast<int>((w >> 4) & 0xF) << 8;
+  e.chip = static_cast<int16_t>(chip1 - 1);
   e.core = static_cast<int16_t>(static_cast<int>((w >> 24) & 0xFF) - 1);
   e.offset = s32(w >> 32);
   return e;
@@ -117,8 +121,6 @@ std::vector<Instr> decode(const uint64_t* w, size_t n) {
         in.dims[d].dst_stride = s32(w[i]);
         ++i;
       }
-      // Endpoint bits 4..7 are reserved.
-      if (((w[at + 1] | w[at + 2]) & 0xF0) != 0) bad(at, "nonzero reserved bits in a DMA endpoint");
       code.push_back(in);
       continue;
     }

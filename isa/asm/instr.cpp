@@ -146,7 +146,8 @@ bool Target::operator==(const Target& o) const {
 }
 
 std::string Target::check() const {
-  if (chips < 1 || chips > 254) return "chips must be 1..254";
+  // A DMA endpoint encodes chip + 1 in 12 bits (docs/isa.md section 5).
+  if (chips < 1 || chips > 4095) return "chips must be 1..4095";
   if (cores_per_chip < 1 || cores_per_chip > 254) return "cores per chip must be 1..254";
   if (mxus_per_core < 1 || mxus_per_core > 16) return "MXUs per core must be 1..16";
   if (mxu_rows < 8 || mxu_rows > 128 || mxu_rows % 8) return "mxu_rows must be a multiple of 8 in 8..128";
