@@ -396,7 +396,7 @@ DmaEndpoint Assembler::endpoint(const std::vector<Token>& t, Range r) const {
 
 CoreProgram& Assembler::current() {
   if (cur_ < 0) {
-    bundle_.cores.push_back(CoreProgram{0, 0, file_, {}, {}});
+    bundle_.cores.push_back(CoreProgram{0, 0, file_, {}, {}, {}});
     labels_.emplace_back();
     cur_ = 0;
   }
@@ -722,7 +722,7 @@ void Assembler::directive(const std::vector<Token>& t) {
     for (size_t p = 0; p < bundle_.cores.size(); ++p)
       if (bundle_.cores[p].chip == chip && bundle_.cores[p].core == core) cur_ = static_cast<int>(p);
     if (cur_ < 0) {
-      bundle_.cores.push_back(CoreProgram{chip, core, file_, {}, {}});
+      bundle_.cores.push_back(CoreProgram{chip, core, file_, {}, {}, {}});
       labels_.emplace_back();
       cur_ = static_cast<int>(bundle_.cores.size()) - 1;
     }
@@ -754,6 +754,33 @@ void Assembler::directive(const std::vector<Token>& t) {
     int64_t v = full_expr(t, {2, t.size()});
     if (v < 0 || v >= kSyncFlags) error(t[2], "flag number must be 0..63");
     flags_[t[1].text] = static_cast<int>(v);
+  } else if (d == ".vmem") {
+    // A buffer of the current core's VMEM plan (instr.h VmemBuffer): op=N addr=A bytes=B.
+    VmemBuffer v;
+    bool have[3] = {false, false, false};
+    for (size_t i = 1; i < t.size();) {
+      if (t[i].kind != Tok::kIdent || i + 2 >= t.size() + 0 || t[i + 1].text != "=") error(t[i], "expected key=value");
+      size_t e = i + 2;
+      while (e < t.size() && !(t[e].kind == Tok::kIdent && e + 1 < t.size() && t[e + 1].text == "=")) ++e;
+      const int64_t x = full_expr(t, {i + 2, e});
+      const std::string& k = t[i].text;
+      if (k == "op") {
+        if (x < -1 || x > INT32_MAX) error(t[i + 2], "op id out of range (-1..2^31-1)");
+        v.op_id = static_cast<int32_t>(x), have[0] = true;
+      } else if (k == "addr" || k == "bytes") {
+        if (x < 0) error(t[i + 2], "negative value");
+        (k == "addr" ? v.addr : v.bytes) = static_cast<uint64_t>(x);
+        have[k == "addr" ? 1 : 2] = true;
+      } else {
+        error(t[i], "unknown key '" + k + "' (op, addr, bytes)");
+      }
+      i = e;
+    }
+    if (!have[0] || !have[1] || !have[2]) error(t[0], "usage: .vmem op=N addr=A bytes=B");
+    if (v.bytes == 0) error(t[0], "empty VMEM buffer");
+    if (v.addr > bundle_.target.vmem_bytes || v.bytes > bundle_.target.vmem_bytes - v.addr)
+      error(t[0], "VMEM buffer does not fit in vmem (" + std::to_string(bundle_.target.vmem_bytes) + " bytes)");
+    current().vmem_plan.push_back(v);
   } else if (d == ".input") {
     io_directive(t, IoKind::kInput);
   } else if (d == ".output") {
@@ -969,6 +996,8 @@ std::string print_bundle(const Bundle& b) {
   }
   for (const auto& p : b.cores) {
     o << "\n.core chip" << p.chip << ".core" << p.core << "\n";
+    for (const auto& v : p.vmem_plan)
+      o << ".vmem op=" << v.op_id << " addr=" << hex(v.addr) << " bytes=" << v.bytes << "\n";
     // Labels the branches need but the program does not name.
     std::vector<std::pair<std::string, uint32_t>> labels = p.labels;
     for (const auto& in : p.code) {

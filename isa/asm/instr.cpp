@@ -213,6 +213,14 @@ std::string check_bundle(const Bundle& b) {
     }
     for (const auto& l : p.labels)
       if (l.second > p.code.size()) return "label '" + l.first + "' points outside the program";
+    for (const auto& v : p.vmem_plan) {
+      const std::string what = "chip" + std::to_string(p.chip) + ".core" + std::to_string(p.core) +
+                               " VMEM plan buffer (op " + std::to_string(v.op_id) + ")";
+      if (v.op_id < -1) return what + ": bad op id";
+      if (v.bytes == 0) return what + ": empty";
+      if (v.addr > b.target.vmem_bytes || v.bytes > b.target.vmem_bytes - v.addr)
+        return what + ": does not fit in vmem (" + std::to_string(b.target.vmem_bytes) + " bytes)";
+    }
   }
   std::set<std::string> names;
   for (const auto& e : b.io) {

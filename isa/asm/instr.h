@@ -216,13 +216,27 @@ struct Target {
   std::string check() const;
 };
 
+// One buffer of a core's VMEM plan: bytes [addr, addr + bytes) of that core's VMEM
+// hold live data while the core executes op `op_id` (from the op's first
+// instruction to its last, in program order). The compiler records its plan so the
+// chip model can report VMEM occupancy (docs/isa.md, "Bundle file"); the hardware
+// itself has no allocator and never reads it.
+struct VmemBuffer {
+  int32_t op_id = -1;
+  uint64_t addr = 0;
+  uint64_t bytes = 0;
+  bool operator==(const VmemBuffer& o) const { return op_id == o.op_id && addr == o.addr && bytes == o.bytes; }
+};
+
 struct CoreProgram {
   uint32_t chip = 0, core = 0;
   std::string source;  // file the code came from (for messages)
   std::vector<Instr> code;
   std::vector<std::pair<std::string, uint32_t>> labels;  // name -> instruction index
+  std::vector<VmemBuffer> vmem_plan;                      // optional (empty: no plan)
   bool operator==(const CoreProgram& o) const {
-    return chip == o.chip && core == o.core && source == o.source && code == o.code && labels == o.labels;
+    return chip == o.chip && core == o.core && source == o.source && code == o.code && labels == o.labels &&
+           vmem_plan == o.vmem_plan;
   }
 };
 

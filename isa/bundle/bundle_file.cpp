@@ -1,5 +1,6 @@
 #include "isa/bundle/bundle_file.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "isa/asm/encoding.h"
@@ -88,8 +89,10 @@ class Reader {
 
 std::vector<uint8_t> serialize_bundle(const Bundle& b) {
   Writer w;
+  bool plan = false;
+  for (const auto& p : b.cores) plan |= !p.vmem_plan.empty();
   for (char c : kBundleMagic) w.u8(static_cast<uint8_t>(c));
-  w.u32(kBundleVersion);
+  w.u32(plan ? kBundleVersion : kBundleVersionNoPlan);
   const Target& t = b.target;
   w.u32(t.chips);
   w.u32(t.cores_per_chip);
@@ -119,6 +122,14 @@ std::vector<uint8_t> serialize_bundle(const Bundle& b) {
       w.str(l.first);
       w.u32(l.second);
     }
+    if (plan) {
+      w.u32(static_cast<uint32_t>(p.vmem_plan.size()));
+      for (const auto& v : p.vmem_plan) {
+        w.u32(static_cast<uint32_t>(v.op_id));
+        w.u64(v.addr);
+        w.u64(v.bytes);
+      }
+    }
   }
   w.u32(static_cast<uint32_t>(b.io.size()));
   for (const auto& e : b.io) {
@@ -146,9 +157,10 @@ Bundle parse_bundle(const std::vector<uint8_t>& bytes, const std::string& name) 
     throw BundleError(name + ": not a tpusim bundle (bad magic)");
   for (int i = 0; i < 8; ++i) r.u8("magic");
   const uint32_t version = r.u32("version");
-  if (version != kBundleVersion)
-    throw BundleError(name + ": bundle format version " + std::to_string(version) + ", this tpusim reads version " +
-                      std::to_string(kBundleVersion) + " (re-assemble or re-compile it)");
+  if (version != kBundleVersion && version != kBundleVersionNoPlan)
+    throw BundleError(name + ": bundle format version " + std::to_string(version) + ", this tpusim reads versions " +
+                      std::to_string(kBundleVersionNoPlan) + " and " + std::to_string(kBundleVersion) +
+                      " (re-assemble or re-compile it)");
   Bundle b;
   Target& t = b.target;
   t.chips = r.u32("target");
@@ -187,6 +199,16 @@ Bundle parse_bundle(const std::vector<uint8_t>& bytes, const std::string& name) 
       std::string n = r.str("label table");
       p.labels.push_back({n, r.u32("label table")});
     }
+    if (version >= 2) {
+      const uint64_t nplan = r.count("VMEM plan", 20);
+      for (uint64_t v = 0; v < nplan; ++v) {
+        VmemBuffer buf;
+        buf.op_id = static_cast<int32_t>(r.u32("VMEM plan"));
+        buf.addr = r.u64("VMEM plan");
+        buf.bytes = r.u64("VMEM plan");
+        p.vmem_plan.push_back(buf);
+      }
+    }
     b.cores.push_back(std::move(p));
   }
   const uint64_t nio = r.count("I/O table", 30);
@@ -218,6 +240,25 @@ Bundle parse_bundle(const std::vector<uint8_t>& bytes, const std::string& name) 
   std::string err = check_bundle(b);
   if (!err.empty()) throw BundleError(name + ": inconsistent bundle: " + err);
   return b;
+}
+
+std::map<int32_t, uint64_t> vmem_in_use_by_op(const CoreProgram& prog) {
+  std::map<int32_t, std::vector<std::pair<uint64_t, uint64_t>>> spans;
+  for (const auto& v : prog.vmem_plan) spans[v.op_id].push_back({v.addr, v.addr + v.bytes});
+  std::map<int32_t, uint64_t> use;
+  for (auto& [op, list] : spans) {
+    std::sort(list.begin(), list.end());
+    uint64_t total = 0, lo = list[0].first, hi = list[0].second;
+    for (const auto& [b, e] : list) {
+      if (b > hi) {
+        total += hi - lo;
+        lo = b;
+      }
+      hi = std::max(hi, e);
+    }
+    use[op] = total + (hi - lo);
+  }
+  return use;
 }
 
 Bundle read_bundle(const std::string& path) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -12,7 +13,11 @@
 namespace tpusim::isa {
 
 inline constexpr char kBundleMagic[8] = {'T', 'P', 'U', 'S', 'I', 'M', 'B', 0x1A};
-inline constexpr uint32_t kBundleVersion = 1;
+// Version 2 adds each core's VMEM plan (docs/isa.md, "Bundle file"). A bundle
+// without a plan is written as version 1, so tools that read only version 1
+// still read it; this tpusim reads both.
+inline constexpr uint32_t kBundleVersion = 2;
+inline constexpr uint32_t kBundleVersionNoPlan = 1;
 
 struct BundleError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -22,6 +27,11 @@ std::vector<uint8_t> serialize_bundle(const Bundle& b);
 // `name` labels messages. Checks magic, version, bounds of every table, the
 // instruction encoding and check_bundle(); throws BundleError("<name>: ...").
 Bundle parse_bundle(const std::vector<uint8_t>& bytes, const std::string& name);
+
+// VMEM bytes in use while `prog` executes each op of its plan: the size of the
+// union of that op's buffers (overlapping buffers count once). Ops without a
+// buffer are absent (0 bytes).
+std::map<int32_t, uint64_t> vmem_in_use_by_op(const CoreProgram& prog);
 
 Bundle read_bundle(const std::string& path);
 void write_bundle(const std::string& path, const Bundle& b);  // atomic (temp + rename)

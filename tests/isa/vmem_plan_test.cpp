@@ -1,0 +1,122 @@
+// The optional VMEM plan of a bundle (docs/isa.md "Bundle file", `.vmem`): the
+// directive, the printer's round trip, the version 2 file section, compatibility
+// with version 1 files, and the errors of a bad plan.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "isa/asm/assembler.h"
+#include "isa/bundle/bundle_file.h"
+
+namespace tpusim::isa {
+namespace {
+
+const char* kPlanned = R"(.target chips=1 cores=2 vmem=64K
+.core chip0.core0
+.vmem op=3 addr=0x0 bytes=4096
+.vmem op=3 addr=0x800 bytes=4096
+.vmem op=4 addr=0x2000 bytes=512
+  op 3
+  nop
+  op 4
+  halt
+.core chip0.core1
+  halt
+)";
+
+std::string load_error(const std::vector<uint8_t>& bytes) {
+  try {
+    parse_bundle(bytes, "b.tpb");
+  } catch (const BundleError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+std::string asm_error(const std::string& text) {
+  try {
+    assemble(text, "p.s");
+  } catch (const AsmError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+uint32_t version_of(const std::vector<uint8_t>& bytes) {
+  uint32_t v = 0;
+  std::memcpy(&v, bytes.data() + 8, 4);  // little-endian host (x86/arm64)
+  return v;
+}
+
+TEST(VmemPlan, DirectiveRoundTripsThroughTextAndFile) {
+  const Bundle b = assemble(kPlanned, "p.s");
+  ASSERT_EQ(b.cores.size(), 2u);
+  const std::vector<VmemBuffer> want = {{3, 0, 4096}, {3, 0x800, 4096}, {4, 0x2000, 512}};
+  EXPECT_EQ(b.cores[0].vmem_plan, want);
+  EXPECT_TRUE(b.cores[1].vmem_plan.empty());
+  // Text: disasm prints the plan and assembling it gives it back; printing is a fixed point.
+  const std::string text = print_bundle(b);
+  EXPECT_NE(text.find(".vmem op=3 addr=0x800 bytes=4096"), std::string::npos) << text;
+  const Bundle again = assemble(text, "p.s");
+  EXPECT_EQ(again.cores[0].vmem_plan, want);
+  EXPECT_EQ(print_bundle(again), text);
+  // File: a planned bundle is version 2 and parses back equal.
+  const auto bytes = serialize_bundle(b);
+  EXPECT_EQ(version_of(bytes), 2u);
+  EXPECT_TRUE(parse_bundle(bytes, "b.tpb") == b);
+}
+
+TEST(VmemPlan, InUseIsTheUnionOfAnOpsBuffers) {
+  const auto use = vmem_in_use_by_op(assemble(kPlanned, "p.s").cores[0]);
+  ASSERT_EQ(use.size(), 2u);
+  EXPECT_EQ(use.at(3), 0x800u + 4096u);  // [0, 4096) and [2048, 6144) overlap by 2048
+  EXPECT_EQ(use.at(4), 512u);
+  EXPECT_TRUE(vmem_in_use_by_op(assemble(kPlanned, "p.s").cores[1]).empty());
+}
+
+TEST(VmemPlan, BundlesWithoutAPlanStayVersion1) {
+  const char* plain = ".core 0\n  op 1\n  halt\n";
+  const auto bytes = serialize_bundle(assemble(plain, "p.s"));
+  EXPECT_EQ(version_of(bytes), 1u);
+  // A version 1 file (the format before plans) still loads, without a plan.
+  const Bundle b = parse_bundle(bytes, "b.tpb");
+  EXPECT_TRUE(b.cores[0].vmem_plan.empty());
+  EXPECT_EQ(serialize_bundle(b), bytes);
+}
+
+TEST(VmemPlan, BadPlansAreOneLineErrors) {
+  // Assembler: outside VMEM, empty, missing key, unknown key, bad op id.
+  EXPECT_NE(asm_error(".target vmem=64K\n.vmem op=1 addr=0xf000 bytes=8192\n").find("p.s:2:1: error: VMEM buffer does not fit in vmem (65536 bytes)"),
+            std::string::npos);
+  EXPECT_NE(asm_error(".vmem op=1 addr=0 bytes=0\n").find("p.s:1:1: error: empty VMEM buffer"), std::string::npos);
+  EXPECT_NE(asm_error(".vmem op=1 addr=0\n").find("usage: .vmem op=N addr=A bytes=B"), std::string::npos);
+  EXPECT_NE(asm_error(".vmem op=1 addr=0 size=4\n").find("unknown key 'size'"), std::string::npos);
+  EXPECT_NE(asm_error(".vmem op=-2 addr=0 bytes=4\n").find("op id out of range"), std::string::npos);
+  // File: a buffer past the target's VMEM (patched after serialising), truncation
+  // inside the plan, and a version this tpusim does not know.
+  Bundle b = assemble(kPlanned, "p.s");
+  auto bytes = serialize_bundle(b);
+  // The last buffer's bytes field: the last 512 as a u64 in the file.
+  const uint8_t want[8] = {0x00, 0x02, 0, 0, 0, 0, 0, 0};  // 512
+  auto it = std::find_end(bytes.begin(), bytes.end(), want, want + 8);
+  ASSERT_NE(it, bytes.end());
+  auto bad = bytes;
+  bad[static_cast<size_t>(it - bytes.begin()) + 2] = 0x01;  // 512 -> 66048 bytes: past 64 KiB
+  EXPECT_NE(load_error(bad).find("b.tpb: inconsistent bundle: chip0.core0 VMEM plan buffer (op 4): does not fit in vmem"),
+            std::string::npos)
+      << load_error(bad);
+  for (size_t n = 12; n < bytes.size(); n += 7) {
+    std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
+    EXPECT_EQ(load_error(cut).rfind("b.tpb: bad bundle: ", 0), 0u) << n << ": " << load_error(cut);
+  }
+  bad = bytes;
+  bad[8] = 3;
+  EXPECT_NE(load_error(bad).find("b.tpb: bundle format version 3, this tpusim reads versions 1 and 2"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tpusim::isa
