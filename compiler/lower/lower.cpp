@@ -1,6 +1,7 @@
 #include "compiler/lower/lower.h"
 
 #include "compiler/lower/emitter.h"
+#include "compiler/lower/vmem_plan.h"
 #include "compiler/passes/passes.h"
 #include "isa/asm/assembler.h"
 #include "isa/numerics/bf16.h"
@@ -129,7 +130,11 @@ LowerResult Emitter::run() {
 }  // namespace lowering
 
 LowerResult lower_graph(const Graph& graph, const LowerOptions& options) {
-  if (options.replicas.replicas > 1) return lower_replicated(graph, options);
+  if (options.replicas.replicas > 1) {
+    LowerResult r = lower_replicated(graph, options);
+    record_vmem_plan(r.bundle);
+    return r;
+  }
   Graph g = graph;
   apply_precision(g, options.policy);
   verify(g, "lowering");
@@ -138,7 +143,9 @@ LowerResult lower_graph(const Graph& graph, const LowerOptions& options) {
   const std::string err = options.target.check();
   if (!err.empty()) throw CompileError(g.name + ": bad target: " + err);
   lowering::Emitter e(g, options);
-  return e.run();
+  LowerResult r = e.run();
+  record_vmem_plan(r.bundle);  // after assembly: the plan is read off the final code
+  return r;
 }
 
 }  // namespace tpusim::compiler

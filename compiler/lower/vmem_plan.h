@@ -1,0 +1,19 @@
+// The VMEM plan a lowered bundle carries (isa::VmemBuffer; docs/cli.md "VMEM
+// occupancy"): what each op keeps in each core's VMEM, for the chip model's
+// occupancy counter and stats. Every lowering lays its VMEM out statically per op
+// (all VMEM addresses are [s0 + imm]) and nothing stays in VMEM from one op to the
+// next (every tensor's home is HBM), so an op's buffers are the VMEM byte ranges
+// its own instructions address, live for the op's span.
+#pragma once
+
+#include "isa/asm/instr.h"
+
+namespace tpusim::compiler {
+
+// Replaces each core's vmem_plan with the merged bounding byte ranges of the VMEM
+// accesses of each op's instructions (vld/vst tiles, both ends of DMAs that touch
+// this core's VMEM). Throws CompileError for a VMEM access through a base register
+// other than s0 (its address is not known at compile time).
+void record_vmem_plan(isa::Bundle& bundle);
+
+}  // namespace tpusim::compiler
