@@ -3,6 +3,7 @@
 // graph reference folds in, lowered to DMAs into the receiving replica's VMEM or
 // HBM plus vector adds; and the direct all_gather / reduce_scatter / all_to_all.
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <set>
 #include <tuple>
@@ -127,81 +128,149 @@ void Emitter::lower_all_reduce(const Node& n) {
     const int j = static_cast<int>(std::lower_bound(v.begin(), v.end(), st) - v.begin());
     return kFirstLandFlag + index_in(sources[static_cast<size_t>(dst)], src, kLandFlags) * M + j % M;
   };
-  // The order in which a replica sends and combines (its program): per step, the
-  // sends not yet issued (by destination, first appearance), then the landings
-  // source by source (this chip's other cores first); after each source's combine,
-  // every send group of the next step whose chunks no remaining combine of this
-  // step writes goes out at once, so a group whose data landed early runs ahead.
-  // Only for buffers up to 512 KiB: measured on v3-8 (docs/codegen.md), running
-  // ahead saves 9-10% of the latency-bound sizes and costs 3-13% from 1 MiB up,
-  // where the early sends crowd the links and DMA engines of the slower groups.
-  const bool run_ahead = E * 4 <= (int64_t{512} << 10);
+  // The order in which a replica sends and combines (its program) is one static
+  // sequence of waits, so it follows a dataflow estimate of the whole collective:
+  // every replica's sends (step, destination) and combines (step, source) are list
+  // scheduled over all replicas at once, an event starting as soon as what it
+  // depends on is done (a send: the combines that last wrote its chunks; a combine:
+  // the landing, earlier writes of its chunks and the sends that read them) and its
+  // replica is free, and each replica's program takes its events in that order. A
+  // group whose data lands early thus goes on without waiting for a slower group's
+  // step, as the network-level runs of docs/ici.md do; a lockstep order (all of a
+  // step's sends, then its combines) left the links idle for a neighbour latency
+  // per step, 1.2x the closed form on v3-8 even with every link in use.
+  // The estimate: a neighbour message costs the preset-independent v4 fit (setup
+  // 1243 cycles, 698 more of latency, 64 B/cycle on a link that serialises the
+  // messages queued on it; the same chip: 414 + 2 cycles/KiB), a staged send 2
+  // cycles per tile, a combine 4 (reduce) or 2 (copy). Only the order depends on it.
   struct Event {
     bool send;
     size_t step;
     int peer;
   };
-  auto source_order = [&](int r, size_t st) {
-    std::vector<int> v;
-    for (const ici::Move& m : sch.steps[st])
-      if (m.dst == r && std::find(v.begin(), v.end(), m.src) == v.end()) v.push_back(m.src);
-    const auto& all = sources[static_cast<size_t>(r)];
-    auto key = [&](int a) {
-      return std::make_pair(replica_chip(s, a) != replica_chip(s, r),
-                            std::find(all.begin(), all.end(), a) - all.begin());
-    };
-    std::stable_sort(v.begin(), v.end(), [&](int a, int b) { return key(a) < key(b); });
-    return v;
+  const size_t P = static_cast<size_t>(sch.chips);
+  auto overlaps = [](const ici::Chunk& a, const ici::Chunk& b) {
+    return a.offset < b.offset + b.elems && b.offset < a.offset + a.elems;
   };
-  auto dest_order = [&](int r, size_t st) {
-    std::vector<int> v;
-    for (const ici::Move& m : sch.steps[st])
-      if (m.src == r && std::find(v.begin(), v.end(), m.dst) == v.end()) v.push_back(m.dst);
-    return v;
-  };
-  auto plan = [&](int r) {
-    std::vector<Event> ev;
-    std::set<std::pair<size_t, int>> issued;
+  // chunks[r][i]: what event i of replica r reads (send) or writes (combine).
+  std::vector<std::vector<Event>> evs(P);
+  std::vector<std::vector<std::vector<int>>> ev_chunks(P);
+  std::vector<std::vector<int64_t>> ev_bytes(P);
+  std::vector<std::map<std::tuple<bool, size_t, int>, size_t>> ev_index(P);
+  for (size_t r = 0; r < P; ++r) {
     for (size_t st = 0; st < sch.steps.size(); ++st) {
-      for (int d : dest_order(r, st))
-        if (issued.insert({st, d}).second) ev.push_back({true, st, d});
-      std::vector<int> left = source_order(r, st);
-      while (!left.empty()) {
-        const int a = left.front();
-        left.erase(left.begin());
-        ev.push_back({false, st, a});
-        if (!run_ahead || st + 1 >= sch.steps.size()) continue;
-        for (int d : dest_order(r, st + 1)) {
-          if (issued.count({st + 1, d})) continue;
-          bool clash = false;
-          for (const ici::Move& m : sch.steps[st + 1]) {
-            if (m.src != r || m.dst != d) continue;
-            const ici::Chunk& c = sch.chunks[static_cast<size_t>(m.src_chunk)];
-            for (const ici::Move& w : sch.steps[st]) {
-              if (w.dst != r || std::find(left.begin(), left.end(), w.src) == left.end()) continue;
-              const ici::Chunk& x = sch.chunks[static_cast<size_t>(w.dst_chunk)];
-              clash = clash || (x.offset < c.offset + c.elems && c.offset < x.offset + x.elems);
-            }
+      for (int pass = 0; pass < 2; ++pass) {
+        const bool send = pass == 0;
+        for (const ici::Move& m : sch.steps[st]) {
+          const int self = send ? m.src : m.dst, peer = send ? m.dst : m.src;
+          if (self != static_cast<int>(r)) continue;
+          auto key = std::make_tuple(send, st, peer);
+          auto it = ev_index[r].find(key);
+          size_t i;
+          if (it == ev_index[r].end()) {
+            i = evs[r].size();
+            ev_index[r][key] = i;
+            evs[r].push_back({send, st, peer});
+            ev_chunks[r].emplace_back();
+            ev_bytes[r].push_back(0);
+          } else {
+            i = it->second;
           }
-          if (!clash) {
-            issued.insert({st + 1, d});
-            ev.push_back({true, st + 1, d});
-          }
+          ev_chunks[r][i].push_back(send ? m.src_chunk : m.dst_chunk);
+          ev_bytes[r][i] += sch.chunks[static_cast<size_t>(m.src_chunk)].elems * 4;
         }
       }
     }
-    return ev;
-  };
-  const std::vector<Event> mine = plan(me);
+  }
+  // Local predecessors of each event (indices into the replica's own events).
+  std::vector<std::vector<std::vector<size_t>>> preds(P);
+  for (size_t r = 0; r < P; ++r) {
+    const auto& e = evs[r];
+    preds[r].resize(e.size());
+    for (size_t i = 0; i < e.size(); ++i)
+      for (size_t j = 0; j < e.size(); ++j) {
+        if (i == j) continue;
+        // j before i: a combine of an earlier step writing what i reads or writes,
+        // or a send of this or an earlier step reading what combine i writes.
+        const bool order = !e[j].send ? e[j].step < e[i].step : (!e[i].send && e[j].step <= e[i].step);
+        if (!order) continue;
+        bool hit = false;
+        for (int a : ev_chunks[r][i])
+          for (int b : ev_chunks[r][j]) hit = hit || overlaps(sch.chunks[static_cast<size_t>(a)], sch.chunks[static_cast<size_t>(b)]);
+        if (hit) preds[r][i].push_back(j);
+      }
+  }
+  std::vector<std::vector<int64_t>> finish(P), landed(P);
+  std::vector<std::vector<char>> done(P);
+  std::vector<int64_t> clock(P, 0);
+  std::map<std::pair<int, int>, int64_t> link_free;  // (chip, first port) -> cycle
+  std::vector<std::vector<size_t>> order(P);
+  for (size_t r = 0; r < P; ++r) {
+    finish[r].assign(evs[r].size(), 0);
+    landed[r].assign(evs[r].size(), 0);
+    done[r].assign(evs[r].size(), 0);
+  }
+  const int64_t tiles_per_byte_div = tile_bytes;
+  for (size_t left = [&] {
+         size_t k = 0;
+         for (const auto& e : evs) k += e.size();
+         return k;
+       }();
+       left > 0; --left) {
+    int64_t best = INT64_MAX;
+    size_t br = 0, bi = 0;
+    for (size_t r = 0; r < P; ++r)
+      for (size_t i = 0; i < evs[r].size(); ++i) {
+        if (done[r][i]) continue;
+        int64_t t = clock[r];
+        bool ready = true;
+        for (size_t j : preds[r][i]) {
+          ready = ready && done[r][j];
+          t = std::max(t, finish[r][j]);
+        }
+        if (!evs[r][i].send) {
+          const size_t s = ev_index[static_cast<size_t>(evs[r][i].peer)].at({true, evs[r][i].step, static_cast<int>(r)});
+          ready = ready && done[static_cast<size_t>(evs[r][i].peer)][s];
+          if (ready) t = std::max(t, landed[static_cast<size_t>(evs[r][i].peer)][s]);
+        }
+        if (ready && t < best) {
+          best = t;
+          br = r;
+          bi = i;
+        }
+      }
+    if (best == INT64_MAX) fail(n, "internal lowering error: the collective's schedule has a dependence cycle");
+    const Event& e = evs[br][bi];
+    const int64_t tiles = (ev_bytes[br][bi] + tiles_per_byte_div - 1) / tiles_per_byte_div;
+    bool reduce = false;
+    for (const ici::Move& m : sch.steps[e.step]) reduce = reduce || (m.dst == static_cast<int>(br) && m.src == e.peer && m.reduce);
+    finish[br][bi] = best + 10 + (e.send ? 2 : (reduce ? 4 : 2)) * tiles;
+    if (e.send) {
+      const int from = replica_chip(s, static_cast<int>(br)), to = replica_chip(s, e.peer);
+      if (from == to) {
+        landed[br][bi] = finish[br][bi] + 414 + ev_bytes[br][bi] / 512;
+      } else {
+        const std::vector<int> ports = s.board.route_ports(from, to, replica_core(s, static_cast<int>(br)) % 2 ? -1 : +1);
+        int64_t& f = link_free[{from, ports.empty() ? -1 : ports.front()}];
+        f = std::max(f, finish[br][bi] + 1243) + ev_bytes[br][bi] / 64;
+        landed[br][bi] = f + 698 * static_cast<int64_t>(std::max<size_t>(1, ports.size()));
+      }
+    }
+    clock[br] = finish[br][bi];
+    done[br][bi] = 1;
+    order[br].push_back(bi);
+  }
+  std::vector<std::vector<Event>> plans(P);
+  for (size_t r = 0; r < P; ++r)
+    for (size_t i : order[r]) plans[r].push_back(evs[r][i]);
+  const std::vector<Event>& mine = plans[static_cast<size_t>(me)];
   {
     // Flag reuse check: the receiver's combine of the j-th message must happen
     // before the source issues the (j+M)-th, through program order and landings
     // (a send -> the destination's combine of it).
-    const size_t P = static_cast<size_t>(sch.chips);
-    std::vector<std::vector<Event>> all(P);
+    const std::vector<std::vector<Event>>& all = plans;
     std::vector<size_t> base(P + 1, 0);
     for (size_t r = 0; r < P; ++r) {
-      all[r] = static_cast<int>(r) == me ? mine : plan(static_cast<int>(r));
       base[r + 1] = base[r] + all[r].size();
     }
     std::map<std::tuple<size_t, bool, size_t, int>, size_t> id;
@@ -316,8 +385,13 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
   };
 
-  // W = fp32(x).
-  if (f32) {
+  // W = fp32(x). VMEM mode, fp32: the load runs while the first sends go out
+  // (straight from x, see below) and is waited for before the first combine.
+  const bool streamed = in_vmem && f32;
+  bool loaded = !streamed;
+  if (streamed) {
+    dma_on(kLoadFlag, vmem(W), hbm(X.addr), E * 4, "");
+  } else if (f32) {
     dma(wref(W), hbm(X.addr), E * 4);
     wait_dmas();
   } else {
@@ -338,11 +412,56 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
   }
 
+  // A send whose chunks the sender has not written yet goes straight from x in HBM
+  // (VMEM mode, fp32): no staging copy, and no wait for W's load. One DMA per
+  // chunk then, so the receiver counts that many landings.
+  auto from_x = [&](int src, size_t st, int dst) {
+    if (!streamed) return false;
+    for (const ici::Move& m : sch.steps[st]) {
+      if (m.src != src || m.dst != dst) continue;
+      for (size_t e = 0; e < st; ++e)
+        for (const ici::Move& w : sch.steps[e])
+          if (w.dst == src && overlaps(sch.chunks[static_cast<size_t>(w.dst_chunk)], sch.chunks[static_cast<size_t>(m.src_chunk)]))
+            return false;
+    }
+    return true;
+  };
+  // VMEM mode, fp32: each run of W's tiles goes to y right after the combine that
+  // writes them for the last time (whole tiles: a masked store into a tile that two
+  // chunks share writes the whole tile as far as the DMA ordering rules go), so
+  // storing y overlaps the rest of the collective.
+  const int64_t w_tiles = (E + kTileElems - 1) / kTileElems;
+  std::vector<size_t> last_write(static_cast<size_t>(streamed ? w_tiles : 0), SIZE_MAX);
+  for (size_t i = 0; streamed && i < mine.size(); ++i) {
+    if (mine[i].send) continue;
+    for (const ici::Move& m : sch.steps[mine[i].step]) {
+      if (m.dst != me || m.src != mine[i].peer) continue;
+      const ici::Chunk& c = sch.chunks[static_cast<size_t>(m.dst_chunk)];
+      // A combine stores whole tiles from the chunk's start (the last one masked).
+      const int64_t end = std::min(w_tiles * kTileElems, c.offset + align_up(c.elems, kTileElems));
+      for (int64_t t = c.offset / kTileElems; t * kTileElems < end; ++t) last_write[static_cast<size_t>(t)] = i;
+    }
+  }
+  auto store_runs = [&](size_t event) {
+    for (int64_t t = 0; t < w_tiles;) {
+      if (last_write[static_cast<size_t>(t)] != event) {
+        ++t;
+        continue;
+      }
+      int64_t u = t;
+      while (u < w_tiles && last_write[static_cast<size_t>(u)] == event) ++u;
+      const int64_t lo = t * kTileElems, hi = std::min(E, u * kTileElems);
+      dma_on(kStoreFlag, hbm(Y.addr + lo * 4), vmem(W + lo * 4), (hi - lo) * 4, "");
+      t = u;
+    }
+  };
   std::set<int> ready;  // destinations whose entry token this replica has waited for
   std::vector<std::pair<int64_t, int64_t>> pending;  // HBM mode: W ranges (elements) in-flight sends read
   const int64_t ring = conv + conv_bytes;              // VMEM mode: the send slots' ring
   int64_t send_slot = ring;
-  for (const Event& ev : mine) {
+  for (size_t event = 0; event < mine.size(); ++event) {
+    const Event& ev = mine[event];
+    if (event > 0 && streamed && !mine[event - 1].send) store_runs(event - 1);
     const size_t st = ev.step;
     const auto& moves = sch.steps[st];
     if (ev.send) {
@@ -360,6 +479,15 @@ void Emitter::lower_all_reduce(const Node& n) {
           const ici::Chunk& c = sch.chunks[static_cast<size_t>(moves[k].src_chunk)];
           pending.emplace_back(c.offset, c.elems);
           line("dma " + endpoint(wspace, d) + ":" + at(there(d, slots + slot[st][k])) + ", " + hbm(W + c.offset * 4) +
+               ", bytes=" + std::to_string(c.elems * 4) + rflag);
+          ++sent;
+        }
+        continue;
+      }
+      if (from_x(me, st, d)) {
+        for (size_t k : ks) {
+          const ici::Chunk& c = sch.chunks[static_cast<size_t>(moves[k].src_chunk)];
+          line("dma " + endpoint("vmem", d) + ":" + at(slots + slot[st][k]) + ", " + hbm(X.addr + c.offset * 4) +
                ", bytes=" + std::to_string(c.elems * 4) + rflag);
           ++sent;
         }
@@ -392,7 +520,12 @@ void Emitter::lower_all_reduce(const Node& n) {
     int64_t count = 0;
     for (const ici::Move& m : moves) count += m.dst == me && m.src == ev.peer;
     const int f = land_flag(me, ev.peer, st);
-    line("wait f" + std::to_string(f) + ", " + std::to_string(coll_landed_[f] += in_vmem ? 1 : count));
+    line("wait f" + std::to_string(f) + ", " +
+         std::to_string(coll_landed_[f] += in_vmem && !from_x(ev.peer, st, me) ? 1 : count));
+    if (!loaded) {
+      wait_flag(kLoadFlag);
+      loaded = true;
+    }
     for (size_t k = 0; k < moves.size(); ++k) {
       const ici::Move& m = moves[k];
       if (m.dst != me || m.src != ev.peer) continue;
@@ -456,7 +589,12 @@ void Emitter::lower_all_reduce(const Node& n) {
   line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
   // y = W (bf16: rounded once).
   if (f32) {
-    if (in_vmem) {
+    if (streamed) {
+      if (!loaded) wait_flag(kLoadFlag);
+      if (!mine.empty() && !mine.back().send) store_runs(mine.size() - 1);
+      store_runs(SIZE_MAX);  // tiles no combine writes (none in an all-reduce over 2+ replicas)
+      wait_flag(kStoreFlag);
+    } else if (in_vmem) {
       dma(hbm(Y.addr), vmem(W), E * 4);
       wait_dmas();
     }

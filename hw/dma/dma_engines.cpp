@@ -222,6 +222,7 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
     // A push leaves through the issuing core's own path to the router.
     if (rt.src_chip == chip) rt.src_core = core;
     rt.cycle = cycle;
+    rt.tie_direction = core % 2 ? -1 : +1;
     Transfer* tp = t.get();
     rt.complete = [tp](uint64_t c) { tp->done = c; };
     try {

@@ -77,6 +77,11 @@ struct RemoteTransfer {
   uint32_t issuer_chip = 0, issuer_core = 0;
   uint32_t src_chip = 0, src_core = 0, dst_chip = 0, dst_core = 0;
   uint64_t cycle = 0;  // issue cycle
+  // The way round a dimension exactly half way round (a size-2 torus dimension has
+  // two parallel links to the neighbour): the ISA has no field for it, so the two
+  // cores of a chip take one link each (core 0 +, core 1 -, ..., by parity), which
+  // spreads a chip's traffic to a 2-wide neighbour over both links.
+  int tie_direction = +1;
   std::function<void(uint64_t)> complete;
 };
 using RemotePort = std::function<void(RemoteTransfer&&)>;  // throws on a request it cannot carry

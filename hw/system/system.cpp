@@ -52,7 +52,7 @@ class Board {
         const uint64_t back = uint64_t(net->topology().hops(int(t->dst_chip), int(t->issuer_chip))) *
                               uint64_t(net->params().link_latency_cycles);
         t->complete(std::max(landed + 1, landed + back));
-      });
+      }, t->tie_direction);
     };
     if (t->src_chip == t->issuer_chip) {
       data_leg(t->cycle);
