@@ -186,6 +186,8 @@ int run_run(const RunArgs& a) {
   f.hbm_peak_bytes_per_s = config::peak_figures(preset).hbm_bytes_per_s;
   f.wall_seconds = wall;
   f.units = result.units;
+  f.vmem = run::vmem_use(bundle, f.units);  // reads the profile records fold_profiles removes
+  if (tl) run::vmem_counters(bundle, *tl);
   const nlohmann::json profile = run::fold_profiles(f.units, result.cycles);
   f.ops = profile["ops"];
   f.time_by_cause = profile["time_by_cause"];

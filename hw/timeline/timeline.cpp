@@ -52,6 +52,13 @@ void Timeline::slice(TrackId track, const std::string& name, uint64_t begin_cycl
   slices_.push_back({track, name, begin_cycle, end_cycle, std::move(args)});
 }
 
+std::vector<Timeline::SliceSpan> Timeline::slices_on(TrackId track) const {
+  std::vector<SliceSpan> out;
+  for (const Slice& s : slices_)
+    if (s.track == track) out.push_back({s.begin, s.end, s.name});
+  return out;
+}
+
 void Timeline::counter(TrackId track, const std::string& name, uint64_t cycle, double value) {
   if (!admit(cycle, cycle, 1)) return;
   counters_.push_back({track, name, cycle, value});

@@ -59,6 +59,15 @@ class Timeline {
   void rate(TrackId track, const std::string& name, uint64_t begin_cycle, uint64_t end_cycle, double amount,
             double scale = 1.0);
 
+  // The slices recorded on `track` so far, in recording order, as (begin, end,
+  // name): for counters derived from them after a run (VMEM occupancy follows the
+  // sequencer's op slices, sim/run/profile.h).
+  struct SliceSpan {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<SliceSpan> slices_on(TrackId track) const;
+
   uint64_t recorded_events() const { return recorded_; }
   uint64_t dropped_events() const { return dropped_; }
 

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "isa/bundle/bundle_file.h"
+
 namespace tpusim::run {
 
 using nlohmann::json;
@@ -85,6 +87,53 @@ json fold_profiles(json& units, uint64_t run_cycles) {
     list.push_back(std::move(f));
   }
   return {{"ops", list}, {"time_by_cause", time}};
+}
+
+json vmem_use(const isa::Bundle& bundle, const json& units) {
+  json out = json::object();
+  for (const auto& prog : bundle.cores) {
+    const std::string core = "chip" + std::to_string(prog.chip) + ".core" + std::to_string(prog.core);
+    json rec = {{"capacity_bytes", bundle.target.vmem_bytes}};
+    if (!prog.vmem_plan.empty()) {
+      const auto use = isa::vmem_in_use_by_op(prog);
+      uint64_t peak = 0;
+      const auto profile = units.find(core + ".profile");
+      if (profile != units.end())
+        for (const auto& op : profile->value("ops", json::array())) {
+          const auto it = use.find(static_cast<int32_t>(op.at("id").get<int64_t>()));
+          if (it != use.end()) peak = std::max(peak, it->second);
+        }
+      rec["peak_bytes_in_use"] = peak;
+    }
+    out[core] = rec;
+  }
+  return out;
+}
+
+void vmem_counters(const isa::Bundle& bundle, timeline::Timeline& tl) {
+  for (const auto& prog : bundle.cores) {
+    if (prog.vmem_plan.empty()) continue;
+    const auto use = isa::vmem_in_use_by_op(prog);
+    const std::string chip = "chip" + std::to_string(prog.chip), core = "core" + std::to_string(prog.core);
+    const timeline::TrackId seq = tl.track(chip, core + ".sequencer");
+    const std::string name = chip + "." + core + ".vmem bytes in use";
+    uint64_t last_end = 0, value = 0;
+    bool any = false;
+    for (const auto& s : tl.slices_on(seq)) {
+      // Sequencer slices are named "op N" or "unmarked" (hw/core/op_profile.cpp).
+      int32_t op;
+      if (s.name.rfind("op ", 0) == 0) op = static_cast<int32_t>(std::stoll(s.name.substr(3)));
+      else if (s.name == "unmarked") op = -1;
+      else continue;
+      const auto it = use.find(op);
+      const uint64_t v = it == use.end() ? 0 : it->second;
+      if (!any || v != value) tl.counter(seq, name, s.begin, double(v));
+      any = true;
+      value = v;
+      last_end = std::max(last_end, s.end);
+    }
+    if (any && value != 0) tl.counter(seq, name, last_end, 0.0);
+  }
 }
 
 }  // namespace tpusim::run

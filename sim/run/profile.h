@@ -8,6 +8,9 @@
 
 #include <cstdint>
 
+#include "hw/timeline/timeline.h"
+#include "isa/asm/instr.h"
+
 namespace tpusim::run {
 
 // Removes every "*.profile" record from `units` and returns
@@ -21,5 +24,18 @@ namespace tpusim::run {
 //   the profile's (waits on flags of host DMAs) and the sequencer's
 //   "stall_infeed_cycles" counter (hw/host's model), the excess taken from sync.
 nlohmann::json fold_profiles(nlohmann::json& units, uint64_t run_cycles);
+
+// VMEM occupancy from the bundle's VMEM plans (isa::VmemBuffer, docs/cli.md "VMEM
+// occupancy"): while a core executes op N, the bytes of the union of N's buffers in
+// its plan are in use. Returns, per core with a program,
+//   {"capacity_bytes": the target's VMEM, "peak_bytes_in_use": the largest
+//    occupancy of an op the core executed (only when the core has a plan)}.
+// Reads the "*.profile" records of `units`: call it before fold_profiles.
+nlohmann::json vmem_use(const isa::Bundle& bundle, const nlohmann::json& units);
+
+// Adds a "chipX.coreN.vmem bytes in use" counter to `tl` for each core with a plan:
+// at the start of each op slice of its sequencer track, that op's occupancy, and 0
+// where the last slice ends (the program is done). Call after the run.
+void vmem_counters(const isa::Bundle& bundle, timeline::Timeline& tl);
 
 }  // namespace tpusim::run

@@ -82,6 +82,23 @@ std::string format_report(const nlohmann::json& s) {
     }
   }
 
+  // The largest VMEM occupancy of any core (by the compiler's plan; bundles
+  // without one have none to show).
+  if (s.contains("vmem")) {
+    const nlohmann::json* top = nullptr;
+    std::string top_core;
+    for (const auto& [core, v] : s["vmem"].items())
+      if (v.contains("peak_bytes_in_use") &&
+          (!top || v["peak_bytes_in_use"].get<uint64_t>() > (*top)["peak_bytes_in_use"].get<uint64_t>()))
+        top = &v, top_core = core;
+    if (top) {
+      const uint64_t peak = (*top)["peak_bytes_in_use"].get<uint64_t>();
+      const uint64_t cap = (*top)["capacity_bytes"].get<uint64_t>();
+      r += fmt::format("  peak VMEM in use: {} of {} bytes ({:.2f}%, {})\n", peak, cap,
+                       cap > 0 ? 100.0 * double(peak) / double(cap) : 0.0, top_core);
+    }
+  }
+
   if (s.contains("ops") && !s["ops"].empty()) {
     std::vector<const nlohmann::json*> ops;
     for (const auto& op : s["ops"]) ops.push_back(&op);

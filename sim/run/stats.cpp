@@ -30,6 +30,7 @@ json make_stats(const RunFigures& f) {
   s["units"] = f.units.is_null() ? json::object() : f.units;
   if (!f.ops.is_null()) s["ops"] = f.ops;
   if (!f.time_by_cause.is_null()) s["time_by_cause"] = f.time_by_cause;
+  if (!f.vmem.is_null()) s["vmem"] = f.vmem;
   return s;
 }
 
@@ -85,6 +86,21 @@ void check_profile(std::vector<std::string>& p, const json& s) {
           p.push_back("key " + where + "cycles is 0");
       }
     }
+  }
+  if (s.contains("vmem")) {
+    if (!s["vmem"].is_object()) p.push_back("key vmem is not an object");
+    else
+      for (const auto& [core, v] : s["vmem"].items()) {
+        const bool cap = v.is_object() && v.contains("capacity_bytes") && v["capacity_bytes"].is_number_unsigned();
+        if (!cap) {
+          p.push_back("vmem." + core + " lacks an unsigned capacity_bytes");
+        } else if (v.contains("peak_bytes_in_use")) {
+          if (!v["peak_bytes_in_use"].is_number_unsigned())
+            p.push_back("vmem." + core + ".peak_bytes_in_use is not an unsigned integer");
+          else if (v["peak_bytes_in_use"].get<uint64_t>() > v["capacity_bytes"].get<uint64_t>())
+            p.push_back("vmem." + core + ".peak_bytes_in_use exceeds capacity_bytes");
+        }
+      }
   }
   if (s.contains("time_by_cause")) {
     if (!s["time_by_cause"].is_object()) {

@@ -27,6 +27,7 @@ struct RunFigures {
   // Optional (sim/run/profile.h): per-op profile and per-core time by cause; null = absent.
   nlohmann::json ops;
   nlohmann::json time_by_cause;
+  nlohmann::json vmem;  // per core: capacity_bytes [, peak_bytes_in_use] (sim/run/profile.h vmem_use)
 };
 
 // The stats.json document with every key of the contract (keys sorted, so the

@@ -7,6 +7,10 @@
 .output y f32  [8, 128] vmem:0x2000
 
 .core chip0.core0
+# The VMEM plan: while op 7 runs, the three tensors above are live in VMEM.
+.vmem op=7 addr=0x0 bytes=2048
+.vmem op=7 addr=0x1000 bytes=4096
+.vmem op=7 addr=0x2000 bytes=4096
   op 7
   vld.bf16 v0, [s0 + 0]
   vld v1, [s0 + 0x1000]
