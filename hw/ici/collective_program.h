@@ -24,15 +24,33 @@
 
 namespace tpusim::ici {
 
+//
+// Pod scale (a chip receiving more than 56 moves, e.g. the torus all-reduce on
+// v2-16x16 with 240): the flags count per link instead. A chip's sends to one
+// destination go out one at a time (each waits for the previous one's completion
+// flag, one flag per destination), so they land in the order they were issued and
+// the receiver waits on one counting rflag per source for the count of that
+// source's sends up to the one it needs. Options below keep such a program small:
+// reducing moves as a loop of `unroll` tiles, ragged chunks with masked
+// tiles, and I/O of a few sample tiles so a 100 MB buffer per chip need not be
+// filled (memory reads as zero and stays unallocated until written nonzero).
 struct ProgramOptions {
   int mxus = 1;                 // .target fields the preset must fit
   int cores_per_chip = 2;
   std::string extra_target;     // appended to the .target line
+  int64_t vmem_bytes = int64_t(16) << 20;  // VMEM the buffer and receive areas must fit
+  int unroll = 0;               // > 0: a reducing move is a loop of this many tiles per pass
+  int64_t io_tiles = 0;         // > 0: inputs/outputs are this many evenly spaced tiles per chip
+  bool allow_ragged = false;    // chunks that are not whole tiles: masked tiles at their ends
 };
 
-// Throws IciError if a chunk is not a whole number of 1024-element tiles, a chip
-// receives more than 56 moves (one flag each), or the buffers do not fit 16 MiB
-// of VMEM.
+// Byte stride between the sample tiles of io_tiles > 0 (the tiles are
+// k * io_tile_stride / 4096, k < io_tiles).
+int64_t io_tile_stride(int64_t elements, int64_t io_tiles);
+
+// Throws IciError if a chunk is not a whole number of 1024-element tiles (unless
+// allow_ragged), a chip talks to more than 56 sources and destinations, or the
+// buffers do not fit o.vmem_bytes of VMEM.
 std::string collective_program(const Schedule& s, const ProgramOptions& o = {});
 
 }  // namespace tpusim::ici
