@@ -64,6 +64,27 @@ void BM_MxuFast(benchmark::State& state, MxuPath path) {
   set_flops(state, m, k, n);
 }
 
+// Weights packed once outside the loop, A already as fp32 operands: what the
+// fast MXU model runs per batch of mmuls between two weight swaps.
+void BM_MxuPacked(benchmark::State& state, MxuPath path) {
+  if (!mxu_path_supported(path)) {
+    state.SkipWithError("code path not supported on this CPU");
+    return;
+  }
+  const int m = int(state.range(0)), k = int(state.range(1)), n = int(state.range(2));
+  Operands ops(m, k, n);
+  MxuPackedWeights w;
+  mxu_pack_weights_with(path, w, ops.w.data(), size_t(n), k, n, 128);
+  std::vector<float> a(ops.a.size());
+  for (size_t i = 0; i < a.size(); ++i) a[i] = bf16_to_fp32(ops.a[i]);
+  for (auto _ : state) {
+    mxu_matmul_packed(w, a.data(), size_t(k), ops.c.data(), size_t(n), m, false);
+    benchmark::DoNotOptimize(ops.c.data());
+    benchmark::ClobberMemory();
+  }
+  set_flops(state, m, k, n);
+}
+
 void BM_MxuReference(benchmark::State& state) {
   const int m = int(state.range(0)), k = int(state.range(1)), n = int(state.range(2));
   Operands ops(m, k, n);
@@ -97,6 +118,15 @@ void shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK_CAPTURE(BM_MxuFast, avx512, MxuPath::kAvx512)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_MxuFast, avx2, MxuPath::kAvx2)->Apply(shapes);
 BENCHMARK_CAPTURE(BM_MxuFast, portable, MxuPath::kPortable)->Apply(shapes);
+// The MXU model's calls: 8 (one mmul) to 128 (a batch of 16) rows against 128 x 128 weights.
+void mxu_batches(benchmark::internal::Benchmark* b) {
+  b->Args({8, 128, 128})->Args({64, 128, 128})->Args({128, 128, 128})->Args({1024, 1024, 1024});
+  b->ArgNames({"M", "K", "N"})->Unit(benchmark::kMicrosecond);
+}
+BENCHMARK_CAPTURE(BM_MxuFast, avx512, MxuPath::kAvx512)->Args({8, 128, 128})->Args({64, 128, 128})
+    ->ArgNames({"M", "K", "N"})->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_MxuPacked, avx512, MxuPath::kAvx512)->Apply(mxu_batches);
+BENCHMARK_CAPTURE(BM_MxuPacked, avx2, MxuPath::kAvx2)->Apply(mxu_batches);
 BENCHMARK(BM_EigenGemmBaselineIsa)->Apply(shapes);
 // The scalar reference takes seconds per 1024^3 matmul: one iteration per run.
 BENCHMARK(BM_MxuReference)->Args({128, 128, 128})->ArgNames({"M", "K", "N"})->Unit(benchmark::kMillisecond);

@@ -24,7 +24,11 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void fp32_bits_to_b
 }
 
 MatrixQueue::MatrixQueue(CoreEnv& env, const mxu::MxuParams& p, int index, size_t queue_depth)
-    : env_(env), index_(index), depth_(queue_depth), core_(p), scratch_(1, 1, isa::kSublanes) {
+    : env_(env),
+      index_(index),
+      depth_(queue_depth),
+      core_(p),
+      values_(p.rows, p.cols, p.result_fifo_vregs, isa::kLanes) {
   core_.set_compute_values(false);  // values come from isa/exec
   core_.set_keep_popped(false);
   if (env_.timeline)
@@ -59,11 +63,7 @@ void MatrixQueue::tick(uint64_t cycle) {
   // Finished mpops write their register.
   while (!pops_.empty() && pops_.front().done <= cycle) {
     PendingPop& p = pops_.front();
-    try {
-      exec::mxu_pop_into(scratch_, env_.state->v[p.it.in->a], p.it.in->op == Op::kMpopAdd);
-    } catch (const exec::Fault& e) {
-      env_.raise(p.it.pc, e.what());
-    }
+    values_.write_popped(env_.state->v[p.it.in->a].bits.data(), p.it.in->op == Op::kMpopAdd);
     env_.scoreboard.release(p.it.use, p.it.seq);
     env_.note_activity(cycle);
     if (env_.timeline) env_.timeline->slice(track_, CoreEnv::slice_name(*p.it.in), p.it.issue_cycle, cycle);
@@ -79,18 +79,18 @@ void MatrixQueue::tick(uint64_t cycle) {
       try {
         if (pop) {
           exec::MxuState& ms = exec::mxu_at(st, in.b);
-          if (lazy_ != 0 && lazy_ == ms.fifo.size()) evaluate_lazy(ms);
-          if (ms.fifo.empty()) exec::mxu_fifo_pop(ms);  // faults: underflow, in the reference's words
+          if (values_.size() == 0) exec::mxu_fifo_pop(ms);  // faults: underflow, in the reference's words
           if (!r.fault.empty()) throw exec::Fault(r.fault);
           const uint64_t done = core_.pop(in.op == Op::kMpopAdd, head.pc);
-          // Popped now (program order), written at done: moved, not copied.
-          scratch_.fifo.push_back(std::move(ms.fifo.front()));
-          ms.fifo.pop_front();
+          values_.pop();  // popped now (program order), written at done
           pops_.push_back(PendingPop{std::move(head), done});
         } else {
-          if (in.op == Op::kMswap && lazy_ != 0) evaluate_lazy(exec::mxu_at(st, in.a));  // on the weights they saw
           if (in.op == Op::kMmul) issue_mmul(st, in);
           else exec::exec_matrix(st, in);  // values in program order
+          if (in.op == Op::kMswap) {
+            const exec::MxuState& ms = exec::mxu_at(st, in.a);
+            values_.swap_weights(ms.weights.data(), ms.weights_k);
+          }
           if (!r.fault.empty()) throw exec::Fault(r.fault);
           static const mxu::Vreg none;
           switch (in.op) {
@@ -159,56 +159,19 @@ uint64_t MatrixQueue::next_event_cycle(uint64_t now) const {
   return next;
 }
 
-// The reference computes an mmul's rows when it issues (m = 8 through the kernel).
-// Here the rows are computed when the first mpop needs them, or before an mswap
-// replaces the weights they use, all uncomputed results in one kernel call: the
-// kernel runs near its large-matrix throughput instead of its 8-row one, and each
-// row is the same chunk sum either way (rows of a matmul are independent). The
-// FIFO holds a zero placeholder until then; nothing reads it before an mpop, and
-// the LHS is rounded from the register as it was at issue.
+// The reference computes an mmul's rows when it issues; here values_ computes them
+// later, in batches (docs/mxu.md, "Result values"), from the LHS rounded now.
 void MatrixQueue::issue_mmul(exec::CoreState& st, const isa::Instr& in) {
   exec::MxuState& m = exec::mxu_at(st, in.a);
-  if (m.fifo_rows_used() + isa::kSublanes > m.fifo_rows || in.b >= isa::kVectorRegs) {
-    exec::exec_matrix(st, in);  // faults (FIFO overflow, bad register) in the reference's words
+  const int used_rows = static_cast<int>(values_.size()) * isa::kSublanes;
+  if (used_rows + isa::kSublanes > m.fifo_rows || in.b >= isa::kVectorRegs) {
+    // Faults (FIFO overflow, bad register) in the reference's words, on a FIFO as full as ours.
+    m.fifo.resize(values_.size());
+    exec::exec_matrix(st, in);
+    m.fifo.clear();
     return;
   }
-  m.fifo.emplace_back();
-  ++lazy_;
-  // The LHS as the array sees it: lanes [0, k) rounded to bf16, the rest +0.0.
-  const size_t R = static_cast<size_t>(m.rows), k = static_cast<size_t>(m.weights_k);
-  const size_t at = lhs_.size();
-  lhs_.resize(at + isa::kSublanes * R);
-  for (size_t s = 0; s < static_cast<size_t>(isa::kSublanes); ++s) {
-    uint16_t* row = &lhs_[at + s * R];
-    fp32_bits_to_bf16(&st.v[in.b].bits[s * isa::kLanes], row, k);
-    std::fill(row + k, row + R, uint16_t{0});
-  }
-}
-
-void MatrixQueue::evaluate_lazy(exec::MxuState& m) {
-  const size_t base = m.fifo.size() - lazy_;
-  constexpr size_t kVreg = static_cast<size_t>(isa::kSublanes) * isa::kLanes;
-  if (m.weights_k > 0) {  // k = 0: no valid row, every result stays +0.0 (the placeholder)
-    out_.resize(lazy_ * kVreg);
-    if (m.cols < isa::kLanes) std::fill(out_.begin(), out_.end(), 0.0f);  // lanes >= C read +0.0
-    num::MatmulArgs args;
-    args.a = lhs_.data();
-    args.lda = static_cast<size_t>(m.rows);
-    args.w = m.weights.data();
-    args.ldw = static_cast<size_t>(m.cols);
-    args.c = out_.data();
-    args.ldc = isa::kLanes;
-    args.m = static_cast<int>(lazy_) * isa::kSublanes;
-    args.k = m.weights_k;
-    args.n = m.cols;
-    args.rows = m.rows;
-    num::mxu_matmul(args);
-    for (size_t t = 0; t < lazy_; ++t)
-      std::copy(out_.begin() + static_cast<std::ptrdiff_t>(t * kVreg),
-                out_.begin() + static_cast<std::ptrdiff_t>((t + 1) * kVreg), m.fifo[base + t].v.begin());
-  }
-  lazy_ = 0;
-  lhs_.clear();
+  values_.mmul(st.v[in.b].bits.data());
 }
 
 nlohmann::json MatrixQueue::counters_json() const {

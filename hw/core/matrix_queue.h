@@ -12,6 +12,7 @@
 
 #include "hw/core/core_env.h"
 #include "hw/mxu/mxu_core.h"
+#include "hw/mxu/result_values.h"
 
 namespace tpusim::hw {
 
@@ -41,11 +42,10 @@ class MatrixQueue {
  private:
   struct PendingPop {
     Issued it;
-    uint64_t done;  // its values wait in scratch_, in pop order
+    uint64_t done;  // its values wait in values_, in pop order
   };
   static mxu::MxuOpKind kind_of(const isa::Instr& in);
   void issue_mmul(exec::CoreState& st, const isa::Instr& in);
-  void evaluate_lazy(exec::MxuState& m);  // every uncomputed result, into the FIFO
   bool head_ready() const;
   void declare_pending();
 
@@ -53,16 +53,11 @@ class MatrixQueue {
   int index_;
   size_t depth_;
   mxu::MxuCore core_;
-  // Results popped from the MXU's FIFO at mpop issue, not yet written: mxu_pop_into
-  // takes them from here when each mpop has read its rows.
-  exec::MxuState scratch_;
+  // The FIFO's values (the reference's MxuState::fifo stays empty): computed in
+  // batches, written into an mpop's register when it has read its rows.
+  mxu::ResultFifoValues values_;
   std::deque<Issued> queue_;
   std::deque<PendingPop> pops_;
-  // mmuls whose rows are not computed yet: the youngest lazy_ FIFO entries, all on
-  // the MXU's current weights (an mswap computes them first).
-  size_t lazy_ = 0;
-  std::vector<uint16_t> lhs_;  // their LHS, rounded at issue (8 x R bf16 each)
-  std::vector<float> out_;
   uint64_t real_macs_ = 0;
   uint64_t stall_dependency_ = 0;
   bool dependency_stalled_ = false;

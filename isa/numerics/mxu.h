@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "isa/numerics/bf16.h"
 #include "isa/numerics/fp32.h"
@@ -38,6 +39,39 @@ void mxu_matmul_reference(const MatmulArgs& args);
 // to AVX-512 / AVX2 / portable code). Used by the fast MXU model and the
 // functional reference.
 void mxu_matmul(const MatmulArgs& args);
+
+enum class MxuPath;  // mxu_paths.h
+
+// The LHS as the array multiplies it: round_to_bf16 of n fp32 bit patterns (a NaN
+// becomes the canonical NaN, a subnormal signed zero), vectorised.
+void mxu_round_lhs(const uint32_t* src, float* dst, size_t n);
+
+// Weights packed once into the kernel's layout for many matmuls against them, as
+// a weight-stationary array holds its weights between two swaps: a K x N bf16 W
+// and the chunk length R. Packing is part of every mxu_matmul call otherwise
+// (about a third of a 128^3 one).
+class MxuPackedWeights {
+ public:
+  // Packs for the path mxu_matmul dispatches to; throws std::invalid_argument on
+  // malformed sizes (as mxu_matmul).
+  void pack(const uint16_t* w, size_t ldw, int k, int n, int rows);
+  int k() const { return k_; }
+  int n() const { return n_; }
+  int rows() const { return rows_; }
+  const float* data() const;  // 64-byte aligned
+
+ private:
+  friend void mxu_matmul_packed(const MxuPackedWeights&, const float*, size_t, float*, size_t, int, bool);
+  friend void mxu_pack_weights_with(MxuPath, MxuPackedWeights&, const uint16_t*, size_t, int, int, int);
+  int path_ = 0, k_ = 0, n_ = 0, rows_ = 1;
+  std::vector<float> storage_;
+};
+
+// C (m x N, stride ldc) = A * W, or C + A * W with accumulate, bit-identical to
+// mxu_matmul on the same bf16 operands. A is m x K fp32 (row stride lda), each
+// value what bf16_to_fp32 gives for some bf16 (mxu_round_lhs output qualifies).
+void mxu_matmul_packed(const MxuPackedWeights& w, const float* a, size_t lda, float* c, size_t ldc, int m,
+                       bool accumulate);
 
 // Name of the code path mxu_matmul takes on this CPU ("avx512", "avx2", "portable").
 const char* mxu_matmul_isa();

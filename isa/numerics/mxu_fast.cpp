@@ -30,6 +30,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "isa/numerics/mxu_paths.h"
 
@@ -56,13 +57,15 @@ constexpr int kMcTarget = 192;
 
 // One micro-tile job: an MR x NR tile of C over one chunk-aligned K block.
 struct TileJob {
-  const float* a;    // packed A micro-panel: a[k * MR + r]
+  const float* a;    // packed A micro-panel: a[k * MR + r] (row-major A: a[r * lda + k])
   const float* w;    // packed W micro-panel: w[k * NR + j]
   float* c;          // the C tile (or a scratch tile for the ragged edges)
   size_t ldc;
   int kc;            // length of the K block, a multiple of R unless it ends K
   int rows;          // R
   bool overwrite_first;  // the block starts with chunk 0 of a non-accumulating matmul
+  size_t lda = 0;        // row stride of an unpacked (row-major) A
+  bool last_block = false;  // the block ends K: NaNs are made canonical as C is stored
 };
 
 using MicroKernel = void (*)(const TileJob&);
@@ -83,25 +86,30 @@ inline float ftz(float x) {
 
 // Portable micro-kernel: plain C++ with the contract's flushes written out. NaNs
 // are canonicalised by the final pass, as in the vector paths.
-template <int MR, int NR>
+template <int MR, int NR, bool kRowA = false>
 void kernel_portable(const TileJob& t) {
+  const size_t lda = kRowA ? t.lda : 1;
   for (int off = 0; off < t.kc; off += t.rows) {
     const int len = std::min(t.rows, t.kc - off);
     float s[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) s[r][j] = 0.0f;
-    const float* a = t.a + static_cast<size_t>(off) * MR;
+    const float* a = kRowA ? t.a + off : t.a + static_cast<size_t>(off) * MR;
     const float* w = t.w + static_cast<size_t>(off) * NR;
-    for (int k = 0; k < len; ++k, a += MR, w += NR)
-      for (int r = 0; r < MR; ++r)
-        for (int j = 0; j < NR; ++j) s[r][j] = ftz(s[r][j] + ftz(a[r] * w[j]));
+    for (int k = 0; k < len; ++k, a += kRowA ? 1 : MR, w += NR)
+      for (int r = 0; r < MR; ++r) {
+        const float ar = kRowA ? a[r * lda] : a[r];
+        for (int j = 0; j < NR; ++j) s[r][j] = ftz(s[r][j] + ftz(ar * w[j]));
+      }
     const bool short_chunk = len < t.rows;
     const bool overwrite = off == 0 && t.overwrite_first;
+    const bool canonical = kRowA && t.last_block && off + t.rows >= t.kc;
     for (int r = 0; r < MR; ++r) {
       float* c = t.c + r * t.ldc;
       for (int j = 0; j < NR; ++j) {
         const float v = short_chunk ? ftz(s[r][j] + 0.0f) : s[r][j];
         c[j] = overwrite ? v : ftz(ftz(c[j]) + v);
+        if (canonical && c[j] != c[j]) c[j] = f32_from_bits(kCanonicalNanF32);
       }
     }
   }
@@ -123,22 +131,23 @@ class MxcsrGuard {
 };
 
 // AVX-512: MR rows x 32 columns (two zmm per row) of chunk sums in registers.
-template <int MR>
+template <int MR, bool kRowA = false>
 __attribute__((target("avx512f"))) void kernel_avx512(const TileJob& t) {
   constexpr int NR = 32;
+  const size_t lda = kRowA ? t.lda : 1;
   for (int off = 0; off < t.kc; off += t.rows) {
     const int len = std::min(t.rows, t.kc - off);
     __m512 s0[MR], s1[MR];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
-    const float* a = t.a + static_cast<size_t>(off) * MR;
+    const float* a = kRowA ? t.a + off : t.a + static_cast<size_t>(off) * MR;
     const float* w = t.w + static_cast<size_t>(off) * NR;
-    for (int k = 0; k < len; ++k, a += MR, w += NR) {
+    for (int k = 0; k < len; ++k, a += kRowA ? 1 : MR, w += NR) {
       const __m512 w0 = _mm512_load_ps(w);
       const __m512 w1 = _mm512_load_ps(w + 16);
 #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
-        const __m512 ar = _mm512_set1_ps(a[r]);
+        const __m512 ar = _mm512_set1_ps(kRowA ? a[r * lda] : a[r]);
         s0[r] = _mm512_add_ps(s0[r], _mm512_mul_ps(ar, w0));
         s1[r] = _mm512_add_ps(s1[r], _mm512_mul_ps(ar, w1));
       }
@@ -152,12 +161,18 @@ __attribute__((target("avx512f"))) void kernel_avx512(const TileJob& t) {
       }
     }
     const bool overwrite = off == 0 && t.overwrite_first;
+    const bool canonical = kRowA && t.last_block && off + t.rows >= t.kc;
+    const __m512 nan = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(kCanonicalNanF32)));
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       float* c = t.c + r * t.ldc;
       if (!overwrite) {
         s0[r] = _mm512_add_ps(_mm512_loadu_ps(c), s0[r]);
         s1[r] = _mm512_add_ps(_mm512_loadu_ps(c + 16), s1[r]);
+      }
+      if (canonical) {
+        s0[r] = _mm512_mask_mov_ps(s0[r], _mm512_cmp_ps_mask(s0[r], s0[r], _CMP_UNORD_Q), nan);
+        s1[r] = _mm512_mask_mov_ps(s1[r], _mm512_cmp_ps_mask(s1[r], s1[r], _CMP_UNORD_Q), nan);
       }
       _mm512_storeu_ps(c, s0[r]);
       _mm512_storeu_ps(c + 16, s1[r]);
@@ -166,22 +181,23 @@ __attribute__((target("avx512f"))) void kernel_avx512(const TileJob& t) {
 }
 
 // AVX2 (no FMA needed): MR rows x 16 columns (two ymm per row).
-template <int MR>
+template <int MR, bool kRowA = false>
 __attribute__((target("avx2"))) void kernel_avx2(const TileJob& t) {
   constexpr int NR = 16;
+  const size_t lda = kRowA ? t.lda : 1;
   for (int off = 0; off < t.kc; off += t.rows) {
     const int len = std::min(t.rows, t.kc - off);
     __m256 s0[MR], s1[MR];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) s0[r] = s1[r] = _mm256_setzero_ps();
-    const float* a = t.a + static_cast<size_t>(off) * MR;
+    const float* a = kRowA ? t.a + off : t.a + static_cast<size_t>(off) * MR;
     const float* w = t.w + static_cast<size_t>(off) * NR;
-    for (int k = 0; k < len; ++k, a += MR, w += NR) {
+    for (int k = 0; k < len; ++k, a += kRowA ? 1 : MR, w += NR) {
       const __m256 w0 = _mm256_load_ps(w);
       const __m256 w1 = _mm256_load_ps(w + 8);
 #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
-        const __m256 ar = _mm256_broadcast_ss(a + r);
+        const __m256 ar = _mm256_broadcast_ss(kRowA ? a + r * lda : a + r);
         s0[r] = _mm256_add_ps(s0[r], _mm256_mul_ps(ar, w0));
         s1[r] = _mm256_add_ps(s1[r], _mm256_mul_ps(ar, w1));
       }
@@ -195,12 +211,18 @@ __attribute__((target("avx2"))) void kernel_avx2(const TileJob& t) {
       }
     }
     const bool overwrite = off == 0 && t.overwrite_first;
+    const bool canonical = kRowA && t.last_block && off + t.rows >= t.kc;
+    const __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(kCanonicalNanF32)));
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       float* c = t.c + r * t.ldc;
       if (!overwrite) {
         s0[r] = _mm256_add_ps(_mm256_loadu_ps(c), s0[r]);
         s1[r] = _mm256_add_ps(_mm256_loadu_ps(c + 8), s1[r]);
+      }
+      if (canonical) {
+        s0[r] = _mm256_blendv_ps(s0[r], nan, _mm256_cmp_ps(s0[r], s0[r], _CMP_UNORD_Q));
+        s1[r] = _mm256_blendv_ps(s1[r], nan, _mm256_cmp_ps(s1[r], s1[r], _CMP_UNORD_Q));
       }
       _mm256_storeu_ps(c, s0[r]);
       _mm256_storeu_ps(c + 8, s1[r]);
@@ -320,6 +342,61 @@ TPUSIM_DRIVER_INLINE void canonicalize_nans(const MatmulArgs& p) {
   }
 }
 
+// The packed-weights driver: W was packed once (all of K, NR-column micro-panels,
+// k-major, so the K block starting at pc is the panel's rows [pc, pc + kc)), A is
+// read in place (row-major fp32 operands), and NaNs are made canonical as the
+// last K block is stored. Same tiles, same chunk order as run_blocked.
+struct PackedView {
+  const float* w;
+  int k, n, rows;
+};
+
+TPUSIM_DRIVER_INLINE void run_prepacked(const PackedView& pw, const float* a, size_t lda, float* c, size_t ldc,
+                                        int m, bool accumulate, const KernelSpec& ks) {
+  const int mr = ks.mr, nr = ks.nr;
+  const int kc_max = pw.rows <= kKcTarget ? (kKcTarget / pw.rows) * pw.rows : pw.rows;
+  alignas(64) float edge_c[8 * 32];  // the widest tile (AVX-512: 8 x 32)
+  std::vector<float> edge_a;         // a short last row block, zero-padded to MR rows
+  for (int pc = 0; pc < pw.k; pc += kc_max) {
+    const int kc = std::min(kc_max, pw.k - pc);
+    const bool overwrite_first = !accumulate && pc == 0;
+    const bool last_block = pc + kc >= pw.k;
+    for (int jr = 0; jr < pw.n; jr += nr) {
+      const int cols = std::min(nr, pw.n - jr);
+      const float* wp = pw.w + static_cast<size_t>(jr) * pw.k + static_cast<size_t>(pc) * nr;
+      for (int ir = 0; ir < m; ir += mr) {
+        const int rows = std::min(mr, m - ir);
+        float* ct = c + static_cast<size_t>(ir) * ldc + jr;
+        TileJob t{a + static_cast<size_t>(ir) * lda + pc, wp, ct, ldc, kc, pw.rows, overwrite_first, lda, last_block};
+        if (rows == mr && cols == nr) {
+          ks.fn(t);
+          continue;
+        }
+        if (rows < mr) {
+          edge_a.assign(static_cast<size_t>(mr) * kc, 0.0f);
+          for (int r = 0; r < rows; ++r)
+            std::memcpy(&edge_a[static_cast<size_t>(r) * kc], t.a + static_cast<size_t>(r) * lda, kc * sizeof(float));
+          t.a = edge_a.data();
+          t.lda = static_cast<size_t>(kc);
+        }
+        std::fill(edge_c, edge_c + mr * nr, 0.0f);
+        if (!overwrite_first)
+          for (int r = 0; r < rows; ++r) std::memcpy(edge_c + r * nr, ct + r * ldc, cols * sizeof(float));
+        t.c = edge_c;
+        t.ldc = nr;
+        ks.fn(t);
+        for (int r = 0; r < rows; ++r) std::memcpy(ct + r * ldc, edge_c + r * nr, cols * sizeof(float));
+      }
+    }
+  }
+}
+
+void pack_portable(const MatmulArgs& p, float* out) { pack_w(p, 0, p.k, 0, p.n, 16, out); }
+
+void run_packed_portable(const PackedView& w, const float* a, size_t lda, float* c, size_t ldc, int m, bool acc) {
+  run_prepacked(w, a, lda, c, ldc, m, acc, KernelSpec{4, 16, &kernel_portable<4, 16, true>});
+}
+
 void run_portable(const MatmulArgs& p) {
   run_blocked(p, KernelSpec{4, 16, &kernel_portable<4, 16>});
   canonicalize_nans(p);
@@ -337,7 +414,27 @@ __attribute__((target("avx512f"))) void run_avx512(const MatmulArgs& p) {
   run_blocked(p, KernelSpec{8, 32, &kernel_avx512<8>});
   canonicalize_nans(p);
 }
+
+__attribute__((target("avx2"))) void pack_avx2(const MatmulArgs& p, float* out) { pack_w(p, 0, p.k, 0, p.n, 16, out); }
+
+__attribute__((target("avx512f"))) void pack_avx512(const MatmulArgs& p, float* out) {
+  pack_w(p, 0, p.k, 0, p.n, 32, out);
+}
+
+__attribute__((target("avx2"))) void run_packed_avx2(const PackedView& w, const float* a, size_t lda, float* c,
+                                                     size_t ldc, int m, bool acc) {
+  MxcsrGuard mxcsr;
+  run_prepacked(w, a, lda, c, ldc, m, acc, KernelSpec{6, 16, &kernel_avx2<6, true>});
+}
+
+__attribute__((target("avx512f"))) void run_packed_avx512(const PackedView& w, const float* a, size_t lda, float* c,
+                                                         size_t ldc, int m, bool acc) {
+  MxcsrGuard mxcsr;
+  run_prepacked(w, a, lda, c, ldc, m, acc, KernelSpec{8, 32, &kernel_avx512<8, true>});
+}
 #endif
+
+int panel_width(MxuPath path) { return path == MxuPath::kAvx512 ? 32 : 16; }
 
 bool cpu_has(MxuPath path) {
 #if TPUSIM_MXU_X86
@@ -406,6 +503,92 @@ void mxu_matmul_with(MxuPath path, const MatmulArgs& p) {
 }
 
 void mxu_matmul(const MatmulArgs& args) { mxu_matmul_with(mxu_selected_path(), args); }
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void mxu_round_lhs(const uint32_t* src, float* dst,
+                                                                                size_t n) {
+  // round_to_bf16 without branches: a normal value rounds to a normal bf16 (or
+  // Inf), so the conversion back is exact and only zeros and NaNs need a rule.
+  for (size_t j = 0; j < n; ++j) {
+    const uint32_t u = src[j];
+    const uint32_t mag = u & 0x7FFFFFFFu;
+    const uint32_t rounded = ((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16;
+    uint32_t r = mag < 0x00800000u ? (u & kF32SignMask) : rounded;  // subnormal: signed zero
+    r = mag > 0x7F800000u ? kCanonicalNanF32 : r;
+    dst[j] = f32_from_bits(r);
+  }
+}
+
+void MxuPackedWeights::pack(const uint16_t* w, size_t ldw, int k, int n, int rows) {
+  mxu_pack_weights_with(mxu_selected_path(), *this, w, ldw, k, n, rows);
+}
+
+const float* MxuPackedWeights::data() const {
+  const auto at = reinterpret_cast<uintptr_t>(storage_.data());
+  return storage_.data() + ((64 - at % 64) % 64) / sizeof(float);
+}
+
+void mxu_pack_weights_with(MxuPath path, MxuPackedWeights& out, const uint16_t* w, size_t ldw, int k, int n,
+                           int rows) {
+  if (!mxu_path_supported(path))
+    throw std::invalid_argument(std::string("mxu_pack_weights: code path '") + mxu_path_name(path) +
+                                "' is not supported on this CPU");
+  MatmulArgs p;
+  p.w = w;
+  p.ldw = ldw;
+  p.k = k;
+  p.n = n;
+  p.rows = rows;
+  p.lda = static_cast<size_t>(k);
+  p.ldc = static_cast<size_t>(n);
+  p.a = w;
+  p.c = reinterpret_cast<float*>(&out);  // non-null: only W is validated here
+  p.m = 0;
+  mxu_validate_args(p);
+  const int nr = panel_width(path);
+  const size_t panels = static_cast<size_t>((n + nr - 1) / nr);
+  out.path_ = static_cast<int>(path);
+  out.k_ = k;
+  out.n_ = n;
+  out.rows_ = rows;
+  out.storage_.assign(panels * nr * static_cast<size_t>(k) + 64 / sizeof(float), 0.0f);
+  if (k == 0 || n == 0) return;
+  float* dst = const_cast<float*>(out.data());
+  switch (path) {
+    case MxuPath::kPortable: pack_portable(p, dst); return;
+#if TPUSIM_MXU_X86
+    case MxuPath::kAvx2: pack_avx2(p, dst); return;
+    case MxuPath::kAvx512: pack_avx512(p, dst); return;
+#else
+    default: break;
+#endif
+  }
+}
+
+void mxu_matmul_packed(const MxuPackedWeights& w, const float* a, size_t lda, float* c, size_t ldc, int m,
+                       bool accumulate) {
+  if (m < 0) throw std::invalid_argument("mxu_matmul_packed: m < 0");
+  if (w.n() > 0 && ldc < static_cast<size_t>(w.n())) throw std::invalid_argument("mxu_matmul_packed: ldc < n");
+  if (w.k() > 0 && lda < static_cast<size_t>(w.k())) throw std::invalid_argument("mxu_matmul_packed: lda < k");
+  if (m == 0 || w.n() == 0) return;
+  if (w.k() == 0) {  // no chunks: the (flushed) accumulator or +0.0
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < w.n(); ++j) {
+        float& x = c[static_cast<size_t>(i) * ldc + j];
+        x = accumulate ? flush(x) : 0.0f;
+      }
+    return;
+  }
+  const PackedView view{w.data(), w.k(), w.n(), w.rows()};
+  switch (static_cast<MxuPath>(w.path_)) {
+    case MxuPath::kPortable: run_packed_portable(view, a, lda, c, ldc, m, accumulate); return;
+#if TPUSIM_MXU_X86
+    case MxuPath::kAvx2: run_packed_avx2(view, a, lda, c, ldc, m, accumulate); return;
+    case MxuPath::kAvx512: run_packed_avx512(view, a, lda, c, ldc, m, accumulate); return;
+#else
+    default: break;
+#endif
+  }
+}
 
 const char* mxu_matmul_isa() { return mxu_path_name(mxu_selected_path()); }
 

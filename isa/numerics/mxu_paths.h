@@ -24,6 +24,11 @@ MxuPath mxu_selected_path();
 // supported here, or if the arguments are malformed (see mxu_validate_args).
 void mxu_matmul_with(MxuPath path, const MatmulArgs& args);
 
+// MxuPackedWeights::pack for one path (mxu_matmul_packed then runs that path).
+// Throws std::invalid_argument if the path is not supported here.
+void mxu_pack_weights_with(MxuPath path, MxuPackedWeights& out, const uint16_t* w, size_t ldw, int k, int n,
+                           int rows);
+
 // Throws std::invalid_argument naming the problem when args cannot describe a
 // matmul (negative sizes, rows < 1, null pointers with nonzero sizes, leading
 // dimensions shorter than a row).

@@ -292,6 +292,35 @@ TEST_P(MxuFastPath, LeavesTheCallersMxcsrAlone) {
   EXPECT_EQ(bits_of(tiny * half), 0x00400000u);  // still gradual underflow out here
 }
 
+// Weights packed once, A given as fp32 operands: the same bits as the reference on
+// the same shapes and data, and the packed W reused for a second, different A.
+TEST_P(MxuFastPath, PackedWeightsMatchReference) {
+  const Shape shapes[] = {{8, 128, 128, 128}, {128, 128, 128, 128}, {1, 1, 1, 8}, {3, 1, 17, 128}, {5, 7, 33, 8},
+                          {9, 8, 31, 8},      {17, 9, 65, 8},       {13, 33, 47, 32}, {25, 127, 19, 128},
+                          {11, 129, 70, 128}, {2, 300, 130, 128},   {33, 257, 97, 8}, {1, 700, 3, 100},
+                          {19, 64, 600, 32},  {4, 10, 35, 3}};
+  uint64_t seed = 500;
+  for (const Shape& s : shapes)
+    for (Data d : {Data::kRandom, Data::kCancel, Data::kSpecial, Data::kTiny, Data::kHuge, Data::kNegZeroFlush})
+      for (bool acc : {false, true})
+        for (int pad : {0, 3}) {
+          const Problem q = make_problem(seed++, s.m, s.k, s.n, s.rows, acc, d, pad);
+          MxuPackedWeights w;
+          mxu_pack_weights_with(GetParam(), w, q.w.data(), q.ldw, q.k, q.n, q.rows);
+          for (int round = 0; round < 2; ++round) {
+            Problem qa = q;
+            if (round == 1) qa.a = make_problem(seed++, s.m, s.k, s.n, s.rows, acc, d, pad).a;
+            std::vector<float> a(qa.a.size());
+            for (size_t i = 0; i < a.size(); ++i) a[i] = bf16_to_fp32(qa.a[i]);
+            std::vector<float> c = qa.c0;
+            mxu_matmul_packed(w, a.data(), qa.lda, c.data(), qa.ldc, qa.m, qa.accumulate);
+            std::vector<uint32_t> got(c.size());
+            for (size_t i = 0; i < c.size(); ++i) got[i] = bits_of(c[i]);
+            ASSERT_TRUE(same_bits(got, run_reference(qa), qa)) << "packed, round " << round;
+          }
+        }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllPaths, MxuFastPath, ::testing::ValuesIn(kAllMxuPaths),
                          [](const ::testing::TestParamInfo<MxuPath>& i) { return std::string(mxu_path_name(i.param)); });
 
@@ -304,6 +333,23 @@ TEST(MxuFast, DispatchPicksASupportedPath) {
   std::vector<uint32_t> got(c.size());
   for (size_t i = 0; i < c.size(); ++i) got[i] = bits_of(c[i]);
   EXPECT_TRUE(same_bits(got, run_reference(q), q));
+}
+
+// mxu_round_lhs is round_to_bf16 (the contract's fp32 -> bf16 -> fp32) on a sweep
+// of bit patterns: every 65521st one (a prime stride: every exponent, both signs,
+// varied low halves) plus the boundaries of each rounding rule.
+TEST(MxuRoundLhs, EqualsRoundToBf16) {
+  std::vector<uint32_t> in;
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 65521) in.push_back(static_cast<uint32_t>(u));
+  for (uint32_t sign : {0u, 0x80000000u})
+    for (uint32_t b : {0x0u, 0x1u, 0x007FFFFFu, 0x00800000u, 0x00807FFFu, 0x00808000u, 0x00818000u, 0x3F808000u,
+                       0x3F818000u, 0x3F807FFFu, 0x7F7F7FFFu, 0x7F7F8000u, 0x7F7FFFFFu, 0x7F800000u, 0x7F800001u,
+                       0x7FC00000u, 0x7FFFFFFFu})
+      in.push_back(sign | b);
+  std::vector<float> out(in.size());
+  mxu_round_lhs(in.data(), out.data(), in.size());
+  for (size_t i = 0; i < in.size(); ++i)
+    ASSERT_EQ(bits_of(out[i]), bits_of(round_to_bf16(float_of(in[i])))) << "input " << hex32(in[i]);
 }
 
 }  // namespace
