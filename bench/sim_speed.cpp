@@ -2,14 +2,17 @@
 // and detailed mode on an MXU-bound GEMM loop and on a DMA-latency-bound loop (one
 // small HBM->VMEM transfer in flight at a time), plus the simulated MACs per host
 // second of the GEMM. Drives the real binary, as a user does, and reads cycles,
-// flops and host.wall_seconds (simulation only) from stats.json.
-//   sim_speed [--tpusim PATH] [--preset v4] [--scale 1.0]
+// flops and host.wall_seconds (simulation only) from stats.json. The fast-mode
+// GEMMs run once with the simulation thread alone and once with --threads (a
+// worker computing MXU results beside it; the same cycles and values).
+//   sim_speed [--tpusim PATH] [--preset v4] [--scale 1.0] [--mxus N] [--threads 2]
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "hw/config/params.h"
 #include "sim/run/stats.h"
 
 namespace {
@@ -84,13 +88,13 @@ double children_cpu_seconds() {
 }
 
 Measured run(const std::string& tpusim, const std::string& dir, const std::string& name, const std::string& text,
-             const std::string& preset, const std::string& mode) {
+             const std::string& preset, const std::string& mode, int threads) {
   const std::string src = dir + "/" + name + ".s", bundle = dir + "/" + name + ".tpu", out = dir + "/" + name + "_" + mode;
   std::ofstream(src) << text;
   std::string cmd = tpusim + " asm " + src + " -o " + bundle + " >/dev/null";
   if (std::system(cmd.c_str()) != 0) throw std::runtime_error("assembling " + src + " failed");
   cmd = "SYSTEMC_DISABLE_COPYRIGHT_MESSAGE=1 " + tpusim + " run " + bundle + " --preset " + preset + " --mode " +
-        mode + " --random-inputs 1 -q --out " + out;
+        mode + " --threads " + std::to_string(threads) + " --random-inputs 1 -q --out " + out;
   const double cpu0 = children_cpu_seconds();
   if (std::system(cmd.c_str()) != 0) throw std::runtime_error("'" + cmd + "' failed");
   const double cpu = children_cpu_seconds() - cpu0;
@@ -104,12 +108,27 @@ int main(int argc, char** argv) {
   CLI::App app{"Simulation speed of tpusim run (fast and detailed mode)"};
   std::string tpusim = TPUSIM_BIN, preset = "v4";
   double scale = 1.0;
-  int mxus = 4;
+  int mxus = 0, threads = 2;
   app.add_option("--tpusim", tpusim, "The tpusim binary");
   app.add_option("--preset", preset, "Chip preset");
-  app.add_option("--mxus", mxus, "MXUs the GEMM uses (at most the preset's)")->check(CLI::Range(1, 16));
+  app.add_option("--mxus", mxus, "MXUs the GEMM uses (default: min(4, the preset's MXUs per core))")
+      ->check(CLI::Range(1, 16));
+  app.add_option("--threads", threads, "tpusim run --threads of the extra fast-mode GEMM rows (1: no such rows)")
+      ->check(CLI::Range(1, 64));
   app.add_option("--scale", scale, "Multiply every iteration count")->check(CLI::Range(0.001, 1000.0));
   CLI11_PARSE(app, argc, argv);
+  int preset_mxus = 0;
+  try {
+    preset_mxus = int(tpusim::config::load_preset(preset).get_int("core.mxu.count"));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "sim_speed: error: preset {}: {}\n", preset, e.what());
+    return 2;
+  }
+  if (mxus == 0) mxus = std::min(4, preset_mxus);
+  if (mxus > preset_mxus) {
+    fmt::print(stderr, "sim_speed: error: --mxus {} but preset {} has {} MXUs per core\n", mxus, preset, preset_mxus);
+    return 2;
+  }
 
   const std::string dir = (fs::temp_directory_path() / ("tpusim_sim_speed_" + std::to_string(::getpid()))).string();
   fs::create_directories(dir);
@@ -118,6 +137,7 @@ int main(int argc, char** argv) {
     const char* mode;
     int mxus;  // MXUs the program keeps busy (utilization is over these)
     std::string text;
+    int threads = 1;
   };
   // Detailed mode ticks every unit every cycle: a tenth of the work keeps it short.
   // One GEMM iteration is 16 mmuls per MXU, 128 cycles.
@@ -136,26 +156,35 @@ int main(int argc, char** argv) {
     cases.insert(cases.begin() + 1, Case{"MXU-bound GEMM (1 MXU)", "fast", 1, gemm_program(1, std::max(1, gemm_fast))});
     cases.push_back(Case{"MXU-bound GEMM (1 MXU)", "detailed", 1, gemm_program(1, std::max(1, gemm_detailed))});
   }
+  if (threads > 1) {  // after the one-thread rows: the same GEMMs with workers computing the MXU results
+    std::vector<Case> extra;
+    for (const Case& c : cases)
+      if (c.mxus > 0 && std::string(c.mode) == "fast") {
+        extra.push_back(c);
+        extra.back().threads = threads;
+      }
+    cases.insert(cases.begin() + 1 + (mxus != 1), extra.begin(), extra.end());
+  }
   fmt::print("tpusim run speed, preset {}, one TensorCore\n\n", preset);
-  fmt::print("| workload | mode | simulated cycles | host wall s | core-cycles/s (wall) | CPU s (whole process) | "
-             "core-cycles/CPU-s | simulated MAC/s (wall) | MXU util |\n");
-  fmt::print("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  fmt::print("| workload | mode | threads | simulated cycles | host wall s | core-cycles/s (wall) | CPU s (whole "
+             "process) | core-cycles/CPU-s | simulated MAC/s (wall) | MXU util |\n");
+  fmt::print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   int rc = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& c = cases[i];
     try {
-      const Measured m = run(tpusim, dir, "case" + std::to_string(i), c.text, preset, c.mode);
+      const Measured m = run(tpusim, dir, "case" + std::to_string(i), c.text, preset, c.mode, c.threads);
       const double cps = m.wall > 0 ? double(m.cycles) / m.wall : 0;
       const double macs = m.wall > 0 ? double(m.flops) / 2 / m.wall : 0;
       const double peak_macs_per_cycle = 128.0 * 128.0 * c.mxus;
       const double util = m.cycles ? double(m.flops) / 2 / (peak_macs_per_cycle * double(m.cycles)) : 0;
       const double cpu_cps = m.cpu > 0 ? double(m.cycles) / m.cpu : 0;
-      fmt::print("| {} | {} | {} | {:.3f} | {:.3g} | {:.3f} | {:.3g} | {} | {} |\n", c.workload, c.mode, m.cycles,
+      fmt::print("| {} | {} | {} | {} | {:.3f} | {:.3g} | {:.3f} | {:.3g} | {} | {} |\n", c.workload, c.mode, c.threads, m.cycles,
                  m.wall, cps, m.cpu, cpu_cps,
                  m.flops ? fmt::format("{:.3g}", macs) : std::string("-"),
                  m.flops ? fmt::format("{:.1f}%", util * 100) : std::string("-"));
     } catch (const std::exception& e) {
-      fmt::print("| {} | {} | error: {} | | | | | | |\n", c.workload, c.mode, e.what());
+      fmt::print("| {} | {} | {} | error: {} | | | | | | |\n", c.workload, c.mode, c.threads, e.what());
       rc = 1;
     }
   }

@@ -24,6 +24,7 @@
 #include "hw/config/params.h"
 #include "hw/core/op_profile.h"
 #include "hw/config/peaks.h"
+#include "hw/mxu/result_values.h"
 #include "hw/system/system.h"
 #include "hw/timeline/timeline.h"
 #include "isa/bundle/bundle_file.h"
@@ -54,6 +55,7 @@ struct RunArgs {
   uint64_t max_cycles = 0;
   bool raw_bf16 = false;
   bool quiet = false;
+  int threads = 1;
 };
 
 int fail(int code, const std::string& message) {
@@ -120,6 +122,7 @@ int run_run(const RunArgs& a) {
     run::prepare_out_dir(a.out);
     if (!a.timeline.empty()) run::check_writable_file(a.timeline, "--timeline");
     if (!a.wave.empty()) run::check_writable_file(a.wave, "--wave");
+    hw::mxu::set_matmul_threads(a.threads);
   } catch (const std::exception& e) {
     return fail(kExitBadInput, e.what());
   }
@@ -223,6 +226,10 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--wave-end", a->wave_end, "Last cycle of the waveform window");
   cmd->add_option("--set", a->sets, "Override a preset parameter, KEY=VALUE (repeatable)");
   cmd->add_option("--max-cycles", a->max_cycles, "Fault when the run passes this many cycles (0 = no limit)");
+  cmd->add_option("--threads", a->threads,
+                  "Threads computing MXU results (N - 1 workers beside the simulation); same results for every N")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   cmd->add_flag("--raw-bf16", a->raw_bf16, "Write bf16 outputs as uint16 bit patterns instead of float32");
   cmd->add_flag("-q,--quiet", a->quiet, "Do not print the report");
   cmd->callback([a, &exit_code] { exit_code = run_run(*a); });
