@@ -20,31 +20,45 @@ namespace tpusim::hw::mxu {
 
 struct ResultFifoValues::Batch {
   std::shared_ptr<const num::MxuPackedWeights> w;
-  std::vector<float> lhs;  // count vregs of rounded LHS, row stride lanes
-  std::vector<float> out;  // count vregs of results
+  std::vector<float> lhs;  // up to `capacity` vregs of rounded LHS, row stride lanes
+  std::vector<float> out;  // their results
   size_t count = 0;
   int cols = 0, lanes = 0;
-  // 0: not started, 1: being computed, 2: done. Whoever moves it 0 -> 1 computes
-  // it (a worker, or the simulation thread when it needs the values first).
-  std::atomic<int> state{0};
+  // Per mmul: 0 not started, 1 a worker computes it, 2 done, 3 the simulation
+  // thread computes it. Whoever moves it from 0 computes it into `out`; the
+  // simulation thread never waits for a worker: finding an mmul under way on one,
+  // it computes its own copy (the same bits) instead.
+  std::unique_ptr<std::atomic<int>[]> state;
+  size_t capacity = 0;
 
-  bool claim() {
-    int expected = 0;
-    return state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel);
-  }
-  void run() {
-    const size_t n = count * 8 * static_cast<size_t>(lanes);
-    if (out.size() < n) out.resize(n);
-    if (cols < lanes) std::fill(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n), 0.0f);
-    num::mxu_matmul_packed(*w, lhs.data(), static_cast<size_t>(lanes), out.data(), static_cast<size_t>(lanes),
-                           static_cast<int>(count) * 8, false);
-    state.store(2, std::memory_order_release);
-  }
-  void wait_done() {
-    for (int spins = 0; state.load(std::memory_order_acquire) != 2; ++spins) {
-      if (spins < 4096) TPUSIM_CPU_RELAX();
-      else std::this_thread::yield();  // the worker may have lost its core on a loaded host
+  void reset(size_t cap, size_t vreg) {
+    if (capacity < cap) {
+      state.reset(new std::atomic<int>[cap]);
+      capacity = cap;
+      lhs.resize(cap * vreg);
+      out.resize(cap * vreg);
     }
+    for (size_t i = 0; i < capacity; ++i) state[i].store(0, std::memory_order_relaxed);
+    count = 0;
+  }
+  bool claim(size_t i, int who) {
+    int expected = 0;
+    return state[i].compare_exchange_strong(expected, who, std::memory_order_acq_rel);
+  }
+  void compute(size_t i, float* dst) const {
+    const size_t vreg = 8 * static_cast<size_t>(lanes);
+    if (cols < lanes) std::fill(dst, dst + vreg, 0.0f);
+    num::mxu_matmul_packed(*w, &lhs[i * vreg], static_cast<size_t>(lanes), dst, static_cast<size_t>(lanes), 8, false);
+  }
+  // Last mmul first: the simulation thread needs the first one first, so the two
+  // rarely meet on one mmul.
+  void run_on_worker() {
+    const size_t vreg = 8 * static_cast<size_t>(lanes);
+    for (size_t i = count; i-- > 0;)
+      if (claim(i, 1)) {
+        compute(i, &out[i * vreg]);
+        state[i].store(2, std::memory_order_release);
+      }
   }
 };
 
@@ -70,14 +84,19 @@ class Workers {
   }
   int threads() const { return count_.load(std::memory_order_relaxed); }
 
+  // Called by the simulation thread only. It never blocks on the queue's lock: a
+  // worker that lost its core while holding it would stall the simulation, so the
+  // batch waits here until the next hand-over finds the lock free (or is computed
+  // by the simulation thread when it needs it).
   void submit(std::shared_ptr<ResultFifoValues::Batch> b) {
-    bool wake;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      queue_.push_back(std::move(b));
-      queued_.fetch_add(1, std::memory_order_release);
-      wake = sleeping_ > 0;
-    }
+    held_.push_back(std::move(b));
+    std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+    if (!lk.owns_lock()) return;
+    for (auto& h : held_) queue_.push_back(std::move(h));
+    queued_.fetch_add(held_.size(), std::memory_order_release);
+    held_.clear();
+    const bool wake = sleeping_ > 0;
+    lk.unlock();
     if (wake) cv_.notify_one();
   }
 
@@ -90,13 +109,14 @@ class Workers {
     cv_.notify_all();
     for (auto& t : threads_) t.join();
     threads_.clear();
+    held_.clear();
     count_.store(1, std::memory_order_relaxed);
   }
 
   void loop() {
     using Clock = std::chrono::steady_clock;
     for (;;) {
-      const auto spin_until = Clock::now() + std::chrono::microseconds(200);
+      const auto spin_until = Clock::now() + std::chrono::microseconds(20);
       for (int i = 0; queued_.load(std::memory_order_acquire) == 0; ++i) {
         TPUSIM_CPU_RELAX();
         if (i % 64 == 63 && Clock::now() > spin_until) break;
@@ -112,19 +132,16 @@ class Workers {
         queue_.pop_front();
         queued_.fetch_sub(1, std::memory_order_relaxed);
       }
-      // Claimed before the reference is dropped: the owner frees a batch only once
-      // it is done, and recycles it only when it holds the last reference.
-      if (b->claim()) {
-        ResultFifoValues::Batch* raw = b.get();
-        b.reset();
-        raw->run();
-      }
+      // The reference is held while computing: the owner recycles a batch only
+      // when it holds the last one.
+      b->run_on_worker();
     }
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<ResultFifoValues::Batch>> queue_;
+  std::vector<std::shared_ptr<ResultFifoValues::Batch>> held_;  // simulation thread only
   std::atomic<size_t> queued_{0};
   std::atomic<int> count_{1};
   int sleeping_ = 0;
@@ -146,19 +163,18 @@ ResultFifoValues::ResultFifoValues(int rows, int cols, int fifo_vregs, int lanes
   if (rows < 1 || rows > lanes || cols < 1 || cols > lanes)
     throw std::invalid_argument("MXU result values: array " + std::to_string(rows) + " x " + std::to_string(cols) +
                                 " does not fit " + std::to_string(lanes) + " lanes");
-  // Alone, a batch waits until its values are needed (or its weights are swapped
-  // out): the kernel runs as fast at 8 rows as at 128 on packed weights. With
-  // workers, a batch is handed over once it holds an eighth of the FIFO, so a
-  // worker computes it while the simulation runs the cycles before its first mpop.
-  batch_limit_ = matmul_threads() > 1 ? static_cast<size_t>(std::max(1, fifo_vregs / 8)) : ~size_t{0};
+  // Alone, a batch waits until its values are needed (the kernel runs as fast at
+  // 8 rows as at 128 on packed weights). With workers, a batch is handed over once
+  // it holds an eighth of the FIFO, so a worker computes it while the simulation
+  // runs the cycles before its first mpop.
+  fifo_vregs_ = static_cast<size_t>(std::max(1, fifo_vregs));
+  batch_limit_ = matmul_threads() > 1 ? static_cast<size_t>(std::max(1, fifo_vregs / 8)) : fifo_vregs_;
+  scratch_.resize(vreg_);
   std::vector<uint16_t> none(static_cast<size_t>(rows) * static_cast<size_t>(cols), 0);
   swap_weights(none.data(), 0);
 }
 
-ResultFifoValues::~ResultFifoValues() {
-  for (auto& b : batches_)
-    if (!b->claim()) b->wait_done();  // a worker still has it: wait before its operands go
-}
+ResultFifoValues::~ResultFifoValues() = default;  // a worker holds its own reference to a batch
 
 void ResultFifoValues::swap_weights(const uint16_t* w, int k) {
   close_open_batch();
@@ -169,17 +185,19 @@ void ResultFifoValues::swap_weights(const uint16_t* w, int k) {
 
 std::shared_ptr<ResultFifoValues::Batch> ResultFifoValues::new_batch() {
   std::shared_ptr<Batch> b;
-  if (!spare_.empty()) {
-    b = std::move(spare_.back());
-    spare_.pop_back();
-  } else {
-    b = std::make_shared<Batch>();
-  }
+  // A used batch is reused once nobody else (a worker or its queue) holds it.
+  for (size_t i = 0; i < spare_.size(); ++i)
+    if (spare_[i].use_count() == 1) {
+      b = std::move(spare_[i]);
+      spare_[i] = std::move(spare_.back());
+      spare_.pop_back();
+      break;
+    }
+  if (!b) b = std::make_shared<Batch>();
   b->w = weights_;
-  b->count = 0;
   b->cols = cols_;
   b->lanes = lanes_;
-  b->state.store(0, std::memory_order_relaxed);
+  b->reset(batch_limit_, vreg_);
   return b;
 }
 
@@ -196,7 +214,6 @@ void ResultFifoValues::mmul(const uint32_t* lhs) {
     open_ = true;
   }
   Batch& b = *batches_.back();
-  if (b.lhs.size() < (b.count + 1) * vreg_) b.lhs.resize((b.count + 1) * vreg_);
   num::mxu_round_lhs(lhs, &b.lhs[b.count * vreg_], vreg_);
   ++b.count;
   ++in_fifo_;
@@ -211,11 +228,17 @@ void ResultFifoValues::pop() {
 
 void ResultFifoValues::write_popped(uint32_t* dst, bool accumulate) {
   if (popped_ == 0) throw std::logic_error("MXU result values: write with nothing popped");
-  if (open_ && batches_.size() == 1) close_open_batch();  // its values are needed now
   Batch& b = *batches_.front();
-  if (b.claim()) b.run();
-  else b.wait_done();
-  const float* r = b.out.data() + written_ * vreg_;
+  const float* r = &b.out[written_ * vreg_];
+  if (b.state[written_].load(std::memory_order_acquire) != 2) {
+    if (b.claim(written_, 3)) {
+      b.compute(written_, &b.out[written_ * vreg_]);
+      b.state[written_].store(2, std::memory_order_relaxed);
+    } else if (b.state[written_].load(std::memory_order_acquire) != 2) {
+      b.compute(written_, scratch_.data());  // under way on a worker: not waited for
+      r = scratch_.data();
+    }
+  }
   if (!accumulate) {
     std::memcpy(dst, r, vreg_ * sizeof(float));
   } else {
@@ -224,8 +247,7 @@ void ResultFifoValues::write_popped(uint32_t* dst, bool accumulate) {
   --popped_;
   if (++written_ == b.count) {
     written_ = 0;
-    // Kept for reuse only when nobody else (a worker's queue) still holds it.
-    if (batches_.front().use_count() == 1 && spare_.size() < 8) spare_.push_back(std::move(batches_.front()));
+    if (spare_.size() < 64) spare_.push_back(std::move(batches_.front()));
     batches_.pop_front();
   }
 }

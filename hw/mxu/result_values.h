@@ -61,8 +61,10 @@ class ResultFifoValues {
   size_t written_ = 0;  // results of batches_.front() already written
   size_t popped_ = 0;   // popped, not written
   size_t in_fifo_ = 0;
-  size_t batch_limit_;
+  size_t fifo_vregs_ = 1;
+  size_t batch_limit_ = 1;  // mmuls per batch
   std::vector<std::shared_ptr<Batch>> spare_;
+  std::vector<float> scratch_;  // a result computed again while a worker has it
 };
 
 }  // namespace tpusim::hw::mxu
