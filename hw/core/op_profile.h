@@ -64,6 +64,13 @@ class OpProfile {
       if (tl_) timeline_issue(*in, cycle);
     }
   }
+  // Sequencer: a later instruction of the bundle issued this cycle (the cycle
+  // itself went to the bundle's first instruction's op).
+  void issue_bundled(const isa::Instr& in, uint64_t cycle) {
+    cur_op_ = in.op_id;
+    ++at(cur_op_).instructions;
+    if (tl_) timeline_issue(in, cycle);
+  }
   // Sequencer: n cycles stalled at `in`; `flag` >= 0 for a wait on that flag,
   // `sync` for a barrier, neither for the core's own units (queue full, drain).
   void stall(const isa::Instr& in, int flag, bool sync, uint64_t n) {
