@@ -17,6 +17,7 @@ CoreParams CoreParams::from_config(const config::Params& c, int mxus) {
   p.vmem_banks = static_cast<int>(c.get_int("core.vmem.banks"));
   p.vmem_bank_bytes = static_cast<int>(c.get_int("core.vmem.bank_bytes_per_cycle"));
   p.vpu = VpuParams::from_config(c);
+  p.sequencer = SequencerParams::from_config(c);
   p.dma = DmaParams::from_config(c);
   for (int i = 0; i < mxus; ++i) p.mxus.push_back(mxu::MxuParams::from_config(c, i));
   return p;
@@ -66,7 +67,7 @@ TensorCore::TensorCore(const CoreParams& p, exec::Machine& m, uint32_t chip, uin
       if (!x->idle()) return false;
     return true;
   };
-  seq_ = std::make_unique<Sequencer>(env_, barrier, std::move(sinks));
+  seq_ = std::make_unique<Sequencer>(env_, barrier, std::move(sinks), p.sequencer);
   if (tl) infeed_track_ = tl->track("chip" + std::to_string(chip), "core" + std::to_string(core) + ".infeed");
 }
 

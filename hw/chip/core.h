@@ -21,6 +21,7 @@ struct CoreParams {
   size_t vector_queue = 16, matrix_queue = 16, dma_queue = 16;
   int vmem_banks = 16, vmem_bank_bytes = 256;
   VpuParams vpu;
+  SequencerParams sequencer;  // default: single issue
   DmaParams dma;
   std::vector<mxu::MxuParams> mxus;
   static CoreParams from_config(const config::Params& p, int mxus);

@@ -5,8 +5,8 @@ namespace tpusim::hw {
 using isa::Op;
 using isa::Unit;
 
-Sequencer::Sequencer(CoreEnv& env, Barrier& barrier, Sinks sinks)
-    : env_(env), barrier_(barrier), sinks_(std::move(sinks)) {
+Sequencer::Sequencer(CoreEnv& env, Barrier& barrier, Sinks sinks, const SequencerParams& p)
+    : env_(env), barrier_(barrier), sinks_(std::move(sinks)), p_(p) {
   if (!env_.prog) halted_ = true;  // a core without a program idles from the start
   if (env_.timeline) env_.profile.attach_timeline(env_.timeline, env_.name.substr(0, env_.name.find('.')),
                                                   env_.name.substr(env_.name.find('.') + 1) + ".sequencer");
@@ -37,6 +37,114 @@ void Sequencer::count(Stall s, uint64_t n) {
   }
 }
 
+IssueSlot issue_slot(const isa::Instr& in) {
+  switch (isa::op_info(in.op).unit) {
+    case Unit::kScalar: return IssueSlot::kScalar;
+    case Unit::kSync: return IssueSlot::kSync;
+    case Unit::kDma: return IssueSlot::kDma;
+    case Unit::kMatrix: return IssueSlot::kMatrix;
+    case Unit::kVector: break;
+  }
+  switch (in.op) {
+    case Op::kVld: case Op::kVldBf16: return IssueSlot::kVectorLoad;
+    case Op::kVst: case Op::kVstBf16: return IssueSlot::kVectorStore;
+    default: return IssueSlot::kVectorAlu;
+  }
+}
+
+const char* issue_slot_key(IssueSlot s) {
+  switch (s) {
+    case IssueSlot::kScalar: return "scalar";
+    case IssueSlot::kSync: return "sync";
+    case IssueSlot::kDma: return "dma";
+    case IssueSlot::kVectorLoad: return "vector_load";
+    case IssueSlot::kVectorStore: return "vector_store";
+    case IssueSlot::kVectorAlu: return "vector_alu";
+    default: return "matrix";
+  }
+}
+
+SequencerParams SequencerParams::from_config(const config::Params& c) {
+  SequencerParams p;
+  const auto get = [&](const std::string& k, int64_t lo) {
+    const int64_t v = c.get_int(k);
+    if (v < lo || v > 64) throw config::ConfigError(c.source() + ": " + k + " must be " + std::to_string(lo) + "..64");
+    return static_cast<int>(v);
+  };
+  p.issue_per_cycle = get("core.sequencer.issue_per_cycle", 1);
+  for (int i = 0; i < kIssueSlots; ++i)
+    p.slots[static_cast<size_t>(i)] =
+        get(std::string("core.sequencer.slots.") + issue_slot_key(static_cast<IssueSlot>(i)), 1);
+  return p;
+}
+
+namespace {
+
+// Scalar registers an instruction reads and writes (bit r = sr), from its operand
+// signature: the first S of a scalar ALU op, li, ld and loop is its destination.
+void scalar_use(const isa::Instr& in, uint32_t* reads, uint32_t* writes) {
+  const isa::OpInfo& info = isa::op_info(in.op);
+  *reads = *writes = 0;
+  if (in.op == Op::kDma) {
+    *reads = (1u << in.dst.reg) | (1u << in.src.reg);
+    return;
+  }
+  const uint8_t f[4] = {in.a, in.b, in.c, in.d};
+  const bool dest_first = info.unit == Unit::kScalar && in.op != Op::kSt && in.op != Op::kBeq &&
+                          in.op != Op::kBne && in.op != Op::kBlt && in.op != Op::kBge;
+  int r = 0;
+  for (const char* c = info.signature; *c && r < 4; ++c) {
+    switch (*c) {
+      case 'S':
+        if (r == 0 && dest_first) *writes |= 1u << f[r];
+        if (r != 0 || !dest_first || in.op == Op::kLoop) *reads |= 1u << f[r];
+        ++r;
+        break;
+      case 'A': *reads |= 1u << f[r++]; break;
+      case 'V': case 'M': case 'X': case 'F': ++r; break;
+      default: break;
+    }
+  }
+}
+
+bool control_flow(Op op) {
+  return op == Op::kBeq || op == Op::kBne || op == Op::kBlt || op == Op::kBge || op == Op::kJmp || op == Op::kLoop;
+}
+
+}  // namespace
+
+// Later instructions join the bundle in program order while their slot class has
+// room and they do not depend on an earlier member: a bundle's operands are read
+// when it issues, so a value written by one member (RAW) or a register two members
+// write (WAW) ends the bundle. WAR is allowed; the scoreboard, which every member
+// reserves in program order before the next is considered, orders it in the units.
+bool Sequencer::joins(const Bundle& b, const isa::Instr& in) const {
+  if (b.size >= p_.issue_per_cycle) return false;
+  const IssueSlot slot = issue_slot(in);
+  if (b.used[static_cast<size_t>(slot)] >= p_.slots[static_cast<size_t>(slot)]) return false;
+  uint32_t sr, sw;
+  scalar_use(in, &sr, &sw);
+  if ((sr | sw) & b.swrites) return false;
+  if (b.vwrites) {
+    const RegUse u = reg_use(in);
+    for (int i = 0; i < u.nreads; ++i)
+      if (b.vwrites >> u.reads[i] & 1) return false;
+    for (int i = 0; i < u.nwrites; ++i)
+      if (b.vwrites >> u.writes[i] & 1) return false;
+  }
+  return true;
+}
+
+void Sequencer::add(Bundle& b, const isa::Instr& in) const {
+  ++b.size;
+  ++b.used[static_cast<size_t>(issue_slot(in))];
+  uint32_t sr, sw;
+  scalar_use(in, &sr, &sw);
+  b.swrites |= sw;
+  const RegUse u = reg_use(in);
+  for (int i = 0; i < u.nwrites; ++i) b.vwrites |= uint64_t{1} << u.writes[i];
+}
+
 void Sequencer::tick(uint64_t cycle) {
   last_cycle_ = cycle;
   if (halted_ || !env_.fault.empty()) return;
@@ -50,24 +158,40 @@ void Sequencer::tick(uint64_t cycle) {
   }
   env_.note_activity(cycle);
   env_.profile.issue_cycle(at_barrier_ || pc_ >= env_.prog->code.size() ? nullptr : &env_.prog->code[pc_], cycle);
-  if (at_barrier_) {  // released: the barrier instruction retires
+  if (at_barrier_) {  // released: the barrier instruction retires (its cycle alone)
     at_barrier_ = false;
     ++pc_;
     return;
   }
   const auto& code = env_.prog->code;
+  Bundle b;
+  if (pc_ < code.size()) add(b, code[pc_]);
+  counters_["bundles"]++;
+  if (!issue(cycle)) return;
+  // The rest of the bundle: stops at the first instruction that cannot go now.
+  while (pc_ < code.size() && joins(b, code[pc_]) && blocked(cycle) == Stall::kNone) {
+    const isa::Instr& in = code[pc_];
+    add(b, in);
+    env_.profile.issue_bundled(in, cycle);
+    if (!issue(cycle)) break;
+  }
+  if (b.size > 1) counters_["multi_issue_cycles"]++;
+}
+
+bool Sequencer::issue(uint64_t cycle) {
+  const auto& code = env_.prog->code;
   if (pc_ >= code.size() || code[pc_].op == Op::kHalt) {  // running off the end halts, as in the reference
     halted_ = true;
     halt_cycle_ = cycle;
     counters_["instructions"]++;
-    return;
+    return false;
   }
   const isa::Instr& in = code[pc_];
   counters_["instructions"]++;
   ++instructions_;
   try {
     switch (isa::op_info(in.op).unit) {
-      case Unit::kScalar: pc_ = exec::exec_scalar(*env_.state, in, pc_); break;
+      case Unit::kScalar: pc_ = exec::exec_scalar(*env_.state, in, pc_); return !control_flow(in.op);
       case Unit::kVector:
       case Unit::kMatrix:
       case Unit::kDma: {
@@ -90,21 +214,22 @@ void Sequencer::tick(uint64_t cycle) {
         }
         sinks_.push(u, std::move(it));
         ++pc_;
-        break;
+        return true;
       }
       case Unit::kSync:
         if (in.op == Op::kBarrier) {
           at_barrier_ = true;
           barrier_generation_ = barrier_.arrive(cycle);
-          break;  // retires when released
+          return false;  // retires when released
         }
         exec::exec_sync(*env_.state, in);
         ++pc_;
-        break;
+        return true;
     }
   } catch (const exec::Fault& e) {
     env_.raise(pc_, e.what());
   }
+  return false;
 }
 
 void Sequencer::skip(uint64_t n) {

@@ -1,16 +1,19 @@
-// The TensorCore's scalar sequencer: fetches one instruction per cycle, runs the
-// scalar unit (ALU, SMEM ld/st, branches, loops) itself, and issues vector, matrix
-// and DMA instructions in order into their units' queues, reserving their vector
-// and mask registers in the scoreboard. Sync instructions retire here: wait and
+// The TensorCore's scalar sequencer: each cycle it issues a bundle of up to
+// `issue_per_cycle` instructions in program order (docs/tensorcore.md, "Issue"),
+// runs the scalar unit (ALU, SMEM ld/st, branches, loops) itself, and issues
+// vector, matrix and DMA instructions into their units' queues, reserving their
+// vector and mask registers in the scoreboard. Sync instructions retire here: wait and
 // wait.sub stall until the flag is high enough, fset/fadd change it, barrier
 // waits (after the core's vector and matrix work has finished) until every core
 // with a program has arrived. Every stalled cycle is counted under its reason.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
 
+#include "hw/config/params.h"
 #include "hw/core/core_env.h"
 
 namespace tpusim::hw {
@@ -45,6 +48,20 @@ class Barrier {
   uint64_t release_cycle_[2] = {kNever, kNever};
 };
 
+// Bundle slot classes: the TPU TensorCore is a VLIW machine whose bundle has a
+// few slots of each kind (scalar, vector ALU, vector load, vector store, matrix,
+// DMA/sync), so independent instructions of different kinds go out together.
+enum class IssueSlot { kScalar, kSync, kDma, kVectorLoad, kVectorStore, kVectorAlu, kMatrix, kCount };
+inline constexpr int kIssueSlots = static_cast<int>(IssueSlot::kCount);
+IssueSlot issue_slot(const isa::Instr& in);
+const char* issue_slot_key(IssueSlot s);  // "vector_load": core.sequencer.slots.<key>
+
+struct SequencerParams {
+  int issue_per_cycle = 1;  // bundle width
+  std::array<int, kIssueSlots> slots{1, 1, 1, 1, 1, 1, 1};  // most instructions per class in one bundle
+  static SequencerParams from_config(const config::Params& p);
+};
+
 class Sequencer {
  public:
   enum class Stall { kNone, kFlag, kQueueFull, kBarrier, kFence };
@@ -54,7 +71,7 @@ class Sequencer {
     std::function<bool()> vector_matrix_drained;  // barrier fence
   };
 
-  Sequencer(CoreEnv& env, Barrier& barrier, Sinks sinks);
+  Sequencer(CoreEnv& env, Barrier& barrier, Sinks sinks, const SequencerParams& p = {});
 
   bool halted() const { return halted_; }
   uint64_t halt_cycle() const { return halt_cycle_; }
@@ -76,10 +93,23 @@ class Sequencer {
  private:
   Stall blocked(uint64_t cycle) const;  // why the instruction at pc cannot go now
   void count(Stall s, uint64_t n);
+  // Issues the instruction at pc; false when the bundle must end after it
+  // (control flow, barrier, halt, a fault).
+  bool issue(uint64_t cycle);
+  // May the instruction at pc join the bundle `b` already holds?
+  struct Bundle {
+    int size = 0;
+    std::array<int, kIssueSlots> used{};
+    uint64_t vwrites = 0;  // vector/mask registers written by the bundle (scoreboard numbering)
+    uint32_t swrites = 0;  // scalar registers written by the bundle
+  };
+  bool joins(const Bundle& b, const isa::Instr& in) const;
+  void add(Bundle& b, const isa::Instr& in) const;
 
   CoreEnv& env_;
   Barrier& barrier_;
   Sinks sinks_;
+  SequencerParams p_;
   uint32_t pc_ = 0;
   uint64_t seq_ = 0;
   bool halted_ = false;
