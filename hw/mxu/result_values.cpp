@@ -64,7 +64,7 @@ struct ResultFifoValues::Batch {
 
 namespace {
 
-// The worker threads, shared by every MXU of the process. A worker spins a little
+// The worker threads, shared by every MXU of the process. A worker spins (200 us)
 // before it sleeps: in an MXU-bound run batches come every few microseconds, and a
 // futex wake-up per batch would cost the simulation thread more than the batch.
 class Workers {
@@ -116,7 +116,7 @@ class Workers {
   void loop() {
     using Clock = std::chrono::steady_clock;
     for (;;) {
-      const auto spin_until = Clock::now() + std::chrono::microseconds(20);
+      const auto spin_until = Clock::now() + std::chrono::microseconds(200);
       for (int i = 0; queued_.load(std::memory_order_acquire) == 0; ++i) {
         TPUSIM_CPU_RELAX();
         if (i % 64 == 63 && Clock::now() > spin_until) break;
