@@ -190,7 +190,13 @@ int run_run(const RunArgs& a) {
   f.wall_seconds = wall;
   f.units = result.units;
   f.vmem = run::vmem_use(bundle, f.units);  // reads the profile records fold_profiles removes
-  if (tl) run::vmem_counters(bundle, *tl);
+  if (tl) {
+    run::vmem_counters(bundle, *tl);
+    // Op slices say which graph node they belong to when the bundle names its ops.
+    std::map<std::string, std::string> names;
+    for (const auto& [id, name] : bundle.op_names) names["op " + std::to_string(id)] = "op " + std::to_string(id) + ": " + name;
+    tl->rename_slices(std::move(names));
+  }
   const nlohmann::json profile = run::fold_profiles(f.units, result.cycles);
   f.ops = profile["ops"];
   f.time_by_cause = profile["time_by_cause"];

@@ -133,6 +133,7 @@ LowerResult lower_graph(const Graph& graph, const LowerOptions& options) {
   if (options.replicas.replicas > 1) {
     LowerResult r = lower_replicated(graph, options);
     record_vmem_plan(r.bundle);
+    record_op_names(r.bundle, graph);
     return r;
   }
   Graph g = graph;
@@ -145,6 +146,7 @@ LowerResult lower_graph(const Graph& graph, const LowerOptions& options) {
   lowering::Emitter e(g, options);
   LowerResult r = e.run();
   record_vmem_plan(r.bundle);  // after assembly: the plan is read off the final code
+  record_op_names(r.bundle, g);  // after the passes: fused members are marked
   return r;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -104,6 +105,26 @@ void record_vmem_plan(isa::Bundle& bundle) {
         if (hi > lo) prog.vmem_plan.push_back({op, static_cast<uint64_t>(lo), static_cast<uint64_t>(hi - lo)});
       }
     }
+  }
+}
+
+void record_op_names(isa::Bundle& bundle, const Graph& graph) {
+  std::map<int, std::string> names;
+  for (const Node& n : graph.nodes) names[n.id] = std::string(op_name(n.op)) + " %" + n.output;
+  for (const Node& n : graph.nodes)
+    if (n.fusion_group >= 0 && n.fusion_group != n.id && names.count(n.fusion_group))
+      names[n.fusion_group] += std::string(" +") + op_name(n.op);
+  std::set<int32_t> used;
+  for (const auto& p : bundle.cores)
+    for (const auto& in : p.code) used.insert(in.op_id);
+  bundle.op_names.clear();
+  for (const int32_t id : used) {
+    const auto it = names.find(id);
+    if (id < 0 || it == names.end()) continue;
+    std::string s = it->second.substr(0, isa::kMaxOpNameBytes);
+    for (char& ch : s)
+      if (ch == '"' || static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '_';
+    bundle.op_names[id] = s;
   }
 }
 

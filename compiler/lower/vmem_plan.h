@@ -6,6 +6,7 @@
 // its own instructions address, live for the op's span.
 #pragma once
 
+#include "compiler/ir/graph.h"
 #include "isa/asm/instr.h"
 
 namespace tpusim::compiler {
@@ -15,5 +16,11 @@ namespace tpusim::compiler {
 // this core's VMEM). Throws CompileError for a VMEM access through a base register
 // other than s0 (its address is not known at compile time).
 void record_vmem_plan(isa::Bundle& bundle);
+
+// Names each op id of the bundle's code after its graph node, "matmul %h", with the
+// elementwise nodes fused into it appended ("matmul %h +relu"), so timelines can
+// say which node a slice belongs to. Characters a name may not hold (a quote, a
+// control character) become '_'.
+void record_op_names(isa::Bundle& bundle, const Graph& graph);
 
 }  // namespace tpusim::compiler

@@ -192,8 +192,9 @@ std::string Timeline::to_json() const {
     const long double ps_per_cycle = 1e12L / static_cast<long double>(opt_.clock_hz);
     const auto b = static_cast<uint64_t>(std::round(static_cast<long double>(s.begin) * ps_per_cycle));
     const auto e = static_cast<uint64_t>(std::round(static_cast<long double>(s.end) * ps_per_cycle));
+    const auto renamed = renames_.find(s.name);
     emit(fmt::format("{{\"name\":{},\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{},\"dur\":{}.{:06},\"args\":{{{}}}}}",
-                     json_string(s.name), pid_of[s.track], first_tid[s.track] + lane_of[idx], timestamp(s.begin),
+                     json_string(renamed == renames_.end() ? s.name : renamed->second), pid_of[s.track], first_tid[s.track] + lane_of[idx], timestamp(s.begin),
                      (e - b) / 1000000, (e - b) % 1000000, args));
   }
   for (const Counter& c : counters_) {

@@ -68,6 +68,10 @@ class Timeline {
   };
   std::vector<SliceSpan> slices_on(TrackId track) const;
 
+  // Slices named exactly like a key are written under its value: units name
+  // slices "op N" while they run; the writer adds what the bundle knows of op N.
+  void rename_slices(std::map<std::string, std::string> names) { renames_ = std::move(names); }
+
   uint64_t recorded_events() const { return recorded_; }
   uint64_t dropped_events() const { return dropped_; }
 
@@ -116,6 +120,7 @@ class Timeline {
   std::map<std::string, Rate> rates_;  // by "process\nname"
   uint64_t recorded_ = 0;
   uint64_t dropped_ = 0;
+  std::map<std::string, std::string> renames_;
 };
 
 // Checks a trace-event JSON text the way a careful consumer would: every event

@@ -781,6 +781,18 @@ void Assembler::directive(const std::vector<Token>& t) {
     if (v.addr > bundle_.target.vmem_bytes || v.bytes > bundle_.target.vmem_bytes - v.addr)
       error(t[0], "VMEM buffer does not fit in vmem (" + std::to_string(bundle_.target.vmem_bytes) + " bytes)");
     current().vmem_plan.push_back(v);
+  } else if (d == ".opname") {
+    // The graph op behind an op id: .opname N "text" (for timelines).
+    if (t.size() < 3 || t.back().kind != Tok::kString) error(t[0], "usage: .opname N \"name\"");
+    const int64_t id = full_expr(t, {1, t.size() - 1});
+    if (id < 0 || id > INT32_MAX) error(t[1], "op id out of range (0..2^31-1)");
+    const std::string& name = t.back().text;
+    if (name.empty() || name.size() > kMaxOpNameBytes)
+      error(t.back(), "op name must be 1.." + std::to_string(kMaxOpNameBytes) + " bytes");
+    for (char ch : name)
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) error(t.back(), "control character in an op name");
+    if (!bundle_.op_names.emplace(static_cast<int32_t>(id), name).second)
+      error(t[1], "op " + std::to_string(id) + " already has a name");
   } else if (d == ".input") {
     io_directive(t, IoKind::kInput);
   } else if (d == ".output") {
@@ -994,6 +1006,7 @@ std::string print_bundle(const Bundle& b) {
     }
     o << "\n";
   }
+  for (const auto& [id, name] : b.op_names) o << ".opname " << id << " \"" << name << "\"\n";
   for (const auto& p : b.cores) {
     o << "\n.core chip" << p.chip << ".core" << p.core << "\n";
     for (const auto& v : p.vmem_plan)

@@ -222,6 +222,13 @@ std::string check_bundle(const Bundle& b) {
         return what + ": does not fit in vmem (" + std::to_string(b.target.vmem_bytes) + " bytes)";
     }
   }
+  for (const auto& [id, name] : b.op_names) {
+    if (id < 0) return "op name for a negative op id " + std::to_string(id);
+    if (name.empty() || name.size() > kMaxOpNameBytes) return "op " + std::to_string(id) + ": name empty or too long";
+    for (char ch : name)
+      if (ch == '"' || static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+        return "op " + std::to_string(id) + ": name holds a quote or a control character";
+  }
   std::set<std::string> names;
   for (const auto& e : b.io) {
     const std::string what = std::string(io_kind_name(e.kind)) + " '" + e.name + "'";

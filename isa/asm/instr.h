@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -278,8 +279,14 @@ struct Bundle {
   Target target;
   std::vector<CoreProgram> cores;
   std::vector<IoEntry> io;
-  bool operator==(const Bundle& o) const { return target == o.target && cores == o.cores && io == o.io; }
+  // Optional names of the graph ops behind the op ids (`.opname`), for timelines;
+  // printable text without '"', at most kMaxOpNameBytes bytes.
+  std::map<int32_t, std::string> op_names;
+  bool operator==(const Bundle& o) const {
+    return target == o.target && cores == o.cores && io == o.io && op_names == o.op_names;
+  }
 };
+inline constexpr size_t kMaxOpNameBytes = 256;
 
 // Structural checks shared by the assembler and the bundle loader: register and
 // MXU indices, flags, branch targets, core placement, I/O placement. Returns an

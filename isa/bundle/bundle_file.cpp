@@ -89,7 +89,8 @@ class Reader {
 
 std::vector<uint8_t> serialize_bundle(const Bundle& b) {
   Writer w;
-  bool plan = false;
+  // Version 2 sections: the cores' VMEM plans and the op name table.
+  bool plan = !b.op_names.empty();
   for (const auto& p : b.cores) plan |= !p.vmem_plan.empty();
   for (char c : kBundleMagic) w.u8(static_cast<uint8_t>(c));
   w.u32(plan ? kBundleVersion : kBundleVersionNoPlan);
@@ -145,6 +146,13 @@ std::vector<uint8_t> serialize_bundle(const Bundle& b) {
     w.u32(e.core);
     w.u64(e.addr);
     w.bytes(e.data);
+  }
+  if (plan) {
+    w.u32(static_cast<uint32_t>(b.op_names.size()));
+    for (const auto& [id, name] : b.op_names) {
+      w.u32(static_cast<uint32_t>(id));
+      w.str(name);
+    }
   }
   // Trailer: total length, so truncation at any section boundary is detected.
   w.u64(w.out.size() + 8);
@@ -233,6 +241,14 @@ Bundle parse_bundle(const std::vector<uint8_t>& bytes, const std::string& name) 
     e.addr = r.u64("I/O table");
     e.data = r.bytes("constant data");
     b.io.push_back(std::move(e));
+  }
+  if (version >= 2) {
+    const uint64_t nnames = r.count("op name table", 8);
+    for (uint64_t i = 0; i < nnames; ++i) {
+      const auto id = static_cast<int32_t>(r.u32("op name table"));
+      std::string name = r.str("op name table");
+      if (!b.op_names.emplace(id, std::move(name)).second) r.fail("op " + std::to_string(id) + " named twice");
+    }
   }
   const uint64_t total = r.u64("trailer");
   if (total != bytes.size()) r.fail("length trailer does not match the file size");

@@ -13,8 +13,8 @@
 namespace tpusim::isa {
 
 inline constexpr char kBundleMagic[8] = {'T', 'P', 'U', 'S', 'I', 'M', 'B', 0x1A};
-// Version 2 adds each core's VMEM plan (docs/isa.md, "Bundle file"). A bundle
-// without a plan is written as version 1, so tools that read only version 1
+// Version 2 adds each core's VMEM plan and the op name table (docs/isa.md,
+// "Bundle file"). A bundle with neither is written as version 1, so tools that read only version 1
 // still read it; this tpusim reads both.
 inline constexpr uint32_t kBundleVersion = 2;
 inline constexpr uint32_t kBundleVersionNoPlan = 1;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,32 @@ TEST(VmemPlan, InUseIsTheUnionOfAnOpsBuffers) {
   EXPECT_EQ(use.at(3), 0x800u + 4096u);  // [0, 4096) and [2048, 6144) overlap by 2048
   EXPECT_EQ(use.at(4), 512u);
   EXPECT_TRUE(vmem_in_use_by_op(assemble(kPlanned, "p.s").cores[1]).empty());
+}
+
+TEST(VmemPlan, OpNamesRoundTripAndAreVersion2) {
+  const char* text = ".opname 3 \"matmul %h +relu\"\n.opname 12 \"/layer1/conv:0\"\n.core 0\n  op 3\n  halt\n";
+  const Bundle b = assemble(text, "p.s");
+  const std::map<int32_t, std::string> want = {{3, "matmul %h +relu"}, {12, "/layer1/conv:0"}};
+  EXPECT_EQ(b.op_names, want);
+  const std::string printed = print_bundle(b);
+  EXPECT_NE(printed.find(".opname 12 \"/layer1/conv:0\"\n"), std::string::npos) << printed;
+  EXPECT_EQ(assemble(printed, "p.s").op_names, want);
+  const auto bytes = serialize_bundle(b);
+  EXPECT_EQ(version_of(bytes), 2u);  // names alone make a version 2 file
+  EXPECT_EQ(parse_bundle(bytes, "b.tpb").op_names, want);
+  // Errors: a name twice, a negative id, no string; a quote smuggled into the file.
+  EXPECT_NE(asm_error(".opname 1 \"a\"\n.opname 1 \"b\"\n").find("p.s:2:9: error: op 1 already has a name"),
+            std::string::npos);
+  EXPECT_NE(asm_error(".opname -1 \"a\"\n").find("op id out of range"), std::string::npos);
+  EXPECT_NE(asm_error(".opname 1 a\n").find("usage: .opname N \"name\""), std::string::npos);
+  auto bad = bytes;
+  const std::string needle = "matmul";
+  auto it = std::search(bad.begin(), bad.end(), needle.begin(), needle.end());
+  ASSERT_NE(it, bad.end());
+  *it = '"';
+  EXPECT_NE(load_error(bad).find("b.tpb: inconsistent bundle: op 3: name holds a quote or a control character"),
+            std::string::npos)
+      << load_error(bad);
 }
 
 TEST(VmemPlan, BundlesWithoutAPlanStayVersion1) {

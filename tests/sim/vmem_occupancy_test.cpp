@@ -132,7 +132,7 @@ TEST_F(VmemOccupancy, TinyMatmulCounterIsItsOperandsSizes) {
   const auto& list = counters["chip0.core0"];
   ASSERT_EQ(slices["chip0.core0"].size(), 1u);
   const OpSlice& op = slices["chip0.core0"][0];
-  EXPECT_EQ(op.name, "op 0");
+  EXPECT_EQ(op.name, "op 0: matmul %y");  // named after the graph node
   // In use from the op's start to the program's end, then free.
   ASSERT_EQ(list.size(), 2u);
   EXPECT_DOUBLE_EQ(list[0].ts, op.ts);
@@ -207,7 +207,13 @@ TEST_F(VmemOccupancy, CompiledModelCounterFollowsThePlanOpByOp) {
       }
       ASSERT_FALSE(slices[core].empty()) << core;
       for (const OpSlice& op : slices[core]) {
-        const auto it = in_use[core].find(op.name);
+        // Slices name the graph node behind each op id: "op N: <op> %<output>".
+        const std::string id = op.name.substr(0, op.name.find(':'));
+        const std::map<std::string, std::string> nodes = {
+            {"op 0", "matmul %h"}, {"op 1", "softmax %s"}, {"op 2", "transpose %t"}};
+        ASSERT_TRUE(nodes.count(id)) << op.name;
+        EXPECT_EQ(op.name, id + ": " + nodes.at(id));
+        const auto it = in_use[core].find(id);
         EXPECT_EQ(value_at(list, op.ts), it == in_use[core].end() ? 0.0 : it->second) << core << " " << op.name;
       }
       EXPECT_EQ(list.back().value, 0.0) << core << ": nothing in use after the program";
