@@ -204,6 +204,14 @@ void Emitter::lower_all_reduce(const Node& n) {
   std::vector<std::vector<char>> done(P);
   std::vector<int64_t> clock(P, 0);
   std::map<std::pair<int, int>, int64_t> link_free;  // (chip, first port) -> cycle
+  // The first link of a message between two replicas: (-1, -1) on one chip. The
+  // tie of a size-2 dimension goes by the issuing core's parity (hw/dma).
+  auto link_of = [&](int from_r, int to_r) {
+    const int from = replica_chip(s, from_r), to = replica_chip(s, to_r);
+    if (from == to) return std::make_pair(-1, -1);
+    const std::vector<int> ports = s.board.route_ports(from, to, replica_core(s, from_r) % 2 ? -1 : +1);
+    return std::make_pair(from, ports.empty() ? -1 : ports.front());
+  };
   std::vector<std::vector<size_t>> order(P);
   for (size_t r = 0; r < P; ++r) {
     finish[r].assign(evs[r].size(), 0);
@@ -233,6 +241,16 @@ void Emitter::lower_all_reduce(const Node& n) {
           ready = ready && done[static_cast<size_t>(evs[r][i].peer)][s];
           if (ready) t = std::max(t, landed[static_cast<size_t>(evs[r][i].peer)][s]);
         }
+        // A send waits in the program until its link is about to be free: two
+        // messages on one link share it packet by packet, which would slow the
+        // earlier (critical) one, while the estimate sends them one after the other.
+        if (ready && evs[r][i].send) {
+          const auto key = link_of(static_cast<int>(r), evs[r][i].peer);
+          if (key.first >= 0) {
+            auto it = link_free.find(key);
+            if (it != link_free.end()) t = std::max(t, it->second - 1243);
+          }
+        }
         if (ready && t < best) {
           best = t;
           br = r;
@@ -246,14 +264,13 @@ void Emitter::lower_all_reduce(const Node& n) {
     for (const ici::Move& m : sch.steps[e.step]) reduce = reduce || (m.dst == static_cast<int>(br) && m.src == e.peer && m.reduce);
     finish[br][bi] = best + 10 + (e.send ? 2 : (reduce ? 4 : 2)) * tiles;
     if (e.send) {
-      const int from = replica_chip(s, static_cast<int>(br)), to = replica_chip(s, e.peer);
-      if (from == to) {
+      const auto key = link_of(static_cast<int>(br), e.peer);
+      if (key.first < 0) {
         landed[br][bi] = finish[br][bi] + 414 + ev_bytes[br][bi] / 512;
       } else {
-        const std::vector<int> ports = s.board.route_ports(from, to, replica_core(s, static_cast<int>(br)) % 2 ? -1 : +1);
-        int64_t& f = link_free[{from, ports.empty() ? -1 : ports.front()}];
+        int64_t& f = link_free[key];
         f = std::max(f, finish[br][bi] + 1243) + ev_bytes[br][bi] / 64;
-        landed[br][bi] = f + 698 * static_cast<int64_t>(std::max<size_t>(1, ports.size()));
+        landed[br][bi] = f + 698 * static_cast<int64_t>(std::max(1, s.board.hops(key.first, replica_chip(s, e.peer))));
       }
     }
     clock[br] = finish[br][bi];
@@ -385,12 +402,12 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
   };
 
-  // W = fp32(x). VMEM mode, fp32: the load runs while the first sends go out
-  // (straight from x, see below) and is waited for before the first combine.
+  // W = fp32(x). VMEM mode, fp32: only the ranges this replica reads before it
+  // writes them are loaded, after its first sends (straight from x, see below) have
+  // taken their DMA engines, and waited for before the first combine.
   const bool streamed = in_vmem && f32;
-  bool loaded = !streamed;
+  bool loaded = !streamed, load_issued = !streamed;
   if (streamed) {
-    dma_on(kLoadFlag, vmem(W), hbm(X.addr), E * 4, "");
   } else if (f32) {
     dma(wref(W), hbm(X.addr), E * 4);
     wait_dmas();
@@ -413,18 +430,67 @@ void Emitter::lower_all_reduce(const Node& n) {
   }
 
   // A send whose chunks the sender has not written yet goes straight from x in HBM
-  // (VMEM mode, fp32): no staging copy, and no wait for W's load. One DMA per
-  // chunk then, so the receiver counts that many landings.
-  auto from_x = [&](int src, size_t st, int dst) {
-    if (!streamed) return false;
-    for (const ici::Move& m : sch.steps[st]) {
-      if (m.src != src || m.dst != dst) continue;
-      for (size_t e = 0; e < st; ++e)
-        for (const ici::Move& w : sch.steps[e])
-          if (w.dst == src && overlaps(sch.chunks[static_cast<size_t>(w.dst_chunk)], sch.chunks[static_cast<size_t>(m.src_chunk)]))
-            return false;
+  // (VMEM mode, fp32): no staging copy, and no wait for W's load. Its chunks go as
+  // one DMA when they are evenly spaced in x and in the receiver's slots (a dim=
+  // of the longest chunk's length: a shorter chunk's extra element lands in its
+  // slot's padding), else one DMA per chunk, which the receiver counts.
+  auto written_before = [&](int r, size_t st, const ici::Chunk& c) {
+    for (size_t e = 0; e < st; ++e)
+      for (const ici::Move& w : sch.steps[e])
+        if (w.dst == r && overlaps(sch.chunks[static_cast<size_t>(w.dst_chunk)], c)) return true;
+    return false;
+  };
+  struct XSend {
+    bool direct = false;
+    std::vector<size_t> ks;  // moves of the step
+    int64_t len = 0, src_stride = 0, dst_stride = 0;
+    bool one_dma = false;
+  };
+  auto x_send = [&](int src, size_t st, int dst) {
+    XSend x;
+    if (!streamed) return x;
+    const auto& moves = sch.steps[st];
+    for (size_t k = 0; k < moves.size(); ++k)
+      if (moves[k].src == src && moves[k].dst == dst) {
+        if (written_before(src, st, sch.chunks[static_cast<size_t>(moves[k].src_chunk)])) return x;
+        x.ks.push_back(k);
+      }
+    x.direct = !x.ks.empty();
+    auto chunk = [&](size_t i) { return sch.chunks[static_cast<size_t>(moves[x.ks[i]].src_chunk)]; };
+    for (size_t i = 0; i < x.ks.size(); ++i) x.len = std::max(x.len, chunk(i).elems);
+    x.one_dma = true;
+    for (size_t i = 0; i < x.ks.size(); ++i) {
+      x.one_dma = x.one_dma && align_up(chunk(i).elems * 4, tile_bytes) >= x.len * 4 && chunk(i).offset + x.len <= E;
+      if (i == 1) {
+        x.src_stride = (chunk(1).offset - chunk(0).offset) * 4;
+        x.dst_stride = slot[st][x.ks[1]] - slot[st][x.ks[0]];
+      }
+      if (i >= 1)
+        x.one_dma = x.one_dma && (chunk(i).offset - chunk(i - 1).offset) * 4 == x.src_stride &&
+                    slot[st][x.ks[i]] - slot[st][x.ks[i - 1]] == x.dst_stride;
     }
-    return true;
+    return x;
+  };
+  auto from_x = [&](int src, size_t st, int dst) { return x_send(src, st, dst).direct; };
+  // The ranges of W to load: read (added into, or staged for a send) before written.
+  std::vector<std::pair<int64_t, int64_t>> need;
+  for (size_t i = 0; streamed && i < mine.size(); ++i) {
+    const Event& ev = mine[i];
+    if (ev.send && from_x(me, ev.step, ev.peer)) continue;
+    for (const ici::Move& m : sch.steps[ev.step]) {
+      if (ev.send ? (m.src != me || m.dst != ev.peer) : (m.dst != me || m.src != ev.peer || !m.reduce)) continue;
+      const ici::Chunk& c = sch.chunks[static_cast<size_t>(ev.send ? m.src_chunk : m.dst_chunk)];
+      if (!written_before(me, ev.step, c)) need.emplace_back(c.offset, c.offset + c.elems);
+    }
+  }
+  std::sort(need.begin(), need.end());
+  auto issue_loads = [&] {
+    load_issued = true;
+    for (size_t i = 0; i < need.size();) {
+      int64_t lo = need[i].first, hi = need[i].second;
+      for (++i; i < need.size() && need[i].first <= hi; ++i) hi = std::max(hi, need[i].second);
+      dma_on(kLoadFlag, vmem(W + lo * 4), hbm(X.addr + lo * 4), (hi - lo) * 4, "");
+    }
   };
   // VMEM mode, fp32: each run of W's tiles goes to y right after the combine that
   // writes them for the last time (whole tiles: a masked store into a tile that two
@@ -462,6 +528,7 @@ void Emitter::lower_all_reduce(const Node& n) {
   for (size_t event = 0; event < mine.size(); ++event) {
     const Event& ev = mine[event];
     if (event > 0 && streamed && !mine[event - 1].send) store_runs(event - 1);
+    if (!load_issued && !(ev.send && from_x(me, ev.step, ev.peer))) issue_loads();
     const size_t st = ev.step;
     const auto& moves = sch.steps[st];
     if (ev.send) {
@@ -484,7 +551,17 @@ void Emitter::lower_all_reduce(const Node& n) {
         }
         continue;
       }
-      if (from_x(me, st, d)) {
+      const XSend xs = x_send(me, st, d);
+      if (xs.direct && xs.one_dma) {
+        const ici::Chunk& c = sch.chunks[static_cast<size_t>(moves[xs.ks.front()].src_chunk)];
+        const std::string dims = xs.ks.size() < 2 ? "" : ", dim=" + std::to_string(xs.ks.size()) + ":" +
+                                                          std::to_string(xs.src_stride) + ":" + std::to_string(xs.dst_stride);
+        line("dma " + endpoint("vmem", d) + ":" + at(slots + slot[st][xs.ks.front()]) + ", " + hbm(X.addr + c.offset * 4) +
+             ", bytes=" + std::to_string(xs.len * 4) + dims + rflag);
+        ++sent;
+        continue;
+      }
+      if (xs.direct) {
         for (size_t k : ks) {
           const ici::Chunk& c = sch.chunks[static_cast<size_t>(moves[k].src_chunk)];
           line("dma " + endpoint("vmem", d) + ":" + at(slots + slot[st][k]) + ", " + hbm(X.addr + c.offset * 4) +
@@ -492,6 +569,10 @@ void Emitter::lower_all_reduce(const Node& n) {
           ++sent;
         }
         continue;
+      }
+      if (!loaded) {
+        wait_flag(kLoadFlag);
+        loaded = true;
       }
       // Staged copies laid out as the receiver's slots for them, one DMA.
       int64_t span = 0;
@@ -520,8 +601,9 @@ void Emitter::lower_all_reduce(const Node& n) {
     int64_t count = 0;
     for (const ici::Move& m : moves) count += m.dst == me && m.src == ev.peer;
     const int f = land_flag(me, ev.peer, st);
+    const XSend xs = x_send(ev.peer, st, me);
     line("wait f" + std::to_string(f) + ", " +
-         std::to_string(coll_landed_[f] += in_vmem && !from_x(ev.peer, st, me) ? 1 : count));
+         std::to_string(coll_landed_[f] += in_vmem && (!xs.direct || xs.one_dma) ? 1 : count));
     if (!loaded) {
       wait_flag(kLoadFlag);
       loaded = true;
@@ -590,6 +672,7 @@ void Emitter::lower_all_reduce(const Node& n) {
   // y = W (bf16: rounded once).
   if (f32) {
     if (streamed) {
+      if (!load_issued) issue_loads();
       if (!loaded) wait_flag(kLoadFlag);
       if (!mine.empty() && !mine.back().send) store_runs(mine.size() - 1);
       store_runs(SIZE_MAX);  // tiles no combine writes (none in an all-reduce over 2+ replicas)

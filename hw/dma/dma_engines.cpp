@@ -161,7 +161,7 @@ void DmaEngines::push(Issued&& it) {
 }
 
 bool DmaEngines::idle() const {
-  if (!queue_.empty()) return false;
+  if (!queue_.empty() || !handed_off_.empty()) return false;
   for (const auto& t : active_)
     if (t) return false;
   return true;
@@ -260,6 +260,13 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
         }
     if (t->beats.empty()) t->done = cycle + 1;
   }
+  if (t->kind == Kind::kRemote) {
+    // Handed to the chip's ICI interface: the engine is free from the next cycle;
+    // the transfer's packets share the core's inject link and the links' credits,
+    // and its flag rises when the completion is back.
+    handed_off_.push_back(std::move(t));
+    return;
+  }
   active_[static_cast<size_t>(engine)] = std::move(t);
 }
 
@@ -305,6 +312,14 @@ void DmaEngines::tick(uint64_t cycle) {
     if (slot && slot->done == cycle) {
       finish(*slot, cycle);
       slot.reset();
+    }
+  }
+  for (size_t i = 0; i < handed_off_.size();) {
+    if (handed_off_[i]->done == cycle) {
+      finish(*handed_off_[i], cycle);
+      handed_off_.erase(handed_off_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
     }
   }
   // Beats due to go out.
@@ -373,6 +388,8 @@ void DmaEngines::skip(uint64_t n) {
 uint64_t DmaEngines::next_event_cycle(uint64_t now) const {
   uint64_t next = kNever;
   bool free_engine = false;
+  for (const auto& t : handed_off_)
+    if (t->done != kNever) next = std::min(next, std::max(now + 1, t->done));
   for (const auto& slot : active_) {
     if (!slot) {
       free_engine = true;

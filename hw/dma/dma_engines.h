@@ -155,6 +155,8 @@ class DmaEngines {
   HostLink& host_;
   std::deque<Issued> queue_;
   std::vector<std::unique_ptr<Transfer>> active_;  // by engine, null when free
+  // Remote transfers after their start: the ICI interface carries them, no engine.
+  std::vector<std::unique_ptr<Transfer>> handed_off_;
   std::function<uint64_t()> vmem_ops_retired_;
   MemoryHub::Sink sink_;
   std::vector<std::pair<uint64_t, uint64_t>> landed_;  // (token, cycle) from the hub
