@@ -402,16 +402,50 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
   };
 
+  auto written_before = [&](int r, size_t st, const ici::Chunk& c) {
+    for (size_t e = 0; e < st; ++e)
+      for (const ici::Move& w : sch.steps[e])
+        if (w.dst == r && overlaps(sch.chunks[static_cast<size_t>(w.dst_chunk)], c)) return true;
+    return false;
+  };
+  // How much of c this replica's moves before step st (or all, st = SIZE_MAX) wrote:
+  // 0 none, 1 part, 2 all of it.
+  auto covered = [&](size_t st, const ici::Chunk& c) {
+    std::vector<std::pair<int64_t, int64_t>> w;
+    for (size_t e = 0; e < std::min(st, sch.steps.size()); ++e)
+      for (const ici::Move& m : sch.steps[e]) {
+        const ici::Chunk& x = sch.chunks[static_cast<size_t>(m.dst_chunk)];
+        if (m.dst == me && overlaps(x, c)) w.emplace_back(x.offset, x.offset + x.elems);
+      }
+    if (w.empty()) return 0;
+    std::sort(w.begin(), w.end());
+    int64_t reach = c.offset;
+    for (const auto& [lo, hi] : w)
+      if (lo <= reach) reach = std::max(reach, hi);
+    return reach >= c.offset + c.elems ? 2 : 1;
+  };
+  // HBM mode, fp32: no copy of x into W when every chunk this replica reads is
+  // either untouched (read from x) or wholly written before (read from W), and the
+  // moves write all of W (W is y).
+  bool hbm_direct = !in_vmem && f32 && covered(SIZE_MAX, ici::Chunk{0, E}) == 2;
+  for (size_t st = 0; hbm_direct && st < sch.steps.size(); ++st)
+    for (const ici::Move& m : sch.steps[st]) {
+      if (m.src == me) hbm_direct = hbm_direct && covered(st, sch.chunks[static_cast<size_t>(m.src_chunk)]) != 1;
+      if (m.dst == me && m.reduce) hbm_direct = hbm_direct && covered(st, sch.chunks[static_cast<size_t>(m.dst_chunk)]) != 1;
+    }
+  // Where this replica's current values of c live in HBM mode before step st.
+  auto hbm_src = [&](size_t st, const ici::Chunk& c) { return hbm_direct && covered(st, c) == 0 ? X.addr : W; };
+
   // W = fp32(x). VMEM mode, fp32: only the ranges this replica reads before it
   // writes them are loaded, after its first sends (straight from x, see below) have
   // taken their DMA engines, and waited for before the first combine.
   const bool streamed = in_vmem && f32;
   bool loaded = !streamed, load_issued = !streamed;
   if (streamed) {
-  } else if (f32) {
+  } else if (f32 && !hbm_direct) {
     dma(wref(W), hbm(X.addr), E * 4);
     wait_dmas();
-  } else {
+  } else if (!f32) {
     const int64_t piece = in_vmem ? E : kPieceElems;
     for (int64_t p0 = 0; p0 < E; p0 += piece) {
       const int64_t pn = std::min(piece, E - p0);
@@ -434,12 +468,6 @@ void Emitter::lower_all_reduce(const Node& n) {
   // one DMA when they are evenly spaced in x and in the receiver's slots (a dim=
   // of the longest chunk's length: a shorter chunk's extra element lands in its
   // slot's padding), else one DMA per chunk, which the receiver counts.
-  auto written_before = [&](int r, size_t st, const ici::Chunk& c) {
-    for (size_t e = 0; e < st; ++e)
-      for (const ici::Move& w : sch.steps[e])
-        if (w.dst == r && overlaps(sch.chunks[static_cast<size_t>(w.dst_chunk)], c)) return true;
-    return false;
-  };
   struct XSend {
     bool direct = false;
     std::vector<size_t> ks;  // moves of the step
@@ -544,8 +572,11 @@ void Emitter::lower_all_reduce(const Node& n) {
       if (!in_vmem) {
         for (size_t k : ks) {
           const ici::Chunk& c = sch.chunks[static_cast<size_t>(moves[k].src_chunk)];
-          pending.emplace_back(c.offset, c.elems);
-          line("dma " + endpoint(wspace, d) + ":" + at(there(d, slots + slot[st][k])) + ", " + hbm(W + c.offset * 4) +
+          if (hbm_src(st, c) == W) pending.emplace_back(c.offset, c.elems);
+          // A copying move lands straight in the receiver's W: it holds the final
+          // sum there, which nothing else on the receiver writes or still reads.
+          const int64_t to = moves[k].reduce ? slots + slot[st][k] : W + sch.chunks[static_cast<size_t>(moves[k].dst_chunk)].offset * 4;
+          line("dma " + endpoint(wspace, d) + ":" + at(there(d, to)) + ", " + hbm(hbm_src(st, c) + c.offset * 4) +
                ", bytes=" + std::to_string(c.elems * 4) + rflag);
           ++sent;
         }
@@ -633,11 +664,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         }
         continue;
       }
-      if (!m.reduce) {
-        dma(hbm(W + c.offset * 4), hbm(recv), c.elems * 4);
-        wait_dmas();
-        continue;
-      }
+      if (!m.reduce) continue;  // landed in W
       // Double-buffered pieces: piece i+1 is fetched (on flag kLoad + (i+1)%2, after
       // the write-back that last used its buffers) while piece i is added.
       const int64_t pieces = (c.elems + kPieceElems - 1) / kPieceElems;
@@ -646,7 +673,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         const int64_t p0 = i * kPieceElems, pn = std::min(kPieceElems, c.elems - p0);
         const int fl = kLoadFlag + static_cast<int>(i % 2);
         dma_on(fl, vmem(buf(i, 0)), hbm(recv + p0 * 4), pn * 4, "");
-        dma_on(fl, vmem(buf(i, 1)), hbm(W + (c.offset + p0) * 4), pn * 4, "");
+        dma_on(fl, vmem(buf(i, 1)), hbm(hbm_src(st, c) + (c.offset + p0) * 4), pn * 4, "");
       };
       fetch(0);
       for (int64_t i = 0; i < pieces; ++i) {
