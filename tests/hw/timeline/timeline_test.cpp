@@ -35,6 +35,39 @@ TEST(Timeline, PipelinedSlicesSpreadOverNestingLanes) {
   EXPECT_EQ(count_threads_named_like(json::parse(text), "core0.mxu0"), 4);
 }
 
+// What the run command builds the VMEM counter and the op names from: a track's
+// slices in recording order, renamed only at write time, and a counter of bytes
+// on the chip's process that the validator accepts.
+TEST(Timeline, SlicesOnATrackRenamesAndAByteCounter) {
+  Timeline tl(options(1e9));
+  const TrackId seq = tl.track("chip0", "core0.sequencer");
+  const TrackId mxu = tl.track("chip0", "core0.mxu0");
+  tl.slice(seq, "op 0", 0, 10);
+  tl.slice(mxu, "op 0", 2, 8);
+  tl.slice(seq, "op 1", 10, 25);
+  const auto spans = tl.slices_on(seq);
+  ASSERT_EQ(spans.size(), 2u);
+  EXPECT_EQ(spans[1].begin, 10u);
+  EXPECT_EQ(spans[1].end, 25u);
+  EXPECT_EQ(spans[1].name, "op 1");
+  tl.counter(seq, "chip0.core0.vmem bytes in use", 0, 73728);
+  tl.counter(seq, "chip0.core0.vmem bytes in use", 25, 0);
+  tl.rename_slices({{"op 0", "op 0: matmul %h"}});
+  EXPECT_EQ(tl.slices_on(seq)[0].name, "op 0");  // recorded names stay as the units wrote them
+  const std::string text = tl.to_json();
+  EXPECT_EQ(validate(text), std::vector<std::string>{});
+  int renamed = 0, kept = 0, other = 0, samples = 0;
+  const json doc = json::parse(text);
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "X") (e["name"] == "op 0: matmul %h" ? renamed : e["name"] == "op 1" ? kept : other) += 1;
+    if (e["ph"] == "C" && e["name"] == "chip0.core0.vmem bytes in use") ++samples;
+  }
+  EXPECT_EQ(renamed, 2);  // on every track
+  EXPECT_EQ(kept, 1);
+  EXPECT_EQ(other, 0);
+  EXPECT_EQ(samples, 2);
+}
+
 TEST(Timeline, NestedSlicesShareOneLane) {
   Timeline tl(options(1e9));
   const TrackId seq = tl.track("chip0", "core0.sequencer");
