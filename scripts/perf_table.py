@@ -19,8 +19,10 @@ docs/performance.md):
   VPU    = (sum over nodes of ceil(elements/1024) * c(op)
             + per matmul/conv: LHS, weight and output vregs loaded/stored once) / cores
   bound  = max(MXU, pop, HBM, VPU)
-  issue  = (2 * mmuls + VPU instructions) / cores (every mmul and mpop is an instruction
-           and the sequencer issues one per cycle): reported beside the bound.
+  issue  = max(2 * mmuls / matrix slots, (2 * mmuls + VPU instructions) / issue width) / cores
+           (every mmul and mpop is an instruction; the sequencer issues bundles of up to
+           core.sequencer.issue_per_cycle, core.sequencer.slots.matrix of them matrix ops):
+           reported beside the bound.
 
 Workload names: gemmN (square bf16 GEMM, inputs a and b), resnet18, resnet50,
 mobilenet_v2, bert_layer, each with @B for batch B (default 1), e.g. resnet18@8.
@@ -65,6 +67,8 @@ def load_preset(name):
         "vmem": int(y["core"]["vmem"]["bytes"]),
         "smem": int(y["core"]["smem"]["bytes"]),
         "trans_interval": int(vpu.get("transcendental_issue_interval_cycles", 1)),
+        "issue_width": int(y["core"]["sequencer"].get("issue_per_cycle", 1)),
+        "matrix_slots": int(y["core"]["sequencer"].get("slots", {}).get("matrix", 1)),
     }
 
 
@@ -190,7 +194,7 @@ def bound(g, p, elem_bytes=2):
         "pop": mmuls * 8 / (mxus * cores),
         "hbm_bytes": io_bytes,
         "vpu": vpu / cores,
-        "issue": (2 * mmuls + vpu) / cores,
+        "issue": max(2 * mmuls / p["matrix_slots"], (2 * mmuls + vpu) / p["issue_width"]) / cores,
     }
 
 
