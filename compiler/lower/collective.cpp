@@ -280,16 +280,12 @@ void Emitter::lower_all_reduce(const Node& n) {
   std::vector<std::vector<Event>> plans(P);
   for (size_t r = 0; r < P; ++r)
     for (size_t i : order[r]) plans[r].push_back(evs[r][i]);
-  const std::vector<Event>& mine = plans[static_cast<size_t>(me)];
-  {
-    // Flag reuse check: the receiver's combine of the j-th message must happen
-    // before the source issues the (j+M)-th, through program order and landings
-    // (a send -> the destination's combine of it).
-    const std::vector<std::vector<Event>>& all = plans;
+  // Flag reuse check: the receiver's combine of the j-th message must happen
+  // before the source issues the (j+M)-th, through program order and landings
+  // (a send -> the destination's combine of it). Returns the offending source, or -1.
+  auto reuse_violation = [&](const std::vector<std::vector<Event>>& all, int receiver) {
     std::vector<size_t> base(P + 1, 0);
-    for (size_t r = 0; r < P; ++r) {
-      base[r + 1] = base[r] + all[r].size();
-    }
+    for (size_t r = 0; r < P; ++r) base[r + 1] = base[r] + all[r].size();
     std::map<std::tuple<size_t, bool, size_t, int>, size_t> id;
     for (size_t r = 0; r < P; ++r)
       for (size_t i = 0; i < all[r].size(); ++i) id[{r, all[r][i].send, all[r][i].step, all[r][i].peer}] = base[r] + i;
@@ -303,10 +299,10 @@ void Emitter::lower_all_reduce(const Node& n) {
       const Event& x = all[r][e - base[r]];
       if (x.send) out.push_back(id.at({static_cast<size_t>(x.peer), false, x.step, static_cast<int>(r)}));
     };
-    for (const auto& [src, v] : send_steps[static_cast<size_t>(me)])
+    for (const auto& [src, v] : send_steps[static_cast<size_t>(receiver)])
       for (size_t j = 0; j + static_cast<size_t>(M) < v.size(); ++j) {
-        const size_t from = id.at({static_cast<size_t>(me), false, v[j], src});
-        const size_t to = id.at({static_cast<size_t>(src), true, v[j + static_cast<size_t>(M)], me});
+        const size_t from = id.at({static_cast<size_t>(receiver), false, v[j], src});
+        const size_t to = id.at({static_cast<size_t>(src), true, v[j + static_cast<size_t>(M)], receiver});
         std::vector<char> seen(base[P], 0);
         std::vector<size_t> stack{from}, out;
         bool ok = false;
@@ -321,11 +317,22 @@ void Emitter::lower_all_reduce(const Node& n) {
               stack.push_back(o);
             }
         }
-        if (!ok)
-          fail(n, "the schedule lets replica " + std::to_string(src) + " run more than " + std::to_string(M) +
-                      " messages ahead of replica " + std::to_string(me) + "; the lowering has too few flags for it");
+        if (!ok) return src;
       }
-  }
+    return -1;
+  };
+  // The dataflow order may let a source run further ahead of a receiver than its
+  // flags allow (a 4x4 torus dimension in HBM mode); then every replica takes the
+  // step order (all of a step's sends, then its combines), as before.
+  for (size_t r = 0; r < P; ++r)
+    if (reuse_violation(plans, static_cast<int>(r)) >= 0) {
+      plans = evs;
+      break;
+    }
+  const std::vector<Event>& mine = plans[static_cast<size_t>(me)];
+  if (const int src = reuse_violation(plans, me); src >= 0)
+    fail(n, "the schedule lets replica " + std::to_string(src) + " run more than " + std::to_string(M) +
+                " messages ahead of replica " + std::to_string(me) + "; the lowering has too few flags for it");
   auto ready_flag = [&](int src, int dst) {
     return kFirstReadyFlag + index_in(dests[static_cast<size_t>(src)], dst, kReadyFlags);
   };
