@@ -247,6 +247,7 @@ void ResultFifoValues::write_popped(uint32_t* dst, bool accumulate) {
   --popped_;
   if (++written_ == b.count) {
     written_ = 0;
+    if (open_ && batches_.size() == 1) open_ = false;  // the next mmul starts a new batch
     if (spare_.size() < 64) spare_.push_back(std::move(batches_.front()));
     batches_.pop_front();
   }

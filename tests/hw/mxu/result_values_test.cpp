@@ -125,6 +125,29 @@ TEST(ResultFifoValues, EqualsReferenceWithWorkers) {
   set_matmul_threads(1);
 }
 
+// mmul, pop, write in lockstep: every batch is used up while it is still the one
+// new mmuls join, which must then start a new batch.
+TEST(ResultFifoValues, LockstepMmulPopWrite) {
+  for (int threads : {1, 2}) {
+    set_matmul_threads(threads);
+    std::mt19937_64 rng(5 + static_cast<uint64_t>(threads));
+    std::vector<uint16_t> w(128 * 128);
+    for (auto& x : w) x = num::fp32_to_bf16(num::f32_from_bits(random_fp32(rng)));
+    ResultFifoValues values(128, 128, 32);
+    values.swap_weights(w.data(), 128);
+    for (int i = 0; i < 200; ++i) {
+      std::vector<uint32_t> lhs(kVreg), dst(kVreg);
+      for (auto& x : lhs) x = random_fp32(rng);
+      values.mmul(lhs.data());
+      values.pop();
+      values.write_popped(dst.data(), false);
+      ASSERT_EQ(dst, reference_mmul(w, 128, 128, 128, lhs)) << "threads " << threads << " mmul " << i;
+      ASSERT_EQ(values.size(), 0u);
+    }
+  }
+  set_matmul_threads(1);
+}
+
 TEST(ResultFifoValues, RejectsBadArguments) {
   EXPECT_THROW(set_matmul_threads(0), std::invalid_argument);
   EXPECT_THROW(ResultFifoValues(256, 128, 16), std::invalid_argument);  // R beyond the lanes
