@@ -1,5 +1,5 @@
 // `tpusim compile MODEL --preset NAME -o BUNDLE [--batch N] [--precision default|bf16]
-// [--cores N] [--replicas N [--batched NAME,..] [--collective auto|ring|bidir-ring|torus]]`:
+// [--cores N] [--replicas N [--batched NAME,..] [--collective auto|ring|bidir-ring|torus]] [--infeed]`:
 // a model (.onnx or graph IR text) lowered to a program bundle for the preset's
 // TensorCores (compiler/lower, docs/codegen.md; replicas: its "Replicas" section).
 #include <CLI/CLI.hpp>
@@ -47,6 +47,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     std::string collective = "auto";
     std::vector<std::string> batched;
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
+    bool infeed = false;
   };
   auto opt = std::make_shared<Options>();
   cmd->add_option("model", opt->model, "Model: .onnx or graph IR text")->required();
@@ -64,6 +65,9 @@ void add_compile_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--train", opt->train,
                   "Compile one training step instead: sgd:lr=X[,momentum=Y] (docs/training.md)");
   cmd->add_option("--loss", opt->loss, "Training loss: xent (one-hot labels) | xent-index | mse");
+  cmd->add_flag("--infeed", opt->infeed,
+                "Inputs start in host memory: the step begins by feeding them over each chip's PCIe link "
+                "(docs/training.md, \"Inputs from the host\")");
   cmd->add_option("--emit-graph", opt->emit_graph, "Also write the compiled graph (e.g. the training step) as IR text");
   cmd->callback([opt, &exit_code]() {
     try {
@@ -109,6 +113,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.replicas.board = ici::Topology::from_params(preset);
       lo.replicas.algorithm = opt->collective;
       lo.replicas.batched = opt->batched;
+      lo.inputs_from_host = opt->infeed;
       if (opt->replicas > 1) lo.target.chips = static_cast<uint32_t>(board_chips);
       const compiler::LowerResult r = compiler::lower_graph(g, lo);
       isa::write_bundle(opt->output, r.bundle);

@@ -9,6 +9,12 @@
 namespace tpusim::compiler {
 namespace lowering {
 
+namespace {
+// The host infeed's flag: no node lowering or collective uses f63 (replicate.cpp
+// uses the same one for its per-chip infeed).
+constexpr const char* kInfeedFlag = "f63";
+}  // namespace
+
 LowerResult Emitter::run() {
   const isa::Target& t = opt_.target;
   // A replica's program names the other replicas' chips and cores (collectives).
@@ -32,7 +38,29 @@ LowerResult Emitter::run() {
     t_[name] = Placed{type, place_hbm(num_elements(type.shape) * esz(type.dtype))};
     return t_[name].addr;
   };
-  for (const auto& in : g_.inputs) io.push_back(entry(isa::IoKind::kInput, in.name, in.type, place(in.name, in.type)));
+  // Host infeed: each input's home stays in HBM; its I/O entry moves to host
+  // memory, and the step's first instructions feed it over the PCIe link. The
+  // replicated driver (replicate.cpp) feeds its replicas' slices itself.
+  const bool infeed = opt_.inputs_from_host && opt_.replicas.replicas <= 1;
+  struct Feed {
+    int64_t host_addr, hbm_addr, bytes;
+  };
+  std::vector<Feed> feeds;
+  int64_t host_top = 0;
+  for (const auto& in : g_.inputs) {
+    isa::IoEntry e = entry(isa::IoKind::kInput, in.name, in.type, place(in.name, in.type));
+    if (infeed) {
+      const int64_t bytes = num_elements(in.type.shape) * esz(in.type.dtype);
+      feeds.push_back({host_top, static_cast<int64_t>(e.addr), bytes});
+      e.space = isa::Space::kHost;
+      e.addr = static_cast<uint64_t>(host_top);
+      host_top = align_up(host_top + std::max<int64_t>(bytes, 1), kAlign);
+    }
+    io.push_back(std::move(e));
+  }
+  if (static_cast<uint64_t>(host_top) > t.host_bytes || host_top > INT32_MAX)
+    throw CompileError(g_.name + ": the inputs need " + std::to_string(host_top) + " bytes of host memory, the target has " +
+                       std::to_string(std::min<uint64_t>(t.host_bytes, INT32_MAX)));
   for (const auto& c : g_.constants) {
     if (c.type.dtype == DType::kI64) continue;  // indices known at compile time: lower_gather reads them
     isa::IoEntry e = entry(isa::IoKind::kConst, c.name, c.type, place(c.name, c.type));
@@ -57,6 +85,17 @@ LowerResult Emitter::run() {
   }
 
   plan_fusion();
+  if (!feeds.empty()) {
+    // One infeed DMA per input (the host prepares each as a batch), on core 0; the
+    // other cores start after the barrier. Its own flag, apart from the nodes'.
+    cur_ = 0;
+    line("op " + std::to_string(g_.nodes.empty() ? 0 : g_.nodes.front().id));
+    for (const Feed& f : feeds)
+      line("dma " + hbm(f.hbm_addr) + ", host:[s0 + " + std::to_string(f.host_addr) + "], bytes=" +
+           std::to_string(f.bytes) + ", flag=" + kInfeedFlag);
+    line(std::string("wait ") + kInfeedFlag + ", " + std::to_string(feeds.size()));
+    sync_all();
+  }
   for (const auto& n : g_.nodes) {
     if (fused_away(n)) continue;  // its root's kernel applied it (fusion.cpp)
     for (auto& c : cs_) c << "  op " << n.id << "\n";

@@ -29,6 +29,10 @@ struct LowerOptions {
   // TensorCores of chip 0 that share each node's work (independent row/tile groups
   // round robin, a barrier after every node); all tensors stay in the chip's HBM.
   int cores = 1;
+  // Host infeed (docs/training.md "Inputs from the host"): the graph's inputs are
+  // in host memory, and the step begins by feeding them over the chip's PCIe link
+  // into their HBM homes; with replicas, one infeed per chip of its replicas' slices.
+  bool inputs_from_host = false;
   // Run the fuse-elementwise pass and apply its groups (matmul/conv epilogues,
   // elementwise chains in one VMEM pass); false lowers every node on its own.
   bool fuse = true;

@@ -16,6 +16,7 @@ namespace {
 constexpr const char* kIoIssue = "f60";   // scatter/gather DMAs issued by this core
 constexpr const char* kInLanded = "f61";  // this replica's inputs have landed
 constexpr const char* kOutLanded = "f62"; // on replica 0: the replicas' output slices have landed
+constexpr const char* kInfeed = "f63";     // host infeed: this chip's infeed DMAs are done (lower.cpp's too)
 
 // The code of a one-core program the emitter assembled: between its `.core` line and
 // the closing `halt`.
@@ -26,6 +27,72 @@ std::string core_code(const std::string& assembly) {
   const size_t end = assembly.rfind(halt);
   return assembly.substr(start, end - start);
 }
+// Host infeed (docs/training.md "Inputs from the host"): every chip's host feeds
+// that chip over its own PCIe link: the chip's core 0 issues one infeed DMA per
+// input and replica of the chip (flag kInfeed), inputs outermost, so the chip's
+// cores get their last bytes one small batch apart; another core waits on its
+// DMAs' rflag, which the host link counts as infeed too. The IO table holds each
+// input once, in chip 0's host memory, so chip 0 first pushes the other chips
+// their part of it over ICI into their host memory (an artefact of that table:
+// on the real board the host's one DRAM feeds every link). Returns the DMAs
+// issued on kIoIssue.
+int host_infeed_prologue(std::ostringstream& text, const Graph& g, const ReplicaGraph& rg, const ReplicaSpec& s,
+                         int r, const std::map<std::string, const isa::IoEntry*>& at,
+                         const std::map<std::string, int64_t>& host_at, int64_t hbm_base, int64_t region) {
+  const int R = s.replicas;
+  const int chip = replica_chip(s, r), core = replica_core(s, r);
+  auto bytes_of = [](const isa::IoEntry& e) { return static_cast<int64_t>(e.elements() * isa::dtype_size(e.dtype)); };
+  // The replicas of chip c: [first, first + n).
+  auto chip_replicas = [&](int c, int& first, int& n) {
+    first = -1;
+    n = 0;
+    for (int q = 0; q < R; ++q)
+      if (replica_chip(s, q) == c) {
+        if (first < 0) first = q;
+        ++n;
+      }
+  };
+  const int64_t inputs = static_cast<int64_t>(g.inputs.size());
+  int issued = 0;
+  if (r == 0) {
+    for (int c = 1; c < chips_used(s); ++c) {
+      int first, n;
+      chip_replicas(c, first, n);
+      for (const auto& in : g.inputs) {
+        const int64_t slice = bytes_of(*at.at(in.name));
+        const bool batched = rg.batched_inputs.count(in.name) != 0;
+        const int64_t a = host_at.at(in.name) + (batched ? first * slice : 0);
+        text << "  dma host@chip" << c << ":[s0 + " << a << "], host:[s0 + " << a
+             << "], bytes=" << (batched ? n * slice : slice) << ", flag=" << kIoIssue << ", rflag=" << kInLanded
+             << "\n";
+        ++issued;
+      }
+    }
+  }
+  if (core != 0) {
+    text << "  wait " << kInLanded << ", " << inputs << "\n";  // the rflags of core 0's infeed
+    return issued;
+  }
+  int first, n;
+  chip_replicas(chip, first, n);
+  if (chip != 0) text << "  wait " << kInLanded << ", " << inputs << "\n";  // chip 0's pushes are in our host memory
+  for (const auto& in : g.inputs) {
+    const isa::IoEntry& e = *at.at(in.name);
+    const int64_t slice = bytes_of(e);
+    const bool batched = rg.batched_inputs.count(in.name) != 0;
+    const int64_t src = host_at.at(in.name) + (batched ? first * slice : 0);
+    const int64_t dst = static_cast<int64_t>(e.addr) - hbm_base;  // core 0's region starts at 0
+    // One DMA per core (one over both cores' regions would overlap the next
+    // input's in the race checker's bounding ranges); core k's rflag rises with it.
+    for (int k = 0; k < n; ++k)
+      text << "  dma hbm" << (k ? "@c" + std::to_string(k) : std::string()) << ":[s0 + " << dst + k * region
+           << "], host:[s0 + " << src + (batched ? k * slice : 0) << "], bytes=" << slice << ", flag=" << kInfeed
+           << (k ? std::string(", rflag=") + kInLanded : std::string()) << "\n";
+  }
+  text << "  wait " << kInfeed << ", " << inputs * n << "\n";
+  return issued;
+}
+
 }  // namespace
 
 LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
@@ -69,7 +136,30 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
     io.push_back(g_e);
   };
   const auto types = g.types();
-  for (const auto& in : g.inputs) place_global(*local.at(in.name), isa::IoKind::kInput, in.type);
+  // Host infeed: the global inputs are in chip 0's host memory instead (the I/O
+  // table gives a tensor one location), at the same addresses in every chip's.
+  const bool infeed = options.inputs_from_host;
+  std::map<std::string, int64_t> host_at;
+  int64_t host_top = 0;
+  for (const auto& in : g.inputs) {
+    if (!infeed) {
+      place_global(*local.at(in.name), isa::IoKind::kInput, in.type);
+      continue;
+    }
+    isa::IoEntry h = *local.at(in.name);
+    h.kind = isa::IoKind::kInput;
+    h.shape = in.type.shape;
+    h.space = isa::Space::kHost;
+    h.chip = 0;
+    h.core = 0;
+    h.addr = static_cast<uint64_t>(host_top);
+    host_at[in.name] = host_top;
+    host_top = lowering::align_up(host_top + static_cast<int64_t>(h.elements() * isa::dtype_size(h.dtype)), lowering::kAlign);
+    io.push_back(h);
+  }
+  if (static_cast<uint64_t>(host_top) > options.target.host_bytes || host_top > INT32_MAX)
+    throw CompileError(g.name + ": the inputs need " + std::to_string(host_top) + " bytes of host memory, the target has " +
+                       std::to_string(std::min<uint64_t>(options.target.host_bytes, INT32_MAX)));
   for (const auto& o : g.outputs)
     if (rg.batched_outputs.count(o)) place_global(*local.at(o), isa::IoKind::kOutput, types.at(o));
   if (top > INT32_MAX) throw CompileError(g.name + ": " + std::to_string(R) + " replicas need " + std::to_string(top) +
@@ -108,7 +198,9 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
     }
     text << ".core chip" << replica_chip(s, r) << ".core" << replica_core(s, r) << "\n  op " << first_op << "\n";
     int issued = 0;
-    if (r == 0) {
+    if (infeed) {
+      issued += host_infeed_prologue(text, g, rg, s, r, at, host_at, lo.hbm_base, region);
+    } else if (r == 0) {
       // Chip 0 pushes every replica its slice of each batched input and a copy of the others.
       for (const auto& in : g.inputs) {
         const isa::IoEntry& e = *at.at(in.name);
@@ -122,7 +214,7 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
         }
       }
     }
-    text << "  wait " << kInLanded << ", " << g.inputs.size() << "\n";
+    if (!infeed) text << "  wait " << kInLanded << ", " << g.inputs.size() << "\n";
     text << core_code(mine.assembly);
     text << "  op " << last_op << "\n";
     int gathered = 0;

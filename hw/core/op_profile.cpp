@@ -24,14 +24,27 @@ const char* OpProfile::cause_name(Cause c) {
   }
 }
 
+// The DMA engines' rule (hw/dma): host space at the source and both ends on this
+// chip goes through this chip's host link as an infeed.
+bool OpProfile::is_infeed(const isa::Instr& in) const {
+  const auto on_chip = [this](const isa::DmaEndpoint& e) { return e.chip < 0 || static_cast<uint32_t>(e.chip) == chip_; };
+  return in.src.space == isa::Space::kHost && on_chip(in.src) && on_chip(in.dst);
+}
+
 void OpProfile::dma_issued(const isa::Instr& in, uint32_t chip) {
+  chip_ = chip;
   if (in.flag < 0 || in.flag >= isa::kSyncFlags) return;
   const auto on_chip = [chip](const isa::DmaEndpoint& e) { return e.chip < 0 || static_cast<uint32_t>(e.chip) == chip; };
+  const size_t f = static_cast<size_t>(in.flag);
+  if (is_infeed(in)) ++infeed_pending_[f];
+  // Host transfers never count as HBM waits: once an infeed has landed, a wait
+  // still unsatisfied waits on something else, and an outfeed is not input.
   Cause c = kSync;
-  if (in.src.space == isa::Space::kHost || in.dst.space == isa::Space::kHost) c = kInfeed;
-  else if (on_chip(in.src) && on_chip(in.dst) && (in.src.space == isa::Space::kHbm || in.dst.space == isa::Space::kHbm))
+  const bool host = in.src.space == isa::Space::kHost || in.dst.space == isa::Space::kHost;
+  if (!host && on_chip(in.src) && on_chip(in.dst) &&
+      (in.src.space == isa::Space::kHbm || in.dst.space == isa::Space::kHbm))
     c = kHbm;
-  flag_cause_[static_cast<size_t>(in.flag)] = c;
+  flag_cause_[f] = c;
 }
 
 void OpProfile::matmul(int mxu, const isa::Instr& in, uint64_t macs, uint64_t begin, uint64_t end) {
@@ -57,6 +70,8 @@ void OpProfile::vector(const isa::Instr& in, uint64_t begin, uint64_t end) {
 
 void OpProfile::dma_done(const isa::Instr& in, uint64_t hbm_bytes, uint64_t begin, uint64_t end,
                          timeline::TrackId track) {
+  if (in.flag >= 0 && in.flag < isa::kSyncFlags && is_infeed(in) && infeed_pending_[static_cast<size_t>(in.flag)] > 0)
+    --infeed_pending_[static_cast<size_t>(in.flag)];
   Op& o = at(in.op_id);
   o.hbm_bytes += hbm_bytes;
   o.dma_busy_cycles += end > begin ? end - begin : 0;

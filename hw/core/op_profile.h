@@ -12,9 +12,14 @@
 // occupied them for (MXU matmul rows, VPU instruction latencies, DMA transfers)
 // and its work (MACs, vector instructions, HBM bytes).
 //
-// A wait on a flag is classified by the last DMA this core issued on that flag:
-// HBM (either end in this chip's HBM), host (infeed), anything else (core to
-// core, ICI, a flag raised by another core's rflag) is sync/ICI.
+// A wait on a flag is infeed while an infeed transfer this core issued on that
+// flag (host -> this chip) is pending: the host link's own test (hw/host), so the
+// two agree. Otherwise it is classified by the last DMA this core issued on the
+// flag: HBM (either end in this chip's HBM), anything else is sync/ICI: core to
+// core, ICI, a flag raised by another core's rflag, and outfeed (chip -> host),
+// which is host-bound but not input starvation (docs/cli.md). An infeed that
+// raises another core's flag (rflag) is only known to that core's host-link
+// counter; sim/run/profile.cpp moves those cycles from sync to infeed.
 //
 // With a timeline, the sequencer track gets one slice per op span and every DMA
 // that raises a flag gets a flow arrow to the wait that consumed it.
@@ -76,7 +81,12 @@ class OpProfile {
   void stall(const isa::Instr& in, int flag, bool sync, uint64_t n) {
     Op& o = at(in.op_id);
     o.cycles += n;
-    o.stall[flag >= 0 && flag < isa::kSyncFlags ? flag_cause_[static_cast<size_t>(flag)] : sync ? kSync : kCompute] += n;
+    Cause c = sync ? kSync : kCompute;
+    if (flag >= 0 && flag < isa::kSyncFlags) {
+      const size_t f = static_cast<size_t>(flag);
+      c = infeed_pending_[f] > 0 ? kInfeed : flag_cause_[f];
+    }
+    o.stall[c] += n;
   }
   // Sequencer: a DMA instruction issued by this core (on chip `chip`).
   void dma_issued(const isa::Instr& in, uint32_t chip);
@@ -120,6 +130,10 @@ class OpProfile {
   int32_t cur_op_ = -1;
   // Cause of a wait on each flag; kSync until this core issues a DMA on it.
   std::array<Cause, isa::kSyncFlags> flag_cause_ = all_sync();
+  // Per flag: this core's infeed transfers issued on it and not yet finished.
+  std::array<uint32_t, isa::kSyncFlags> infeed_pending_{};
+  uint32_t chip_ = 0;  // this core's chip (from dma_issued)
+  bool is_infeed(const isa::Instr& in) const;
   std::vector<uint64_t> mxu_busy_until_;  // per MXU: end of the last matmul counted
   // After the sequencer's last active cycle (seq_end_ - 1) the units may still
   // drain until units_end_; that tail is the last op's, counted as computing.

@@ -69,8 +69,10 @@ isa::Target target() {
 }
 
 // The graph compiled and run on the functional reference vs the graph reference.
-void expect_bit_exact(const Graph& g, PrecisionPolicy policy, std::map<std::string, HostTensor> inputs, int cores = 1) {
-  SCOPED_TRACE(std::string("policy ") + num::precision_policy_name(policy) + ", cores " + std::to_string(cores));
+void expect_bit_exact(const Graph& g, PrecisionPolicy policy, std::map<std::string, HostTensor> inputs, int cores = 1,
+                      bool from_host = false) {
+  SCOPED_TRACE(std::string("policy ") + num::precision_policy_name(policy) + ", cores " + std::to_string(cores) +
+               (from_host ? ", inputs from the host" : ""));
   if (policy == PrecisionPolicy::kBf16)
     for (auto& [name, h] : inputs)
       for (float& x : h.f) x = num::round_to_bf16(x);
@@ -79,7 +81,12 @@ void expect_bit_exact(const Graph& g, PrecisionPolicy policy, std::map<std::stri
   lo.target = target();
   lo.policy = policy;
   lo.cores = cores;
+  lo.inputs_from_host = from_host;
   const LowerResult lr = lower_graph(g, lo);
+  for (const auto& e : lr.bundle.io)
+    if (e.kind == isa::IoKind::kInput) {
+      EXPECT_EQ(e.space, from_host ? isa::Space::kHost : isa::Space::kHbm) << e.name;
+    }
   exec::Interpreter interp(lr.bundle);
   for (const auto& e : lr.bundle.io) {
     if (e.kind != isa::IoKind::kInput) continue;
@@ -367,8 +374,10 @@ TEST(TrainGraph, CnnMomentumBitExact) {
 // Data parallel on a v3-8-shaped board (4 chips x 2 cores, 2-D torus): 8 replicas
 // each on its slice of the batch, gradients all_reduced and divided by 8. The
 // bundle on the functional reference equals the replicated graph reference.
-void expect_replicated_bit_exact(const Graph& g, PrecisionPolicy policy, int replicas, uint32_t seed) {
-  SCOPED_TRACE(std::string("policy ") + num::precision_policy_name(policy) + ", replicas " + std::to_string(replicas));
+void expect_replicated_bit_exact(const Graph& g, PrecisionPolicy policy, int replicas, uint32_t seed,
+                                 bool from_host = false) {
+  SCOPED_TRACE(std::string("policy ") + num::precision_policy_name(policy) + ", replicas " + std::to_string(replicas) +
+               (from_host ? ", inputs from the host" : ""));
   auto inputs = random_inputs(g, seed);
   if (policy == PrecisionPolicy::kBf16)
     for (auto& [name, h] : inputs)
@@ -380,9 +389,14 @@ void expect_replicated_bit_exact(const Graph& g, PrecisionPolicy policy, int rep
   lo.replicas.replicas = replicas;
   lo.replicas.cores_per_chip = 2;
   lo.replicas.board = ici::Topology(ici::TopologyKind::kTorus2d, {2, 2});
+  lo.inputs_from_host = from_host;
   const auto expected = evaluate_replicated(g, inputs, policy, lo.replicas);
   const LowerResult lr = lower_graph(g, lo);
   ASSERT_EQ(lr.bundle.cores.size(), static_cast<size_t>(replicas));
+  for (const auto& e : lr.bundle.io)
+    if (e.kind == isa::IoKind::kInput) {
+      EXPECT_EQ(e.space, from_host ? isa::Space::kHost : isa::Space::kHbm) << e.name;
+    }
   exec::Interpreter interp(lr.bundle);
   for (const auto& e : lr.bundle.io) {
     if (e.kind != isa::IoKind::kInput) continue;
@@ -454,6 +468,24 @@ TEST(TrainGraph, DataParallelV3_8BitExact) {
     return t;
   }());
   expect_replicated_bit_exact(c, PrecisionPolicy::kDefault, 2, 91);
+}
+
+// --infeed: the inputs start in host memory and the step feeds them over the PCIe
+// link (per chip with replicas, pushed from chip 0's host first); the values are
+// the same step's. One and two cores, 8 replicas on 4 chips and 2 on one chip,
+// both policies; the race checker is on.
+TEST(TrainGraph, InputsFromTheHostBitExact) {
+  TrainOptions o;
+  parse_train_spec("sgd:lr=0.1,momentum=0.9", "xent", &o);
+  const Graph one = build_training_graph(parse_graph(mlp_ir(16, 72, 24, 10)), o);
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) expect_bit_exact(one, p, random_inputs(one, 121), cores, /*from_host=*/true);
+  o.replicas = 8;
+  const Graph g = build_training_graph(parse_graph(mlp_ir(16, 72, 24, 10)), o);
+  for (auto p : kPolicies) expect_replicated_bit_exact(g, p, 8, 131, /*from_host=*/true);
+  o.replicas = 2;
+  const Graph two = build_training_graph(parse_graph(mlp_ir(8, 72, 24, 10)), o);
+  expect_replicated_bit_exact(two, PrecisionPolicy::kDefault, 2, 141, /*from_host=*/true);
 }
 
 TEST(TrainGraph, ErrorsNameTheNode) {
