@@ -25,9 +25,15 @@ Chip::Chip(const CoreParams& p, exec::Machine& m, const isa::Bundle& b, uint32_t
   }
 }
 
+// A core without a program never has an event, so its tick is a skip of one cycle
+// (the counters the same); on a pod slice whose programs use core 0 only that
+// halves the cores the board ticks.
 void Chip::tick(uint64_t cycle) {
   hub_->tick(cycle);
-  for (auto& c : cores_) c->tick(cycle);
+  for (auto& c : cores_) {
+    if (c->has_program()) c->tick(cycle);
+    else c->skip(1);
+  }
 }
 
 void Chip::skip(uint64_t n) {
@@ -36,7 +42,8 @@ void Chip::skip(uint64_t n) {
 
 uint64_t Chip::next_event_cycle(uint64_t now) const {
   uint64_t next = hub_->next_event_cycle(now);
-  for (const auto& c : cores_) next = std::min(next, c->next_event_cycle(now));
+  for (const auto& c : cores_)
+    if (c->has_program()) next = std::min(next, c->next_event_cycle(now));
   return next;
 }
 

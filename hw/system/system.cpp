@@ -31,6 +31,48 @@ class Board {
   uint64_t max_instructions = 0;
   uint64_t last_landing = 0;
 
+  // Fast mode on a pod slice: a chip ticks only at its own event cycles and at the
+  // cycles the network touches it; the cycles in between it is behind by are
+  // skipped when it next ticks or is touched (a tick without an event is a skip of
+  // one cycle, which the detailed = fast tests hold). Without it every event of any
+  // chip ticked all 256 chips. Off with a barrier (a board-wide object whose release
+  // wakes cores on other chips), a timeline or a waveform (their records follow
+  // tick order).
+  bool lazy = false;
+  std::vector<uint64_t> synced;  // per chip: cycles [0, synced) are accounted
+  std::vector<uint64_t> next;    // per chip: its next event cycle, as of its last tick or touch
+  std::vector<uint32_t> dirty;   // chips ticked or touched in the current cycle
+  std::vector<char> is_dirty;
+
+  void start_lazy() {
+    lazy = true;
+    synced.assign(chips.size(), 0);
+    next.assign(chips.size(), 0);
+    is_dirty.assign(chips.size(), 0);
+  }
+  // Brings chip c up to the end of `cycle` before the network changes its state at
+  // that cycle (a landing, a completion, a read of its memory).
+  void touch(uint32_t c, uint64_t cycle) {
+    if (!lazy) return;
+    if (synced[c] <= cycle) {
+      chips[c]->skip(cycle + 1 - synced[c]);
+      synced[c] = cycle + 1;
+    }
+    if (!is_dirty[c]) {
+      is_dirty[c] = 1;
+      dirty.push_back(c);
+    }
+  }
+  // The run ends at `cycle`: every chip accounted to its end, as the full ticks did.
+  void sync_all(uint64_t cycle) {
+    if (!lazy) return;
+    for (uint32_t c = 0; c < chips.size(); ++c)
+      if (synced[c] <= cycle) {
+        chips[c]->skip(cycle + 1 - synced[c]);
+        synced[c] = cycle + 1;
+      }
+  }
+
   // A transfer with an endpoint on another chip (RemotePort). The source bytes
   // are read when the data message leaves, written when it has landed; the
   // issuer's completion comes back over the links the data crossed (their
@@ -43,8 +85,11 @@ class Board {
       // The same memory on both ends (a chip asks another to copy within itself):
       // copied at landing like a local DMA, overlapping runs included.
       auto bytes = std::make_shared<std::vector<uint8_t>>();
+      touch(t->src_chip, at);
       if (t->plan.src != t->plan.dst) *bytes = dma_gather(t->plan);
       net->send(src, dst, t->plan.total_bytes(), at, [this, t, bytes](ici::MessageId, uint64_t landed) {
+        touch(t->dst_chip, landed);
+        touch(t->issuer_chip, landed);
         if (t->plan.src != t->plan.dst) dma_scatter(t->plan, *bytes);
         else exec::dma_copy(t->plan);
         exec::dma_signal_destination(t->plan);
@@ -70,31 +115,61 @@ class Board {
     return n;
   }
   void tick(uint64_t cycle) {
-    for (auto& c : chips) c->tick(cycle);
+    if (!lazy) {
+      for (auto& c : chips) c->tick(cycle);
+      net->skip(cycle + 1 - net->now());
+      return;
+    }
+    dirty.clear();
+    for (uint32_t c = 0; c < chips.size(); ++c) {
+      if (next[c] > cycle) continue;
+      if (synced[c] < cycle) chips[c]->skip(cycle - synced[c]);
+      synced[c] = cycle + 1;  // before the tick: a transfer it starts touches it
+      is_dirty[c] = 1;
+      dirty.push_back(c);
+      chips[c]->tick(cycle);
+    }
     net->skip(cycle + 1 - net->now());
+    // Kept until the next tick: fault() looks at these chips only.
+    for (uint32_t c : dirty) {
+      next[c] = chips[c]->next_event_cycle(cycle);
+      is_dirty[c] = 0;
+    }
   }
   void skip(uint64_t n) {
+    if (lazy) return;  // each chip catches up when it next ticks or is touched
     for (auto& c : chips) c->skip(n);
   }
   uint64_t next_event_cycle(uint64_t now) const {
     uint64_t n = kNever;
-    for (const auto& c : chips) n = std::min(n, c->next_event_cycle(now));
+    if (lazy) {
+      for (uint64_t x : next) n = std::min(n, x);
+    } else {
+      for (const auto& c : chips) n = std::min(n, c->next_event_cycle(now));
+    }
     const uint64_t ici = net->next_event();
     if (ici != ici::kNever) n = std::min(n, std::max(now + 1, ici));
     return n;
+  }
+  // Only the chips of this cycle can have faulted in it (the ones before stopped the run).
+  std::string fault() const {
+    if (lazy) {
+      uint32_t first = UINT32_MAX;
+      for (uint32_t c : dirty)
+        if (!chips[c]->fault().empty()) first = std::min(first, c);
+      return first == UINT32_MAX ? std::string() : chips[first]->fault();
+    }
+    for (const auto& c : chips) {
+      std::string f = c->fault();
+      if (!f.empty()) return f;
+    }
+    return {};
   }
   bool done() const {
     if (net->messages_in_flight()) return false;
     for (const auto& c : chips)
       if (!c->done()) return false;
     return true;
-  }
-  std::string fault() const {
-    for (const auto& c : chips) {
-      std::string f = c->fault();
-      if (!f.empty()) return f;
-    }
-    return {};
   }
   uint64_t last_activity_cycle() const {
     uint64_t t = last_landing;
@@ -234,6 +309,7 @@ struct Driver : sc_core::sc_module {
         behind = 0;
       }
     }
+    board.sync_all(cycle);
     if (behind) wait(static_cast<double>(behind) * period);
     finished = true;
     wait(period);  // one more step, so the trace file writes the last values
@@ -349,6 +425,10 @@ RunResult System::run(const RunOptions& opt) {
   const sc_core::sc_time period(static_cast<double>(cycle_ps), sc_core::SC_PS);
   Driver driver("scheduler", board, period, opt.mode);
   driver.sync_each_event = tf != nullptr;
+  bool barrier = false;
+  for (const auto& p : bundle.cores)
+    for (const auto& in : p.code) barrier |= in.op == isa::Op::kBarrier;
+  if (opt.mode == Mode::kFast && !tf && !opt.timeline && !barrier) board.start_lazy();
 
   RunResult r;
   try {
