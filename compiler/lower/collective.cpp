@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <set>
 #include <tuple>
 
@@ -24,6 +25,17 @@ constexpr int kFirstReadyFlag = 52, kReadyFlags = 6;  // f52..f57
 // HBM mode's VMEM pieces of a combine: up to 256 tiles of 8 x 128 fp32 each for the
 // received and the local values.
 constexpr int64_t kMaxPieceTiles = 256;
+// One event of a replica's collective program: its sends of a step to one peer, or
+// its combines of what one peer sent in a step.
+struct PlanEvent {
+  bool send;
+  size_t step;
+  int peer;
+};
+// The dataflow estimate below costs O(events^2) per replica; beyond this many
+// events over all replicas (a ring of 128 replicas has ~130k) the step order is
+// used, as it is when the estimate's order would need more landing flags.
+constexpr size_t kMaxPlanEvents = 20000;
 // HBM mode's double buffers: loads of piece i on kLoadFlag + i%2, its write-back on
 // kStoreFlag + i%2 (the emitter's per-flag running counts, shared with matrix.cpp).
 constexpr int kLoadFlag = 2, kStoreFlag = 6;
@@ -143,11 +155,7 @@ void Emitter::lower_all_reduce(const Node& n) {
   // 1243 cycles, 698 more of latency, 64 B/cycle on a link that serialises the
   // messages queued on it; the same chip: 414 + 2 cycles/KiB), a staged send 2
   // cycles per tile, a combine 4 (reduce) or 2 (copy). Only the order depends on it.
-  struct Event {
-    bool send;
-    size_t step;
-    int peer;
-  };
+  using Event = PlanEvent;
   const size_t P = static_cast<size_t>(sch.chips);
   auto overlaps = [](const ici::Chunk& a, const ici::Chunk& b) {
     return a.offset < b.offset + b.elems && b.offset < a.offset + a.elems;
@@ -182,104 +190,6 @@ void Emitter::lower_all_reduce(const Node& n) {
       }
     }
   }
-  // Local predecessors of each event (indices into the replica's own events).
-  std::vector<std::vector<std::vector<size_t>>> preds(P);
-  for (size_t r = 0; r < P; ++r) {
-    const auto& e = evs[r];
-    preds[r].resize(e.size());
-    for (size_t i = 0; i < e.size(); ++i)
-      for (size_t j = 0; j < e.size(); ++j) {
-        if (i == j) continue;
-        // j before i: a combine of an earlier step writing what i reads or writes,
-        // or a send of this or an earlier step reading what combine i writes.
-        const bool order = !e[j].send ? e[j].step < e[i].step : (!e[i].send && e[j].step <= e[i].step);
-        if (!order) continue;
-        bool hit = false;
-        for (int a : ev_chunks[r][i])
-          for (int b : ev_chunks[r][j]) hit = hit || overlaps(sch.chunks[static_cast<size_t>(a)], sch.chunks[static_cast<size_t>(b)]);
-        if (hit) preds[r][i].push_back(j);
-      }
-  }
-  std::vector<std::vector<int64_t>> finish(P), landed(P);
-  std::vector<std::vector<char>> done(P);
-  std::vector<int64_t> clock(P, 0);
-  std::map<std::pair<int, int>, int64_t> link_free;  // (chip, first port) -> cycle
-  // The first link of a message between two replicas: (-1, -1) on one chip. The
-  // tie of a size-2 dimension goes by the issuing core's parity (hw/dma).
-  auto link_of = [&](int from_r, int to_r) {
-    const int from = replica_chip(s, from_r), to = replica_chip(s, to_r);
-    if (from == to) return std::make_pair(-1, -1);
-    const std::vector<int> ports = s.board.route_ports(from, to, replica_core(s, from_r) % 2 ? -1 : +1);
-    return std::make_pair(from, ports.empty() ? -1 : ports.front());
-  };
-  std::vector<std::vector<size_t>> order(P);
-  for (size_t r = 0; r < P; ++r) {
-    finish[r].assign(evs[r].size(), 0);
-    landed[r].assign(evs[r].size(), 0);
-    done[r].assign(evs[r].size(), 0);
-  }
-  const int64_t tiles_per_byte_div = tile_bytes;
-  for (size_t left = [&] {
-         size_t k = 0;
-         for (const auto& e : evs) k += e.size();
-         return k;
-       }();
-       left > 0; --left) {
-    int64_t best = INT64_MAX;
-    size_t br = 0, bi = 0;
-    for (size_t r = 0; r < P; ++r)
-      for (size_t i = 0; i < evs[r].size(); ++i) {
-        if (done[r][i]) continue;
-        int64_t t = clock[r];
-        bool ready = true;
-        for (size_t j : preds[r][i]) {
-          ready = ready && done[r][j];
-          t = std::max(t, finish[r][j]);
-        }
-        if (!evs[r][i].send) {
-          const size_t s = ev_index[static_cast<size_t>(evs[r][i].peer)].at({true, evs[r][i].step, static_cast<int>(r)});
-          ready = ready && done[static_cast<size_t>(evs[r][i].peer)][s];
-          if (ready) t = std::max(t, landed[static_cast<size_t>(evs[r][i].peer)][s]);
-        }
-        // A send waits in the program until its link is about to be free: two
-        // messages on one link share it packet by packet, which would slow the
-        // earlier (critical) one, while the estimate sends them one after the other.
-        if (ready && evs[r][i].send) {
-          const auto key = link_of(static_cast<int>(r), evs[r][i].peer);
-          if (key.first >= 0) {
-            auto it = link_free.find(key);
-            if (it != link_free.end()) t = std::max(t, it->second - 1243);
-          }
-        }
-        if (ready && t < best) {
-          best = t;
-          br = r;
-          bi = i;
-        }
-      }
-    if (best == INT64_MAX) fail(n, "internal lowering error: the collective's schedule has a dependence cycle");
-    const Event& e = evs[br][bi];
-    const int64_t tiles = (ev_bytes[br][bi] + tiles_per_byte_div - 1) / tiles_per_byte_div;
-    bool reduce = false;
-    for (const ici::Move& m : sch.steps[e.step]) reduce = reduce || (m.dst == static_cast<int>(br) && m.src == e.peer && m.reduce);
-    finish[br][bi] = best + 10 + (e.send ? 2 : (reduce ? 4 : 2)) * tiles;
-    if (e.send) {
-      const auto key = link_of(static_cast<int>(br), e.peer);
-      if (key.first < 0) {
-        landed[br][bi] = finish[br][bi] + 414 + ev_bytes[br][bi] / 512;
-      } else {
-        int64_t& f = link_free[key];
-        f = std::max(f, finish[br][bi] + 1243) + ev_bytes[br][bi] / 64;
-        landed[br][bi] = f + 698 * static_cast<int64_t>(std::max(1, s.board.hops(key.first, replica_chip(s, e.peer))));
-      }
-    }
-    clock[br] = finish[br][bi];
-    done[br][bi] = 1;
-    order[br].push_back(bi);
-  }
-  std::vector<std::vector<Event>> plans(P);
-  for (size_t r = 0; r < P; ++r)
-    for (size_t i : order[r]) plans[r].push_back(evs[r][i]);
   // Flag reuse check: the receiver's combine of the j-th message must happen
   // before the source issues the (j+M)-th, through program order and landings
   // (a send -> the destination's combine of it). Returns the offending source, or -1.
@@ -321,14 +231,135 @@ void Emitter::lower_all_reduce(const Node& n) {
       }
     return -1;
   };
-  // The dataflow order may let a source run further ahead of a receiver than its
-  // flags allow (a 4x4 torus dimension in HBM mode); then every replica takes the
-  // step order (all of a step's sends, then its combines), as before.
-  for (size_t r = 0; r < P; ++r)
-    if (reuse_violation(plans, static_cast<int>(r)) >= 0) {
+  // Every replica's lowering plans the whole collective the same way, so the plan
+  // is made once per schedule and kept.
+  static std::mutex plan_mutex;
+  static std::map<std::string, std::vector<std::vector<Event>>> plan_cache;
+  std::string plan_key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(s.cores_per_chip) + "|" +
+                         std::to_string(s.replicas) + "|" + std::to_string(static_cast<int>(s.board.kind()));
+  for (int d : s.board.dims()) plan_key += "," + std::to_string(d);
+  std::vector<std::vector<Event>> plans;
+  {
+    std::lock_guard<std::mutex> lock(plan_mutex);
+    auto hit = plan_cache.find(plan_key);
+    if (hit != plan_cache.end()) plans = hit->second;
+  }
+  if (plans.empty()) {
+    size_t total = 0;
+    for (const auto& e : evs) total += e.size();
+    if (total > kMaxPlanEvents) {
       plans = evs;
-      break;
+    } else {
+      // Local predecessors of each event (indices into the replica's own events).
+      std::vector<std::vector<std::vector<size_t>>> preds(P);
+      for (size_t r = 0; r < P; ++r) {
+        const auto& e = evs[r];
+        preds[r].resize(e.size());
+        for (size_t i = 0; i < e.size(); ++i)
+          for (size_t j = 0; j < e.size(); ++j) {
+            if (i == j) continue;
+            // j before i: a combine of an earlier step writing what i reads or writes,
+            // or a send of this or an earlier step reading what combine i writes.
+            const bool order = !e[j].send ? e[j].step < e[i].step : (!e[i].send && e[j].step <= e[i].step);
+            if (!order) continue;
+            bool hit = false;
+            for (int a : ev_chunks[r][i])
+              for (int b : ev_chunks[r][j]) hit = hit || overlaps(sch.chunks[static_cast<size_t>(a)], sch.chunks[static_cast<size_t>(b)]);
+            if (hit) preds[r][i].push_back(j);
+          }
+      }
+      std::vector<std::vector<int64_t>> finish(P), landed(P);
+      std::vector<std::vector<char>> done(P);
+      std::vector<int64_t> clock(P, 0);
+      std::map<std::pair<int, int>, int64_t> link_free;  // (chip, first port) -> cycle
+      // The first link of a message between two replicas: (-1, -1) on one chip. The
+      // tie of a size-2 dimension goes by the issuing core's parity (hw/dma).
+      auto link_of = [&](int from_r, int to_r) {
+        const int from = replica_chip(s, from_r), to = replica_chip(s, to_r);
+        if (from == to) return std::make_pair(-1, -1);
+        const std::vector<int> ports = s.board.route_ports(from, to, replica_core(s, from_r) % 2 ? -1 : +1);
+        return std::make_pair(from, ports.empty() ? -1 : ports.front());
+      };
+      std::vector<std::vector<size_t>> order(P);
+      for (size_t r = 0; r < P; ++r) {
+        finish[r].assign(evs[r].size(), 0);
+        landed[r].assign(evs[r].size(), 0);
+        done[r].assign(evs[r].size(), 0);
+      }
+      const int64_t tiles_per_byte_div = tile_bytes;
+      for (size_t left = [&] {
+             size_t k = 0;
+             for (const auto& e : evs) k += e.size();
+             return k;
+           }();
+           left > 0; --left) {
+        int64_t best = INT64_MAX;
+        size_t br = 0, bi = 0;
+        for (size_t r = 0; r < P; ++r)
+          for (size_t i = 0; i < evs[r].size(); ++i) {
+            if (done[r][i]) continue;
+            int64_t t = clock[r];
+            bool ready = true;
+            for (size_t j : preds[r][i]) {
+              ready = ready && done[r][j];
+              t = std::max(t, finish[r][j]);
+            }
+            if (!evs[r][i].send) {
+              const size_t s = ev_index[static_cast<size_t>(evs[r][i].peer)].at({true, evs[r][i].step, static_cast<int>(r)});
+              ready = ready && done[static_cast<size_t>(evs[r][i].peer)][s];
+              if (ready) t = std::max(t, landed[static_cast<size_t>(evs[r][i].peer)][s]);
+            }
+            // A send waits in the program until its link is about to be free: two
+            // messages on one link share it packet by packet, which would slow the
+            // earlier (critical) one, while the estimate sends them one after the other.
+            if (ready && evs[r][i].send) {
+              const auto key = link_of(static_cast<int>(r), evs[r][i].peer);
+              if (key.first >= 0) {
+                auto it = link_free.find(key);
+                if (it != link_free.end()) t = std::max(t, it->second - 1243);
+              }
+            }
+            if (ready && t < best) {
+              best = t;
+              br = r;
+              bi = i;
+            }
+          }
+        if (best == INT64_MAX) fail(n, "internal lowering error: the collective's schedule has a dependence cycle");
+        const Event& e = evs[br][bi];
+        const int64_t tiles = (ev_bytes[br][bi] + tiles_per_byte_div - 1) / tiles_per_byte_div;
+        bool reduce = false;
+        for (const ici::Move& m : sch.steps[e.step]) reduce = reduce || (m.dst == static_cast<int>(br) && m.src == e.peer && m.reduce);
+        finish[br][bi] = best + 10 + (e.send ? 2 : (reduce ? 4 : 2)) * tiles;
+        if (e.send) {
+          const auto key = link_of(static_cast<int>(br), e.peer);
+          if (key.first < 0) {
+            landed[br][bi] = finish[br][bi] + 414 + ev_bytes[br][bi] / 512;
+          } else {
+            int64_t& f = link_free[key];
+            f = std::max(f, finish[br][bi] + 1243) + ev_bytes[br][bi] / 64;
+            landed[br][bi] = f + 698 * static_cast<int64_t>(std::max(1, s.board.hops(key.first, replica_chip(s, e.peer))));
+          }
+        }
+        clock[br] = finish[br][bi];
+        done[br][bi] = 1;
+        order[br].push_back(bi);
+      }
+      plans.assign(P, {});
+      for (size_t r = 0; r < P; ++r)
+        for (size_t i : order[r]) plans[r].push_back(evs[r][i]);
+      // The dataflow order may let a source run further ahead of a receiver than its
+      // flags allow (a 4x4 torus dimension in HBM mode); then every replica takes the
+      // step order (all of a step's sends, then its combines), as before.
+      for (size_t r = 0; r < P; ++r)
+        if (reuse_violation(plans, static_cast<int>(r)) >= 0) {
+          plans = evs;
+          break;
+        }
     }
+    std::lock_guard<std::mutex> lock(plan_mutex);
+    plan_cache[plan_key] = plans;
+  }
   const std::vector<Event>& mine = plans[static_cast<size_t>(me)];
   if (const int src = reuse_violation(plans, me); src >= 0)
     fail(n, "the schedule lets replica " + std::to_string(src) + " run more than " + std::to_string(M) +
