@@ -393,6 +393,11 @@ void Emitter::lower_matmul(const Node& n) {
   std::vector<std::map<int64_t, bool>> w_loaded(static_cast<size_t>(cores_));
   std::vector<bool> vec_loaded(static_cast<size_t>(cores_), false);
   int64_t unit = 0;
+  // A unit's first LHS band, fetched during the previous unit of its core once that
+  // unit's last column group has moved on to the next band (f13), so a unit does not
+  // start on an empty LHS image: per core, the key of the unit it was fetched for.
+  constexpr int kLhsPrefetchFlag = 13;
+  std::vector<int64_t> lhs_prefetched(static_cast<size_t>(cores_), -1);
   for (size_t band = 0; band < band_passes.size(); ++band) {
   const std::vector<Pass>& passes = band_passes[band];
   const int64_t Q = static_cast<int64_t>(passes.size());
@@ -408,6 +413,17 @@ void Emitter::lower_matmul(const Node& n) {
       const int64_t blocks = (mr + 7) / 8;
       const int64_t wkey = b * static_cast<int64_t>(band_passes.size()) + static_cast<int64_t>(band);
       const bool load_w = !resident || !w_loaded[static_cast<size_t>(cur_)][wkey];
+      auto unit_key = [&](int64_t row0) { return (static_cast<int64_t>(band) * batches + b) * M + row0; };
+      const bool lhs0_ready = lhs_prefetched[static_cast<size_t>(cur_)] == unit_key(m0);
+      // The first LHS band (chunks [0, LB)) of the unit starting at row `row0`, `rows` rows.
+      auto lhs_band0 = [&](int flag, int64_t row0, int64_t rows) {
+        const int64_t lcols = std::min(K, LB * R);
+        if (!ta)
+          dma_on(flag, vmem(lhs_base + lhs_at(0, 0)), hbm(a0 + row0 * K * ea), lcols * ea, dim(rows, K * ea, ls));
+        else
+          dma_on(flag, vmem(lhs_base + lhs_at(0, 0)), hbm(a0 + row0 * ea), ea,
+                 dim(lcols, M * ea, ea) + dim(rows, ea, ls));
+      };
       w_loaded[static_cast<size_t>(cur_)][wkey] = true;
       // Weight tile (chunk c, column tile starting at col) in VMEM.
       // Row r of the weight tile (pass q, column tile w, chunk c0 + k) in VMEM.
@@ -449,7 +465,7 @@ void Emitter::lower_matmul(const Node& n) {
               any = true;
             }
         }
-        if (ps.t == t_first && ps.c0 % LB == 0) {  // the unit's LHS rows, a band of LB chunks' columns
+        if (ps.t == t_first && ps.c0 % LB == 0 && !(ps.c0 == 0 && lhs0_ready)) {  // the unit's LHS rows, a band of LB chunks' columns
           const int64_t lcols = std::min(K, (ps.c0 + LB) * R) - k0;
           if (!ta)
             dma_on(flag, vmem(lhs_base + lhs_at(ps.c0, 0)), hbm(a0 + (m0 * K + k0) * ea), lcols * ea,
@@ -502,6 +518,7 @@ void Emitter::lower_matmul(const Node& n) {
       }
       for (int64_t q = 0; q < std::min<int64_t>(kSlots - 1, Q); ++q) fetched[static_cast<size_t>(q)] = fetch(q);
       wait_pass(0);
+      if (lhs0_ready) wait_flag(kLhsPrefetchFlag);
       int64_t wreg = 0;
       auto push_list = [&](int64_t q) {
         std::vector<std::pair<int64_t, int64_t>> l;  // (mxu, VMEM address of 8 weight rows)
@@ -543,6 +560,13 @@ void Emitter::lower_matmul(const Node& n) {
           const int64_t q = s / blocks, i = s % blocks;
           const Pass& ps = passes[static_cast<size_t>(q)];
           if (i == 0) {
+            // The last column group's first pass past LHS band 0: every read of band 0
+            // is behind (in program order), so the next unit of this core may fill it.
+            const int64_t m0n = m0 + cores_ * Mg;
+            if (ps.t == t_end - 1 && ps.c0 == LB && m0n < M) {
+              lhs_band0(kLhsPrefetchFlag, m0n, std::min(Mg, M - m0n));
+              lhs_prefetched[static_cast<size_t>(cur_)] = unit_key(m0n);
+            }
             if (q + 1 < Q) wait_pass(q + 1);
             if (q + kSlots - 1 < Q) fetched[static_cast<size_t>(q + kSlots - 1)] = fetch(q + kSlots - 1);
             pending = push_list(q + 1);
