@@ -38,10 +38,10 @@ def parse_network(path):
     rows = []
     for line in open(path):
         f = [x.strip() for x in line.strip().strip("|").split("|")]
-        if len(f) < 9 or not re.match(r"^\d+ (KiB|MiB|GiB)$", f[2]):
+        if len(f) < 9 or not re.match(r"^\d+( KiB| MiB| GiB)?$", f[2]):
             continue
-        num, unit = f[2].split()
-        rows.append((f[0], f[1], int(num) * UNIT[unit], float(f[3]), float(f[7])))
+        num, _, unit = f[2].partition(" ")
+        rows.append((f[0], f[1], int(num) * UNIT.get(unit, 1), float(f[3]), float(f[6])))
     return rows
 
 
