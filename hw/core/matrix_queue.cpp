@@ -49,13 +49,24 @@ mxu::MxuOpKind MatrixQueue::kind_of(const isa::Instr& in) {
 
 bool MatrixQueue::idle() const { return queue_.empty() && pops_.empty() && !core_.busy(); }
 
+// Asked several times per cycle of an MXU stream (tick, pending, next event) while
+// the head and the scoreboard seldom change in between.
 bool MatrixQueue::head_ready() const {
-  return !queue_.empty() && env_.scoreboard.ready(queue_.front().use, queue_.front().seq);
+  if (queue_.empty()) return false;
+  const Issued& h = queue_.front();
+  const uint64_t v = env_.scoreboard.version();
+  if (ready_seq_ != h.seq || ready_version_ != v) {
+    ready_ = env_.scoreboard.ready(h.use, h.seq);
+    ready_seq_ = h.seq;
+    ready_version_ = v;
+  }
+  return ready_;
 }
 
 void MatrixQueue::declare_pending() {
-  dependency_stalled_ = !queue_.empty() && !head_ready();
-  if (head_ready()) core_.set_pending(kind_of(*queue_.front().in));
+  const bool ready = head_ready();
+  dependency_stalled_ = !queue_.empty() && !ready;
+  if (ready) core_.set_pending(kind_of(*queue_.front().in));
   else core_.set_pending(std::nullopt);
 }
 

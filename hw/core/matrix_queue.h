@@ -62,6 +62,10 @@ class MatrixQueue {
   uint64_t stall_dependency_ = 0;
   bool dependency_stalled_ = false;
   timeline::TrackId track_ = 0;
+  // head_ready()'s last answer, for the head `ready_seq_` at scoreboard version `ready_version_`.
+  mutable bool ready_ = false;
+  mutable uint64_t ready_seq_ = ~uint64_t{0};
+  mutable uint64_t ready_version_ = 0;
 };
 
 }  // namespace tpusim::hw

@@ -230,16 +230,21 @@ void ResultFifoValues::write_popped(uint32_t* dst, bool accumulate) {
   if (popped_ == 0) throw std::logic_error("MXU result values: write with nothing popped");
   Batch& b = *batches_.front();
   const float* r = &b.out[written_ * vreg_];
+  bool written = false;
   if (b.state[written_].load(std::memory_order_acquire) != 2) {
     if (b.claim(written_, 3)) {
-      b.compute(written_, &b.out[written_ * vreg_]);
+      // Nobody reads this result again: a plain mpop's goes straight into its
+      // register (the fp32 values' bit patterns), not through a copy.
+      written = !accumulate;
+      b.compute(written_, written ? reinterpret_cast<float*>(dst) : &b.out[written_ * vreg_]);
       b.state[written_].store(2, std::memory_order_relaxed);
     } else if (b.state[written_].load(std::memory_order_acquire) != 2) {
       b.compute(written_, scratch_.data());  // under way on a worker: not waited for
       r = scratch_.data();
     }
   }
-  if (!accumulate) {
+  if (written) {
+  } else if (!accumulate) {
     std::memcpy(dst, r, vreg_ * sizeof(float));
   } else {
     for (size_t i = 0; i < vreg_; ++i) dst[i] = num::f32_bits(num::add(num::f32_from_bits(dst[i]), r[i]));
