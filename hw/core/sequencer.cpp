@@ -8,6 +8,7 @@ using isa::Unit;
 Sequencer::Sequencer(CoreEnv& env, Barrier& barrier, Sinks sinks, const SequencerParams& p)
     : env_(env), barrier_(barrier), sinks_(std::move(sinks)), p_(p) {
   if (!env_.prog) halted_ = true;  // a core without a program idles from the start
+  else decode_program();
   if (env_.timeline) env_.profile.attach_timeline(env_.timeline, env_.name.substr(0, env_.name.find('.')),
                                                   env_.name.substr(env_.name.find('.') + 1) + ".sequencer");
 }
@@ -17,7 +18,7 @@ Sequencer::Stall Sequencer::blocked(uint64_t cycle) const {
   const auto& code = env_.prog->code;
   if (pc_ >= code.size()) return Stall::kNone;
   const isa::Instr& in = code[pc_];
-  const Unit u = isa::op_info(in.op).unit;
+  const Unit u = decoded_[pc_].unit;
   if (u == Unit::kVector || u == Unit::kMatrix || u == Unit::kDma)
     return sinks_.queue_full(u, in) ? Stall::kQueueFull : Stall::kNone;
   if (in.op == Op::kWait || in.op == Op::kWaitSub) return exec::sync_ready(*env_.state, in) ? Stall::kNone : Stall::kFlag;
@@ -118,31 +119,34 @@ bool control_flow(Op op) {
 // when it issues, so a value written by one member (RAW) or a register two members
 // write (WAW) ends the bundle. WAR is allowed; the scoreboard, which every member
 // reserves in program order before the next is considered, orders it in the units.
-bool Sequencer::joins(const Bundle& b, const isa::Instr& in) const {
+bool Sequencer::joins(const Bundle& b, uint32_t pc) const {
   if (b.size >= p_.issue_per_cycle) return false;
-  const IssueSlot slot = issue_slot(in);
-  if (b.used[static_cast<size_t>(slot)] >= p_.slots[static_cast<size_t>(slot)]) return false;
-  uint32_t sr, sw;
-  scalar_use(in, &sr, &sw);
-  if ((sr | sw) & b.swrites) return false;
-  if (b.vwrites) {
-    const RegUse u = reg_use(in);
-    for (int i = 0; i < u.nreads; ++i)
-      if (b.vwrites >> u.reads[i] & 1) return false;
-    for (int i = 0; i < u.nwrites; ++i)
-      if (b.vwrites >> u.writes[i] & 1) return false;
-  }
-  return true;
+  const Decoded& d = decoded_[pc];
+  if (b.used[static_cast<size_t>(d.slot)] >= p_.slots[static_cast<size_t>(d.slot)]) return false;
+  if ((d.sreads | d.swrites) & b.swrites) return false;
+  return ((d.vreads | d.vwrites) & b.vwrites) == 0;
 }
 
-void Sequencer::add(Bundle& b, const isa::Instr& in) const {
+void Sequencer::add(Bundle& b, uint32_t pc) const {
+  const Decoded& d = decoded_[pc];
   ++b.size;
-  ++b.used[static_cast<size_t>(issue_slot(in))];
-  uint32_t sr, sw;
-  scalar_use(in, &sr, &sw);
-  b.swrites |= sw;
-  const RegUse u = reg_use(in);
-  for (int i = 0; i < u.nwrites; ++i) b.vwrites |= uint64_t{1} << u.writes[i];
+  ++b.used[static_cast<size_t>(d.slot)];
+  b.swrites |= d.swrites;
+  b.vwrites |= d.vwrites;
+}
+
+void Sequencer::decode_program() {
+  const auto& code = env_.prog->code;
+  decoded_.resize(code.size());
+  for (size_t pc = 0; pc < code.size(); ++pc) {
+    Decoded& d = decoded_[pc];
+    d.unit = isa::op_info(code[pc].op).unit;
+    d.slot = issue_slot(code[pc]);
+    scalar_use(code[pc], &d.sreads, &d.swrites);
+    d.use = reg_use(code[pc]);
+    for (int i = 0; i < d.use.nreads; ++i) d.vreads |= uint64_t{1} << d.use.reads[i];
+    for (int i = 0; i < d.use.nwrites; ++i) d.vwrites |= uint64_t{1} << d.use.writes[i];
+  }
 }
 
 void Sequencer::tick(uint64_t cycle) {
@@ -165,13 +169,13 @@ void Sequencer::tick(uint64_t cycle) {
   }
   const auto& code = env_.prog->code;
   Bundle b;
-  if (pc_ < code.size()) add(b, code[pc_]);
+  if (pc_ < code.size()) add(b, pc_);
   counters_["bundles"]++;
   if (!issue(cycle)) return;
   // The rest of the bundle: stops at the first instruction that cannot go now.
-  while (pc_ < code.size() && joins(b, code[pc_]) && blocked(cycle) == Stall::kNone) {
+  while (pc_ < code.size() && joins(b, pc_) && blocked(cycle) == Stall::kNone) {
     const isa::Instr& in = code[pc_];
-    add(b, in);
+    add(b, pc_);
     env_.profile.issue_bundled(in, cycle);
     if (!issue(cycle)) break;
   }
@@ -190,18 +194,18 @@ bool Sequencer::issue(uint64_t cycle) {
   counters_["instructions"]++;
   ++instructions_;
   try {
-    switch (isa::op_info(in.op).unit) {
+    const Unit u = decoded_[pc_].unit;
+    switch (u) {
       case Unit::kScalar: pc_ = exec::exec_scalar(*env_.state, in, pc_); return !control_flow(in.op);
       case Unit::kVector:
       case Unit::kMatrix:
       case Unit::kDma: {
-        const Unit u = isa::op_info(in.op).unit;
         Issued it;
         it.in = &in;
         it.pc = pc_;
         it.seq = seq_++;
         it.issue_cycle = cycle;
-        it.use = reg_use(in);
+        it.use = decoded_[pc_].use;
         it.s = env_.state->s;
         if (u == Unit::kDma) {
           it.vmem_ops_before = vmem_ops_issued_;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "hw/config/params.h"
 #include "hw/core/core_env.h"
@@ -103,8 +104,19 @@ class Sequencer {
     uint64_t vwrites = 0;  // vector/mask registers written by the bundle (scoreboard numbering)
     uint32_t swrites = 0;  // scalar registers written by the bundle
   };
-  bool joins(const Bundle& b, const isa::Instr& in) const;
-  void add(Bundle& b, const isa::Instr& in) const;
+  bool joins(const Bundle& b, uint32_t pc) const;
+  void add(Bundle& b, uint32_t pc) const;
+  // What issue needs of each instruction, derived once per program rather than on
+  // every try to issue it (every cycle of a stream).
+  struct Decoded {
+    isa::Unit unit = isa::Unit::kScalar;
+    IssueSlot slot = IssueSlot::kScalar;
+    uint32_t sreads = 0, swrites = 0;  // scalar registers (bit r = sr)
+    uint64_t vreads = 0, vwrites = 0;  // vector/mask registers (scoreboard numbering)
+    RegUse use;
+  };
+  std::vector<Decoded> decoded_;  // by pc
+  void decode_program();
 
   CoreEnv& env_;
   Barrier& barrier_;
