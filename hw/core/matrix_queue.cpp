@@ -74,10 +74,10 @@ void MatrixQueue::tick(uint64_t cycle) {
   // Finished mpops write their register.
   while (!pops_.empty() && pops_.front().done <= cycle) {
     PendingPop& p = pops_.front();
-    values_.write_popped(env_.state->v[p.it.in->a].bits.data(), p.it.in->op == Op::kMpopAdd);
-    env_.scoreboard.release(p.it.use, p.it.seq);
+    values_.write_popped(env_.state->v[p.in->a].bits.data(), p.in->op == Op::kMpopAdd);
+    env_.scoreboard.release(p.use, p.seq);
     env_.note_activity(cycle);
-    if (env_.timeline) env_.timeline->slice(track_, CoreEnv::slice_name(*p.it.in), p.it.issue_cycle, cycle);
+    if (env_.timeline) env_.timeline->slice(track_, CoreEnv::slice_name(*p.in), p.issue_cycle, cycle);
     pops_.pop_front();
   }
   if (head_ready()) {
@@ -94,7 +94,7 @@ void MatrixQueue::tick(uint64_t cycle) {
           if (!r.fault.empty()) throw exec::Fault(r.fault);
           const uint64_t done = core_.pop(in.op == Op::kMpopAdd, head.pc);
           values_.pop();  // popped now (program order), written at done
-          pops_.push_back(PendingPop{std::move(head), done});
+          pops_.push_back(PendingPop{head.in, head.use, head.seq, head.issue_cycle, done});
         } else {
           if (in.op == Op::kMmul) issue_mmul(st, in);
           else exec::exec_matrix(st, in);  // values in program order

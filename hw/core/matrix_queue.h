@@ -5,6 +5,7 @@
 // FIFO at issue and writes its register when the MXU core finishes reading the rows.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -19,6 +20,36 @@ namespace tpusim::hw {
 // num::fp32_to_bf16 of n fp32 bit patterns, branch-free so that it vectorises
 // (the LHS of every mmul goes through it).
 void fp32_bits_to_bf16(const uint32_t* src, uint16_t* dst, size_t n);
+
+// A FIFO that reuses its slots: std::deque gives an element as large as Issued a
+// heap node of its own, so every mmul and mpop of a stream would allocate and free.
+template <typename T>
+class RingQueue {
+ public:
+  bool empty() const { return size_ == 0; }
+  size_t size() const { return size_; }
+  T& front() { return slots_[head_]; }
+  const T& front() const { return slots_[head_]; }
+  void push_back(T&& v) {
+    if (size_ == slots_.size()) grow();
+    slots_[(head_ + size_) & (slots_.size() - 1)] = std::move(v);
+    ++size_;
+  }
+  void pop_front() {
+    head_ = (head_ + 1) & (slots_.size() - 1);
+    --size_;
+  }
+
+ private:
+  void grow() {
+    std::vector<T> bigger(std::max<size_t>(8, 2 * slots_.size()));
+    for (size_t i = 0; i < size_; ++i) bigger[i] = std::move(slots_[(head_ + i) & (slots_.size() - 1)]);
+    slots_ = std::move(bigger);
+    head_ = 0;
+  }
+  std::vector<T> slots_;  // a power of two of them
+  size_t head_ = 0, size_ = 0;
+};
 
 class MatrixQueue {
  public:
@@ -40,9 +71,14 @@ class MatrixQueue {
   int current_op_ = -1;
 
  private:
+  // What a popping mpop still needs of its Issued (a tenth of its size: it is
+  // copied for every mpop of a stream).
   struct PendingPop {
-    Issued it;
-    uint64_t done;  // its values wait in values_, in pop order
+    const isa::Instr* in = nullptr;
+    RegUse use;
+    uint64_t seq = 0;
+    uint64_t issue_cycle = 0;
+    uint64_t done = 0;  // its values wait in values_, in pop order
   };
   static mxu::MxuOpKind kind_of(const isa::Instr& in);
   void issue_mmul(exec::CoreState& st, const isa::Instr& in);
@@ -56,8 +92,8 @@ class MatrixQueue {
   // The FIFO's values (the reference's MxuState::fifo stays empty): computed in
   // batches, written into an mpop's register when it has read its rows.
   mxu::ResultFifoValues values_;
-  std::deque<Issued> queue_;
-  std::deque<PendingPop> pops_;
+  RingQueue<Issued> queue_;
+  RingQueue<PendingPop> pops_;
   uint64_t real_macs_ = 0;
   uint64_t stall_dependency_ = 0;
   bool dependency_stalled_ = false;
