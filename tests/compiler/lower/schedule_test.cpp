@@ -2,8 +2,9 @@
 // on the functional reference with the race checker: the matmul pipeline's shapes
 // (K chunks split over MXUs, several column tiles per pass, ragged passes, several
 // row units per core, column bands and the streamed-weight fallback forced by small
-// VMEM, batches), fused epilogues and elementwise chains (and that the fused
-// members really left no code of their own), VMEM-staged im2col/pooling gathers.
+// VMEM, batches, the next unit's LHS prefetch), fused epilogues and elementwise
+// chains (and that the fused members really left no code of their own), VMEM-staged
+// im2col/pooling gathers.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -129,6 +130,12 @@ std::string matmul_ir(int64_t M, int64_t K, int64_t N, const std::string& attrs 
   return s.str();
 }
 
+int count_of(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + what.size())) ++n;
+  return n;
+}
+
 // K split over 1..4 MXUs, 1..4 column tiles per pass, ragged last pass and tile.
 TEST(LowerSchedule, MatmulPassShapes) {
   for (auto p : kPolicies) {
@@ -164,6 +171,30 @@ TEST(LowerSchedule, MatmulEpilogueOperandsBatchesAndCores) {
                      p, t);
     expect_bit_exact(matmul_ir(20, 40, 36, "", "", "3,"), p, t, 2);                     // batches on 2 cores
     expect_bit_exact(matmul_ir(300, 64, 200), p, target(2, 128, 128), 2);
+  }
+}
+
+// The next unit's first LHS band fetched (f13) during the previous unit of its core,
+// once that unit's last column group is past band 0: it needs more than one LHS band
+// (K > 1024 columns in f32, > 2048 in bf16, 4 KiB runs) and several row units per
+// core (VMEM small enough to cut the rows).
+// Both A layouts, ragged M, K and N. (M = 61: with 37 or 45 rows on 2 cores the
+// column bands' first units alternate cores, and the race checker, which compares
+// the hulls of strided DMAs, flags the two cores' interleaved output columns.)
+TEST(LowerSchedule, MatmulNextUnitLhsPrefetch) {
+  for (auto p : kPolicies) {
+    const int64_t M = 61, K = p == PrecisionPolicy::kBf16 ? 2060 : 1030, N = 37;
+    std::ostringstream ta;
+    ta << "graph t {\n  input %a : f32[" << K << "," << M << "]\n  input %b : f32[" << K << "," << N
+       << "]\n  %y = matmul(%a, %b) {trans_a=1} : f32[" << M << "," << N << "] #0\n  output %y\n}\n";
+    for (const std::string& ir : {matmul_ir(M, K, N), ta.str()})
+      for (int cores : {1, 2}) {
+        const std::string as = expect_bit_exact(ir, p, target(2, 16, 16, 192ull << 10), cores);
+        const int fetches = count_of(as, ", flag=f13\n"), waits = count_of(as, "  wait f13, ");
+        EXPECT_GT(fetches, 0) << "no next-unit LHS prefetch: policy " << num::precision_policy_name(p) << ", cores "
+                              << cores << "\n" << ir;
+        EXPECT_EQ(waits, fetches) << "every prefetch is waited on by the unit it was fetched for";
+      }
   }
 }
 
