@@ -52,9 +52,13 @@ class Scoreboard {
   }
 
  private:
+  // An access retired out of order stays in place, marked (and no longer a
+  // write), until those before it retire: erasing from the middle of the deque
+  // moved its neighbours on every mmul of a stream. The front is always live.
   struct Access {
     uint64_t seq;
     bool write;
+    bool retired = false;
   };
   void add(int r, uint64_t seq, bool write) {
     pending_[static_cast<size_t>(r)].push_back({seq, write});
@@ -63,9 +67,11 @@ class Scoreboard {
   void drop(int r, uint64_t seq) {
     auto& q = pending_[static_cast<size_t>(r)];
     for (auto it = q.begin(); it != q.end(); ++it)
-      if (it->seq == seq) {
+      if (it->seq == seq && !it->retired) {
         writes_[static_cast<size_t>(r)] -= it->write;
-        q.erase(it);
+        it->write = false;
+        it->retired = true;
+        while (!q.empty() && q.front().retired) q.pop_front();
         return;
       }
   }
