@@ -243,10 +243,9 @@ void ResultFifoValues::write_popped(uint32_t* dst, bool accumulate) {
       r = scratch_.data();
     }
   }
-  if (written) {
-  } else if (!accumulate) {
+  if (!written && !accumulate) {
     std::memcpy(dst, r, vreg_ * sizeof(float));
-  } else {
+  } else if (accumulate) {
     for (size_t i = 0; i < vreg_; ++i) dst[i] = num::f32_bits(num::add(num::f32_from_bits(dst[i]), r[i]));
   }
   --popped_;
