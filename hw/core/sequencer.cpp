@@ -206,7 +206,7 @@ bool Sequencer::issue(uint64_t cycle) {
         it.seq = seq_++;
         it.issue_cycle = cycle;
         it.use = decoded_[pc_].use;
-        it.s = env_.state->s;
+        if (u != Unit::kMatrix) it.s = env_.state->s;  // addresses: the MXU ops have none
         if (u == Unit::kDma) {
           it.vmem_ops_before = vmem_ops_issued_;
           env_.profile.dma_issued(in, env_.state->chip);
