@@ -222,19 +222,25 @@ TEST(TrainOps, Im2colTimesHwioIsTheConvRecipe) {
 
 // ------------------------------------------------------------- training graphs
 
+// One IR constant line of seeded random values times `scale`, as exact bit patterns.
+void const_line(std::ostream& o, const std::string& name, const std::vector<int64_t>& shape, uint32_t seed,
+                float scale) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<float> v = random_values(static_cast<size_t>(n), seed);
+  o << " const %" << name << " : f32" << shape_str(shape) << " = [";
+  for (int64_t k = 0; k < n; ++k) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "0x%08x", bits(v[static_cast<size_t>(k)] * scale));
+    o << (k ? ", " : "") << buf;
+  }
+  o << "]\n";
+}
+
 std::string mlp_ir(int64_t b, int64_t din, int64_t dh, int64_t dout) {
   std::ostringstream o;
   auto cst = [&](const std::string& name, std::vector<int64_t> shape, uint32_t seed, float scale) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::vector<float> v = random_values(static_cast<size_t>(n), seed);
-    o << " const %" << name << " : f32" << shape_str(shape) << " = [";
-    for (int64_t k = 0; k < n; ++k) {
-      char buf[16];
-      std::snprintf(buf, sizeof buf, "0x%08x", bits(v[static_cast<size_t>(k)] * scale));
-      o << (k ? ", " : "") << buf;
-    }
-    o << "]\n";
+    const_line(o, name, shape, seed, scale);
   };
   o << "graph mlp {\n input %x : f32[" << b << "," << din << "]\n";
   cst("w1", {din, dh}, 21, 0.1f);
@@ -291,16 +297,7 @@ TEST(TrainGraph, MlpMseBitExact) {
 std::string cnn_ir() {
   std::ostringstream o;
   auto cst = [&](const std::string& name, std::vector<int64_t> shape, uint32_t seed, float scale) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::vector<float> v = random_values(static_cast<size_t>(n), seed);
-    o << " const %" << name << " : f32" << shape_str(shape) << " = [";
-    for (int64_t k = 0; k < n; ++k) {
-      char buf[16];
-      std::snprintf(buf, sizeof buf, "0x%08x", bits(v[static_cast<size_t>(k)] * scale));
-      o << (k ? ", " : "") << buf;
-    }
-    o << "]\n";
+    const_line(o, name, shape, seed, scale);
   };
   o << "graph cnn {\n input %x : f32[2,3,10,10]\n";
   cst("c1", {6, 3, 3, 3}, 61, 0.3f);
@@ -326,16 +323,7 @@ std::string cnn_ir() {
 std::string smooth_ir() {
   std::ostringstream o;
   auto cst = [&](const std::string& name, std::vector<int64_t> shape, uint32_t seed, float scale) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::vector<float> v = random_values(static_cast<size_t>(n), seed);
-    o << " const %" << name << " : f32" << shape_str(shape) << " = [";
-    for (int64_t k = 0; k < n; ++k) {
-      char buf[16];
-      std::snprintf(buf, sizeof buf, "0x%08x", bits(v[static_cast<size_t>(k)] * scale));
-      o << (k ? ", " : "") << buf;
-    }
-    o << "]\n";
+    const_line(o, name, shape, seed, scale);
   };
   o << "graph smooth {\n input %x : f32[8,20]\n";
   cst("w1", {20, 16}, 101, 0.3f);
