@@ -14,7 +14,7 @@
 
 #include "isa/io/npy.h"
 #include "sim/run/stats.h"
-#include "tests/sim/spawn.h"
+#include "tests/sim/cli_fixture.h"
 
 namespace tpusim {
 namespace {
@@ -38,13 +38,10 @@ constexpr const char* kProgram = R"(.target chips=1 cores=1 mxus=1
   halt
 )";
 
-class RunCli : public ::testing::Test {
+class RunCli : public testing::TpusimCli {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "tpusim_cli_" + std::to_string(::getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    TpusimCli::SetUp();
     bundle_ = assemble("prog", kProgram);
     io::NpyArray x;
     x.dtype = io::NpyDtype::kF32;
@@ -57,19 +54,12 @@ class RunCli : public ::testing::Test {
     good_input_ = dir_ + "/x.npy";
     io::write_npy(good_input_, x);
   }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string assemble(const std::string& name, const std::string& text) {
     const std::string src = dir_ + "/" + name + ".s", out = dir_ + "/" + name + ".tpu";
     std::ofstream(src) << text;
-    const Completed c = spawn({TPUSIM_BIN, "asm", src, "-o", out}, dir_);
+    const Completed c = tpusim({"asm", src, "-o", out});
     EXPECT_EQ(c.exit_code, 0) << c.err;
     return out;
-  }
-
-  Completed tpusim(std::vector<std::string> args) {
-    args.insert(args.begin(), TPUSIM_BIN);
-    return spawn(args, dir_);
   }
 
   // Exit status `code`, exactly one line on stderr containing every `needles`,
@@ -84,7 +74,7 @@ class RunCli : public ::testing::Test {
   std::string out() const { return dir_ + "/out"; }
   std::string input_arg(const std::string& file) const { return "x=" + file; }
 
-  std::string dir_, bundle_, good_input_;
+  std::string bundle_, good_input_;
 };
 
 TEST_F(RunCli, UnknownPreset) {

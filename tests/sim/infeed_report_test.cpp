@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/sim/spawn.h"
+#include "tests/sim/cli_fixture.h"
 
 namespace fs = std::filesystem;
 using tpusim::testing::Completed;
@@ -31,25 +31,13 @@ const std::string kSrc = TPUSIM_SOURCE_DIR;
 constexpr double kLatency = 20000;  // host.hbm_to_host.latency_cycles, set below
 constexpr double kCyclesPerKib = 100;
 
-class InfeedReport : public ::testing::Test {
+class InfeedReport : public tpusim::testing::TpusimCli {
  protected:
-  void SetUp() override {
-    dir_ = ::testing::TempDir() + "tpusim_infeed_" + std::to_string(::getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  Completed run(std::vector<std::string> args, unsigned timeout_s = 120) {
-    args.insert(args.begin(), TPUSIM_BIN);
-    return spawn(args, dir_, timeout_s);
-  }
   nlohmann::json stats(const std::string& out) { return nlohmann::json::parse(slurp(out + "/stats.json")); }
   static std::vector<std::string> link() {
     return {"--set", "host.hbm_to_host.latency_cycles=" + std::to_string(static_cast<int>(kLatency)), "--set",
             "host.hbm_to_host.cycles_per_kib=" + std::to_string(kCyclesPerKib)};
   }
-  std::string dir_;
 };
 
 uint64_t cause(const nlohmann::json& s, const std::string& core, const char* c) {
@@ -58,12 +46,12 @@ uint64_t cause(const nlohmann::json& s, const std::string& core, const char* c) 
 
 TEST_F(InfeedReport, OutfeedAndOtherFlagWaitsAreNotInfeed) {
   const std::string bundle = dir_ + "/infeed.tpb", out = dir_ + "/out";
-  Completed c = run({"asm", kSrc + "/traces/infeed/prog.s", "-o", bundle});
+  Completed c = tpusim({"asm", kSrc + "/traces/infeed/prog.s", "-o", bundle});
   ASSERT_EQ(c.exit_code, 0) << c.err;
   std::vector<std::string> args = {"run", bundle, "--preset", "v3", "--input", "x=" + kSrc + "/traces/infeed/in_x.npy",
                                    "--out", out};
   for (const auto& a : link()) args.push_back(a);
-  c = run(args);
+  c = tpusim(args);
   ASSERT_EQ(c.exit_code, 0) << c.err;
   const nlohmann::json s = stats(out);
   const std::string core = "chip0.core0";
@@ -94,10 +82,10 @@ TEST_F(InfeedReport, StarvedTrainingStepRunsAtTheHostRateBound) {
   const std::string ir = dir_ + "/mlp.ir", bundle = dir_ + "/dp.tpb";
   Completed c = spawn({"/usr/bin/python3", kSrc + "/traces/models/make_mlp_train.py", ir, "--batch", "64"}, dir_);
   ASSERT_EQ(c.exit_code, 0) << c.err;
-  c = run({"compile", ir, "--preset", "v3-8", "--replicas", "8", "--train", "sgd:lr=0.05,momentum=0.9", "--infeed",
+  c = tpusim({"compile", ir, "--preset", "v3-8", "--replicas", "8", "--train", "sgd:lr=0.05,momentum=0.9", "--infeed",
            "-o", bundle});
   ASSERT_EQ(c.exit_code, 0) << c.err;
-  c = run({"ref", bundle, "--random-inputs", "1", "--out", dir_ + "/ref"});
+  c = tpusim({"ref", bundle, "--random-inputs", "1", "--out", dir_ + "/ref"});
   ASSERT_EQ(c.exit_code, 0) << c.err;
   constexpr double kRate = 0.05e9, kPrepUs = 5;  // starved: bytes/s and us per batch
   const auto host = [](double rate, double prep) {
@@ -110,9 +98,9 @@ TEST_F(InfeedReport, StarvedTrainingStepRunsAtTheHostRateBound) {
     std::vector<std::string> args = {"run", bundle, "--preset", "v3-8", "--random-inputs", "1", "-q", "--out", out};
     for (const auto& a : link()) args.push_back(a);
     for (const auto& a : starved ? host(kRate, kPrepUs) : host(0, 0)) args.push_back(a);
-    c = run(args);
+    c = tpusim(args);
     ASSERT_EQ(c.exit_code, 0) << c.err;
-    c = run({"diff", dir_ + "/ref", out});
+    c = tpusim({"diff", dir_ + "/ref", out});
     EXPECT_EQ(c.exit_code, 0) << c.out << c.err;  // the host rate changes no value
     s[starved] = stats(out);
   }

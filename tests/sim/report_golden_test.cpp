@@ -16,7 +16,7 @@
 
 #include "hw/timeline/timeline.h"
 #include "sim/run/stats.h"
-#include "tests/sim/spawn.h"
+#include "tests/sim/cli_fixture.h"
 
 namespace fs = std::filesystem;
 using tpusim::testing::Completed;
@@ -37,21 +37,7 @@ std::string without_wall_time(const std::string& report) {
   return out;
 }
 
-class ReportGolden : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = ::testing::TempDir() + "tpusim_golden_" + std::to_string(::getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  Completed tpusim(std::vector<std::string> args, unsigned timeout_s = 120) {
-    args.insert(args.begin(), TPUSIM_BIN);
-    return spawn(args, dir_, timeout_s);
-  }
-  std::string dir_;
-};
+class ReportGolden : public tpusim::testing::TpusimCli {};
 
 TEST_F(ReportGolden, SingleMatmulOnV3MatchesTheHandDerivedReport) {
   const std::string bundle = dir_ + "/mm.tpu";

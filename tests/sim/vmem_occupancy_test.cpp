@@ -18,7 +18,7 @@
 
 #include "hw/timeline/timeline.h"
 #include "sim/run/stats.h"
-#include "tests/sim/spawn.h"
+#include "tests/sim/cli_fixture.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -31,25 +31,13 @@ namespace {
 const std::string kSrc = TPUSIM_SOURCE_DIR;
 constexpr uint64_t kV3Vmem = 16ull << 20;  // configs/chips/v3.yaml core.vmem.bytes
 
-class VmemOccupancy : public ::testing::Test {
+class VmemOccupancy : public tpusim::testing::TpusimCli {
  protected:
-  void SetUp() override {
-    dir_ = ::testing::TempDir() + "tpusim_vmem_" + std::to_string(::getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  Completed tpusim(std::vector<std::string> args) {
-    args.insert(args.begin(), TPUSIM_BIN);
-    return spawn(args, dir_, 120);
-  }
   std::string write(const std::string& name, const std::string& text) {
     const std::string path = dir_ + "/" + name;
     std::ofstream(path) << text;
     return path;
   }
-  std::string dir_;
 };
 
 struct Sample {
