@@ -10,6 +10,7 @@
 #include "isa/asm/assembler.h"
 #include "isa/asm/encoding.h"
 #include "isa/bundle/bundle_file.h"
+#include "tests/isa/error_text.h"
 #include "isa/io/npy.h"
 
 namespace tpusim::isa {
@@ -182,15 +183,6 @@ TEST(IsaAsm, RandomProgramsRoundTrip) {
 
 // ---- assembler errors: one per class, each with file:line:col -----------------
 
-std::string asm_error(const std::string& text) {
-  try {
-    assemble(text, "t.s");
-  } catch (const AsmError& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 TEST(IsaAsmErrors, EachClassNamesFileLineColumn) {
   struct Case {
     const char* text;
@@ -230,15 +222,6 @@ TEST(IsaAsmErrors, EachClassNamesFileLineColumn) {
 }
 
 // ---- bundle loader errors ----------------------------------------------------
-
-std::string load_error(const std::vector<uint8_t>& bytes) {
-  try {
-    parse_bundle(bytes, "b.tpb");
-  } catch (const BundleError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 std::vector<uint8_t> small_bundle() {
   return serialize_bundle(assemble(".input x f32 [2] hbm:0\n  li s1, 5\nl:\n  loop s1, l\n  halt\n", "s.s"));

@@ -11,6 +11,7 @@
 
 #include "isa/asm/assembler.h"
 #include "isa/bundle/bundle_file.h"
+#include "tests/isa/error_text.h"
 
 namespace tpusim::isa {
 namespace {
@@ -27,24 +28,6 @@ const char* kPlanned = R"(.target chips=1 cores=2 vmem=64K
 .core chip0.core1
   halt
 )";
-
-std::string load_error(const std::vector<uint8_t>& bytes) {
-  try {
-    parse_bundle(bytes, "b.tpb");
-  } catch (const BundleError& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
-std::string asm_error(const std::string& text) {
-  try {
-    assemble(text, "p.s");
-  } catch (const AsmError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 uint32_t version_of(const std::vector<uint8_t>& bytes) {
   uint32_t v = 0;
@@ -90,7 +73,7 @@ TEST(VmemPlan, OpNamesRoundTripAndAreVersion2) {
   EXPECT_EQ(version_of(bytes), 2u);  // names alone make a version 2 file
   EXPECT_EQ(parse_bundle(bytes, "b.tpb").op_names, want);
   // Errors: a name twice, a negative id, no string; a quote smuggled into the file.
-  EXPECT_NE(asm_error(".opname 1 \"a\"\n.opname 1 \"b\"\n").find("p.s:2:9: error: op 1 already has a name"),
+  EXPECT_NE(asm_error(".opname 1 \"a\"\n.opname 1 \"b\"\n").find("t.s:2:9: error: op 1 already has a name"),
             std::string::npos);
   EXPECT_NE(asm_error(".opname -1 \"a\"\n").find("op id out of range"), std::string::npos);
   EXPECT_NE(asm_error(".opname 1 a\n").find("usage: .opname N \"name\""), std::string::npos);
@@ -116,9 +99,9 @@ TEST(VmemPlan, BundlesWithoutAPlanStayVersion1) {
 
 TEST(VmemPlan, BadPlansAreOneLineErrors) {
   // Assembler: outside VMEM, empty, missing key, unknown key, bad op id.
-  EXPECT_NE(asm_error(".target vmem=64K\n.vmem op=1 addr=0xf000 bytes=8192\n").find("p.s:2:1: error: VMEM buffer does not fit in vmem (65536 bytes)"),
+  EXPECT_NE(asm_error(".target vmem=64K\n.vmem op=1 addr=0xf000 bytes=8192\n").find("t.s:2:1: error: VMEM buffer does not fit in vmem (65536 bytes)"),
             std::string::npos);
-  EXPECT_NE(asm_error(".vmem op=1 addr=0 bytes=0\n").find("p.s:1:1: error: empty VMEM buffer"), std::string::npos);
+  EXPECT_NE(asm_error(".vmem op=1 addr=0 bytes=0\n").find("t.s:1:1: error: empty VMEM buffer"), std::string::npos);
   EXPECT_NE(asm_error(".vmem op=1 addr=0\n").find("usage: .vmem op=N addr=A bytes=B"), std::string::npos);
   EXPECT_NE(asm_error(".vmem op=1 addr=0 size=4\n").find("unknown key 'size'"), std::string::npos);
   EXPECT_NE(asm_error(".vmem op=-2 addr=0 bytes=4\n").find("op id out of range"), std::string::npos);
