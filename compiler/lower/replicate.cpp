@@ -124,16 +124,20 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
   std::vector<isa::IoEntry> io;
   int64_t top = cores * region;
   std::map<std::string, int64_t> global;
+  // An entry on chip 0, core 0, at `end` of its memory (moved past it); `where` keeps its address.
+  auto place_on_chip0 = [&](isa::IoEntry e, isa::IoKind kind, const TensorType& t, int64_t& end,
+                            std::map<std::string, int64_t>& where) {
+    e.kind = kind;
+    e.shape = t.shape;
+    e.chip = 0;
+    e.core = 0;
+    e.addr = static_cast<uint64_t>(end);
+    where[e.name] = end;
+    end = lowering::align_up(end + static_cast<int64_t>(e.elements() * isa::dtype_size(e.dtype)), lowering::kAlign);
+    io.push_back(std::move(e));
+  };
   auto place_global = [&](const isa::IoEntry& e, isa::IoKind kind, const TensorType& t) {
-    isa::IoEntry g_e = e;
-    g_e.kind = kind;
-    g_e.shape = t.shape;
-    g_e.chip = 0;
-    g_e.core = 0;
-    g_e.addr = static_cast<uint64_t>(top);
-    global[e.name] = top;
-    top = lowering::align_up(top + static_cast<int64_t>(g_e.elements() * isa::dtype_size(g_e.dtype)), lowering::kAlign);
-    io.push_back(g_e);
+    place_on_chip0(e, kind, t, top, global);
   };
   const auto types = g.types();
   // Host infeed: the global inputs are in chip 0's host memory instead (the I/O
@@ -147,15 +151,8 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
       continue;
     }
     isa::IoEntry h = *local.at(in.name);
-    h.kind = isa::IoKind::kInput;
-    h.shape = in.type.shape;
     h.space = isa::Space::kHost;
-    h.chip = 0;
-    h.core = 0;
-    h.addr = static_cast<uint64_t>(host_top);
-    host_at[in.name] = host_top;
-    host_top = lowering::align_up(host_top + static_cast<int64_t>(h.elements() * isa::dtype_size(h.dtype)), lowering::kAlign);
-    io.push_back(h);
+    place_on_chip0(h, isa::IoKind::kInput, in.type, host_top, host_at);
   }
   if (static_cast<uint64_t>(host_top) > options.target.host_bytes || host_top > INT32_MAX)
     throw CompileError(g.name + ": the inputs need " + std::to_string(host_top) + " bytes of host memory, the target has " +
