@@ -30,19 +30,12 @@
 #include "hw/ici/collectives.h"
 #include "hw/ici/network.h"
 #include "isa/io/npy.h"
+#include "tests/hw/system/output_hex.h"
 
 namespace fs = std::filesystem;
 using namespace tpusim;
 
 namespace {
-
-std::vector<float> from_hex(const std::string& h) {
-  std::vector<uint8_t> b(h.size() / 2);
-  for (size_t i = 0; i < b.size(); ++i) b[i] = uint8_t(std::stoi(h.substr(2 * i, 2), nullptr, 16));
-  std::vector<float> f(b.size() / 4);
-  std::memcpy(f.data(), b.data(), b.size());
-  return f;
-}
 
 struct Result {
   nlohmann::json j;

@@ -29,6 +29,7 @@
 #include "hw/ici/collectives.h"
 #include "hw/ici/network.h"
 #include "isa/io/npy.h"
+#include "tests/hw/system/output_hex.h"
 
 namespace fs = std::filesystem;
 using namespace tpusim;
@@ -37,14 +38,6 @@ namespace {
 
 constexpr int kSide = 16;            // v2-16x16
 constexpr int64_t kElements = 16384;  // 64 KiB of fp32 per chip
-
-std::vector<float> from_hex(const std::string& h) {
-  std::vector<uint8_t> b(h.size() / 2);
-  for (size_t i = 0; i < b.size(); ++i) b[i] = uint8_t(std::stoi(h.substr(2 * i, 2), nullptr, 16));
-  std::vector<float> f(b.size() / 4);
-  std::memcpy(f.data(), b.data(), b.size());
-  return f;
-}
 
 // docs/ici.md "Add order", torus on a 2-D torus: group g = 2j + (dir == -1) of G = 4
 // takes [E g / G, E (g+1) / G) and reduces dimension j, then j+1 (mod 2); a phase
