@@ -41,16 +41,19 @@ void check_access(const RaceChecker& rc, size_t who, CoreState& st, const isa::I
     case Op::kLd:
     case Op::kSt: {
       const int64_t a = effective_address(st, in.b, in.imm);
-      rc.access(who, &st.smem, a, a + 4, in.op == Op::kSt);
+      rc.access(who, &st.smem, BytePattern::contiguous(a, a + 4), in.op == Op::kSt);
       return;
     }
     case Op::kVld:
     case Op::kVldBf16:
     case Op::kVst:
     case Op::kVstBf16: {
-      int64_t lo, hi;
-      vector_tile_span(st, in, lo, hi);
-      rc.access(who, &st.vmem, lo, hi, in.op == Op::kVst || in.op == Op::kVstBf16);
+      // Eight sublane rows of 128 lanes, `stride=` bytes apart (masked lanes included).
+      const int64_t es = (in.op == Op::kVldBf16 || in.op == Op::kVstBf16) ? 2 : 4;
+      const int64_t rows = isa::kSublanes, stride = static_cast<int32_t>(in.imm2);
+      rc.access(who, &st.vmem,
+                BytePattern::strided(effective_address(st, in.b, in.imm), isa::kLanes * es, 1, &rows, &stride),
+                in.op == Op::kVst || in.op == Op::kVstBf16);
       return;
     }
     default: return;
@@ -129,11 +132,9 @@ RunResult Interpreter::run(const RunOptions& opts) {
             case Unit::kDma: {
               const DmaPlan p = plan_dma(machine_, st, in);
               if (races) {
-                int64_t slo, shi, dlo, dhi;
-                RaceChecker::dma_spans(p, slo, shi, dlo, dhi);
                 if (p.total_bytes() > 0) {
-                  races->access(ci, p.src, slo, shi, false);
-                  races->access(ci, p.dst, dlo, dhi, true);
+                  races->access(ci, p.src, BytePattern::dma_src(p), false);
+                  races->access(ci, p.dst, BytePattern::dma_dst(p), true);
                 }
                 races->dma_issued(ci, p, index_of(p.rflag_core), where(c));
               }

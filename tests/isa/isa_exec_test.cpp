@@ -6,9 +6,11 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "isa/asm/assembler.h"
 #include "isa/exec/interpreter.h"
+#include "isa/exec/race_checker.h"
 #include "isa/exec/semantics.h"
 #include "isa/exec/tensors.h"
 #include "isa/numerics/bf16.h"
@@ -191,6 +193,21 @@ TEST(IsaExecRaces, CheckerFlagsEachRuleAndAcceptsSynchronisedCode) {
       // waiting first is fine; a strided DMA's gaps are inside its bounding range
       {"  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=64, dim=4:128:128, flag=f1\n  wait.sub f1, 1\n  vld v0, [s0 + 0]\n",
        nullptr},
+      // interleaved strided DMAs (two column bands of the same rows) write disjoint bytes
+      {"  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=64, dim=4:64:128, flag=f1\n"
+       "  dma vmem:[s0 + 64], hbm:[s0 + 256], bytes=64, dim=4:64:128, flag=f1\n  wait f1, 2\n",
+       nullptr},
+      // ... but a band shifted half a run into the next one's bytes collides: [128, 160)
+      {"  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=64, dim=4:64:128, flag=f1\n"
+       "  dma vmem:[s0 + 96], hbm:[s0 + 256], bytes=64, dim=4:64:128, flag=f1\n  wait f1, 2\n",
+       "race: writes bytes [96, 544) of vmem"},
+      // a strided vector load between a strided DMA's runs, and one that meets a run
+      {"  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=256, dim=8:256:1024, flag=f1\n  vld v0, [s0 + 512], stride=1024\n"
+       "  wait f1, 1\n",
+       nullptr},
+      {"  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=256, dim=8:256:1024, flag=f1\n  vld v0, [s0 + 7360], stride=-1024\n"
+       "  wait f1, 1\n",
+       "race: reads bytes [192, 7872) of vmem"},
       // the receiver's rflag orders its reads; the sender waits before reusing its buffer
       {".target cores=2\n.core 0\n  dma vmem@c1:[s0 + 0], vmem:[s0 + 0], bytes=4096, flag=f1, rflag=f2\n"
        "  wait f1, 1\n  vst v1, [s0 + 0]\n.core 1\n  wait f2, 1\n  vld v0, [s0 + 0]\n",
@@ -591,3 +608,39 @@ TEST(IsaExecTensors, LayoutStridesAndNpyConversion) {
 
 }  // namespace
 }  // namespace tpusim::exec
+
+// The race checker's byte-exact overlap against the byte sets themselves, over
+// random strided patterns (negative, zero and overlapping strides included).
+TEST(IsaExecRaces, BytePatternOverlapMatchesByteSets) {
+  std::mt19937 rng(7);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto random_pattern = [&](std::set<int64_t>& bytes) {
+    const int nd = pick(0, 3);
+    int64_t count[3] = {}, stride[3] = {};
+    for (int d = 0; d < nd; ++d) {
+      count[d] = pick(1, 4);
+      stride[d] = pick(-40, 40);
+    }
+    const int64_t base = pick(0, 200), run = pick(1, 12);
+    for (int64_t i = 0; i < (nd > 0 ? count[0] : 1); ++i)
+      for (int64_t j = 0; j < (nd > 1 ? count[1] : 1); ++j)
+        for (int64_t k = 0; k < (nd > 2 ? count[2] : 1); ++k)
+          for (int64_t b = 0; b < run; ++b) bytes.insert(base + i * stride[0] + j * stride[1] + k * stride[2] + b);
+    return tpusim::exec::BytePattern::strided(base, run, nd, count, stride);
+  };
+  int overlapping = 0;
+  for (int t = 0; t < 20000; ++t) {
+    std::set<int64_t> a_bytes, b_bytes;
+    const auto a = random_pattern(a_bytes), b = random_pattern(b_bytes);
+    bool expect = false;
+    for (int64_t x : a_bytes) expect = expect || b_bytes.count(x) > 0;
+    ASSERT_EQ(a.overlaps(b), expect) << t;
+    ASSERT_EQ(b.overlaps(a), expect) << t;
+    ASSERT_EQ(a.lo, *a_bytes.begin()) << t;
+    ASSERT_EQ(a.hi, *a_bytes.rbegin() + 1) << t;
+    overlapping += expect;
+  }
+  // Both answers occur often enough for the sweep to mean something.
+  EXPECT_GT(overlapping, 2000);
+  EXPECT_LT(overlapping, 18000);
+}
