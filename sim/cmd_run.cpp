@@ -197,7 +197,7 @@ int run_run(const RunArgs& a) {
     for (const auto& [id, name] : bundle.op_names) names["op " + std::to_string(id)] = "op " + std::to_string(id) + ": " + name;
     tl->rename_slices(std::move(names));
   }
-  const nlohmann::json profile = run::fold_profiles(f.units, result.cycles);
+  const nlohmann::json profile = run::fold_profiles(f.units, result.cycles, bundle.op_names);
   f.ops = profile["ops"];
   f.time_by_cause = profile["time_by_cause"];
   const auto stats = run::make_stats(f);

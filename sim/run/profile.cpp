@@ -30,7 +30,7 @@ uint64_t take(uint64_t& from, uint64_t want) {
 
 }  // namespace
 
-json fold_profiles(json& units, uint64_t run_cycles) {
+json fold_profiles(json& units, uint64_t run_cycles, const std::map<int32_t, std::string>& node_names) {
   std::map<int64_t, json> ops;  // id -> folded entry
   json time = json::object();
   std::vector<std::string> profiled;
@@ -48,6 +48,7 @@ json fold_profiles(json& units, uint64_t run_cycles) {
         for (const char* k : kSum) f[k] = 0;
         for (const char* c : kCauses) f["stall_cycles"][c] = 0;
         if (id < 0) f["id"] = "unmarked";
+        if (const auto n = node_names.find(static_cast<int32_t>(id)); id >= 0 && n != node_names.end()) f["node"] = n->second;
       }
       const uint64_t cycles = u(op, "cycles");
       f["cycles"] = std::max(f["cycles"].get<uint64_t>(), cycles);

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
+#include <string>
 
 #include "hw/timeline/timeline.h"
 #include "isa/asm/instr.h"
@@ -23,7 +25,10 @@ namespace tpusim::run {
 //   on sync/ICI and idle; they sum to `run_cycles`. Infeed waits are the larger of
 //   the profile's (waits on flags of host DMAs) and the sequencer's
 //   "stall_infeed_cycles" counter (hw/host's model), the excess taken from sync.
-nlohmann::json fold_profiles(nlohmann::json& units, uint64_t run_cycles);
+// With `node_names` (the bundle's op names, docs/cli.md) an op also gets "node",
+// the graph node it was lowered from.
+nlohmann::json fold_profiles(nlohmann::json& units, uint64_t run_cycles,
+                             const std::map<int32_t, std::string>& node_names = {});
 
 // VMEM occupancy from the bundle's VMEM plans (isa::VmemBuffer, docs/cli.md "VMEM
 // occupancy"): while a core executes op N, the bytes of the union of N's buffers in

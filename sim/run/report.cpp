@@ -27,6 +27,7 @@ std::string percent(uint64_t part, uint64_t whole) {
 }
 
 constexpr size_t kTopOps = 10;
+constexpr size_t kOpLabelWidth = 40;  // a long node name is cut, the row stays readable
 constexpr size_t kListedCores = 16;
 
 }  // namespace
@@ -109,7 +110,18 @@ std::string format_report(const nlohmann::json& s) {
     const double ridge = hbm_peak > 0 ? peak / hbm_peak : 0.0;
     const size_t shown = std::min(kTopOps, ops.size());
     r += fmt::format("top {} of {} ops by time (roofline ridge {:.1f} FLOP/B):\n", shown, ops.size(), ridge);
-    r += fmt::format("  {:<12} {:>10} {:>7} {:>12} {:>12} {:>9} {:>8}\n", "op", "cycles", "step", "FLOP",
+    // "op N" and, for compiled bundles, the graph node it came from.
+    std::vector<std::string> labels;
+    size_t width = 12;
+    for (size_t i = 0; i < shown; ++i) {
+      const auto& op = *ops[i];
+      std::string label = op["name"].get<std::string>();
+      if (op.contains("node")) label += " " + op["node"].get<std::string>();
+      if (label.size() > kOpLabelWidth) label = label.substr(0, kOpLabelWidth - 2) + "..";
+      width = std::max(width, label.size());
+      labels.push_back(std::move(label));
+    }
+    r += fmt::format("  {:<{}} {:>10} {:>7} {:>12} {:>12} {:>9} {:>8}\n", "op", width, "cycles", "step", "FLOP",
                      "HBM bytes", "FLOP/B", "bound");
     for (size_t i = 0; i < shown; ++i) {
       const auto& op = *ops[i];
@@ -125,8 +137,8 @@ std::string format_report(const nlohmann::json& s) {
         intensity = "inf";
         bound = "compute";
       }
-      r += fmt::format("  {:<12} {:>10} {:>7} {:>12} {:>12} {:>9} {:>8}\n", op["name"].get<std::string>(), c,
-                       percent(c, cycles), f, b, intensity, bound);
+      r += fmt::format("  {:<{}} {:>10} {:>7} {:>12} {:>12} {:>9} {:>8}\n", labels[i], width, c, percent(c, cycles), f,
+                       b, intensity, bound);
     }
   }
   return r;

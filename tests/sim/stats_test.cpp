@@ -284,5 +284,33 @@ TEST(Report, BreakdownAndTopOpsWithRooflineBound) {
   EXPECT_LT(op3, r.find("op 4 ")) << "longest op first";
 }
 
+// Ops of a compiled bundle carry the graph node they came from: in stats.json as
+// "node" (an unnamed op has none) and beside "op N" in the report, a long name cut
+// to the column's 40 characters.
+TEST(Report, OpsShowTheirGraphNodeNames) {
+  RunFigures f = v3_figures();
+  json units = two_core_units();
+  const std::string long_name = "conv2d %" + std::string(60, 'x');
+  const json p = fold_profiles(units, f.cycles, {{3, "matmul %logits"}, {4, long_name}, {9, "relu %unused"}});
+  ASSERT_EQ(p["ops"].size(), 2u);
+  EXPECT_EQ(p["ops"][0]["name"], "op 3");
+  EXPECT_EQ(p["ops"][0]["node"], "matmul %logits");
+  EXPECT_EQ(p["ops"][1]["node"], long_name);
+  f.ops = p["ops"];
+  f.time_by_cause = p["time_by_cause"];
+  const json s = make_stats(f);
+  EXPECT_TRUE(check_stats(s).empty());
+  const std::string r = format_report(s);
+  EXPECT_NE(r.find("  op 3 matmul %logits "), std::string::npos) << r;
+  const std::string cut = ("op 4 " + long_name).substr(0, 38) + "..";
+  const size_t at = r.find(cut);
+  ASSERT_NE(at, std::string::npos) << r;
+  EXPECT_EQ(r[at + cut.size()], ' ') << "cut at 40 characters";
+  // Without names the entries have no "node" and the rows read "op N".
+  json plain_units = two_core_units();
+  const json plain = fold_profiles(plain_units, f.cycles);
+  EXPECT_FALSE(plain["ops"][0].contains("node"));
+}
+
 }  // namespace
 }  // namespace tpusim::run
