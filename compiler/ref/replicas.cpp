@@ -23,8 +23,20 @@ void check_replicas(const ReplicaSpec& s) {
     throw CompileError("--replicas " + std::to_string(s.replicas) + ": the board has " + std::to_string(board) +
                        " chips of " + std::to_string(s.cores_per_chip) + " cores (" +
                        std::to_string(board * s.cores_per_chip) + " replicas at most)");
-  if (s.algorithm != "auto" && s.algorithm != "ring" && s.algorithm != "bidir-ring" && s.algorithm != "torus")
-    throw CompileError("--collective '" + s.algorithm + "': expected auto, ring, bidir-ring or torus");
+  if (s.algorithm != "auto" && s.algorithm != "ring" && s.algorithm != "bidir-ring" && s.algorithm != "torus" &&
+      s.algorithm != "hierarchical")
+    throw CompileError("--collective '" + s.algorithm + "': expected auto, ring, bidir-ring, torus or hierarchical");
+  if (s.algorithm == "hierarchical" && (s.cores_per_chip != 2 || s.replicas % 2 != 0))
+    throw CompileError("--collective hierarchical: needs 2 cores per chip, each running a replica (the board has " +
+                       std::to_string(s.cores_per_chip) + " cores per chip, " + std::to_string(s.replicas) +
+                       " replicas)");
+}
+
+ici::Topology chip_topology(const ReplicaSpec& s) {
+  ReplicaSpec one = s;
+  one.replicas = chips_used(s);
+  one.cores_per_chip = 1;
+  return replica_topology(one);
 }
 
 ici::Topology replica_topology(const ReplicaSpec& s) {
@@ -52,8 +64,17 @@ ici::Topology replica_topology(const ReplicaSpec& s) {
   }
 }
 
+static bool hierarchical_applies(const ReplicaSpec& s) {
+  return s.cores_per_chip == 2 && s.replicas > 2 && s.replicas % 2 == 0;
+}
+
 ici::Algorithm choose_algorithm(const ReplicaSpec& s, int64_t elements) {
   if (s.algorithm != "auto") return ici::parse_algorithm(s.algorithm);
+  // Two cores per chip on more than one chip: the hierarchical algorithm has as
+  // many steps as the torus algorithm on [2, chip dims..] (2 on chip + the chips'
+  // torus steps), and its two cores never share a link direction, where the torus
+  // algorithm's groups of both cores share every ICI link (docs/ici.md).
+  if (hierarchical_applies(s) && elements >= 2) return ici::Algorithm::kHierarchical;
   const ici::Topology t = replica_topology(s);
   const int64_t p = t.chips();
   int dims = 0;
@@ -67,8 +88,10 @@ ici::Algorithm choose_algorithm(const ReplicaSpec& s, int64_t elements) {
 }
 
 ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements) {
-  return ici::make_schedule(ici::CollectiveKind::kAllReduce, choose_algorithm(s, elements), replica_topology(s),
-                            elements);
+  const ici::Algorithm a = choose_algorithm(s, elements);
+  if (a == ici::Algorithm::kHierarchical)
+    return ici::make_schedule(ici::CollectiveKind::kAllReduce, a, chip_topology(s), elements, 2);
+  return ici::make_schedule(ici::CollectiveKind::kAllReduce, a, replica_topology(s), elements);
 }
 
 std::vector<std::vector<float>> all_reduce_values(const ReplicaSpec& s, const std::vector<std::vector<float>>& x) {

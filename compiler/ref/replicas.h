@@ -21,7 +21,7 @@ struct ReplicaSpec {
   // of chip 0 first, then chip 1, ...
   int cores_per_chip = 1;
   ici::Topology board;               // the preset's chips (system.topology, system.dims)
-  std::string algorithm = "auto";    // auto | ring | bidir-ring | torus
+  std::string algorithm = "auto";    // auto | ring | bidir-ring | torus | hierarchical
   std::vector<std::string> batched;  // inputs split along axis 0; empty = every input
 };
 
@@ -37,6 +37,10 @@ void check_replicas(const ReplicaSpec& s);
 // a ring of the used chips); size-1 dimensions dropped. Its chip id is the replica
 // index.
 ici::Topology replica_topology(const ReplicaSpec& s);
+// The used chips alone (replica_topology of one replica per chip): the topology the
+// hierarchical algorithm's chip-level part runs on, participant 2 x chip + core =
+// the replica index.
+ici::Topology chip_topology(const ReplicaSpec& s);
 // The algorithm an all_reduce of `elements` uses (docs/codegen.md "Collectives").
 ici::Algorithm choose_algorithm(const ReplicaSpec& s, int64_t elements);
 ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements);

@@ -18,7 +18,8 @@ Algorithm parse_algorithm(const std::string& s) {
   if (s == "ring") return Algorithm::kRing;
   if (s == "bidir-ring") return Algorithm::kBidirectionalRing;
   if (s == "torus") return Algorithm::kTorus;
-  throw IciError("unknown collective algorithm '" + s + "' (ring | bidir-ring | torus)");
+  if (s == "hierarchical") return Algorithm::kHierarchical;
+  throw IciError("unknown collective algorithm '" + s + "' (ring | bidir-ring | torus | hierarchical)");
 }
 
 std::string to_string(CollectiveKind k) {
@@ -27,7 +28,7 @@ std::string to_string(CollectiveKind k) {
 }
 
 std::string to_string(Algorithm a) {
-  static const char* n[] = {"ring", "bidir-ring", "torus"};
+  static const char* n[] = {"ring", "bidir-ring", "torus", "hierarchical"};
   return n[int(a)];
 }
 
@@ -197,6 +198,40 @@ std::vector<Group> make_groups(Algorithm algo, const Topology& t, int64_t elemen
   }
   std::vector<Group> groups;
   const int64_t G = int64_t(plans.size());
+  if (algo == Algorithm::kHierarchical) {
+    // Participant 2 x chip + core. Core c works on half c of the buffer, split into
+    // D groups (j, dir_c), dir_0 = +1 and dir_1 = -1, each the torus algorithm's
+    // group over the chips' core-c participants.
+    const std::vector<int> dims = active_dims(t);
+    const size_t D = dims.size();
+    for (int c = 0; c < 2; ++c) {
+      const int dir = c == 0 ? +1 : -1;
+      const Range half = block({0, elements}, c, 2);
+      for (size_t j = 0; j < D; ++j) {
+        Group g;
+        g.range = block(half, int(j), int(D));
+        for (size_t h = 0; h < D; ++h) {
+          Phase ph{dim_lines(t, dims[(j + h) % D], dir), dir};
+          for (auto& line : ph.lines)
+            for (int& chip : line) chip = 2 * chip + c;
+          g.phases.push_back(ph);
+        }
+        plan(g, 2 * t.chips());
+        // Only core c's participants hold a part of this group.
+        for (int q = 0; q < 2 * t.chips(); ++q)
+          if (q % 2 != c) g.owned[size_t(q)] = {0, 0};
+        groups.push_back(g);
+      }
+      if (D == 0) {  // one chip: the on-chip steps are the whole collective
+        Group g;
+        g.range = half;
+        g.owned.assign(size_t(2 * t.chips()), Range{0, 0});
+        g.owned[size_t(c)] = half;
+        groups.push_back(g);
+      }
+    }
+    return groups;
+  }
   for (int64_t i = 0; i < G; ++i) {
     Group g;
     g.range = {elements * i / G, elements * (i + 1) / G};
@@ -209,16 +244,23 @@ std::vector<Group> make_groups(Algorithm algo, const Topology& t, int64_t elemen
 
 }  // namespace
 
-Schedule make_schedule(CollectiveKind kind, Algorithm algorithm, const Topology& topology, int64_t elements) {
+Schedule make_schedule(CollectiveKind kind, Algorithm algorithm, const Topology& topology, int64_t elements,
+                       int cores_per_chip) {
   if (elements < 0) throw IciError("collective: negative element count");
+  const bool hier = kind != CollectiveKind::kAllToAll && algorithm == Algorithm::kHierarchical;
+  if (hier && cores_per_chip != 2)
+    throw IciError("collective: the hierarchical algorithm needs 2 cores per chip, not " + std::to_string(cores_per_chip));
+  if (!hier && cores_per_chip != 1)
+    throw IciError("collective: " + to_string(algorithm) + " runs one participant per chip (cores_per_chip " +
+                   std::to_string(cores_per_chip) + ")");
   Schedule s;
   s.kind = kind;
   s.algorithm = algorithm;
   s.topology = topology;
-  s.chips = topology.chips();
+  s.chips = topology.chips() * cores_per_chip;
   s.elements = elements;
   s.name = to_string(kind) + (kind == CollectiveKind::kAllToAll ? "" : "/" + to_string(algorithm)) + " on " +
-           topology.name();
+           topology.name() + (hier ? " x 2 cores" : "");
   Builder b(s);
   const int p = s.chips;
   if (kind == CollectiveKind::kAllToAll) {
@@ -241,10 +283,30 @@ Schedule make_schedule(CollectiveKind kind, Algorithm algorithm, const Topology&
     return s;
   }
   const std::vector<Group> groups = make_groups(algorithm, topology, elements);
+  // Hierarchical: the on-chip reduce-scatter is step 0 (a ring of the chip's two
+  // cores: core i sends half 1 - i, which core 1 - i adds), the on-chip all-gather
+  // the step after the last chip-level one (core i sends its half, copied).
+  const size_t first = hier && kind != CollectiveKind::kAllGather ? 1 : 0;
+  size_t last = first;
+  if (hier && kind != CollectiveKind::kAllGather)
+    for (int c = 0; c < topology.chips(); ++c)
+      for (int i = 0; i < 2; ++i) {
+        const Range h = block({0, elements}, 1 - i, 2);
+        b.emit(0, 2 * c + i, 2 * c + 1 - i, h, h, true, i == 0 ? +1 : -1);
+      }
   for (const Group& g : groups) {
-    size_t step = 0;
+    size_t step = first;
     if (kind != CollectiveKind::kAllGather) step = emit_reduce_scatter(b, g, step);
-    if (kind != CollectiveKind::kReduceScatter) emit_all_gather(b, g, step);
+    if (kind != CollectiveKind::kReduceScatter) step = emit_all_gather(b, g, step);
+    last = std::max(last, step);
+  }
+  if (hier && kind != CollectiveKind::kReduceScatter)
+    for (int c = 0; c < topology.chips(); ++c)
+      for (int i = 0; i < 2; ++i) {
+        const Range h = block({0, elements}, i, 2);
+        b.emit(last, 2 * c + i, 2 * c + 1 - i, h, h, false, i == 0 ? +1 : -1);
+      }
+  for (const Group& g : groups) {
     for (int c = 0; c < p; ++c) {
       const Range o = g.owned[size_t(c)];
       if (o.hi == o.lo) continue;
@@ -256,11 +318,14 @@ Schedule make_schedule(CollectiveKind kind, Algorithm algorithm, const Topology&
 }
 
 double closed_form_cycles(CollectiveKind kind, Algorithm algorithm, const Topology& t, double n, double alpha,
-                          double beta) {
+                          double beta, double onchip_alpha, double onchip_beta) {
   if (kind == CollectiveKind::kAllToAll) return -1;  // no alpha-beta form claimed (routed, contended)
+  const double passes = kind == CollectiveKind::kAllReduce ? 2 : 1;
+  if (algorithm == Algorithm::kHierarchical)
+    return passes * (onchip_alpha + onchip_beta * n / 2) +
+           closed_form_cycles(kind, Algorithm::kTorus, t, n, alpha, beta);
   const double p = t.chips();
   if (p <= 1) return 0;
-  const double passes = kind == CollectiveKind::kAllReduce ? 2 : 1;
   if (algorithm == Algorithm::kRing) return passes * (p - 1) * (alpha + beta * n / p);
   if (algorithm == Algorithm::kBidirectionalRing) return passes * (p - 1) * (alpha + beta * n / (2 * p));
   std::vector<int> dims = active_dims(t);

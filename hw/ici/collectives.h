@@ -22,10 +22,10 @@
 namespace tpusim::ici {
 
 enum class CollectiveKind { kAllReduce, kReduceScatter, kAllGather, kAllToAll };
-enum class Algorithm { kRing, kBidirectionalRing, kTorus };
+enum class Algorithm { kRing, kBidirectionalRing, kTorus, kHierarchical };
 
 CollectiveKind parse_collective(const std::string& s);  // all-reduce | reduce-scatter | all-gather | all-to-all
-Algorithm parse_algorithm(const std::string& s);        // ring | bidir-ring | torus
+Algorithm parse_algorithm(const std::string& s);        // ring | bidir-ring | torus | hierarchical
 std::string to_string(CollectiveKind k);
 std::string to_string(Algorithm a);
 
@@ -64,8 +64,18 @@ struct Schedule {
 // split into 2 x D groups of which group (j, dir) takes the dimensions in the
 // order j, j+1, .., so all 2D ports of a chip are busy at once. All-to-all is
 // direct (step k: chip i sends its block for chip i+k); `algorithm` is ignored.
+//
+// hierarchical (cores_per_chip == 2; every other algorithm takes 1): the
+// participants are the 2 cores of every chip of `topology`, participant
+// 2 x chip + core. An on-chip reduce-scatter between the two cores (core c keeps
+// half c), then core c runs the torus algorithm's D groups of one direction (core 0
+// the + groups, core 1 the - groups) over the chips on its half, then the reverse
+// all-gathers and an on-chip all-gather. The two cores of a chip then never share a
+// link direction, and the chip-level part is exactly the torus algorithm on the
+// chip topology (a size-2 dimension's + and - links each carry one core's groups).
 // Throws IciError on a bad request (all-to-all needs elements % chips == 0).
-Schedule make_schedule(CollectiveKind kind, Algorithm algorithm, const Topology& topology, int64_t elements);
+Schedule make_schedule(CollectiveKind kind, Algorithm algorithm, const Topology& topology, int64_t elements,
+                       int cores_per_chip = 1);
 
 // Runs a schedule on per-chip buffers of any value type: `state[chip][element]`
 // (elements() long each). `unset` marks elements a chip has no value for (only
@@ -83,8 +93,11 @@ void execute(const Schedule& s, std::vector<std::vector<T>>& state, const T& uns
 //   bidir ring 2(p-1)(alpha + beta n/(2p))
 //   torus      2 sum_h (k_h - 1)(alpha + beta n/(G k_1..k_h)),  G = 2 x D groups,
 //              the slowest dimension order of the D parts.
+//   hierarchical  the torus form on the chip topology + 2 on-chip steps,
+//              2 (alpha_onchip + beta_onchip n/2)  (RS or AG alone: half of both).
 double closed_form_cycles(CollectiveKind kind, Algorithm algorithm, const Topology& topology, double bytes,
-                          double alpha_cycles, double beta_cycles_per_byte);
+                          double alpha_cycles, double beta_cycles_per_byte, double onchip_alpha_cycles = 0,
+                          double onchip_beta_cycles_per_byte = 0);
 
 // ---- implementation of the template ----
 template <typename T, typename Add>

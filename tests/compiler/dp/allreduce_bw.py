@@ -96,6 +96,24 @@ def closed_form_links(dims, n, cores):
     return alpha + max(2 * load[d] * ab[d][1] for d in range(D))
 
 
+def closed_form_hierarchical(chip_dims, n):
+    """The hierarchical algorithm (hw/ici/collectives.h; docs/ici.md): the torus
+    algorithm's closed form on the chip topology (G = 2D groups, every ICI link
+    carries one core's messages) plus the on-chip reduce-scatter and all-gather
+    of half the buffer each."""
+    D = len(chip_dims)
+    G = 2 * D
+    best = 0.0
+    for j in range(D):
+        t, prod = 0.0, 1
+        for h in range(D):
+            k = chip_dims[(j + h) % D]
+            prod *= k
+            t += (k - 1) * (ICI_ALPHA + n / (G * prod) / ICI_B)
+        best = max(best, 2 * t)
+    return best + 2 * (ONCHIP_ALPHA + n / 2 / ONCHIP_B)
+
+
 def timeline_span(path):
     """(us, cycles) from the last replica's start of op 1 to the last one's end."""
     ev = json.load(open(path))
@@ -173,9 +191,13 @@ def main():
         if alg == "auto":
             # choose_algorithm (compiler/ref/replicas.cpp)
             D = len(dims)
-            alg = "torus" if D >= 2 and E >= 2 * D * R else "bidir-ring" if E >= 2 * R else "ring"
-        cf = closed_form(alg, dims, n, cores)
-        cl = closed_form_links(dims, n, cores) if alg == "torus" else cf
+            alg = ("hierarchical" if cores == 2 and chips > 1 and E >= 2 else
+                   "torus" if D >= 2 and E >= 2 * D * R else "bidir-ring" if E >= 2 * R else "ring")
+        if alg == "hierarchical":
+            cf = cl = closed_form_hierarchical(dims[1:], n)
+        else:
+            cf = closed_form(alg, dims, n, cores)
+            cl = closed_form_links(dims, n, cores) if alg == "torus" else cf
         print(f"| {a.preset} | {R} | {alg} | {s}iB | {cyc:.0f} | {us:.1f} | {n / (us * 1e-6) / 1e9:.2f} | {cl:.0f} | "
               f"{cyc / cl:.3f} | {cf:.0f} | {cyc / cf:.3f} |", flush=True)
         if a.json:

@@ -412,3 +412,173 @@ TEST(Bandwidth, AllToAllMovesEveryBlockAcrossTheNetwork) {
 
 }  // namespace
 }  // namespace tpusim::ici
+
+namespace tpusim::ici {
+namespace {
+
+// The hierarchical algorithm (2 cores per chip, participant 2 x chip + core), its
+// add order as docs/ici.md "Add order" writes it: element e lies in half c of the
+// buffer (block c of 2), then in part j of D of that half (block j of D); its value
+// is the torus fold of group (j, dir_c) over the chips (dir_0 = +, dir_1 = -),
+// dimensions in the order j, j+1, .. of the chip topology's active dimensions,
+// where each chip contributes its on-chip sum  x[2 chip + 1 - c] + x[2 chip + c].
+int hierarchical_expr(Exprs& x, const Topology& t, int64_t elements, int64_t e) {
+  const int c = e < block({0, elements}, 1, 2).lo ? 0 : 1;
+  const int dir = c == 0 ? +1 : -1;
+  std::vector<int> active;
+  for (int d = 0; d < t.num_dims(); ++d)
+    if (t.dims()[d] > 1) active.push_back(d);
+  const int D = int(active.size());
+  Range r = block({0, elements}, c, 2);
+  std::vector<int> dims;
+  if (D > 0) {
+    int j = 0;
+    while (!(e >= block(r, j, D).lo && e < block(r, j, D).hi)) ++j;
+    r = block(r, j, D);
+    for (int h = 0; h < D; ++h) dims.push_back(active[size_t((j + h) % D)]);
+  }
+  std::vector<int> b;
+  for (int d : dims) {
+    const int k = t.dims()[d];
+    int i = 0;
+    while (!(e >= block(r, i, k).lo && e < block(r, i, k).hi)) ++i;
+    b.push_back(i);
+    r = block(r, i, k);
+  }
+  std::function<int(int, int)> fold = [&](int level, int chip) -> int {
+    if (level < 0) return x.sum(2 * chip + 1 - c, 2 * chip + c);
+    const int k = t.dims()[dims[size_t(level)]];
+    int acc = -1;
+    for (int s = 1; s <= k; ++s) {
+      const int ch = chip_at_position(t, dims[size_t(level)], dir, b[size_t(level)] + s, chip);
+      const int v = fold(level - 1, ch);
+      acc = acc < 0 ? v : x.sum(acc, v);
+    }
+    return acc;
+  };
+  return fold(int(dims.size()) - 1, 0);
+}
+
+class Hierarchical : public ::testing::TestWithParam<Topology> {};
+
+TEST_P(Hierarchical, AllReduceIsCompleteInTheDocumentedOrder) {
+  const Topology& t = GetParam();
+  const int p = 2 * t.chips();
+  for (int64_t E : {int64_t(2 * 3 * 2 * p + 5), int64_t(7)}) {  // uneven blocks; and fewer elements than blocks
+    const Schedule s = make_schedule(CollectiveKind::kAllReduce, Algorithm::kHierarchical, t, E, 2);
+    ASSERT_EQ(s.chips, p);
+    Exprs x(p);
+    std::vector<std::vector<int>> state(static_cast<size_t>(p), std::vector<int>(static_cast<size_t>(E)));
+    for (int c = 0; c < p; ++c) std::fill(state[c].begin(), state[c].end(), c);
+    execute(s, state, -1, [&](int received, int local) { return x.sum(received, local); });
+    for (int64_t e = 0; e < E; ++e) {
+      const int want = hierarchical_expr(x, t, E, e);
+      for (int c = 0; c < p; ++c)
+        ASSERT_EQ(state[c][e], want) << "participant " << c << " element " << e << " of " << E << ": "
+                                     << x.str(state[c][e]) << " vs " << x.str(want);
+    }
+  }
+}
+
+TEST_P(Hierarchical, CoresNeverShareALinkDirectionAndStepsMatchTheTorus) {
+  const Topology& t = GetParam();
+  const int64_t E = 4 * 3 * 2 * t.chips() + 3;
+  const Schedule s = make_schedule(CollectiveKind::kAllReduce, Algorithm::kHierarchical, t, E, 2);
+  int ring_steps = 0;
+  for (int d : t.dims()) ring_steps += d - 1;
+  ASSERT_EQ(s.steps.size(), size_t(2 + 2 * ring_steps));  // on chip, the chips' torus, on chip
+  for (size_t st = 0; st < s.steps.size(); ++st)
+    for (const Move& m : s.steps[st]) {
+      const bool on_chip = m.src / 2 == m.dst / 2;
+      ASSERT_EQ(on_chip, st == 0 || st + 1 == s.steps.size()) << "step " << st;
+      if (on_chip) continue;
+      // Core 0 only sends + and core 1 only -, each to a neighbouring chip.
+      EXPECT_EQ(m.src % 2, m.dst % 2);
+      EXPECT_EQ(m.direction, m.src % 2 == 0 ? +1 : -1);
+      const std::vector<int> route = t.route_ports(m.src / 2, m.dst / 2, m.direction);
+      ASSERT_EQ(route.size(), 1u);
+      EXPECT_EQ(route[0] % 2, m.src % 2);  // port 2d is +d, 2d+1 is -d
+    }
+}
+
+TEST_P(Hierarchical, Fp32BitExactAndReduceScatterThenAllGather) {
+  const Topology& t = GetParam();
+  const int p = 2 * t.chips();
+  const int64_t E = 3 * 2 * 3 * p + 7;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> dist(-1e3f, 1e3f);
+  std::vector<std::vector<float>> in(static_cast<size_t>(p), std::vector<float>(static_cast<size_t>(E)));
+  for (auto& v : in)
+    for (auto& f : v) f = dist(rng) * (rng() % 2 ? 1e-3f : 1e3f);
+  auto all = in;
+  const float unset = std::numeric_limits<float>::quiet_NaN();
+  const auto add = [](float received, float local) { return num::add(received, local); };
+  execute(make_schedule(CollectiveKind::kAllReduce, Algorithm::kHierarchical, t, E, 2), all, unset, add);
+  // Reduce-scatter then all-gather gives the same bits.
+  const Schedule rs = make_schedule(CollectiveKind::kReduceScatter, Algorithm::kHierarchical, t, E, 2);
+  const Schedule ag = make_schedule(CollectiveKind::kAllGather, Algorithm::kHierarchical, t, E, 2);
+  auto state = in;
+  execute(rs, state, unset, add);
+  std::vector<std::vector<float>> gathered(static_cast<size_t>(p), std::vector<float>(static_cast<size_t>(E), -1.0f));
+  std::vector<int> holders(size_t(E), 0);
+  for (const auto& [c, k] : rs.results)
+    for (int64_t e = rs.chunks[k].offset; e < rs.chunks[k].offset + rs.chunks[k].elems; ++e) {
+      ++holders[size_t(e)];
+      gathered[size_t(c)][size_t(e)] = state[size_t(c)][size_t(e)];
+    }
+  for (int64_t e = 0; e < E; ++e) ASSERT_EQ(holders[size_t(e)], 1) << "element " << e;
+  execute(ag, gathered, -1.0f, [](float, float) -> float { throw IciError("all-gather must not add"); });
+  Exprs x(p);
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string text = x.str(hierarchical_expr(x, t, E, e));
+    std::function<float(size_t&)> parse = [&](size_t& i) -> float {
+      if (text[i] == '(') {
+        ++i;
+        const float l = parse(i);
+        ++i;
+        const float r = parse(i);
+        ++i;
+        return num::add(l, r);
+      }
+      int v = 0;
+      while (i < text.size() && isdigit(static_cast<unsigned char>(text[i]))) v = v * 10 + (text[i++] - '0');
+      return in[size_t(v)][size_t(e)];
+    };
+    size_t i = 0;
+    const float want = parse(i);
+    for (int c = 0; c < p; ++c) {
+      ASSERT_EQ(num::f32_bits(all[size_t(c)][size_t(e)]), num::f32_bits(want)) << "participant " << c << " element " << e;
+      ASSERT_EQ(num::f32_bits(gathered[size_t(c)][size_t(e)]), num::f32_bits(want)) << "participant " << c;
+    }
+  }
+}
+
+TEST(Hierarchical, ClosedFormIsTheChipTorusPlusTwoOnChipSteps) {
+  const Topology t(TopologyKind::kTorus3d, {4, 4, 4});
+  const double a = 1941, b = 1 / 41.3, oa = 414, ob = 1 / 512.0, n = 64 << 20;
+  // Written out: 3 dims of 4, G = 6 groups: 2 sum_h 3 (a + b n / (6 4^h)).
+  double torus = 0;
+  for (int h = 1; h <= 3; ++h) torus += 2 * 3 * (a + b * n / (6 * std::pow(4, h)));
+  EXPECT_NEAR(closed_form_cycles(CollectiveKind::kAllReduce, Algorithm::kHierarchical, t, n, a, b, oa, ob),
+              torus + 2 * (oa + ob * n / 2), 1e-6);
+  EXPECT_NEAR(closed_form_cycles(CollectiveKind::kReduceScatter, Algorithm::kHierarchical, t, n, a, b, oa, ob),
+              torus / 2 + oa + ob * n / 2, 1e-6);
+  EXPECT_THROW(make_schedule(CollectiveKind::kAllReduce, Algorithm::kHierarchical, t, 64), IciError);
+  EXPECT_THROW(make_schedule(CollectiveKind::kAllReduce, Algorithm::kTorus, t, 64, 2), IciError);
+  EXPECT_EQ(parse_algorithm("hierarchical"), Algorithm::kHierarchical);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Hierarchical,
+                         ::testing::Values(Topology(TopologyKind::kTorus2d, {2, 2}), Topology(TopologyKind::kTorus2d, {4, 4}),
+                                           Topology(TopologyKind::kTorus2d, {3, 4}), Topology(TopologyKind::kRing, {3}),
+                                           Topology(TopologyKind::kTorus3d, {2, 2, 2}),
+                                           Topology(TopologyKind::kTorus3d, {4, 4, 4}), Topology(TopologyKind::kSingle, {1})),
+                         [](const auto& i) {
+                           std::string n = i.param.name();
+                           for (auto& ch : n)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace tpusim::ici
