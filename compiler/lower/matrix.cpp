@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <tuple>
 
 #include "isa/numerics/bf16.h"
 
@@ -255,6 +257,38 @@ void Emitter::lower_matmul(const Node& n) {
     }
   }
 
+  // The recipe's epilogue on accumulator register a of column tile `tile`: alpha,
+  // beta * C, the fused members (v28-v31 scratch). A full operand's tile is at
+  // full_at(operand); a replicated one's is loaded once per core.
+  auto emit_epilogue = [&](int64_t a, int64_t tile, const std::function<int64_t(const Operand&)>& full_at) {
+    const std::string va = "v" + std::to_string(a);
+    auto load_operand = [&](int idx, const std::string& into) {
+      const Operand& o = ops[static_cast<size_t>(idx)];
+      const int64_t addr = o.full ? full_at(o) : o.vbase + (o.scalar ? 0 : tile * 8 * 128 * esz(o.dt));
+      line(std::string(ld(o.dt)) + " " + into + ", " + at(addr));
+    };
+    if (alpha != 1.0f) {
+      line("vbcast v31, " + fimm(alpha));
+      line("vmul " + va + ", v31, " + va);
+    }
+    if (bias_op >= 0) {
+      load_operand(bias_op, "v30");
+      if (beta != 1.0f) {
+        line("vbcast v31, " + fimm(beta));
+        line("vmul v30, v31, v30");
+      }
+      line("vadd " + va + ", " + va + ", v30");
+    }
+    DType cur_t = n.type.dtype;
+    for (const Step& st_ : steps) {
+      if (cur_t == DType::kBf16) line("vcvt.bf16 " + va + ", " + va);
+      if (st_.operand >= 0) load_operand(st_.operand, "v30");
+      emit_op(*st_.m, static_cast<int>(a), st_.run_first ? static_cast<int>(a) : 30,
+              st_.run_first ? 30 : static_cast<int>(a), 28, 29);
+      cur_t = st_.m->type.dtype;
+    }
+  };
+
   // Batch offsets with numpy broadcasting of the leading dims.
   auto batch_offset = [&](const Shape& s, int64_t b, int64_t e) {
     const size_t r = s.size();
@@ -300,6 +334,23 @@ void Emitter::lower_matmul(const Node& n) {
   // LHS columns are fetched in bands of LB chunks (a multiple of kw).
   const int64_t LB = std::max<int64_t>(kw, (kRunBytes / (R * ea) + kw - 1) / kw * kw);
 
+  // Flags: f1 general, f4 output stores, f6/f7 full epilogue operands (by column-tile
+  // group parity), f10..f12 the pass ring's slots. Every wait covers every DMA issued
+  // on its flag so far (completion order is not issue order).
+  constexpr int kOutFlag = 4, kEpiFlag = 6, kSlotFlag = 8;
+  const int64_t fifo_vregs = std::max<int64_t>(2, opt_.target.fifo_rows / 8);
+  const int64_t D = std::max<int64_t>(1, std::min<int64_t>(18, fifo_vregs - 2));
+  const int64_t AS = 16 / cw;  // accumulator register sets (v8..v23)
+  const int64_t LS = 8 / kw;   // LHS register sets (v0..v7)
+  auto vr = [](int64_t r) { return "v" + std::to_string(r); };
+  auto mx = [](int64_t m) { return "mxu" + std::to_string(m); };
+
+  struct Pass {
+    int64_t t, p, c0, kk, n0, cwt;
+    bool first, last;
+  };
+  auto kr_of = [&](int64_t c) { return std::min(R, K - c * R); };
+
   // VMEM plan. Columns go in bands of BG column groups whose weights stay resident
   // in VMEM (loaded by the first unit of the band on each core, reused by the
   // rest); rows in units of Mg. One band if all of B fits; otherwise narrower bands
@@ -307,6 +358,7 @@ void Emitter::lower_matmul(const Node& n) {
   // only if even one group's weights do not fit.
   const int64_t per_core = align_up((M * batches + cores_ - 1) / cores_, 8);
   int64_t Mg = std::max<int64_t>(8, std::min<int64_t>({2048, align_up(M, 8), per_core}));
+  const int64_t Mg0 = Mg;
   const int64_t vmem_cap = static_cast<int64_t>(opt_.target.vmem_bytes);
   // Row-major VMEM images (LHS rows of a unit, resident weights, output bands) have a
   // row stride of an odd number of 8x128-tile rows, so the 8 rows of a strided vld or
@@ -347,6 +399,248 @@ void Emitter::lower_matmul(const Node& n) {
     else if (resident) resident = false, BG = 1, Mg = std::max<int64_t>(8, std::min<int64_t>(2048, per_core));
     else break;
   }
+  // K-streamed tiles (docs/codegen.md, "Large GEMMs: K-streamed tiles"). When a unit's
+  // LHS rows and a band of weights do not both fit (the plan above had to shrink: short
+  // units pay an mswap per few blocks, narrow bands re-read the LHS, and every unit or
+  // band starts on an empty image), the output is cut into tiles of Mt rows x NG
+  // column groups whose fp32 partial sums stay in VMEM while K streams past them: per
+  // pass (kw chunks) every column group of the tile runs its blocks. A pass's LHS
+  // comes from a K band of LB chunks (two band slots, f13/f14), its weights from a
+  // panel of its kw*R rows x the tile's columns (kPanels slots on the pass ring's
+  // flags); both are fetched ahead across the tiles of a core, so only the core's
+  // first tile waits on HBM. Each output element still sums its chunks in increasing
+  // order (mpop, then mpop.add per chunk, the partial sum in VMEM between passes).
+  const bool shrunk = Mg < Mg0 || BG < ngroups || !resident;
+  if (shrunk && full_per_row == 0 && !tb) {
+    constexpr int64_t kPanels = 3;
+    constexpr int kBandFlag = 13;  // f13, f14: the two LHS band slots
+    const int64_t Mmax = Mg0;
+    // Column groups whose panel rows are kRunBytes long (HBM efficiency), if they fit.
+    const int64_t NGr = std::min(ngroups, (kRunBytes + cw * C * eb - 1) / (cw * C * eb));
+    auto tile_out_bytes = [&](int64_t mt, int64_t ng) { return wide_out ? mt * obs_of(ng) : ng * cw * mt * orow; };
+    auto need_s = [&](int64_t mt, int64_t ng) {
+      return kPanels * kw * R * ws_of(ng) + wrow + 2 * mt * ls + ng * cw * mt * 512 + tile_out_bytes(mt, ng) +
+             vec_bytes;
+    };
+    // Rows up to 256 first (an mswap per Mt/8 blocks), then panel rows of kRunBytes,
+    // then more rows (fewer weight re-reads), then more columns (fewer LHS re-reads).
+    int64_t Mt = 0, NG = 0;
+    auto key = [&](int64_t mt, int64_t ng) {
+      return std::make_tuple(std::min<int64_t>(mt, 256), std::min(ng, NGr), mt, ng);
+    };
+    for (int64_t mt = Mmax;; mt = std::max<int64_t>(8, align_up(mt / 2, 8))) {
+      for (int64_t ng = ngroups;; ng = (ng + 1) / 2) {
+        if (need_s(mt, ng) <= vmem_cap) {
+          if (Mt == 0 || key(mt, ng) > key(Mt, NG)) Mt = mt, NG = ng;
+          break;
+        }
+        if (ng == 1) break;
+      }
+      if (mt == 8) break;
+    }
+    if (Mt > 0) {
+      const int64_t wsp = ws_of(NG), panel = kw * R * wsp;
+      const int64_t lbase = kPanels * panel + wrow, abase = lbase + 2 * Mt * ls, obase = abase + NG * cw * Mt * 512;
+      const int64_t tobs = obs_of(NG);
+      int64_t vtop = obase + tile_out_bytes(Mt, NG);
+      for (Operand& o : ops) {
+        o.vbase = vtop;
+        vtop += (o.scalar ? 1 : ntiles) * 8 * 128 * esz(o.dt);
+      }
+      struct Tile {
+        int64_t b, m0, mr, n0, ng;
+      };
+      // A core keeps its rows for every column tile: two cores never write the same
+      // output rows (the race checker compares the hulls of strided DMAs).
+      std::vector<std::vector<Tile>> core_tiles(static_cast<size_t>(cores_));
+      const int64_t mtiles = (M + Mt - 1) / Mt;
+      for (int64_t b = 0; b < batches; ++b)
+        for (int64_t n0 = 0; n0 < N; n0 += NG * cw * C)
+          for (int64_t m0 = 0; m0 < M; m0 += Mt)
+            core_tiles[static_cast<size_t>((b * mtiles + m0 / Mt) % cores_)].push_back(
+                Tile{b, m0, std::min(Mt, M - m0), n0, std::min(NG, (N - n0 + cw * C - 1) / (cw * C))});
+      const int64_t np = (chunks + kw - 1) / kw, nbands = (chunks + LB - 1) / LB;
+      sync_all();
+      for (int core = 0; core < cores_; ++core) {
+        cur_ = core;
+        const std::vector<Tile>& tiles = core_tiles[static_cast<size_t>(core)];
+        if (tiles.empty()) continue;
+        // Passes and LHS bands of all the core's tiles in order: pass z uses panel slot
+        // z % kPanels, band y slot y % 2.
+        auto tile_of_pass = [&](int64_t z) { return tiles[static_cast<size_t>(z / np)]; };
+        const int64_t Z = static_cast<int64_t>(tiles.size()) * np, Y = static_cast<int64_t>(tiles.size()) * nbands;
+        auto fetch_panel = [&](int64_t z) {
+          const Tile tl = tile_of_pass(z);
+          const int64_t k0 = (z % np) * kw * R, kcols = std::min(K, k0 + kw * R) - k0;
+          dma_on(kSlotFlag + static_cast<int>(z % kPanels), vmem((z % kPanels) * panel),
+                 hbm(B.addr + batch_offset(bs, tl.b, eb) + (k0 * N + tl.n0) * eb),
+                 std::min(NG * cw * C, N - tl.n0) * eb, dim(kcols, N * eb, wsp));
+        };
+        auto fetch_band = [&](int64_t y) {
+          const Tile tl = tiles[static_cast<size_t>(y / nbands)];
+          const int64_t k0 = (y % nbands) * LB * R, lcols = std::min(K, k0 + LB * R) - k0;
+          const int64_t a0 = A.addr + batch_offset(as, tl.b, ea);
+          const int flag = kBandFlag + static_cast<int>(y % 2);
+          if (!ta)
+            dma_on(flag, vmem(lbase + (y % 2) * Mt * ls), hbm(a0 + (tl.m0 * K + k0) * ea), lcols * ea,
+                   dim(tl.mr, K * ea, ls));
+          else
+            dma_on(flag, vmem(lbase + (y % 2) * Mt * ls), hbm(a0 + (k0 * M + tl.m0) * ea), ea,
+                   dim(lcols, M * ea, ea) + dim(tl.mr, ea, ls));
+        };
+        if (vec_bytes > 0) {
+          for (const Operand& o : ops) {
+            const int64_t e = esz(o.dt), crow = 128 * e;
+            if (o.scalar) {
+              dma(vmem(o.vbase), hbm(o.addr), e, dim(128, 0, e) + dim(8, 0, crow));
+            } else {
+              for (int64_t tl = 0; tl < ntiles; ++tl)
+                dma(vmem(o.vbase + tl * 8 * crow), hbm(o.addr + tl * C * e), std::min(C, N - tl * C) * e,
+                    dim(8, 0, crow));
+            }
+          }
+          wait_dmas();
+        }
+        for (int64_t z = 0; z < std::min<int64_t>(kPanels - 1, Z); ++z) fetch_panel(z);
+        fetch_band(0);
+        int64_t out_dmas = 0;
+        for (size_t ti = 0; ti < tiles.size(); ++ti) {
+          const Tile& tl = tiles[ti];
+          const int64_t z0 = static_cast<int64_t>(ti) * np, y0 = static_cast<int64_t>(ti) * nbands;
+          const int64_t blocks = (tl.mr + 7) / 8;
+          std::vector<Pass> seq;  // t: the column group within the tile
+          for (int64_t p = 0; p < np; ++p)
+            for (int64_t g = 0; g < tl.ng; ++g) {
+              const int64_t n0 = tl.n0 + g * cw * C;
+              seq.push_back(Pass{g, p, p * kw, std::min(kw, chunks - p * kw), n0,
+                                   std::min(cw, (N - n0 + C - 1) / C), p == 0, p == np - 1});
+            }
+          const int64_t Q = static_cast<int64_t>(seq.size());
+          auto w_at = [&](int64_t q, int64_t w, int64_t k, int64_t r) {
+            const Pass& ps = seq[static_cast<size_t>(q)];
+            return ((z0 + ps.p) % kPanels) * panel + (k * R + r) * wsp + (ps.t * cw + w) * C * eb;
+          };
+          auto acc_at = [&](const Pass& ps, int64_t w, int64_t i) {
+            return abase + ((ps.t * cw + w) * Mt + i * 8) * 512;
+          };
+          wait_flag(kSlotFlag + static_cast<int>(z0 % kPanels));
+          wait_flag(kBandFlag + static_cast<int>(y0 % 2));
+          int64_t wreg = 0;
+          auto push_list = [&](int64_t q) {
+            std::vector<std::pair<int64_t, int64_t>> l;  // (mxu, VMEM address of 8 weight rows)
+            if (q >= Q) return l;
+            const Pass& ps = seq[static_cast<size_t>(q)];
+            for (int64_t r = 0; r < R; r += 8)
+              for (int64_t w = 0; w < ps.cwt; ++w)
+                for (int64_t k = 0; k < ps.kk; ++k)
+                  if (r < kr_of(ps.c0 + k)) l.push_back({w * kw + k, w_at(q, w, k, r)});
+            return l;
+          };
+          auto emit_push = [&](const std::pair<int64_t, int64_t>& pw) {
+            const int64_t v = 24 + (wreg++ % 4);
+            line(std::string(ld(bt)) + " " + vr(v) + ", " + at(pw.second) + ", stride=" + std::to_string(wsp));
+            line("mpush " + mx(pw.first) + ", " + vr(v));
+          };
+          auto emit_swaps = [&](int64_t q) {
+            const Pass& ps = seq[static_cast<size_t>(q)];
+            for (int64_t w = 0; w < ps.cwt; ++w)
+              for (int64_t k = 0; k < ps.kk; ++k)
+                line("mswap " + mx(w * kw + k) + ", k=" + std::to_string(kr_of(ps.c0 + k)));
+          };
+          for (const auto& pw : push_list(0)) emit_push(pw);
+          emit_swaps(0);
+          const int64_t E = std::max<int64_t>(0, std::min<int64_t>({kw + 1, AS - 2, blocks - 1}));
+          const int64_t items = Q * blocks;
+          std::vector<std::pair<int64_t, int64_t>> pending;
+          size_t next_push = 0;
+          int64_t per_item = 0;
+          bool out_waited = false;
+          for (int64_t s = 0; s < items + D + E; ++s) {
+            if (s < items) {
+              const int64_t q = s / blocks, i = s % blocks;
+              const Pass& ps = seq[static_cast<size_t>(q)];
+              const int64_t z = z0 + ps.p, y = y0 + ps.c0 / LB;
+              if (i == 0) {
+                if (ps.t == 0) {  // a new pass: its panel slot's previous contents are pushed
+                  if (z + kPanels - 1 < Z) fetch_panel(z + kPanels - 1);
+                  if (ps.c0 % LB == 0) {  // a new band: the slot of the band before it is read
+                    if (y + 1 < Y) fetch_band(y + 1);
+                    if (q > 0) wait_flag(kBandFlag + static_cast<int>(y % 2));
+                  }
+                }
+                if (q + 1 < Q && seq[static_cast<size_t>(q + 1)].t == 0)
+                  wait_flag(kSlotFlag + static_cast<int>((z + 1) % kPanels));
+                pending = push_list(q + 1);
+                next_push = 0;
+                per_item = (static_cast<int64_t>(pending.size()) + blocks - 1) / blocks;
+              }
+              const int64_t lset = (s % LS) * kw;
+              for (int64_t k = 0; k < ps.kk; ++k)
+                line(std::string(ld(at_)) + " " + vr(lset + k) + ", " +
+                     at(lbase + (y % 2) * Mt * ls + i * 8 * ls + ((ps.c0 + k) % LB) * R * ea) +
+                     ", stride=" + std::to_string(ls));
+              for (int64_t w = 0; w < ps.cwt; ++w)
+                for (int64_t k = 0; k < ps.kk; ++k) line("mmul " + mx(w * kw + k) + ", " + vr(lset + k));
+              for (int64_t x = 0; x < per_item && next_push < pending.size(); ++x) emit_push(pending[next_push++]);
+              if (i == blocks - 1 && q + 1 < Q) {
+                while (next_push < pending.size()) emit_push(pending[next_push++]);
+                emit_swaps(q + 1);
+              }
+            }
+            const int64_t j = s - D;
+            if (j >= 0 && j < items) {
+              const int64_t q = j / blocks, i = j % blocks;
+              const Pass& ps = seq[static_cast<size_t>(q)];
+              for (int64_t w = 0; w < ps.cwt; ++w) {
+                const int64_t a = 8 + (j % AS) * cw + w;
+                if (!ps.first) line("vld " + vr(a) + ", " + at(acc_at(ps, w, i)));
+                for (int64_t k = 0; k < ps.kk; ++k)
+                  line(std::string(k == 0 && ps.first ? "mpop " : "mpop.add ") + vr(a) + ", " + mx(w * kw + k));
+              }
+            }
+            const int64_t j2 = s - D - E;
+            if (j2 >= 0 && j2 < items) {
+              const int64_t q = j2 / blocks, i = j2 % blocks;
+              const Pass& ps = seq[static_cast<size_t>(q)];
+              if (ps.last && !out_waited && out_dmas > 0) wait_flag(kOutFlag);  // the output buffer is free
+              out_waited |= ps.last;
+              for (int64_t w = 0; w < ps.cwt; ++w) {
+                const int64_t a = 8 + (j2 % AS) * cw + w;
+                if (!ps.last) {
+                  line("vst " + vr(a) + ", " + at(acc_at(ps, w, i)));
+                  continue;
+                }
+                emit_epilogue(a, ps.n0 / C + w, [](const Operand&) { return int64_t{0}; });
+                if (wide_out)
+                  line(std::string(st(ot)) + " " + vr(a) + ", " + at(obase + i * 8 * tobs + (ps.t * cw + w) * orow) +
+                       ", stride=" + std::to_string(tobs));
+                else
+                  line(std::string(st(ot)) + " " + vr(a) + ", " + at(obase + ((ps.t * cw + w) * Mt + i * 8) * orow));
+              }
+              if (q == Q - 1 && i == blocks - 1) {
+                // The tile goes out; the race checker sees a strided DMA's bounding range and
+                // neighbouring tiles' ranges interleave, so the previous one is waited on.
+                const int64_t o0 = Out.addr + tl.b * M * N * eo;
+                if (wide_out) {
+                  if (out_dmas++) wait_flag(kOutFlag);
+                  dma_on(kOutFlag, hbm(o0 + (tl.m0 * N + tl.n0) * eo), vmem(obase),
+                         std::min(NG * cw * C, N - tl.n0) * eo, dim(tl.mr, tobs, N * eo));
+                } else {
+                  for (int64_t tt = 0; tt < std::min(tl.ng * cw, (N - tl.n0 + C - 1) / C); ++tt) {
+                    if (out_dmas++) wait_flag(kOutFlag);
+                    dma_on(kOutFlag, hbm(o0 + (tl.m0 * N + tl.n0 + tt * C) * eo), vmem(obase + tt * Mt * orow),
+                           std::min(C, N - (tl.n0 + tt * C)) * eo, dim(tl.mr, orow, N * eo));
+                  }
+                }
+              }
+            }
+          }
+        }
+        wait_flag(kOutFlag);
+      }
+      return;
+    }
+  }
   if (need(Mg, resident, BG) > vmem_cap)
     fail(n, "needs " + std::to_string(need(Mg, resident, BG)) + " bytes of VMEM, the target has " +
                 std::to_string(vmem_cap));
@@ -363,21 +657,6 @@ void Emitter::lower_matmul(const Node& n) {
     top += o.full ? 2 * cw * Mg * 128 * esz(o.dt) : (o.scalar ? 1 : ntiles) * 8 * 128 * esz(o.dt);
   }
 
-  // Flags: f1 general, f4 output stores, f6/f7 full epilogue operands (by column-tile
-  // group parity), f10..f12 the pass ring's slots. Every wait covers every DMA issued
-  // on its flag so far (completion order is not issue order).
-  constexpr int kOutFlag = 4, kEpiFlag = 6, kSlotFlag = 8;
-  const int64_t fifo_vregs = std::max<int64_t>(2, opt_.target.fifo_rows / 8);
-  const int64_t D = std::max<int64_t>(1, std::min<int64_t>(18, fifo_vregs - 2));
-  const int64_t AS = 16 / cw;  // accumulator register sets (v8..v23)
-  const int64_t LS = 8 / kw;   // LHS register sets (v0..v7)
-  auto vr = [](int64_t r) { return "v" + std::to_string(r); };
-  auto mx = [](int64_t m) { return "mxu" + std::to_string(m); };
-
-  struct Pass {
-    int64_t t, p, c0, kk, n0, cwt;
-    bool first, last;
-  };
   std::vector<std::vector<Pass>> band_passes((ngroups + BG - 1) / BG);
   for (int64_t t = 0, n0 = 0; n0 < N; ++t, n0 += cw * C) {
     const int64_t cwt = std::min(cw, (N - n0 + C - 1) / C);
@@ -387,7 +666,6 @@ void Emitter::lower_matmul(const Node& n) {
           Pass{t, p, p * kw, std::min(kw, chunks - p * kw), n0, cwt, p == 0, p == np - 1});
   }
   auto ncols = [&](const Pass& ps, int64_t w) { return std::min(C, N - (ps.n0 + w * C)); };
-  auto kr_of = [&](int64_t c) { return std::min(R, K - c * R); };
 
   sync_all();
   std::vector<std::map<int64_t, bool>> w_loaded(static_cast<size_t>(cores_));
@@ -613,34 +891,9 @@ void Emitter::lower_matmul(const Node& n) {
               line("vst " + va + ", " + at(acc_base + (w * Mg + i * 8) * 512));
               continue;
             }
-            auto load_operand = [&](int idx, const std::string& into) {
-              const Operand& o = ops[static_cast<size_t>(idx)];
-              const int64_t e = esz(o.dt), crow = 128 * e;
-              int64_t addr;
-              if (o.full) addr = o.vbase + (((ps.t % 2) * cw + w) * Mg + i * 8) * crow;
-              else addr = o.vbase + (o.scalar ? 0 : ((ps.n0 / C) + w) * 8 * crow);
-              line(std::string(ld(o.dt)) + " " + into + ", " + at(addr));
-            };
-            if (alpha != 1.0f) {
-              line("vbcast v31, " + fimm(alpha));
-              line("vmul " + va + ", v31, " + va);
-            }
-            if (bias_op >= 0) {
-              load_operand(bias_op, "v30");
-              if (beta != 1.0f) {
-                line("vbcast v31, " + fimm(beta));
-                line("vmul v30, v31, v30");
-              }
-              line("vadd " + va + ", " + va + ", v30");
-            }
-            DType cur_t = n.type.dtype;
-            for (const Step& st_ : steps) {
-              if (cur_t == DType::kBf16) line("vcvt.bf16 " + va + ", " + va);
-              if (st_.operand >= 0) load_operand(st_.operand, "v30");
-              emit_op(*st_.m, static_cast<int>(a), st_.run_first ? static_cast<int>(a) : 30,
-                      st_.run_first ? 30 : static_cast<int>(a), 28, 29);
-              cur_t = st_.m->type.dtype;
-            }
+            emit_epilogue(a, ps.n0 / C + w, [&](const Operand& o) {
+              return o.vbase + (((ps.t % 2) * cw + w) * Mg + i * 8) * 128 * esz(o.dt);
+            });
             if (wide_out)
               line(std::string(st(ot)) + " " + va + ", " +
                    at(out_base + (((ps.t - t_first) / OBb) % 2) * Mg * obs + i * 8 * obs +

@@ -198,6 +198,38 @@ TEST(LowerSchedule, MatmulNextUnitLhsPrefetch) {
   }
 }
 
+// K-streamed tiles (docs/codegen.md): VMEM too small for a unit's LHS rows and a
+// band of weights together, so the output is cut into tiles whose partial sums stay
+// in VMEM while K streams through LHS band slots (f13/f14) and weight panels. Ragged
+// M, K and N, A and A^T, 1 and 2 cores, narrow (16x16) and full-width (128x128)
+// MXUs, a row-vector bias with a fused relu, batches; bit-exact with the race checker.
+// The marker: the second LHS band slot's flag (f14) is fetched and waited on.
+TEST(LowerSchedule, MatmulKStreamedTiles) {
+  auto check = [](const std::string& ir, PrecisionPolicy p, const isa::Target& t, int cores) {
+    const std::string as = expect_bit_exact(ir, p, t, cores);
+    const int fetches = count_of(as, ", flag=f14\n"), waits = count_of(as, "  wait f14, ");
+    EXPECT_GT(fetches, 0) << "not the K-streamed schedule: cores " << cores << "\n" << ir;
+    EXPECT_GT(waits, 0) << "a band fetched on f14 is never waited on";
+  };
+  for (auto p : kPolicies) {
+    const int64_t M = 61, K = p == PrecisionPolicy::kBf16 ? 2060 : 1030, N = 37;
+    std::ostringstream ta;
+    ta << "graph t {\n  input %a : f32[" << K << "," << M << "]\n  input %b : f32[" << K << "," << N
+       << "]\n  %y = matmul(%a, %b) {trans_a=1} : f32[" << M << "," << N << "] #0\n  output %y\n}\n";
+    for (const std::string& ir : {matmul_ir(M, K, N), ta.str()})
+      for (int cores : {1, 2}) check(ir, p, target(2, 16, 16, 192ull << 10), cores);
+    // Full-width tiles: several tiles across N and M per core, ragged in all three.
+    for (int cores : {1, 2}) check(matmul_ir(300, 600, 400), p, target(2, 128, 128, 1ull << 20), cores);
+    // A bias row with a fused relu in the epilogue, and batches over 2 cores.
+    std::ostringstream fused;
+    fused << "graph f {\n  input %a : f32[45," << K << "]\n  input %b : f32[" << K << ",50]\n  input %c : f32[50]\n"
+          << "  %h = matmul(%a, %b) : f32[45,50] #0\n  %hb = add(%h, %c) : f32[45,50] #1\n"
+          << "  %r = relu(%hb) : f32[45,50] #2\n  output %r\n}\n";
+    check(fused.str(), p, target(2, 16, 16, 192ull << 10), 1);
+    check(matmul_ir(30, K, 50, "", "", "3,"), p, target(2, 16, 16, 192ull << 10), 2);
+  }
+}
+
 // matmul -> add bias row -> relu -> add residual -> mul scalar const -> clip -> sigmoid,
 // all in the matmul's epilogue; the chain's intermediates never get code of their own.
 TEST(LowerSchedule, FusedMatmulEpilogue) {
