@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <set>
 #include <tuple>
 
@@ -39,6 +41,262 @@ constexpr size_t kMaxPlanEvents = 20000;
 // HBM mode's double buffers: loads of piece i on kLoadFlag + i%2, its write-back on
 // kStoreFlag + i%2 (the emitter's per-flag running counts, shared with matrix.cpp).
 constexpr int kLoadFlag = 2, kStoreFlag = 6;
+
+// ---- Streamed lowering (the hierarchical algorithm, fp32): docs/codegen.md
+// "Collectives". Every move is cut into atoms: the buffer split at every chunk
+// boundary of the schedule, then into pieces of at most kStreamPieceElems, so a
+// chunk is a whole number of atoms and the sender and the receiver cut it alike.
+// Each ordered pair of replicas that exchanges data is a stream of atoms, numbered
+// in the order the sender sends them (which is the order the receiver takes them,
+// checked). Atom m of a stream lands in the receiver's slot m % K (a reducing move:
+// VMEM; a copying one: straight into y in HBM) and raises the receiver's landing
+// flag for slot m % K; the receiver, once it has used atom m, sends a 4-byte credit
+// (rflag on the sender) when atom m + K follows, and the sender sends atom m only
+// after credit m - K + 1 (credit 0 is the entry token). So a slot and its flag are
+// reused only after their previous use is over, whatever the delivery order.
+constexpr int64_t kStreamPieceElems = 32 * kTileElems;  // 128 KiB of fp32
+constexpr int kStreamMaxSlots = 8;
+
+struct StreamEvent {
+  bool send;          // a send from HBM (x or y), else the use (consume) of a landing
+  size_t step, move;  // the move of the schedule
+  int atom;
+  // consume only: the sends (step, move) of this replica that go straight from the
+  // VMEM result of this consume (a reducing move) or from y right after the landing
+  // (a copying move), and whether the result must be stored to y.
+  std::vector<std::pair<size_t, size_t>> fused;
+  bool store = false;
+  bool local_from_x = false;  // a reducing consume: the local operand is still x
+  bool from_x = false;        // a send: the value is still x
+};
+
+struct StreamPlan {
+  int64_t piece = 0;
+  std::vector<std::pair<int64_t, int64_t>> atoms;                   // [lo, hi) elements
+  std::vector<std::vector<std::vector<int>>> move_atoms;            // [step][move]
+  std::vector<std::vector<StreamEvent>> prog;                       // per replica
+  std::vector<std::vector<int>> sources, dests;                     // per replica, first appearance
+  std::map<std::pair<int, int>, std::vector<std::tuple<size_t, size_t, int>>> stream;  // (src, dst) -> atoms in order
+  std::map<std::tuple<int, size_t, size_t, int>, int64_t> index;   // (src, step, move, atom) -> m in its stream
+  int K = 0;
+};
+
+// Plans every replica's program. Returns an empty message, or why the schedule
+// does not stream (then the caller lowers it the other way).
+std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp) {
+  const size_t P = static_cast<size_t>(sch.chips), T = sch.steps.size();
+  sp.piece = kStreamPieceElems;
+  std::vector<int64_t> cuts{0, sch.elements};
+  for (const auto& step : sch.steps)
+    for (const ici::Move& m : step)
+      for (int c : {m.src_chunk, m.dst_chunk}) {
+        const ici::Chunk& k = sch.chunks[static_cast<size_t>(c)];
+        cuts.push_back(k.offset);
+        cuts.push_back(k.offset + k.elems);
+      }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  for (size_t i = 0; i + 1 < cuts.size(); ++i)
+    for (int64_t lo = cuts[i]; lo < cuts[i + 1]; lo += sp.piece) sp.atoms.emplace_back(lo, std::min(cuts[i + 1], lo + sp.piece));
+  auto atoms_of = [&](const ici::Chunk& c) {
+    std::vector<int> v;
+    auto it = std::lower_bound(sp.atoms.begin(), sp.atoms.end(), std::make_pair(c.offset, int64_t(INT64_MIN)));
+    for (; it != sp.atoms.end() && it->second <= c.offset + c.elems; ++it) v.push_back(static_cast<int>(it - sp.atoms.begin()));
+    return v;
+  };
+  sp.move_atoms.resize(T);
+  for (size_t t = 0; t < T; ++t)
+    for (const ici::Move& m : sch.steps[t]) {
+      if (m.src_chunk != m.dst_chunk) return "a move between different chunks";
+      sp.move_atoms[t].push_back(atoms_of(sch.chunks[static_cast<size_t>(m.src_chunk)]));
+    }
+  sp.sources.assign(P, {});
+  sp.dests.assign(P, {});
+  for (const auto& step : sch.steps)
+    for (const ici::Move& m : step) {
+      auto& v = sp.sources[static_cast<size_t>(m.dst)];
+      if (std::find(v.begin(), v.end(), m.src) == v.end()) v.push_back(m.src);
+      auto& d = sp.dests[static_cast<size_t>(m.src)];
+      if (std::find(d.begin(), d.end(), m.dst) == d.end()) d.push_back(m.dst);
+    }
+  size_t most = 1;
+  for (size_t r = 0; r < P; ++r) most = std::max({most, sp.sources[r].size(), sp.dests[r].size()});
+  if (most > 6) return "a replica exchanges with more than 6 others";
+  sp.K = std::min<int>(kStreamMaxSlots, 32 / static_cast<int>(most));
+  // Per replica and atom, what happens to it in step order: writes[r][a] = steps
+  // with (move, reduce) that write it; sends likewise.
+  const size_t A = sp.atoms.size();
+  sp.prog.assign(P, {});
+  struct Cand {
+    StreamEvent e;
+    int need_writes = 0;  // this replica's consumes of the atom before the event's step
+    int need_sends = 0;   // a consume: this replica's sends of the atom up to its step
+  };
+  std::vector<std::vector<Cand>> cands(P);
+  for (size_t r = 0; r < P; ++r) {
+    // (step -> list of (move, reduce)) per atom, built sparsely.
+    std::vector<std::vector<std::tuple<size_t, size_t, bool>>> acc(A);  // (step, move, is_send) in step order
+    for (size_t t = 0; t < T; ++t)
+      for (size_t k = 0; k < sch.steps[t].size(); ++k) {
+        const ici::Move& m = sch.steps[t][k];
+        if (m.dst == static_cast<int>(r))
+          for (int a : sp.move_atoms[t][k]) acc[static_cast<size_t>(a)].emplace_back(t, k, false);
+        if (m.src == static_cast<int>(r))
+          for (int a : sp.move_atoms[t][k]) acc[static_cast<size_t>(a)].emplace_back(t, k, true);
+      }
+    // A send move (t, k) goes fused when every atom of it is written by this
+    // replica's consume in step t - 1 and no other send of that step takes the atom.
+    std::map<std::pair<size_t, size_t>, bool> fused_move;
+    std::map<std::pair<size_t, int>, int> sends_of_atom;  // (step, atom) -> count
+    for (size_t t = 0; t < T; ++t)
+      for (size_t k = 0; k < sch.steps[t].size(); ++k)
+        if (sch.steps[t][k].src == static_cast<int>(r))
+          for (int a : sp.move_atoms[t][k]) ++sends_of_atom[{t, a}];
+    for (size_t t = 1; t < T; ++t)
+      for (size_t k = 0; k < sch.steps[t].size(); ++k) {
+        if (sch.steps[t][k].src != static_cast<int>(r)) continue;
+        bool ok = !sp.move_atoms[t][k].empty();
+        for (int a : sp.move_atoms[t][k]) {
+          bool written = false;
+          for (const auto& [st, mv, is_send] : acc[static_cast<size_t>(a)])
+            written = written || (!is_send && st == t - 1);
+          ok = ok && written && sends_of_atom[{t, a}] == 1;
+        }
+        fused_move[{t, k}] = ok;
+      }
+    // Candidates in the preferred order (step, then atom position round robin over
+    // the moves of the step); the simulation below takes them in this order where
+    // the data and the slots allow.
+    auto& cand = cands[r];
+    for (size_t t = 0; t < T; ++t) {
+      std::vector<size_t> out, in;
+      for (size_t k = 0; k < sch.steps[t].size(); ++k) {
+        if (sch.steps[t][k].src == static_cast<int>(r) && !fused_move[{t, k}]) out.push_back(k);
+        if (sch.steps[t][k].dst == static_cast<int>(r)) in.push_back(k);
+      }
+      for (int pass = 0; pass < 2; ++pass)
+      for (size_t p = 0;; ++p) {
+        bool any = false;
+          for (size_t k : pass == 0 ? out : in) {
+            if (p >= sp.move_atoms[t][k].size()) continue;
+            any = true;
+            const int a = sp.move_atoms[t][k][p];
+            Cand c;
+            c.e = StreamEvent{pass == 0, t, k, a, {}, false, true, true};
+            for (const auto& [st, mv, is_send] : acc[static_cast<size_t>(a)]) {
+              if (!is_send && st < t) {
+                ++c.need_writes;
+                c.e.local_from_x = c.e.from_x = false;
+              }
+              if (pass == 1 && is_send && st <= t) ++c.need_sends;
+            }
+            if (pass == 1) {
+              const bool reduce = sch.steps[t][k].reduce;
+              bool decided = !reduce;  // a copy landed in y: nothing to store
+              for (const auto& [st, mv, is_send] : acc[static_cast<size_t>(a)]) {
+                if (st <= t) continue;
+                if (is_send && st == t + 1 && fused_move[{st, mv}]) {
+                  c.e.fused.emplace_back(st, mv);
+                  continue;
+                }
+                if (decided) continue;
+                // The next use of the value decides: a read (a send from y, an add
+                // into it) needs it stored; a copy landing over it does not.
+                c.e.store = is_send || sch.steps[st][mv].reduce;
+                decided = true;
+              }
+              if (!decided) c.e.store = true;  // the final value
+            }
+            cand.push_back(c);
+          }
+        if (!any) break;
+      }
+    }
+  }
+  // Stream lengths (atoms per ordered pair), fixed by the schedule.
+  std::map<std::pair<int, int>, int64_t> len;
+  for (size_t t = 0; t < T; ++t)
+    for (size_t k = 0; k < sch.steps[t].size(); ++k)
+      len[{sch.steps[t][k].src, sch.steps[t][k].dst}] += static_cast<int64_t>(sp.move_atoms[t][k].size());
+  // Every replica's program order: a round-based run of all replicas in which each
+  // takes, per round, the first of its next kWindow candidates whose data is there
+  // (its landing sent, its own earlier writes and reads of the atom done) and whose
+  // sends have a free slot (the receiver took the atom K earlier in the stream). A
+  // program order taken from such a run only ever waits for what comes earlier in
+  // the run, so the programs cannot deadlock; the run stalling means this schedule
+  // does not stream with K slots.
+  constexpr size_t kWindow = 64;
+  std::map<std::pair<int, int>, int64_t> sent, taken;
+  std::vector<std::vector<int>> writes_done(P, std::vector<int>(A, 0)), sends_done(P, std::vector<int>(A, 0));
+  std::vector<size_t> first(P, 0);
+  std::vector<std::vector<char>> done(P);
+  size_t left = 0;
+  for (size_t r = 0; r < P; ++r) {
+    done[r].assign(cands[r].size(), 0);
+    left += cands[r].size();
+  }
+  auto slot_free = [&](int src, int dst) {
+    const int64_t m = sent[{src, dst}];
+    return m < sp.K || taken[{src, dst}] >= m - sp.K + 1;
+  };
+  auto do_send = [&](int src, size_t t, size_t k, int a) {
+    const int dst = sch.steps[t][k].dst;
+    auto& v = sp.stream[{src, dst}];
+    sp.index[{src, t, k, a}] = static_cast<int64_t>(v.size());
+    v.emplace_back(t, k, a);
+    ++sent[{src, dst}];
+    ++sends_done[static_cast<size_t>(src)][static_cast<size_t>(a)];
+  };
+  auto try_take = [&](size_t r, size_t i) {
+    const Cand& c = cands[r][i];
+    const StreamEvent& e = c.e;
+    const ici::Move& mv = sch.steps[e.step][e.move];
+    const size_t a = static_cast<size_t>(e.atom);
+    if (writes_done[r][a] < c.need_writes) return false;
+    if (e.send) {
+      if (!slot_free(static_cast<int>(r), mv.dst)) return false;
+      do_send(static_cast<int>(r), e.step, e.move, e.atom);
+    } else {
+      if (sends_done[r][a] < c.need_sends) return false;
+      auto it = sp.index.find({mv.src, e.step, e.move, e.atom});
+      if (it == sp.index.end() || taken[{mv.src, static_cast<int>(r)}] != it->second) return false;
+      for (const auto& [t2, k2] : e.fused)
+        if (!slot_free(static_cast<int>(r), sch.steps[t2][k2].dst)) return false;
+      ++taken[{mv.src, static_cast<int>(r)}];
+      ++writes_done[r][a];
+      for (const auto& [t2, k2] : e.fused) do_send(static_cast<int>(r), t2, k2, e.atom);
+    }
+    done[r][i] = 1;
+    sp.prog[r].push_back(e);
+    --left;
+    return true;
+  };
+  // Each replica runs its candidates in the preferred order as far as they can go;
+  // only when no replica can go on does one take a later candidate of its window.
+  while (left > 0) {
+    bool progress = false;
+    for (size_t r = 0; r < P; ++r)
+      for (;;) {
+        while (first[r] < cands[r].size() && done[r][first[r]]) ++first[r];
+        if (first[r] >= cands[r].size() || !try_take(r, first[r])) break;
+        progress = true;
+      }
+    if (progress) continue;
+    for (size_t r = 0; r < P; ++r)
+      for (size_t i = first[r], seen = 0; i < cands[r].size() && seen < kWindow; ++i) {
+        if (done[r][i]) continue;
+        ++seen;
+        if (try_take(r, i)) {
+          progress = true;
+          break;
+        }
+      }
+    if (!progress) return "the streamed programs would stall with " + std::to_string(sp.K) + " slots per stream";
+  }
+  for (const auto& [key, n] : len)
+    if (sent[key] != n) return "internal: a stream sent " + std::to_string(sent[key]) + " of " + std::to_string(n) + " atoms";
+  return "";
+}
 }  // namespace
 
 // all_reduce(x): with one replica the identity; otherwise every replica holds an
@@ -73,6 +331,218 @@ void Emitter::lower_all_reduce(const Node& n) {
   const int64_t kPieceElems =
       std::max<int64_t>(1, std::min<int64_t>(kMaxPieceTiles, static_cast<int64_t>(opt_.target.vmem_bytes) / (4 * tile_bytes))) *
       kTileElems;
+
+  if (f32 && sch.algorithm == ici::Algorithm::kHierarchical) {
+    static std::mutex stream_mutex;
+    static std::map<std::string, std::shared_ptr<const StreamPlan>> stream_cache;
+    const std::string key = sch.name + "|" + std::to_string(E);
+    std::shared_ptr<const StreamPlan> plan;
+    {
+      std::lock_guard<std::mutex> lock(stream_mutex);
+      auto it = stream_cache.find(key);
+      if (it != stream_cache.end()) plan = it->second;
+    }
+    std::string why;
+    if (!plan) {
+      auto fresh = std::make_shared<StreamPlan>();
+      why = plan_stream(sch, *fresh);
+      if (why.empty()) {
+        plan = fresh;
+        std::lock_guard<std::mutex> lock(stream_mutex);
+        stream_cache[key] = plan;
+      }
+    }
+    size_t most_src = 0, most_dst = 0;
+    if (plan)
+      for (size_t r = 0; r < plan->sources.size(); ++r) {
+        most_src = std::max(most_src, plan->sources[r].size());
+        most_dst = std::max(most_dst, plan->dests[r].size());
+      }
+    const int64_t PzB = kStreamPieceElems * 4;
+    const int64_t LOAD = 0, SCR = 2 * PzB, SLOTS = 4 * PzB;
+    const int64_t SEND = plan ? SLOTS + static_cast<int64_t>(most_src) * plan->K * PzB : 0;
+    const int64_t TOP = plan ? SEND + static_cast<int64_t>(most_dst) * plan->K * PzB : 0;
+    if (plan && TOP <= static_cast<int64_t>(opt_.target.vmem_bytes)) {
+      const StreamPlan& sp = *plan;
+      const int K = sp.K;
+      const std::vector<int>& srcs = sp.sources[static_cast<size_t>(me)];
+      const std::vector<int>& dsts = sp.dests[static_cast<size_t>(me)];
+      auto idx = [](const std::vector<int>& v, int x) { return static_cast<int>(std::find(v.begin(), v.end(), x) - v.begin()); };
+      auto there = [&](int r, int64_t addr) {
+        return addr - opt_.hbm_base + static_cast<int64_t>(replica_core(s, r)) * opt_.replica_region;
+      };
+      auto endpoint = [&](const char* space, int r) {
+        return std::string(space) + "@chip" + std::to_string(replica_chip(s, r)) + ".c" + std::to_string(replica_core(s, r));
+      };
+      auto stream_len = [&](int a, int b) -> int64_t {
+        auto it = sp.stream.find({a, b});
+        return it == sp.stream.end() ? 0 : static_cast<int64_t>(it->second.size());
+      };
+      const int64_t zero = place_hbm(4), TOK = place_hbm(static_cast<int64_t>(std::max<size_t>(1, most_dst)) * K * 4);
+      check_addr(n, TOK + static_cast<int64_t>(most_dst) * K * 4 + s.cores_per_chip * opt_.replica_region);
+      check_addr(n, Y.addr + E * 4 + s.cores_per_chip * opt_.replica_region);
+      int64_t& sent = coll_sent_;
+      auto land_flag = [&](int dst, int src, int64_t m) {
+        return kFirstLandFlag + idx(sp.sources[static_cast<size_t>(dst)], src) * K + static_cast<int>(m % K);
+      };
+      auto credit_flag = [&](int src, int dst) { return kFirstReadyFlag + idx(sp.dests[static_cast<size_t>(src)], dst); };
+      std::map<int, int64_t> base;  // this node's landings and credits count on from here
+      for (int src : srcs)
+        for (int j = 0; j < K; ++j) base[land_flag(me, src, j)] = coll_landed_[land_flag(me, src, j)];
+      for (int d : dsts) base[credit_flag(me, d)] = coll_landed_[credit_flag(me, d)];
+      // Entry tokens: credit 0 of every stream into this replica.
+      for (int src : srcs) {
+        if (stream_len(src, me) == 0) continue;
+        line("dma " + endpoint("hbm", src) + ":" + at(there(src, TOK + idx(sp.dests[static_cast<size_t>(src)], me) * K * 4)) +
+             ", " + hbm(zero) + ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag(src, me)));
+        ++sent;
+      }
+      std::map<int, int64_t> credits_seen;
+      auto wait_credit = [&](int d, int64_t m) {
+        const int64_t need = 1 + std::max<int64_t>(0, m - K + 1);
+        if (need <= credits_seen[d]) return;
+        const int f = credit_flag(me, d);
+        line("wait f" + std::to_string(f) + ", " + std::to_string(base[f] + need));
+        credits_seen[d] = need;
+      };
+      auto target = [&](size_t t, size_t k, int a, int64_t m) {
+        const ici::Move& mv = sch.steps[t][k];
+        const int d = mv.dst;
+        if (mv.reduce)
+          return endpoint("vmem", d) + ":" +
+                 at(SLOTS + (idx(sp.sources[static_cast<size_t>(d)], me) * K + m % K) * PzB);
+        return endpoint("hbm", d) + ":" + at(there(d, Y.addr + sp.atoms[static_cast<size_t>(a)].first * 4));
+      };
+      auto send = [&](size_t t, size_t k, int a, const std::string& from) {
+        const ici::Move& mv = sch.steps[t][k];
+        const int64_t m = sp.index.at({me, t, k, a});
+        wait_credit(mv.dst, m);
+        const auto& at_ = sp.atoms[static_cast<size_t>(a)];
+        line("dma " + target(t, k, a, m) + ", " + from + ", bytes=" + std::to_string((at_.second - at_.first) * 4) +
+             ", flag=" + kSendFlag + ", rflag=f" + std::to_string(land_flag(mv.dst, me, m)));
+        ++sent;
+      };
+      // Stores of values to y: which flag holds the last store of an atom not yet waited for.
+      std::map<int, int> store_pending;  // atom -> flag
+      std::map<int, bool> flag_pending;
+      auto wait_store = [&](int a) {
+        auto it = store_pending.find(a);
+        if (it == store_pending.end()) return;
+        const int f = it->second;
+        wait_flag(f);
+        for (auto i = store_pending.begin(); i != store_pending.end();) i = i->second == f ? store_pending.erase(i) : std::next(i);
+        flag_pending[f] = false;
+      };
+      auto wait_store_flag = [&](int f) {
+        if (!flag_pending[f]) return;
+        wait_flag(f);
+        for (auto i = store_pending.begin(); i != store_pending.end();) i = i->second == f ? store_pending.erase(i) : std::next(i);
+        flag_pending[f] = false;
+      };
+      const std::vector<StreamEvent>& prog = sp.prog[static_cast<size_t>(me)];
+      std::vector<size_t> loads;  // the reducing consumes, in program order
+      for (size_t i = 0; i < prog.size(); ++i)
+        if (!prog[i].send && sch.steps[prog[i].step][prog[i].move].reduce) loads.push_back(i);
+      size_t loads_issued = 0;
+      auto issue_load = [&](size_t j, bool may_wait) {
+        const StreamEvent& e = prog[loads[j]];
+        if (!e.local_from_x && store_pending.count(e.atom)) {
+          if (!may_wait) return false;
+          wait_store(e.atom);
+        }
+        const auto& a = sp.atoms[static_cast<size_t>(e.atom)];
+        dma_on(kLoadFlag + static_cast<int>(j % 2), vmem(LOAD + static_cast<int64_t>(j % 2) * PzB),
+               hbm((e.local_from_x ? X.addr : Y.addr) + a.first * 4), (a.second - a.first) * 4, "");
+        ++loads_issued;
+        return true;
+      };
+      std::map<int64_t, bool> sendbuf_stored;
+      size_t scratch = 0, load_j = 0;
+      for (size_t i = 0; i < prog.size(); ++i) {
+        const StreamEvent& e = prog[i];
+        const auto& a = sp.atoms[static_cast<size_t>(e.atom)];
+        const int64_t elems = a.second - a.first;
+        if (e.send) {
+          if (!e.from_x) wait_store(e.atom);
+          send(e.step, e.move, e.atom, hbm((e.from_x ? X.addr : Y.addr) + a.first * 4));
+          continue;
+        }
+        const ici::Move& mv = sch.steps[e.step][e.move];
+        const int64_t m = sp.index.at({mv.src, e.step, e.move, e.atom});
+        // The local operand (and the next consume's) is fetched before the wait for
+        // the landing, so its HBM latency overlaps the transfer.
+        const size_t j = mv.reduce ? load_j++ : SIZE_MAX;
+        if (mv.reduce) {
+          if (loads_issued <= j) issue_load(j, true);
+          // Not when this consume writes the atom the next one adds into.
+          if (j + 1 < loads.size() && loads_issued == j + 1 && prog[loads[j + 1]].atom != e.atom) issue_load(j + 1, false);
+        }
+        const int lf = land_flag(me, mv.src, m);
+        line("wait f" + std::to_string(lf) + ", " + std::to_string(base[lf] + m / K + 1));
+        const bool credit = m + K < stream_len(mv.src, me);
+        auto give_credit = [&] {
+          if (!credit) return;
+          const int src = mv.src;
+          line("dma " + endpoint("hbm", src) + ":" +
+               at(there(src, TOK + (idx(sp.dests[static_cast<size_t>(src)], me) * K + (m + 1) % K) * 4)) + ", " + hbm(zero) +
+               ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag(src, me)));
+          ++sent;
+        };
+        if (!mv.reduce) {  // landed in y: forward it from there
+          give_credit();
+          for (const auto& [t, k] : e.fused) send(t, k, e.atom, hbm(Y.addr + a.first * 4));
+          continue;
+        }
+        int64_t out;
+        int store_flag;
+        if (!e.fused.empty()) {
+          const auto& [t, k] = e.fused.front();
+          const int d = sch.steps[t][k].dst;
+          const int64_t m2 = sp.index.at({me, t, k, e.atom});
+          wait_credit(d, m2);
+          out = SEND + (idx(dsts, d) * K + m2 % K) * PzB;
+          if (sendbuf_stored[out]) {
+            wait_store_flag(kStoreFlag + 2);
+            sendbuf_stored[out] = false;
+          }
+          store_flag = kStoreFlag + 2;
+        } else {
+          store_flag = kStoreFlag + static_cast<int>(scratch % 2);
+          out = SCR + static_cast<int64_t>(scratch % 2) * PzB;
+          ++scratch;
+          wait_store_flag(store_flag);
+        }
+        wait_flag(kLoadFlag + static_cast<int>(j % 2));
+        const int64_t slot = SLOTS + (idx(srcs, mv.src) * K + m % K) * PzB;
+        const int64_t local = LOAD + static_cast<int64_t>(j % 2) * PzB;
+        for (int64_t t = 0; t * kTileElems < elems; ++t) {
+          line("vld v1, " + at(slot + t * tile_bytes));
+          line("vld v2, " + at(local + t * tile_bytes));
+          line("vadd v1, v1, v2");
+          line("vst v1, " + at(out + t * tile_bytes));
+        }
+        give_credit();
+        for (const auto& [t, k] : e.fused) send(t, k, e.atom, vmem(out));
+        if (e.store) {
+          dma_on(store_flag, hbm(Y.addr + a.first * 4), vmem(out), elems * 4, "");
+          store_pending[e.atom] = store_flag;
+          flag_pending[store_flag] = true;
+          if (!e.fused.empty()) sendbuf_stored[out] = true;
+        }
+      }
+      line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
+      for (int f : {kStoreFlag, kStoreFlag + 1, kStoreFlag + 2}) wait_store_flag(f);
+      for (int src : srcs) {
+        const int64_t L = stream_len(src, me);
+        for (int j = 0; j < K; ++j) coll_landed_[land_flag(me, src, j)] = base[land_flag(me, src, j)] + (L - j + K - 1) / K;
+      }
+      for (int d : dsts) {
+        const int64_t L = stream_len(me, d);
+        if (L > 0) coll_landed_[credit_flag(me, d)] = base[credit_flag(me, d)] + 1 + std::max<int64_t>(0, L - K);
+      }
+      return;
+    }
+  }
 
   // Receive slots: per step, the moves into a replica grouped by source (then in
   // schedule order), each at the running offset of that replica's earlier incoming
@@ -406,7 +876,7 @@ void Emitter::lower_all_reduce(const Node& n) {
   // Entry tokens (HBM scratch of this node, 4 bytes per writer): they keep every
   // landing of this collective after the receiver left its previous node, whose
   // code may use the same VMEM and whose collectives the same flags.
-  const int64_t zero = place_hbm(4), tokens = place_hbm(4 * kReadyFlags);
+  const int64_t zero = place_hbm(4), tokens = place_hbm_pinned(4 * kReadyFlags);  // tokens: written before we enter
   check_addr(n, tokens + s.cores_per_chip * opt_.replica_region);
   for (int src : sources[static_cast<size_t>(me)]) {
     const int64_t at_src = there(src, tokens) + 4 * index_in(dests[static_cast<size_t>(src)], me, kReadyFlags);
