@@ -378,7 +378,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         auto it = sp.stream.find({a, b});
         return it == sp.stream.end() ? 0 : static_cast<int64_t>(it->second.size());
       };
-      const int64_t zero = place_hbm(4), TOK = place_hbm(static_cast<int64_t>(std::max<size_t>(1, most_dst)) * K * 4);
+      const int64_t zero = place_hbm(4), TOK = place_hbm_pinned(static_cast<int64_t>(std::max<size_t>(1, most_dst)) * K * 4);
       check_addr(n, TOK + static_cast<int64_t>(most_dst) * K * 4 + s.cores_per_chip * opt_.replica_region);
       check_addr(n, Y.addr + E * 4 + s.cores_per_chip * opt_.replica_region);
       int64_t& sent = coll_sent_;

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,6 +26,22 @@ constexpr int64_t kAlign = 4096;
 
 inline int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
+// An address is (unsigned 32-bit sA) + (signed 32-bit imm) (docs/isa.md): s0 names
+// [0, 2 GiB); every program that names more sets two window registers once at its
+// start (window_setup): s31 = 2 GiB names [2 GiB, 4 GiB), s30 = 4 GiB - 4 KiB names
+// the rest up to kAddrReach (~6 GiB). Nothing else in the lowering writes s30/s31.
+constexpr int64_t kWindow1 = int64_t{1} << 31;
+constexpr int64_t kWindow2 = (int64_t{1} << 32) - kAlign;
+constexpr int64_t kAddrReach = kWindow2 + INT32_MAX;
+inline std::string addr_ref(int64_t a) {
+  if (a <= INT32_MAX) return "[s0 + " + std::to_string(a) + "]";
+  if (a - kWindow1 <= INT32_MAX) return "[s31 + " + std::to_string(a - kWindow1) + "]";
+  return "[s30 + " + std::to_string(a - kWindow2) + "]";
+}
+inline std::string window_setup() {
+  return "  li s31, " + std::to_string(kWindow1) + "\n  li s30, " + std::to_string(kWindow2) + "\n";
+}
+
 struct Placed {
   TensorType type;
   int64_t addr = 0;  // HBM byte address, dense row major
@@ -34,7 +51,8 @@ class Emitter {
  public:
   Emitter(const Graph& g, const LowerOptions& o)
       : g_(g), opt_(o), cores_(std::max(1, o.cores)), cs_(static_cast<size_t>(cores_)),
-        dmas_(static_cast<size_t>(cores_)), flag_dmas_(static_cast<size_t>(cores_)) { hbm_top_ = o.hbm_base; }
+        dmas_(static_cast<size_t>(cores_)), flag_dmas_(static_cast<size_t>(cores_)),
+        drained_dmas_(static_cast<size_t>(cores_)), drained_flags_(static_cast<size_t>(cores_)) { hbm_top_ = o.hbm_base; }
 
   LowerResult run();
 
@@ -46,14 +64,29 @@ class Emitter {
     throw CompileError(g_.name + ": node '" + n.output + "' (#" + std::to_string(n.id) + ", " + op_name(n.op) +
                        "): " + why);
   }
+  // HBM plan (lower.cpp, docs/codegen.md "HBM plan"). place_hbm: scratch of the
+  // node being lowered, given back when the node ends; place_hbm_pinned: never
+  // reused and never reusing (constants the bundle loads, the collectives' entry
+  // tokens, which other replicas write at any time).
   int64_t place_hbm(int64_t bytes) {
-    const int64_t a = hbm_top_;
-    hbm_top_ = align_up(hbm_top_ + std::max<int64_t>(bytes, 1), kAlign);
+    const int64_t a = alloc_hbm(bytes, true);
+    node_scratch_.emplace_back(a, bytes);
     return a;
   }
-  // Addresses are written as [s0 + imm] with a signed 32-bit imm.
+  int64_t place_hbm_pinned(int64_t bytes) { return alloc_hbm(bytes, false); }
+  int64_t alloc_hbm(int64_t bytes, bool reuse);
+  void free_hbm(int64_t a, int64_t bytes);
+  void drain_dmas();
+  // Scratch whose gathers leave holes that must read +0.0: zero-filled unless its
+  // memory was never used before (fresh HBM is zero).
+  void zero_if_reused(int64_t a, int64_t bytes, DType t) {
+    if (!fresh_.count(a)) fill(a, bytes, t, 0.0f);
+  }
+  // Addresses are written [sA + imm]: the window registers reach kAddrReach.
   void check_addr(const Node& n, int64_t a) const {
-    if (a > INT32_MAX) fail(n, "HBM addresses beyond 2 GiB are not supported by the lowering yet");
+    if (a > kAddrReach)
+      fail(n, "HBM address " + std::to_string(a) + " is beyond what [sA + imm] reaches (" + std::to_string(kAddrReach) +
+                  "); the lowering addresses the first 6 GiB of a chip's HBM");
   }
   void line(const std::string& s) { cs_[cur_] << "  " << s << "\n"; }
   void dma(const std::string& dst, const std::string& src, int64_t bytes, const std::string& dims = "") {
@@ -76,9 +109,9 @@ class Emitter {
   }
   // Independent units of work go round robin over the cores.
   void on_core(int64_t unit) { cur_ = static_cast<int>(unit % cores_); }
-  static std::string hbm(int64_t a) { return "hbm:[s0 + " + std::to_string(a) + "]"; }
-  static std::string vmem(int64_t a) { return "vmem:[s0 + " + std::to_string(a) + "]"; }
-  static std::string at(int64_t a) { return "[s0 + " + std::to_string(a) + "]"; }
+  static std::string hbm(int64_t a) { return "hbm:" + addr_ref(a); }
+  static std::string vmem(int64_t a) { return "vmem:" + addr_ref(a); }
+  static std::string at(int64_t a) { return addr_ref(a); }
   static std::string dim(int64_t count, int64_t src_stride, int64_t dst_stride) {
     return ", dim=" + std::to_string(count) + ":" + std::to_string(src_stride) + ":" + std::to_string(dst_stride);
   }
@@ -157,11 +190,17 @@ class Emitter {
   int cur_ = 0;  // the core whose program the code goes to
   std::vector<std::ostringstream> cs_;
   std::map<std::string, Placed> t_;
-  int64_t hbm_top_ = 0;
+  int64_t hbm_top_ = 0;                        // high-water mark: nothing at or above it was ever placed
+  std::map<int64_t, int64_t> hbm_free_;        // free blocks below hbm_top_: start -> bytes, coalesced
+  std::set<int64_t> fresh_;                    // starts of placements carved from never-used HBM
+  std::vector<std::pair<int64_t, int64_t>> node_scratch_;  // the current node's scratch: (start, bytes)
+  int64_t hbm_sum_ = 0;                        // what a bump allocator would have reached (no reuse)
   int64_t coll_sent_ = 0;                // collective.cpp's running count of sends
   std::map<int, int64_t> coll_landed_;  // and of landings, per rflag
   std::vector<int64_t> dmas_;
   std::vector<std::map<int, int64_t>> flag_dmas_;
+  std::vector<int64_t> drained_dmas_;                  // per core: DMAs on f1 waited for by drain_dmas
+  std::vector<std::map<int, int64_t>> drained_flags_;  // and on the per-op flags
   std::map<int, std::vector<const Node*>> chains_;  // root id -> fused members
   std::map<int, int> fused_;                        // member id -> root id
   std::vector<const Node*> epi_;  // the chain lower_matmul applies (set by its caller)

@@ -102,7 +102,7 @@ void Emitter::lower_reverse(const Node& n) {
 // that every tap (kh, kw) is then one 3-D DMA over (ow, oh, n) whose runs are a
 // pixel's C channels, instead of single elements; with a 1x1 window, stride 1 and
 // no padding the staged NHWC tensor is the result itself. Padding taps are never
-// written, so they read +0.0 from the fresh result.
+// written, so they read +0.0 from the result, zero-filled first if its HBM is reused.
 void Emitter::lower_im2col(const Node& n) {
   const Placed X = t_.at(n.inputs[0]);
   const auto& k = n.attr_ints("kernel");
@@ -120,6 +120,7 @@ void Emitter::lower_im2col(const Node& n) {
   const bool pointwise = k[0] == 1 && k[1] == 1 && st[0] == 1 && st[1] == 1 && !pads[0] && !pads[1] && !pads[2] && !pads[3];
   const int64_t S = pointwise ? P : place_hbm(NB * H * W * CI * ex);
   check_addr(n, hbm_top_);
+  if (pads[0] || pads[1] || pads[2] || pads[3]) zero_if_reused(P, NB * OH * OW * K * ex, X.type.dtype);
   for (int64_t b = 0; b < NB; ++b)
     dma(hbm(S + b * H * W * CI * ex), hbm(X.addr + b * CI * H * W * ex), ex,
         dim(CI, H * W * ex, ex) + dim(W, ex, CI * ex) + dim(H, W * ex, W * CI * ex));
@@ -173,6 +174,8 @@ void Emitter::lower_maxpool_grad(const Node& n) {
   const int64_t XK = place_hbm(KK * row), DK = place_hbm(KK * row);
   check_addr(n, hbm_top_);
   const int64_t dx = t_.at(n.output).addr;
+  if (st[0] != k[0] || st[1] != k[1] || OH * k[0] != H || OW * k[1] != W)
+    zero_if_reused(dx, planes * H * W * esz(n.type.dtype), n.type.dtype);  // positions no window covers
   // Tap (kh, kw) of window (p, oh, ow) <-> X_k[(p*OH + oh)*OW + ow]; planes in
   // groups of at most 65535 (a DMA dim's count).
   auto tap_dmas = [&](bool gather, int64_t kh, int64_t kw) {

@@ -34,8 +34,9 @@ LowerResult Emitter::run() {
     e.addr = static_cast<uint64_t>(addr);
     return e;
   };
+  // Inputs and constants keep their homes for the whole step (the bundle loads them).
   auto place = [&](const std::string& name, const TensorType& type) {
-    t_[name] = Placed{type, place_hbm(num_elements(type.shape) * esz(type.dtype))};
+    t_[name] = Placed{type, place_hbm_pinned(num_elements(type.shape) * esz(type.dtype))};
     return t_[name].addr;
   };
   // Host infeed: each input's home stays in HBM; its I/O entry moves to host
@@ -77,14 +78,54 @@ LowerResult Emitter::run() {
     }
     io.push_back(std::move(e));
   }
+  if (hbm_top_ > kAddrReach)
+    throw CompileError(g_.name + ": the inputs and constants end at HBM address " + std::to_string(hbm_top_) +
+                       ", beyond what [sA + imm] reaches (" + std::to_string(kAddrReach) + ")");
   for (const auto& n : g_.nodes) {
     if (n.type.dtype == DType::kI64)
       throw CompileError(g_.name + ": node '" + n.output + "' (#" + std::to_string(n.id) + ", " + op_name(n.op) +
                          "): i64 results are not supported by the lowering (only gather indices)");
-    place(n.output, n.type);
+    t_[n.output] = Placed{n.type, -1};  // placed when its node (or its fusion root) runs
   }
 
   plan_fusion();
+  // Liveness over the node order: a result is placed at the step that writes it (its
+  // fusion root's, for a fused member) and given back after the last step that
+  // reads it (a fused member's reads happen at its root, earlier: later is safe).
+  // Graph outputs keep their homes.
+  const size_t N = g_.nodes.size();
+  std::map<std::string, size_t> producer;
+  std::map<int, size_t> index_of;
+  for (size_t k = 0; k < N; ++k) {
+    producer[g_.nodes[k].output] = k;
+    index_of[g_.nodes[k].id] = k;
+  }
+  std::vector<std::vector<size_t>> defined_at(N), last_read_at(N);
+  std::vector<size_t> last(N);
+  for (size_t k = 0; k < N; ++k) {
+    const Node& n = g_.nodes[k];
+    const size_t def = fused_away(n) ? index_of.at(fused_.at(n.id)) : k;
+    defined_at[def].push_back(k);
+    last[k] = def;
+  }
+  for (size_t k = 0; k < N; ++k)
+    for (const auto& in : g_.nodes[k].inputs) {
+      auto it = producer.find(in);
+      if (it != producer.end()) last[it->second] = std::max(last[it->second], k);
+    }
+  // A fusion root and the members before its chain's end never store their result
+  // (the kernel keeps it in registers): they get no HBM.
+  std::vector<bool> stored(N, true);
+  for (size_t k = 0; k < N; ++k) {
+    const Node& n = g_.nodes[k];
+    if (!chain_of(n).empty()) stored[k] = false;
+    if (fused_away(n) && chain_of(g_.nodes[index_of.at(fused_.at(n.id))]).back() != &n) stored[k] = false;
+  }
+  std::set<std::string> kept(g_.outputs.begin(), g_.outputs.end());
+  for (size_t k = 0; k < N; ++k)
+    if (stored[k] && !kept.count(g_.nodes[k].output)) last_read_at[last[k]].push_back(k);
+  std::vector<std::pair<int64_t, int64_t>> given_back;  // freed when the next lowered node ends
+  auto result_bytes = [&](const Node& n) { return num_elements(n.type.shape) * esz(n.type.dtype); };
   if (!feeds.empty()) {
     // One infeed DMA per input (the host prepares each as a batch), on core 0; the
     // other cores start after the barrier. Its own flag, apart from the nodes'.
@@ -96,7 +137,15 @@ LowerResult Emitter::run() {
     line(std::string("wait ") + kInfeedFlag + ", " + std::to_string(feeds.size()));
     sync_all();
   }
-  for (const auto& n : g_.nodes) {
+  for (size_t k = 0; k < N; ++k) {
+    const Node& n = g_.nodes[k];
+    for (size_t j : defined_at[k])
+      if (stored[j]) {
+        const int64_t a = alloc_hbm(result_bytes(g_.nodes[j]), true);
+        check_addr(g_.nodes[j], a);
+        t_[g_.nodes[j].output].addr = a;
+      }
+    for (size_t j : last_read_at[k]) given_back.emplace_back(t_.at(g_.nodes[j].output).addr, result_bytes(g_.nodes[j]));
     if (fused_away(n)) continue;  // its root's kernel applied it (fusion.cpp)
     for (auto& c : cs_) c << "  op " << n.id << "\n";
     cur_ = 0;
@@ -140,9 +189,24 @@ LowerResult Emitter::run() {
           fail(n, "op is not supported by the lowering yet");
         lower_elementwise(n);
     }
+    for (const auto& b : node_scratch_) {
+      check_addr(n, b.first);
+      given_back.push_back(b);
+    }
+    node_scratch_.clear();
+    // Memory given back may be written by the next node, on any core: every core
+    // first waits for its own DMAs (they may still read or write it), and the
+    // barrier tells the others.
+    if (!given_back.empty() && opt_.reuse_hbm) drain_dmas();
     sync_all();
+    for (const auto& b : given_back) free_hbm(b.first, b.second);
+    given_back.clear();
   }
-  for (int c = 0; c < cores_; ++c) out_ << ".core chip0.core" << c << "\n" << cs_[static_cast<size_t>(c)].str() << "  halt\n";
+  for (int c = 0; c < cores_; ++c) {
+    const std::string code = cs_[static_cast<size_t>(c)].str();
+    const bool windows = code.find("[s31 + ") != std::string::npos || code.find("[s30 + ") != std::string::npos;
+    out_ << ".core chip0.core" << c << "\n" << (windows ? window_setup() : "") << code << "  halt\n";
+  }
   for (auto& e : extra_consts_) io.push_back(std::move(e));  // laid out by the lowering (conv weights)
   for (const auto& o : g_.outputs) {
     const Placed& p = t_.at(o);
@@ -155,6 +219,7 @@ LowerResult Emitter::run() {
   LowerResult r;
   r.assembly = out_.str();
   r.hbm_end = hbm_top_;
+  r.hbm_unplanned = opt_.hbm_base + hbm_sum_;
   try {
     r.bundle = isa::assemble(r.assembly, g_.name + ".s");
   } catch (const isa::AsmError& e) {
@@ -164,6 +229,71 @@ LowerResult Emitter::run() {
   const std::string err = isa::check_bundle(r.bundle);
   if (!err.empty()) throw CompileError(g_.name + ": internal lowering error: " + err);
   return r;
+}
+
+// Best fit over the free list (the smallest block that holds it, the lowest address
+// of equal ones), else the block that ends at the high-water mark grown past it, else
+// fresh memory at the mark: deterministic, so every replica gets the same layout.
+int64_t Emitter::alloc_hbm(int64_t bytes, bool reuse) {
+  const int64_t size = align_up(std::max<int64_t>(bytes, 1), kAlign);
+  hbm_sum_ += size;
+  if (reuse && opt_.reuse_hbm && !hbm_free_.empty()) {
+    auto best = hbm_free_.end();
+    for (auto it = hbm_free_.begin(); it != hbm_free_.end(); ++it)
+      if (it->second >= size && (best == hbm_free_.end() || it->second < best->second)) best = it;
+    if (best != hbm_free_.end()) {
+      const int64_t a = best->first, rest = best->second - size;
+      hbm_free_.erase(best);
+      if (rest > 0) hbm_free_[a + size] = rest;
+      fresh_.erase(a);
+      return a;
+    }
+    auto top = std::prev(hbm_free_.end());
+    if (top->first + top->second == hbm_top_) {
+      const int64_t a = top->first;
+      hbm_free_.erase(top);
+      hbm_top_ = a + size;
+      fresh_.erase(a);
+      return a;
+    }
+  }
+  const int64_t a = hbm_top_;
+  hbm_top_ += size;
+  fresh_.insert(a);
+  return a;
+}
+
+void Emitter::free_hbm(int64_t a, int64_t bytes) {
+  if (!opt_.reuse_hbm) return;
+  auto it = hbm_free_.emplace(a, align_up(std::max<int64_t>(bytes, 1), kAlign)).first;
+  auto next = std::next(it);
+  if (next != hbm_free_.end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    hbm_free_.erase(next);
+  }
+  if (it != hbm_free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      hbm_free_.erase(it);
+    }
+  }
+}
+
+// Every core waits for every DMA it has issued on the lowering's flags (f1 and the
+// per-op flags); counts already waited for are not waited for again.
+void Emitter::drain_dmas() {
+  for (cur_ = 0; cur_ < cores_; ++cur_) {
+    const size_t c = static_cast<size_t>(cur_);
+    if (dmas_[c] > drained_dmas_[c]) wait_dmas();
+    drained_dmas_[c] = dmas_[c];
+    for (const auto& f : flag_dmas_[c])
+      if (f.second > drained_flags_[c][f.first]) {
+        wait_flag(f.first);
+        drained_flags_[c][f.first] = f.second;
+      }
+  }
+  cur_ = 0;
 }
 
 }  // namespace lowering

@@ -36,12 +36,17 @@ struct LowerOptions {
   // Run the fuse-elementwise pass and apply its groups (matmul/conv epilogues,
   // elementwise chains in one VMEM pass); false lowers every node on its own.
   bool fuse = true;
+  // Give node results and per-node scratch their HBM back after their last reader
+  // (docs/codegen.md "HBM plan"); false places every tensor once, as a bump
+  // allocator would (to measure what reuse saves).
+  bool reuse_hbm = true;
 };
 
 struct LowerResult {
   isa::Bundle bundle;
   std::string assembly;  // the program text that was assembled (without constants' data)
-  int64_t hbm_end = 0;   // end of the HBM placement (chip 0's, for replicas)
+  int64_t hbm_end = 0;   // end of the HBM placement (chip 0's, for replicas): the peak of the plan
+  int64_t hbm_unplanned = 0;  // what the same placements take without reuse (one replica's, for replicas)
 };
 
 // Throws CompileError naming the node for an op (or operand kind) the lowering

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <functional>
 #include <tuple>
+#include <functional>
+#include <tuple>
 
 #include "isa/numerics/bf16.h"
 
@@ -402,7 +404,9 @@ void Emitter::lower_matmul(const Node& n) {
   // K-streamed tiles (docs/codegen.md, "Large GEMMs: K-streamed tiles"). When a unit's
   // LHS rows and a band of weights do not both fit (the plan above had to shrink: short
   // units pay an mswap per few blocks, narrow bands re-read the LHS, and every unit or
-  // band starts on an empty image), the output is cut into tiles of Mt rows x NG
+  // band starts on an empty image), or a long K (two LHS bands or more) meets at least
+  // 2048 rows per core (the first unit would load its weights and its LHS before the
+  // MXUs start), the output is cut into tiles of Mt rows x NG
   // column groups whose fp32 partial sums stay in VMEM while K streams past them: per
   // pass (kw chunks) every column group of the tile runs its blocks. A pass's LHS
   // comes from a K band of LB chunks (two band slots, f13/f14), its weights from a
@@ -411,7 +415,7 @@ void Emitter::lower_matmul(const Node& n) {
   // first tile waits on HBM. Each output element still sums its chunks in increasing
   // order (mpop, then mpop.add per chunk, the partial sum in VMEM between passes).
   const bool shrunk = Mg < Mg0 || BG < ngroups || !resident;
-  if (shrunk && full_per_row == 0 && !tb) {
+  if ((shrunk || (lbands >= 2 && per_core >= 2048)) && full_per_row == 0 && !tb) {
     constexpr int64_t kPanels = 3;
     constexpr int kBandFlag = 13;  // f13, f14: the two LHS band slots
     const int64_t Mmax = Mg0;
@@ -442,6 +446,7 @@ void Emitter::lower_matmul(const Node& n) {
       const int64_t wsp = ws_of(NG), panel = kw * R * wsp;
       const int64_t lbase = kPanels * panel + wrow, abase = lbase + 2 * Mt * ls, obase = abase + NG * cw * Mt * 512;
       const int64_t tobs = obs_of(NG);
+      const int64_t OBs = wide_out ? std::min(NG, OB) : 1;
       int64_t vtop = obase + tile_out_bytes(Mt, NG);
       for (Operand& o : ops) {
         o.vbase = vtop;
@@ -501,7 +506,9 @@ void Emitter::lower_matmul(const Node& n) {
           }
           wait_dmas();
         }
-        for (int64_t z = 0; z < std::min<int64_t>(kPanels - 1, Z); ++z) fetch_panel(z);
+        // Only what the first pass needs before the MXUs can start; the rest of the ring
+        // fills while it runs.
+        fetch_panel(0);
         fetch_band(0);
         int64_t out_dmas = 0;
         for (size_t ti = 0; ti < tiles.size(); ++ti) {
@@ -562,7 +569,8 @@ void Emitter::lower_matmul(const Node& n) {
               const int64_t z = z0 + ps.p, y = y0 + ps.c0 / LB;
               if (i == 0) {
                 if (ps.t == 0) {  // a new pass: its panel slot's previous contents are pushed
-                  if (z + kPanels - 1 < Z) fetch_panel(z + kPanels - 1);
+                  for (int64_t zz = z == 0 ? 1 : z + kPanels - 1; zz <= std::min(z + kPanels - 1, Z - 1); ++zz)
+                    fetch_panel(zz);
                   if (ps.c0 % LB == 0) {  // a new band: the slot of the band before it is read
                     if (y + 1 < Y) fetch_band(y + 1);
                     if (q > 0) wait_flag(kBandFlag + static_cast<int>(y % 2));
@@ -617,21 +625,19 @@ void Emitter::lower_matmul(const Node& n) {
                 else
                   line(std::string(st(ot)) + " " + vr(a) + ", " + at(obase + ((ps.t * cw + w) * Mt + i * 8) * orow));
               }
-              if (q == Q - 1 && i == blocks - 1) {
-                // The tile goes out; the race checker sees a strided DMA's bounding range and
-                // neighbouring tiles' ranges interleave, so the previous one is waited on.
-                const int64_t o0 = Out.addr + tl.b * M * N * eo;
-                if (wide_out) {
-                  if (out_dmas++) wait_flag(kOutFlag);
-                  dma_on(kOutFlag, hbm(o0 + (tl.m0 * N + tl.n0) * eo), vmem(obase),
-                         std::min(NG * cw * C, N - tl.n0) * eo, dim(tl.mr, tobs, N * eo));
-                } else {
-                  for (int64_t tt = 0; tt < std::min(tl.ng * cw, (N - tl.n0 + C - 1) / C); ++tt) {
-                    if (out_dmas++) wait_flag(kOutFlag);
-                    dma_on(kOutFlag, hbm(o0 + (tl.m0 * N + tl.n0 + tt * C) * eo), vmem(obase + tt * Mt * orow),
-                           std::min(C, N - (tl.n0 + tt * C)) * eo, dim(tl.mr, orow, N * eo));
-                  }
-                }
+              // In the last pass each sub-band of OBs column groups (runs of kRunBytes) goes
+              // out once its last block is stored, so only the last one is left at the end.
+              if (ps.last && i == blocks - 1 && ((ps.t + 1) % OBs == 0 || ps.t == tl.ng - 1)) {
+                const int64_t o0 = Out.addr + tl.b * M * N * eo, g0 = ps.t / OBs * OBs;
+                const int64_t c0 = tl.n0 + g0 * cw * C, cols = std::min((ps.t + 1 - g0) * cw * C, N - c0);
+                if (wide_out)
+                  dma_on(kOutFlag, hbm(o0 + (tl.m0 * N + c0) * eo), vmem(obase + g0 * cw * orow), cols * eo,
+                         dim(tl.mr, tobs, N * eo));
+                else
+                  for (int64_t tt = 0; tt * C < cols; ++tt)
+                    dma_on(kOutFlag, hbm(o0 + (tl.m0 * N + c0 + tt * C) * eo), vmem(obase + (g0 * cw + tt) * Mt * orow),
+                           std::min(C, cols - tt * C) * eo, dim(tl.mr, orow, N * eo));
+                ++out_dmas;
               }
             }
           }

@@ -62,8 +62,8 @@ int host_infeed_prologue(std::ostringstream& text, const Graph& g, const Replica
         const int64_t slice = bytes_of(*at.at(in.name));
         const bool batched = rg.batched_inputs.count(in.name) != 0;
         const int64_t a = host_at.at(in.name) + (batched ? first * slice : 0);
-        text << "  dma host@chip" << c << ":[s0 + " << a << "], host:[s0 + " << a
-             << "], bytes=" << (batched ? n * slice : slice) << ", flag=" << kIoIssue << ", rflag=" << kInLanded
+        text << "  dma host@chip" << c << ":" << lowering::addr_ref(a) << ", host:" << lowering::addr_ref(a)
+             << ", bytes=" << (batched ? n * slice : slice) << ", flag=" << kIoIssue << ", rflag=" << kInLanded
              << "\n";
         ++issued;
       }
@@ -85,8 +85,8 @@ int host_infeed_prologue(std::ostringstream& text, const Graph& g, const Replica
     // One DMA per core (one over both cores' regions would overlap the next
     // input's in the race checker's bounding ranges); core k's rflag rises with it.
     for (int k = 0; k < n; ++k)
-      text << "  dma hbm" << (k ? "@c" + std::to_string(k) : std::string()) << ":[s0 + " << dst + k * region
-           << "], host:[s0 + " << src + (batched ? k * slice : 0) << "], bytes=" << slice << ", flag=" << kInfeed
+      text << "  dma hbm" << (k ? "@c" + std::to_string(k) : std::string()) << ":" << lowering::addr_ref(dst + k * region)
+           << ", host:" << lowering::addr_ref(src + (batched ? k * slice : 0)) << ", bytes=" << slice << ", flag=" << kInfeed
            << (k ? std::string(", rflag=") + kInLanded : std::string()) << "\n";
   }
   text << "  wait " << kInfeed << ", " << inputs * n << "\n";
@@ -159,8 +159,9 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
                        std::to_string(std::min<uint64_t>(options.target.host_bytes, INT32_MAX)));
   for (const auto& o : g.outputs)
     if (rg.batched_outputs.count(o)) place_global(*local.at(o), isa::IoKind::kOutput, types.at(o));
-  if (top > INT32_MAX) throw CompileError(g.name + ": " + std::to_string(R) + " replicas need " + std::to_string(top) +
-                                          " bytes of chip 0's HBM; the lowering addresses 2 GiB");
+  if (top > lowering::kAddrReach)
+    throw CompileError(g.name + ": " + std::to_string(R) + " replicas need " + std::to_string(top) +
+                       " bytes of chip 0's HBM; [sA + imm] addresses reach " + std::to_string(lowering::kAddrReach));
   if (static_cast<uint64_t>(top) > options.target.hbm_bytes)
     throw CompileError(g.name + ": needs " + std::to_string(top) + " bytes of HBM on chip 0, the target has " +
                        std::to_string(options.target.hbm_bytes));
@@ -182,8 +183,9 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
     lo.hbm_base = replica_core(s, r) * region;
     lo.replica_region = region;
     const LowerResult mine = lowering::Emitter(rg.graph, lo).run();
-    if (mine.hbm_end - lo.hbm_base > region)
-      throw CompileError(g.name + ": internal lowering error: replica " + std::to_string(r) + " outgrew its region");
+    // The collectives address other replicas' tensors at their offset in this one.
+    if (mine.hbm_end - lo.hbm_base != first.hbm_end)
+      throw CompileError(g.name + ": internal lowering error: replica " + std::to_string(r) + "'s HBM plan differs from replica 0's");
     std::map<std::string, const isa::IoEntry*> at;
     for (const auto& e : mine.bundle.io) at[e.name] = &e;
     for (const auto& e : mine.bundle.io) {
@@ -193,7 +195,8 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
       c.chip = static_cast<uint32_t>(replica_chip(s, r));
       io.push_back(std::move(c));
     }
-    text << ".core chip" << replica_chip(s, r) << ".core" << replica_core(s, r) << "\n  op " << first_op << "\n";
+    text << ".core chip" << replica_chip(s, r) << ".core" << replica_core(s, r) << "\n"
+         << (top > INT32_MAX ? lowering::window_setup() : "") << "  op " << first_op << "\n";
     int issued = 0;
     if (infeed) {
       issued += host_infeed_prologue(text, g, rg, s, r, at, host_at, lo.hbm_base, region);
@@ -205,7 +208,7 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
         for (int q = 0; q < R; ++q) {
           const int64_t src = global.at(in.name) + (rg.batched_inputs.count(in.name) ? q * slice : 0);
           const int64_t dst = static_cast<int64_t>(e.addr) - lo.hbm_base + replica_core(s, q) * region;
-          text << "  dma " << endpoint(q) << ":[s0 + " << dst << "], hbm:[s0 + " << src << "], bytes=" << slice
+          text << "  dma " << endpoint(q) << ":" << lowering::addr_ref(dst) << ", hbm:" << lowering::addr_ref(src) << ", bytes=" << slice
                << ", flag=" << kIoIssue << ", rflag=" << kInLanded << "\n";
           ++issued;
         }
@@ -218,8 +221,8 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
     for (const auto& o : g.outputs) {
       if (!rg.batched_outputs.count(o)) continue;
       const isa::IoEntry& e = *at.at(o);
-      text << "  dma hbm@chip0.c0:[s0 + " << global.at(o) + r * bytes_of(e) << "], hbm:[s0 + " << e.addr
-           << "], bytes=" << bytes_of(e) << ", flag=" << kIoIssue << ", rflag=" << kOutLanded << "\n";
+      text << "  dma hbm@chip0.c0:" << lowering::addr_ref(global.at(o) + r * bytes_of(e)) << ", hbm:"
+           << lowering::addr_ref(static_cast<int64_t>(e.addr)) << ", bytes=" << bytes_of(e) << ", flag=" << kIoIssue << ", rflag=" << kOutLanded << "\n";
       ++issued;
       ++gathered;
     }
@@ -244,6 +247,7 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
   }
   res.bundle.io = std::move(io);
   res.hbm_end = top;
+  res.hbm_unplanned = first.hbm_unplanned;
   const std::string bad = isa::check_bundle(res.bundle);
   if (!bad.empty()) throw CompileError(g.name + ": internal lowering error: " + bad);
   return res;

@@ -181,6 +181,11 @@ void Emitter::lower_gather(const Node& n) {
     return;
   }
   const Placed& I = t_.at(n.inputs[1]);
+  // An address is unsigned 32-bit s1 + signed 32-bit imm: past 2 GiB, s1 also
+  // carries a base (s4) that leaves both in range.
+  const int64_t xbytes = num_elements(X.type.shape) * esz(X.type.dtype);
+  const int64_t xbase = X.addr <= INT32_MAX ? 0 : std::min<int64_t>(X.addr, UINT32_MAX - xbytes);
+  if (xbase < 0 || X.addr - xbase > INT32_MAX) fail(n, "the gathered tensor lies beyond what [s1 + imm] reaches");
   const int64_t block = std::min<int64_t>(ni, std::min<int64_t>(1024, static_cast<int64_t>(opt_.target.smem_bytes) / 4));
   if (block < 1) fail(n, "no SMEM for the indices");
   for (int64_t q0 = 0; q0 < ni; q0 += block) {
@@ -188,6 +193,7 @@ void Emitter::lower_gather(const Node& n) {
     dma("smem:[s0 + 0]", hbm(I.addr + q0 * 4), cnt * 4);
     wait_dmas();
     line("li s2, " + std::to_string(len));
+    if (X.addr > INT32_MAX) line("li s4, " + std::to_string(xbase));
     for (int64_t k = 0; k < cnt; ++k) {
       const std::string l = "gather" + std::to_string(n.id) + "_" + std::to_string(labels_++);
       line("ld s1, " + at(k * 4));
@@ -200,7 +206,8 @@ void Emitter::lower_gather(const Node& n) {
       line("div s3, s2, s0  # index out of range: fault");
       cs_[cur_] << l << "_ok:\n";
       line("mul s1, s1, " + std::to_string(row));
-      dma(hbm(y + (q0 + k) * row), "hbm:[s1 + " + std::to_string(X.addr) + "]", row, outer_dim);
+      if (X.addr > INT32_MAX) line("add s1, s1, s4");  // s1 + imm reaches X: see xbase
+      dma(hbm(y + (q0 + k) * row), "hbm:[s1 + " + std::to_string(X.addr - xbase) + "]", row, outer_dim);
       if (outer > 1) wait_dmas();
     }
     wait_dmas();  // before the next block overwrites SMEM
@@ -385,6 +392,7 @@ void Emitter::lower_avgpool_exclude_pad(const Node& n) {
   const int64_t P = place_hbm(T * KK * e);
   const int64_t Cn = place_hbm(T * 4), S = place_hbm(T * 4);
   check_addr(n, hbm_top_);
+  zero_if_reused(P, T * KK * e, dt);
   // Tap counts: one VMEM tile per distinct count.
   std::map<int64_t, int64_t> slot;
   for (const Run& a : rh)
