@@ -7,8 +7,6 @@
 #include <cstring>
 #include <functional>
 #include <tuple>
-#include <functional>
-#include <tuple>
 
 #include "isa/numerics/bf16.h"
 
@@ -39,7 +37,10 @@ void Emitter::lower_conv(const Node& n) {
   // Each group is its own convolution (the reference's per-group chunking).
   for (int64_t g = 0; g < G; ++g) {
   const std::string tag = "#conv" + std::to_string(n.id) + "g" + std::to_string(g);
-  const int64_t P = place_hbm(M * K * ex), Wm = place_hbm(K * COg * ew), Y = place_hbm(M * COg * eo);
+  // Constant weights become a .const entry at Wm, which the bundle loads: pinned.
+  const bool const_w = g_.find_constant(n.inputs[1]) && (G == 1 || CI >= 8);
+  const int64_t P = place_hbm(M * K * ex), Y = place_hbm(M * COg * eo);
+  const int64_t Wm = const_w ? place_hbm_pinned(K * COg * ew) : place_hbm(K * COg * ew);
   check_addr(n, hbm_top_);
   auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
     *lo = 0;
@@ -55,6 +56,7 @@ void Emitter::lower_conv(const Node& n) {
   // Ungrouped or channel-rich convs gather through VMEM; depthwise ones (a channel per group)
   // keep the direct HBM gathers, which are as cheap there.
   const bool staged = (CI >= 8 || G == 1) && band > 0;
+  if (!staged && any_pad) zero_if_reused(P, M * K * ex, X.type.dtype);  // the direct gathers skip padding taps
   for (int64_t b = 0; b < NB; ++b)
     for (int64_t oh0 = 0; oh0 < OH; oh0 += staged ? band : OH) {
       const int64_t oh1 = staged ? std::min(OH, oh0 + band) : OH;
@@ -89,7 +91,7 @@ void Emitter::lower_conv(const Node& n) {
   // contiguous rows); otherwise through VMEM when it fits.
   const int64_t wbytes = COg * CI * KH * KW * ew;
   const Constant* wc = g_.find_constant(n.inputs[1]);
-  if (wc && (G == 1 || CI >= 8)) {
+  if (wc && const_w) {
     isa::IoEntry e;
     e.kind = isa::IoKind::kConst;
     e.name = tag + "w";
