@@ -16,13 +16,17 @@ Chip::Chip(const CoreParams& p, exec::Machine& m, const isa::Bundle& b, uint32_t
   // latency the memory itself accounts for.
   const uint64_t read_beat = MemoryHub::unloaded_beat_cycles(*make_memory(), p.dma.chunk_bytes, false, cycle_ps);
   const uint64_t write_beat = MemoryHub::unloaded_beat_cycles(*make_memory(), p.dma.chunk_bytes, true, cycle_ps);
+  bool host_reads = false;
   for (uint32_t c = 0; c < b.target.cores_per_chip; ++c) {
     const isa::CoreProgram* prog = nullptr;
     for (const auto& cp : b.cores)
       if (cp.chip == chip && cp.core == c) prog = &cp;
+    if (prog)
+      for (const auto& in : prog->code) host_reads |= in.op == isa::Op::kDma && in.src.space == isa::Space::kHost;
     cores_.push_back(std::make_unique<TensorCore>(p, m, chip, c, prog, barrier, *hub_, read_beat, write_beat, tl,
                                                   remote, *host_));
   }
+  for (auto& c : cores_) c->set_infeed_possible(host_reads);
 }
 
 // A core without a program never has an event, so its tick is a skip of one cycle
@@ -34,6 +38,14 @@ void Chip::tick(uint64_t cycle) {
     if (c->has_program()) c->tick(cycle);
     else c->skip(1);
   }
+}
+
+void Chip::set_quiet_units_skip(bool on) {
+  for (auto& c : cores_) c->set_quiet_units_skip(on);
+}
+
+void Chip::settle() {
+  for (auto& c : cores_) c->settle();
 }
 
 void Chip::skip(uint64_t n) {

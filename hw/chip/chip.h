@@ -22,6 +22,10 @@ class Chip {
   void tick(uint64_t cycle);
   void skip(uint64_t n);
   uint64_t next_event_cycle(uint64_t now) const;
+  // Fast mode: idle units are not ticked (TensorCore::set_quiet_units_skip).
+  void set_quiet_units_skip(bool on);
+  // Applies skipped cycles still owed to units; before reading counters.
+  void settle();
 
   bool done() const;
   std::string fault() const;

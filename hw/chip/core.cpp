@@ -55,6 +55,7 @@ TensorCore::TensorCore(const CoreParams& p, exec::Machine& m, uint32_t chip, uin
       case isa::Unit::kMatrix: {
         const isa::Instr& in = *it.in;
         const int x = (in.op == isa::Op::kMpop || in.op == isa::Op::kMpopAdd) ? in.b : in.a;
+        catch_up_mxu(static_cast<size_t>(x));
         mxus_[static_cast<size_t>(x)]->push(std::move(it));
         break;
       }
@@ -68,6 +69,7 @@ TensorCore::TensorCore(const CoreParams& p, exec::Machine& m, uint32_t chip, uin
     return true;
   };
   seq_ = std::make_unique<Sequencer>(env_, barrier, std::move(sinks), p.sequencer);
+  mxu_lag_.assign(mxus_.size(), 0);
   if (tl) infeed_track_ = tl->track("chip" + std::to_string(chip), "core" + std::to_string(core) + ".infeed");
 }
 
@@ -75,7 +77,7 @@ TensorCore::TensorCore(const CoreParams& p, exec::Machine& m, uint32_t chip, uin
 // flag is not high enough; this is that test, plus the host link's record of
 // which flags a pending infeed transfer will raise.
 bool TensorCore::waits_for_infeed() const {
-  if (!env_.prog || seq_->halted() || !env_.fault.empty()) return false;
+  if (!infeed_possible_ || !env_.prog || seq_->halted() || !env_.fault.empty()) return false;
   const auto& code = env_.prog->code;
   if (seq_->pc() >= code.size()) return false;
   const isa::Instr& in = code[seq_->pc()];
@@ -91,8 +93,23 @@ void TensorCore::note_infeed_stall(uint64_t cycle, uint64_t n) {
 
 void TensorCore::tick(uint64_t cycle) {
   last_tick_ = cycle;
-  dma_->tick(cycle);
-  for (auto& x : mxus_) x->tick(cycle);
+  if (!quiet_skip_) {
+    dma_->tick(cycle);
+    for (auto& x : mxus_) x->tick(cycle);
+  } else {
+    // A core streaming vector work has an event every cycle, its idle DMA engines
+    // and MXUs none: their tick would equal skip(1), which is nothing for quiet
+    // DMA engines and a deferred count for an idle MXU.
+    if (!dma_->quiet(cycle)) dma_->tick(cycle);
+    for (size_t i = 0; i < mxus_.size(); ++i) {
+      if (mxus_[i]->idle()) {
+        ++mxu_lag_[i];
+      } else {
+        catch_up_mxu(i);
+        mxus_[i]->tick(cycle);
+      }
+    }
+  }
   vpu_->tick(cycle);
   if (waits_for_infeed()) {
     note_infeed_stall(cycle, 1);
@@ -105,12 +122,35 @@ void TensorCore::tick(uint64_t cycle) {
 
 void TensorCore::skip(uint64_t n) {
   if (n == 0) return;
+  if (!has_program()) {  // nothing of it ever changes: its units' skips add up
+    idle_core_lag_ += n;
+    return;
+  }
   // The sequencer counts the skipped cycles under the reason it has now.
   if (waits_for_infeed()) note_infeed_stall(last_tick_ + 1, n);
   dma_->skip(n);
-  for (auto& x : mxus_) x->skip(n);
+  for (size_t i = 0; i < mxus_.size(); ++i) {
+    if (quiet_skip_ && mxus_[i]->idle()) {
+      mxu_lag_[i] += n;
+    } else {
+      catch_up_mxu(i);
+      mxus_[i]->skip(n);
+    }
+  }
   vpu_->skip(n);
   seq_->skip(n);
+}
+
+void TensorCore::settle() {
+  for (size_t i = 0; i < mxus_.size(); ++i) catch_up_mxu(i);
+  if (idle_core_lag_) {
+    const uint64_t n = idle_core_lag_;
+    idle_core_lag_ = 0;
+    dma_->skip(n);
+    for (auto& x : mxus_) x->skip(n);
+    vpu_->skip(n);
+    seq_->skip(n);
+  }
 }
 
 uint64_t TensorCore::next_event_cycle(uint64_t now) const {

@@ -36,6 +36,16 @@ class TensorCore {
   void tick(uint64_t cycle);
   void skip(uint64_t n);
   uint64_t next_event_cycle(uint64_t now) const;
+  // Fast mode without a timeline or waveform (hw/system, Board::lazy): units with
+  // nothing to do are not ticked (docs/tensorcore.md, "Speed"). Same counters and
+  // cycles; traced per-cycle state (waveforms) would differ, hence the switch.
+  void set_quiet_units_skip(bool on) { quiet_skip_ = on; }
+  // Whether any core of the chip has a DMA reading host space (else no wait can be
+  // an infeed stall, and the per-cycle test is skipped).
+  void set_infeed_possible(bool on) { infeed_possible_ = on; }
+  // Applies the cycles skipped lazily (idle MXUs, a core without a program);
+  // call before reading counters.
+  void settle();
 
   bool done() const;
   const std::string& fault() const { return env_.fault; }
@@ -70,6 +80,19 @@ class TensorCore {
   uint64_t infeed_last_ = 0;        // end (exclusive) of the stall so far
   uint64_t last_tick_ = 0;
   timeline::TrackId infeed_track_ = 0;
+  bool quiet_skip_ = false;
+  bool infeed_possible_ = true;
+  // Cycles an idle MXU (or the whole of a core without a program) has not been
+  // ticked yet: skip() is additive for them, so they are applied at once before
+  // the unit next changes or is read.
+  std::vector<uint64_t> mxu_lag_;
+  uint64_t idle_core_lag_ = 0;
+  void catch_up_mxu(size_t i) {
+    if (mxu_lag_[i]) {
+      mxus_[i]->skip(mxu_lag_[i]);
+      mxu_lag_[i] = 0;
+    }
+  }
 };
 
 }  // namespace tpusim::hw

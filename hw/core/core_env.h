@@ -37,11 +37,13 @@ class Counters {
   Counters& operator=(const Counters& o) {
     values_ = o.values_;
     literals_.clear();
+    recent_ = {};
     return *this;
   }
   Counters& operator=(Counters&& o) noexcept {
     values_ = std::move(o.values_);
     literals_.clear();
+    recent_ = {};
     return *this;
   }
 
@@ -49,12 +51,20 @@ class Counters {
   // Units count with string literals, some every cycle: after a literal's first
   // use its slot is found by the literal's address, with no string built or
   // compared (map nodes never move, so the slot stays valid).
+  // A unit counting several literals per cycle finds each in one probe of a small
+  // table indexed by the literal's address, before the scan of all of them.
   template <size_t N>
   uint64_t& operator[](const char (&name)[N]) {
+    auto& hit = recent_[(reinterpret_cast<uintptr_t>(name) >> 2) % recent_.size()];
+    if (hit.first == name) return *hit.second;
     for (const auto& [p, slot] : literals_)
-      if (p == name) return *slot;
+      if (p == name) {
+        hit = {name, slot};
+        return *slot;
+      }
     uint64_t& slot = values_[std::string(name)];
     literals_.emplace_back(name, &slot);
+    hit = {name, &slot};
     return slot;
   }
   uint64_t get(const std::string& name) const {
@@ -70,6 +80,7 @@ class Counters {
  private:
   std::map<std::string, uint64_t> values_;
   std::vector<std::pair<const char*, uint64_t*>> literals_;
+  std::array<std::pair<const char*, uint64_t*>, 16> recent_{};
 };
 
 // An instruction the sequencer has issued into a unit queue.

@@ -7,7 +7,7 @@
 
 #include <array>
 #include <cstdint>
-#include <deque>
+#include <vector>
 
 #include "hw/core/reg_use.h"
 
@@ -25,7 +25,9 @@ class Scoreboard {
     for (int i = 0; i < u.nreads; ++i) {
       // A register every MXU's mmul reads has many reads pending and seldom a write.
       if (writes_[u.reads[i]] == 0) continue;
-      for (const Access& a : pending_[u.reads[i]]) {
+      const AccessQueue& q = pending_[u.reads[i]];
+      for (size_t k = 0; k < q.size(); ++k) {
+        const Access& a = q[k];
         if (a.seq >= seq) break;
         if (a.write) return false;
       }
@@ -60,22 +62,53 @@ class Scoreboard {
     bool write;
     bool retired = false;
   };
+  // A ring per register (was a std::deque, whose node allocations and pointer
+  // chasing showed in every vld/vadd/vst of a pod-scale run).
+  class AccessQueue {
+   public:
+    size_t size() const { return n_; }
+    bool empty() const { return n_ == 0; }
+    const Access& front() const { return buf_[head_]; }
+    const Access& operator[](size_t k) const { return buf_[(head_ + k) & (buf_.size() - 1)]; }
+    Access& operator[](size_t k) { return buf_[(head_ + k) & (buf_.size() - 1)]; }
+    void push_back(const Access& a) {
+      if (n_ == buf_.size()) grow();
+      buf_[(head_ + n_) & (buf_.size() - 1)] = a;
+      ++n_;
+    }
+    void pop_front() {
+      head_ = (head_ + 1) & (buf_.size() - 1);
+      --n_;
+    }
+
+   private:
+    void grow() {
+      std::vector<Access> b(buf_.empty() ? 8 : buf_.size() * 2);
+      for (size_t k = 0; k < n_; ++k) b[k] = (*this)[k];
+      buf_.swap(b);
+      head_ = 0;
+    }
+    std::vector<Access> buf_;  // size a power of two
+    size_t head_ = 0, n_ = 0;
+  };
   void add(int r, uint64_t seq, bool write) {
     pending_[static_cast<size_t>(r)].push_back({seq, write});
     writes_[static_cast<size_t>(r)] += write;
   }
   void drop(int r, uint64_t seq) {
     auto& q = pending_[static_cast<size_t>(r)];
-    for (auto it = q.begin(); it != q.end(); ++it)
-      if (it->seq == seq && !it->retired) {
-        writes_[static_cast<size_t>(r)] -= it->write;
-        it->write = false;
-        it->retired = true;
+    for (size_t k = 0; k < q.size(); ++k) {
+      Access& a = q[k];
+      if (a.seq == seq && !a.retired) {
+        writes_[static_cast<size_t>(r)] -= a.write;
+        a.write = false;
+        a.retired = true;
         while (!q.empty() && q.front().retired) q.pop_front();
         return;
       }
+    }
   }
-  std::array<std::deque<Access>, kScoreboardRegs> pending_;
+  std::array<AccessQueue, kScoreboardRegs> pending_;
   std::array<uint32_t, kScoreboardRegs> writes_{};  // writes among pending_[r]
   uint64_t version_ = 0;
 };

@@ -68,6 +68,55 @@ void dma_scatter(const exec::DmaPlan& p, const std::vector<uint8_t>& bytes) {
     });
 }
 
+DmaPayload dma_gather_sparse(const exec::DmaPlan& p) {
+  DmaPayload out;
+  out.total = p.total_bytes();
+  if (out.total == 0) return out;
+  uint64_t at = 0;  // stream offset
+  for_each_run(p, [&](uint64_t s, uint64_t) {
+    for (uint64_t done = 0; done < p.bytes;) {
+      const uint64_t a = s + done;
+      const uint64_t n = std::min(p.bytes - done, exec::Memory::kPageBytes - (a & (exec::Memory::kPageBytes - 1)));
+      if (p.src->written(a)) {
+        if (!out.spans.empty() && out.spans.back().first + out.spans.back().second == at) out.spans.back().second += n;
+        else out.spans.emplace_back(at, n);
+        const size_t old = out.data.size();
+        out.data.resize(old + static_cast<size_t>(n));
+        p.src->read(a, out.data.data() + old, n);
+      }
+      done += n;
+      at += n;
+    }
+  });
+  return out;
+}
+
+void dma_scatter(const exec::DmaPlan& p, const DmaPayload& payload) {
+  if (payload.total == 0) return;
+  uint64_t at = 0;        // stream offset of the run
+  size_t span = 0;        // first span not wholly before `at`
+  uint64_t span_data = 0; // offset in payload.data of that span
+  for_each_run(p, [&](uint64_t, uint64_t d) {
+    const uint64_t end = at + p.bytes;
+    for (uint64_t pos = at; pos < end;) {
+      while (span < payload.spans.size() && payload.spans[span].first + payload.spans[span].second <= pos) {
+        span_data += payload.spans[span].second;
+        ++span;
+      }
+      if (span < payload.spans.size() && payload.spans[span].first <= pos) {
+        const uint64_t n = std::min(end, payload.spans[span].first + payload.spans[span].second) - pos;
+        p.dst->write(d + (pos - at), payload.data.data() + span_data + (pos - payload.spans[span].first), n);
+        pos += n;
+      } else {
+        const uint64_t next = span < payload.spans.size() ? std::min(end, payload.spans[span].first) : end;
+        p.dst->write_zeros(d + (pos - at), next - pos);
+        pos = next;
+      }
+    }
+    at = end;
+  });
+}
+
 // ---- MemoryHub ---------------------------------------------------------------
 
 MemoryHub::MemoryHub(std::unique_ptr<mem::MemoryPort> port, uint64_t cycle_ps) : port_(std::move(port)), cycle_ps_(cycle_ps) {}
@@ -164,6 +213,15 @@ bool DmaEngines::idle() const {
   if (!queue_.empty() || !handed_off_.empty()) return false;
   for (const auto& t : active_)
     if (t) return false;
+  return true;
+}
+
+bool DmaEngines::quiet(uint64_t cycle) const {
+  if (!queue_.empty() || !landed_.empty()) return false;
+  for (const auto& t : active_)
+    if (t) return false;
+  for (const auto& t : handed_off_)
+    if (t->done <= cycle) return false;
   return true;
 }
 

@@ -90,6 +90,16 @@ using RemotePort = std::function<void(RemoteTransfer&&)>;  // throws on a reques
 // into the destination: a transfer read when it leaves and written when it lands.
 std::vector<uint8_t> dma_gather(const exec::DmaPlan& p);
 void dma_scatter(const exec::DmaPlan& p, const std::vector<uint8_t>& bytes);
+// The same bytes, holding only what was read from written pages: the rest of the
+// stream is zeros, never materialised. A pod-scale all-reduce moves ~50 GB whose
+// buffers are mostly never-written memory (docs/ici.md, "Scale").
+struct DmaPayload {
+  uint64_t total = 0;                                // bytes in the stream
+  std::vector<std::pair<uint64_t, uint64_t>> spans;  // (stream offset, length), increasing, disjoint
+  std::vector<uint8_t> data;                         // the spans' bytes, concatenated
+};
+DmaPayload dma_gather_sparse(const exec::DmaPlan& p);
+void dma_scatter(const exec::DmaPlan& p, const DmaPayload& payload);
 
 class DmaEngines {
  public:
@@ -102,6 +112,10 @@ class DmaEngines {
   bool queue_full() const { return queue_.size() >= depth_; }
   void push(Issued&& it);
   bool idle() const;
+  // Whether tick(cycle) would do nothing at all (nothing queued, no engine busy, no
+  // beat landed, no handed-off transfer finishing): a skipped tick then equals it,
+  // and so does skip(), which has nothing to count.
+  bool quiet(uint64_t cycle) const;
   // Ordering rule: a DMA starts only after the vld/vst issued before it are done.
   void set_vmem_ops_retired(std::function<uint64_t()> f) { vmem_ops_retired_ = std::move(f); }
 

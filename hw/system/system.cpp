@@ -46,6 +46,7 @@ class Board {
 
   void start_lazy() {
     lazy = true;
+    for (auto& c : chips) c->set_quiet_units_skip(true);
     synced.assign(chips.size(), 0);
     next.assign(chips.size(), 0);
     is_dirty.assign(chips.size(), 0);
@@ -84,9 +85,9 @@ class Board {
     auto data_leg = [this, t, src, dst](uint64_t at) {
       // The same memory on both ends (a chip asks another to copy within itself):
       // copied at landing like a local DMA, overlapping runs included.
-      auto bytes = std::make_shared<std::vector<uint8_t>>();
+      auto bytes = std::make_shared<DmaPayload>();
       touch(t->src_chip, at);
-      if (t->plan.src != t->plan.dst) *bytes = dma_gather(t->plan);
+      if (t->plan.src != t->plan.dst) *bytes = dma_gather_sparse(t->plan);
       net->send(src, dst, t->plan.total_bytes(), at, [this, t, bytes](ici::MessageId, uint64_t landed) {
         touch(t->dst_chip, landed);
         touch(t->issuer_chip, landed);
@@ -108,10 +109,18 @@ class Board {
     }
   }
 
-  uint64_t instructions() const {
+  // Lazy: kept up to date by tick() (only ticks issue), instead of summing every
+  // core of the slice after every event.
+  uint64_t lazy_instructions = 0;
+  static uint64_t chip_instructions(const Chip& c) {
     uint64_t n = 0;
-    for (const auto& c : chips)
-      for (const auto& k : c->cores()) n += k->instructions();
+    for (const auto& k : c.cores()) n += k->instructions();
+    return n;
+  }
+  uint64_t instructions() const {
+    if (lazy) return lazy_instructions;
+    uint64_t n = 0;
+    for (const auto& c : chips) n += chip_instructions(*c);
     return n;
   }
   void tick(uint64_t cycle) {
@@ -127,7 +136,9 @@ class Board {
       synced[c] = cycle + 1;  // before the tick: a transfer it starts touches it
       is_dirty[c] = 1;
       dirty.push_back(c);
+      const uint64_t before = chip_instructions(*chips[c]);
       chips[c]->tick(cycle);
+      lazy_instructions += chip_instructions(*chips[c]) - before;
     }
     net->skip(cycle + 1 - net->now());
     // Kept until the next tick: fault() looks at these chips only.
@@ -453,6 +464,7 @@ RunResult System::run(const RunOptions& opt) {
     std::remove(raw_file.c_str());
   }
 
+  for (auto& chip : board.chips) chip->settle();
   r.cycles = board.last_activity_cycle() + 1;
   r.faulted = driver.end != Board::End::kDone;
   if (r.faulted) r.fault = driver.why;

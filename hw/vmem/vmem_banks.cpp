@@ -25,6 +25,21 @@ uint64_t VmemBanks::banks_of(uint64_t addr, uint64_t bytes) const {
 VmemBanks::TileAccess VmemBanks::tile(int64_t base, int rows, int64_t stride, int row_bytes) const {
   // Every vld/vst comes through here: a sorted scratch list instead of a set and a
   // map, so the common access allocates nothing.
+  std::array<int, 64> per_bank{};
+  TileAccess t;
+  t.cycles = 1;
+  if (stride == row_bytes && base >= 0 && rows > 0) {
+    // A dense tile: its granules are consecutive and distinct, no sort needed.
+    const int64_t first = base / bank_bytes_, last = (base + rows * stride - 1) / bank_bytes_;
+    for (int64_t g = first; g <= last; ++g) {
+      const int b = static_cast<int>(g % banks_);
+      const int n = ++per_bank[static_cast<size_t>(b)];
+      t.cycles = std::max(t.cycles, n);
+      if (n == 1) t.first_mask |= 1ull << b;
+    }
+    for (size_t b = 0; b < per_bank.size(); ++b) t.granules[b] = static_cast<uint16_t>(per_bank[b]);
+    return t;
+  }
   granules_.clear();
   for (int r = 0; r < rows; ++r) {
     const int64_t a = base + r * stride;
@@ -33,9 +48,6 @@ VmemBanks::TileAccess VmemBanks::tile(int64_t base, int rows, int64_t stride, in
   }
   std::sort(granules_.begin(), granules_.end());
   granules_.erase(std::unique(granules_.begin(), granules_.end()), granules_.end());
-  std::array<int, 64> per_bank{};
-  TileAccess t;
-  t.cycles = 1;
   for (int64_t g : granules_) {
     const int b = static_cast<int>(g % banks_);
     const int n = ++per_bank[static_cast<size_t>(b)];

@@ -132,7 +132,8 @@ void Vpu::tick(uint64_t cycle) {
     Timing t = timing(in);
     VmemBanks::TileAccess acc;
     const bool mem = t.pipe == Pipe::kLoad || t.pipe == Pipe::kStore;
-    if (mem) {
+    const bool ready = env_.scoreboard.ready(head.use, head.seq), port_free = ready && pipe_free(t.pipe) <= cycle;
+    if (mem && port_free) {  // the banks matter only to an access that could go now
       const bool bf16 = in.op == Op::kVldBf16 || in.op == Op::kVstBf16;
       const int64_t base = static_cast<int64_t>(static_cast<uint32_t>(head.s[in.b])) + in.imm;
       acc = banks_.tile(base, isa::kSublanes, in.imm2, isa::kLanes * (bf16 ? 2 : 4));
@@ -142,9 +143,9 @@ void Vpu::tick(uint64_t cycle) {
       t.latency = acc.cycles;
       t.interval = acc.cycles;
     }
-    if (!env_.scoreboard.ready(head.use, head.seq)) {
+    if (!ready) {
       stall_ = Stall::kDependency;
-    } else if (pipe_free(t.pipe) > cycle) {
+    } else if (!port_free) {
       stall_ = Stall::kStructural;
     } else if (mem && !banks_.free(acc.first_mask)) {
       stall_ = Stall::kBankConflict;

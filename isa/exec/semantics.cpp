@@ -118,14 +118,40 @@ void vector_load_store(CoreState& c, const Instr& in) {
           std::to_string(stride) + " not a multiple of " + std::to_string(esize) + " bytes");
   const MaskReg& mask = mreg(c, in.c);
   VReg& r = vreg(c, in.a);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  // A dense fp32 tile under m0 (all lanes) inside VMEM: one 4 KiB copy, the same
+  // bytes as row by row (which is what a faulting access still takes).
+  constexpr int64_t kTileBytes = kSublanes * kLanes * 4;
+  if (!bf16 && in.c == 0 && stride == kLanes * 4 && base >= 0 &&
+      static_cast<uint64_t>(base) + kTileBytes <= c.vmem.size()) {
+    if (load) c.vmem.read(static_cast<uint64_t>(base), r.bits.data(), kTileBytes);
+    else c.vmem.write(static_cast<uint64_t>(base), r.bits.data(), kTileBytes);
+    return;
+  }
+#endif
   uint8_t row[kLanes * 4];
   for (int s = 0; s < kSublanes; ++s) {
     const int64_t addr = base + s * stride;
-    bool full = true, any = false;
-    for (int l = 0; l < kLanes; ++l) {
-      full &= mask.at(s, l);
-      any |= mask.at(s, l);
+    // A mask byte is 0 or 1: the row is full when every 8-byte word is all ones
+    // and empty when every word is zero (a word at a time: every vld/vst asks).
+    uint64_t all_on = ~uint64_t{0}, some_on = 0;
+    for (int l = 0; l < kLanes; l += 8) {
+      uint64_t w;
+      std::memcpy(&w, &mask.on[static_cast<size_t>(s * kLanes + l)], 8);
+      all_on &= w;
+      some_on |= w;
     }
+    const bool full = all_on == 0x0101010101010101ull, any = some_on != 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    // A full fp32 row: VMEM holds each element's bytes least significant first,
+    // which on a little-endian host is the register's own layout.
+    if (full && !bf16) {
+      c.vmem.check(addr, static_cast<uint64_t>(kLanes * 4));
+      if (load) c.vmem.read(static_cast<uint64_t>(addr), &r.at(s, 0), static_cast<uint64_t>(kLanes * 4));
+      else c.vmem.write(static_cast<uint64_t>(addr), &r.at(s, 0), static_cast<uint64_t>(kLanes * 4));
+      continue;
+    }
+#endif
     if (!any) {
       if (load)
         for (int l = 0; l < kLanes; ++l) r.at(s, l) = 0;

@@ -14,19 +14,48 @@ void Memory::check(int64_t addr, uint64_t n) const {
   }
 }
 
-const uint8_t* Memory::page_for_read(uint64_t page) const {
+Memory::Memory(std::string name, uint64_t size_bytes) : name_(std::move(name)), size_(size_bytes) {
+  const uint64_t pages = (size_bytes + kPageBytes - 1) >> kPageBits;
+  if (pages <= kDensePages) dense_.assign(pages, nullptr);
+}
+
+uint8_t* Memory::page_for_read(uint64_t page) const {
+  if (!dense_.empty()) return page < dense_.size() ? dense_[page] : nullptr;
+  if (page == last_page_) return last_ptr_;
   auto it = pages_.find(page);
-  return it == pages_.end() ? nullptr : it->second.get();
+  if (it == pages_.end()) return nullptr;  // not remembered: a write may allocate it
+  last_page_ = page;
+  last_ptr_ = it->second.get();
+  return last_ptr_;
 }
 
 uint8_t* Memory::page_for_write(uint64_t page) {
+  if (!dense_.empty() && page < dense_.size() && dense_[page]) return dense_[page];
+  if (dense_.empty() && page == last_page_) return last_ptr_;
   auto& p = pages_[page];
   if (!p) {
     p.reset(new uint8_t[kPageBytes]);
     std::memset(p.get(), 0, kPageBytes);
   }
+  if (!dense_.empty() && page < dense_.size()) dense_[page] = p.get();
+  last_page_ = page;
+  last_ptr_ = p.get();
   return p.get();
 }
+
+namespace {
+// Word at a time: every vst of a zero tile into a never-written page asks this.
+bool all_zero(const uint8_t* p, uint64_t n) {
+  uint64_t acc = 0;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    acc |= w;
+  }
+  for (; n; --n) acc |= *p++;
+  return acc == 0;
+}
+}  // namespace
 
 void Memory::read(uint64_t addr, void* dst, uint64_t n) const {
   auto* out = static_cast<uint8_t*>(dst);
@@ -49,10 +78,19 @@ void Memory::write(uint64_t addr, const void* src, uint64_t n) {
     const uint64_t chunk = std::min(n, kPageBytes - off);
     // Zeros into a page never written change nothing: a large copy out of
     // untouched memory must not allocate gigabytes.
-    const bool zeros = pages_.find(page) == pages_.end() &&
-                       std::all_of(in, in + chunk, [](uint8_t b) { return b == 0; });
-    if (!zeros) std::memcpy(page_for_write(page) + off, in, chunk);
+    uint8_t* p = page_for_read(page);
+    if (p || !all_zero(in, chunk)) std::memcpy((p ? p : page_for_write(page)) + off, in, chunk);
     in += chunk;
+    addr += chunk;
+    n -= chunk;
+  }
+}
+
+void Memory::write_zeros(uint64_t addr, uint64_t n) {
+  while (n) {
+    const uint64_t page = addr >> kPageBits, off = addr & (kPageBytes - 1);
+    const uint64_t chunk = std::min(n, kPageBytes - off);
+    if (uint8_t* p = page_for_read(page)) std::memset(p + off, 0, chunk);
     addr += chunk;
     n -= chunk;
   }

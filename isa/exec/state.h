@@ -30,7 +30,7 @@ class Memory {
   static constexpr unsigned kPageBits = 16;
   static constexpr uint64_t kPageBytes = 1ull << kPageBits;
 
-  Memory(std::string name, uint64_t size_bytes) : name_(std::move(name)), size_(size_bytes) {}
+  Memory(std::string name, uint64_t size_bytes);
   const std::string& name() const { return name_; }
   uint64_t size() const { return size_; }
 
@@ -39,17 +39,28 @@ class Memory {
   void check(int64_t addr, uint64_t n) const;
   void read(uint64_t addr, void* dst, uint64_t n) const;  // unchecked: call check() first
   void write(uint64_t addr, const void* src, uint64_t n);
+  // Zeros over [addr, addr + n) (unchecked); never-written pages stay unallocated.
+  void write_zeros(uint64_t addr, uint64_t n);
+  // Whether the page holding `addr` was ever written (else it reads as zeros).
+  bool written(uint64_t addr) const { return page_for_read(addr >> kPageBits) != nullptr; }
   uint32_t read_u32(uint64_t addr) const;
   void write_u32(uint64_t addr, uint32_t v);
   uint64_t allocated_bytes() const { return pages_.size() * kPageBytes; }
 
  private:
-  const uint8_t* page_for_read(uint64_t page) const;
+  uint8_t* page_for_read(uint64_t page) const;  // null = never written
   uint8_t* page_for_write(uint64_t page);
 
   std::string name_;
   uint64_t size_;
-  std::unordered_map<uint64_t, std::unique_ptr<uint8_t[]>> pages_;
+  std::unordered_map<uint64_t, std::unique_ptr<uint8_t[]>> pages_;  // owns the pages
+  // Every vld/vst and DMA beat looks its page up: a memory of up to kDensePages
+  // pages (VMEM, even enlarged) indexes them directly instead of hashing; a larger
+  // one (HBM) remembers the last page found.
+  static constexpr uint64_t kDensePages = uint64_t{1} << 16;
+  std::vector<uint8_t*> dense_;  // by page; null = never written
+  mutable uint64_t last_page_ = ~uint64_t{0};
+  mutable uint8_t* last_ptr_ = nullptr;
 };
 
 inline constexpr int kSublanes = isa::kSublanes;
