@@ -6,6 +6,12 @@
 // GEMMs run once with the simulation thread alone and once with --threads (a
 // worker computing MXU results beside it; the same cycles and values).
 //   sim_speed [--tpusim PATH] [--preset v4] [--scale 1.0] [--mxus N] [--threads 2]
+// Pod scale (docs/ici.md, "Scale"): --pod N runs instead the torus all-reduce of N
+// fp32 per chip on every chip of --pod-preset (v2-16x16: 256 chips) in fast mode,
+// as `ici_program PRESET torus N --pod` writes it, and prints the run's cycles,
+// CPU, wall, max RSS and the load average around it; --pod 25000000 is the 100 MB
+// acceptance run:
+//   sim_speed --pod 25000000
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -13,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +28,9 @@
 #include <vector>
 
 #include "hw/config/params.h"
+#include "hw/ici/collective_program.h"
+#include "hw/ici/collectives.h"
+#include "hw/ici/topology.h"
 #include "sim/run/stats.h"
 
 namespace {
@@ -77,13 +87,16 @@ struct Measured {
   uint64_t flops = 0;
   double wall = 0;
   double cpu = 0;  // user + system CPU seconds of the run process, start to exit
+  double user = 0;
+  double process_wall = 0;  // the whole run command, bundle loading and outputs included
 };
 
 // CPU time of finished child processes: on a shared, loaded host the wall time
 // of a run includes time it waited for a core; its CPU time does not.
-double children_cpu_seconds() {
+double children_cpu_seconds(bool user_only = false) {
   rusage u{};
   ::getrusage(RUSAGE_CHILDREN, &u);
+  if (user_only) return double(u.ru_utime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec);
   return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
@@ -95,11 +108,56 @@ Measured run(const std::string& tpusim, const std::string& dir, const std::strin
   if (std::system(cmd.c_str()) != 0) throw std::runtime_error("assembling " + src + " failed");
   cmd = "SYSTEMC_DISABLE_COPYRIGHT_MESSAGE=1 " + tpusim + " run " + bundle + " --preset " + preset + " --mode " +
         mode + " --threads " + std::to_string(threads) + " --random-inputs 1 -q --out " + out;
-  const double cpu0 = children_cpu_seconds();
+  const double cpu0 = children_cpu_seconds(), user0 = children_cpu_seconds(true);
+  const auto t0 = std::chrono::steady_clock::now();
   if (std::system(cmd.c_str()) != 0) throw std::runtime_error("'" + cmd + "' failed");
-  const double cpu = children_cpu_seconds() - cpu0;
+  const double process_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu = children_cpu_seconds() - cpu0, user = children_cpu_seconds(true) - user0;
   const auto s = tpusim::run::read_stats(out + "/stats.json");
-  return {s["cycles"].get<uint64_t>(), s["flops"].get<uint64_t>(), s["host"]["wall_seconds"].get<double>(), cpu};
+  return {s["cycles"].get<uint64_t>(), s["flops"].get<uint64_t>(), s["host"]["wall_seconds"].get<double>(), cpu, user,
+          process_wall};
+}
+
+std::string load_average() {
+  double l[3] = {0, 0, 0};
+  if (::getloadavg(l, 3) != 3) return "?";
+  return fmt::format("{:.2f} {:.2f} {:.2f}", l[0], l[1], l[2]);
+}
+
+// The pod-scale all-reduce, one run: what docs/ici.md "Scale" reports.
+int pod_run(const std::string& tpusim, const std::string& preset_name, int64_t elements) {
+  try {
+    const tpusim::config::Params preset = tpusim::config::load_preset(preset_name);
+    const auto topo = tpusim::ici::Topology::from_params(preset);
+    const auto sched = tpusim::ici::make_schedule(tpusim::ici::CollectiveKind::kAllReduce,
+                                                  tpusim::ici::Algorithm::kTorus, topo, elements);
+    tpusim::ici::ProgramOptions po;  // as ici_program --pod
+    po.unroll = 8;
+    po.io_tiles = std::min<int64_t>(16, elements / 1024);
+    po.allow_ragged = true;
+    po.vmem_bytes = std::max<int64_t>(int64_t(16) << 20, (elements * 4 * 9 / 4 + (1 << 20)) >> 20 << 20);
+    po.cores_per_chip = static_cast<int>(preset.get_int("cores_per_chip"));
+    po.extra_target = " vmem=" + std::to_string(po.vmem_bytes);
+    const std::string dir = (fs::temp_directory_path() / ("tpusim_sim_speed_pod_" + std::to_string(::getpid()))).string();
+    fs::create_directories(dir);
+    const std::string load_before = load_average();
+    const Measured m = run(tpusim, dir, "pod", tpusim::ici::collective_program(sched, po), preset_name, "fast", 1);
+    const std::string load_after = load_average();
+    rusage u{};
+    ::getrusage(RUSAGE_CHILDREN, &u);  // the largest child: the run (the assembler is smaller)
+    fmt::print("pod all-reduce (torus), preset {}, {} chips, {} fp32 = {} bytes per chip, fast mode\n\n", preset_name,
+               topo.chips(), elements, elements * 4);
+    fmt::print("| simulated cycles | user CPU s | CPU s (user + sys) | wall s (run command) | wall s (simulation) | "
+               "max RSS GB | load average before / after |\n|---:|---:|---:|---:|---:|---:|---|\n");
+    fmt::print("| {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {} / {} |\n", m.cycles, m.user, m.cpu,
+               m.process_wall, m.wall, double(u.ru_maxrss) / 1048576.0, load_before, load_after);
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "sim_speed: error: --pod: {}\n", e.what());
+    return 2;
+  }
 }
 
 }  // namespace
@@ -116,7 +174,13 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "tpusim run --threads of the extra fast-mode GEMM rows (1: no such rows)")
       ->check(CLI::Range(1, 64));
   app.add_option("--scale", scale, "Multiply every iteration count")->check(CLI::Range(0.001, 1000.0));
+  int64_t pod_elements = 0;
+  std::string pod_preset = "v2-16x16";
+  app.add_option("--pod", pod_elements, "Instead: the pod-scale torus all-reduce of N fp32 per chip (docs/ici.md Scale)")
+      ->check(CLI::Range(int64_t(1024), int64_t(1) << 32));
+  app.add_option("--pod-preset", pod_preset, "Preset of --pod");
   CLI11_PARSE(app, argc, argv);
+  if (pod_elements) return pod_run(tpusim, pod_preset, pod_elements);
   int preset_mxus = 0;
   try {
     preset_mxus = int(tpusim::config::load_preset(preset).get_int("core.mxu.count"));
