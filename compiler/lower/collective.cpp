@@ -54,8 +54,11 @@ constexpr int kLoadFlag = 2, kStoreFlag = 6;
 // (rflag on the sender) when atom m + K follows, and the sender sends atom m only
 // after credit m - K + 1 (credit 0 is the entry token). So a slot and its flag are
 // reused only after their previous use is over, whatever the delivery order.
-constexpr int64_t kStreamPieceElems = 32 * kTileElems;  // 128 KiB of fp32
-constexpr int kStreamMaxSlots = 8;
+// 256 KiB: a piece's fixed DMA costs (HBM latency, the engine it holds) stay well
+// under its transfer time even on chip, and 4 in flight cover a link's credit round trip.
+constexpr int64_t kStreamPieceElems = 64 * kTileElems;
+constexpr int kStreamMaxSlots = 6;
+constexpr int kStreamLoads = 4;  // local operands fetched ahead, on flags kLoadFlag..+3
 
 struct StreamEvent {
   bool send;          // a send from HBM (x or y), else the use (consume) of a landing
@@ -78,7 +81,7 @@ struct StreamPlan {
   std::vector<std::vector<int>> sources, dests;                     // per replica, first appearance
   std::map<std::pair<int, int>, std::vector<std::tuple<size_t, size_t, int>>> stream;  // (src, dst) -> atoms in order
   std::map<std::tuple<int, size_t, size_t, int>, int64_t> index;   // (src, step, move, atom) -> m in its stream
-  int K = 0;
+  int K = 0, most = 0;
 };
 
 // Plans every replica's program. Returns an empty message, or why the schedule
@@ -122,7 +125,9 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp) {
   size_t most = 1;
   for (size_t r = 0; r < P; ++r) most = std::max({most, sp.sources[r].size(), sp.dests[r].size()});
   if (most > 6) return "a replica exchanges with more than 6 others";
-  sp.K = std::min<int>(kStreamMaxSlots, 32 / static_cast<int>(most));
+  // Landing flags (sources x K) and credit flags (destinations x K) share f20..f57.
+  sp.K = std::min<int>(kStreamMaxSlots, 38 / (2 * static_cast<int>(most)));
+  sp.most = static_cast<int>(most);
   // Per replica and atom, what happens to it in step order: writes[r][a] = steps
   // with (move, reduce) that write it; sends likewise.
   const size_t A = sp.atoms.size();
@@ -225,7 +230,7 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp) {
   // program order taken from such a run only ever waits for what comes earlier in
   // the run, so the programs cannot deadlock; the run stalling means this schedule
   // does not stream with K slots.
-  constexpr size_t kWindow = 64;
+  constexpr size_t kWindow = 1 << 20;
   std::map<std::pair<int, int>, int64_t> sent, taken;
   std::vector<std::vector<int>> writes_done(P, std::vector<int>(A, 0)), sends_done(P, std::vector<int>(A, 0));
   std::vector<size_t> first(P, 0);
@@ -235,62 +240,171 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp) {
     done[r].assign(cands[r].size(), 0);
     left += cands[r].size();
   }
-  auto slot_free = [&](int src, int dst) {
+  // Slot m % K of a stream is free for atom m once the receiver used atom m - K
+  // (the uses of a slot are sequential; the receiver may use different slots'
+  // atoms in any order).
+  std::map<std::pair<int, int>, std::vector<int64_t>> used_slot;
+  // Atoms still to send per stream and step: a stream sends its steps in order, so
+  // a later step's atoms never fill the slots an earlier step's atom needs.
+  std::map<std::pair<int, int>, std::map<size_t, int64_t>> to_send;
+  for (size_t t = 0; t < T; ++t)
+    for (size_t k = 0; k < sch.steps[t].size(); ++k)
+      if (!sp.move_atoms[t][k].empty())
+        to_send[{sch.steps[t][k].src, sch.steps[t][k].dst}][t] += static_cast<int64_t>(sp.move_atoms[t][k].size());
+  auto slot_free = [&](int src, int dst, size_t t) {
+    const auto& pend = to_send[{src, dst}];
+    if (!pend.empty() && pend.begin()->first < t) return false;
     const int64_t m = sent[{src, dst}];
-    return m < sp.K || taken[{src, dst}] >= m - sp.K + 1;
+    if (m < sp.K) return true;
+    auto& u = used_slot[{src, dst}];
+    u.resize(static_cast<size_t>(sp.K), 0);
+    return u[static_cast<size_t>(m % sp.K)] >= m / sp.K;
   };
-  auto do_send = [&](int src, size_t t, size_t k, int a) {
+  // The run is timed with a rough cost model (the preset-independent v4 fit of a
+  // neighbour message, 64 B/cycle on a link, 512 on chip, an add 4 cycles per tile)
+  // so the order it leaves is the order the landings are expected in; the replica
+  // and event that can start first go next. Only the order depends on the model.
+  const bool hier = sch.algorithm == ici::Algorithm::kHierarchical;
+  auto on_chip = [&](int x, int y) { return hier && x / 2 == y / 2; };
+  std::vector<int64_t> clock(P, 0);
+  std::map<std::tuple<int, size_t, size_t, int>, int64_t> land_at;
+  std::map<std::pair<int, int>, std::vector<int64_t>> credit_at;  // per stream: when atom m's slot is free again
+  std::map<std::pair<int, int>, int64_t> link_free;
+  std::vector<std::vector<int64_t>> write_at(P, std::vector<int64_t>(A, 0)), stored_at(P, std::vector<int64_t>(A, 0));
+  auto bytes_of = [&](int a) { return (sp.atoms[static_cast<size_t>(a)].second - sp.atoms[static_cast<size_t>(a)].first) * 4; };
+  auto slot_time = [&](int src, int dst) -> int64_t {
+    const int64_t m = sent[{src, dst}];
+    if (m < sp.K) return 0;
+    const auto& c = credit_at[{src, dst}];
+    return static_cast<size_t>(m - sp.K) < c.size() ? c[static_cast<size_t>(m - sp.K)] : 0;
+  };
+  auto do_send = [&](int src, size_t t, size_t k, int a, int64_t at) {
     const int dst = sch.steps[t][k].dst;
     auto& v = sp.stream[{src, dst}];
     sp.index[{src, t, k, a}] = static_cast<int64_t>(v.size());
     v.emplace_back(t, k, a);
     ++sent[{src, dst}];
+    auto& pend = to_send[{src, dst}];
+    if (--pend[t] == 0) pend.erase(t);
     ++sends_done[static_cast<size_t>(src)][static_cast<size_t>(a)];
+    const bool oc = on_chip(src, dst);
+    int64_t& lf = link_free[{src, dst}];
+    lf = std::max(lf, at + (oc ? 414 : 1243)) + bytes_of(a) / (oc ? 512 : 64);
+    land_at[{src, t, k, a}] = lf + (oc ? 0 : 698);
   };
-  auto try_take = [&](size_t r, size_t i) {
-    const Cand& c = cands[r][i];
+  // Sends a consume could not make from VMEM (no free slot downstream when nothing
+  // else could go on): they go later from y.
+  std::vector<std::vector<Cand>> later(P);
+  // When candidate i of replica r could start, or -1 if it cannot yet; unfuse: a
+  // consume whose only obstacle is a full slot downstream may go without its sends.
+  auto start_of = [&](size_t r, const Cand& c, bool unfuse) -> int64_t {
     const StreamEvent& e = c.e;
     const ici::Move& mv = sch.steps[e.step][e.move];
     const size_t a = static_cast<size_t>(e.atom);
-    if (writes_done[r][a] < c.need_writes) return false;
+    if (writes_done[r][a] < c.need_writes) return -1;
+    int64_t t = std::max(clock[r], write_at[r][a]);
     if (e.send) {
-      if (!slot_free(static_cast<int>(r), mv.dst)) return false;
-      do_send(static_cast<int>(r), e.step, e.move, e.atom);
-    } else {
-      if (sends_done[r][a] < c.need_sends) return false;
-      auto it = sp.index.find({mv.src, e.step, e.move, e.atom});
-      if (it == sp.index.end() || taken[{mv.src, static_cast<int>(r)}] != it->second) return false;
-      for (const auto& [t2, k2] : e.fused)
-        if (!slot_free(static_cast<int>(r), sch.steps[t2][k2].dst)) return false;
-      ++taken[{mv.src, static_cast<int>(r)}];
-      ++writes_done[r][a];
-      for (const auto& [t2, k2] : e.fused) do_send(static_cast<int>(r), t2, k2, e.atom);
+      if (!slot_free(static_cast<int>(r), mv.dst, e.step)) return -1;
+      return std::max({t, e.from_x ? int64_t(0) : stored_at[r][a], slot_time(static_cast<int>(r), mv.dst)});
     }
-    done[r][i] = 1;
-    sp.prog[r].push_back(e);
-    --left;
-    return true;
-  };
-  // Each replica runs its candidates in the preferred order as far as they can go;
-  // only when no replica can go on does one take a later candidate of its window.
-  while (left > 0) {
-    bool progress = false;
-    for (size_t r = 0; r < P; ++r)
-      for (;;) {
-        while (first[r] < cands[r].size() && done[r][first[r]]) ++first[r];
-        if (first[r] >= cands[r].size() || !try_take(r, first[r])) break;
-        progress = true;
+    if (sends_done[r][a] < c.need_sends) return -1;
+    auto it = land_at.find({mv.src, e.step, e.move, e.atom});
+    if (it == land_at.end()) return -1;
+    t = std::max(t, it->second);
+    for (const auto& [t2, k2] : e.fused) {
+      const int d = sch.steps[t2][k2].dst;
+      if (!slot_free(static_cast<int>(r), d, t2)) {
+        if (!unfuse) return -1;
+        continue;
       }
-    if (progress) continue;
-    for (size_t r = 0; r < P; ++r)
-      for (size_t i = first[r], seen = 0; i < cands[r].size() && seen < kWindow; ++i) {
-        if (done[r][i]) continue;
-        ++seen;
-        if (try_take(r, i)) {
-          progress = true;
-          break;
+      t = std::max(t, slot_time(static_cast<int>(r), d));
+    }
+    return t;
+  };
+  auto take = [&](size_t r, Cand& c, int64_t at, bool unfuse) {
+    StreamEvent& e = c.e;
+    const ici::Move& mv = sch.steps[e.step][e.move];
+    const size_t a = static_cast<size_t>(e.atom);
+    if (e.send) {
+      do_send(static_cast<int>(r), e.step, e.move, e.atom, at);
+      clock[r] = at + 8;
+    } else {
+      bool free = true;
+      for (const auto& [t2, k2] : e.fused) free = free && slot_free(static_cast<int>(r), sch.steps[t2][k2].dst, t2);
+      if (!free && unfuse) {
+        // The value goes to y and the sends follow from there.
+        for (const auto& [t2, k2] : e.fused) {
+          Cand l;
+          l.e = StreamEvent{true, t2, k2, e.atom, {}, false, false, false};
+          later[r].push_back(l);
+        }
+        e.fused.clear();
+        e.store = true;
+      }
+      const int64_t m = sp.index.at({mv.src, e.step, e.move, e.atom});
+      ++taken[{mv.src, static_cast<int>(r)}];
+      auto& u = used_slot[{mv.src, static_cast<int>(r)}];
+      u.resize(static_cast<size_t>(sp.K), 0);
+      ++u[static_cast<size_t>(m % sp.K)];
+      const int64_t end = at + 16 + (mv.reduce ? 4 : 0) * ((bytes_of(e.atom) / 4 + kTileElems - 1) / kTileElems);
+      auto& cr = credit_at[{mv.src, static_cast<int>(r)}];
+      if (cr.size() <= static_cast<size_t>(m)) cr.resize(static_cast<size_t>(m) + 1, 0);
+      cr[static_cast<size_t>(m)] = end + (on_chip(mv.src, static_cast<int>(r)) ? 414 : 1941);
+      ++writes_done[r][a];
+      write_at[r][a] = end;
+      if (e.store) stored_at[r][a] = end + 700;
+      for (const auto& [t2, k2] : e.fused) do_send(static_cast<int>(r), t2, k2, e.atom, end);
+      clock[r] = end;
+    }
+    sp.prog[r].push_back(e);
+  };
+  for (;;) {
+    size_t later_left = 0;
+    for (const auto& l : later) later_left += l.size();
+    if (left == 0 && later_left == 0) break;
+    bool progress = false;
+    // (Letting a consume go without its sends when nothing else can, its value then
+    // sent from y, keeps the run going, but the programs it leaves ran 1.5-4x slower
+    // on 16 MiB; such a schedule takes the other lowering.)
+    for (int unfuse = 0; unfuse < 1 && !progress; ++unfuse) {
+      int64_t best = INT64_MAX;
+      size_t br = 0, bi = 0;
+      bool blater = false;
+      for (size_t r = 0; r < P; ++r) {
+        for (size_t i = 0; i < later[r].size(); ++i) {
+          const int64_t t = start_of(r, later[r][i], false);
+          if (t >= 0 && t < best) {
+            best = t;
+            br = r;
+            bi = i;
+            blater = true;
+          }
+        }
+        while (first[r] < cands[r].size() && done[r][first[r]]) ++first[r];
+        for (size_t i = first[r], seen = 0; i < cands[r].size() && seen < kWindow; ++i) {
+          if (done[r][i]) continue;
+          ++seen;
+          const int64_t t = start_of(r, cands[r][i], unfuse == 1);
+          if (t >= 0 && t < best) {
+            best = t;
+            br = r;
+            bi = i;
+            blater = false;
+          }
         }
       }
+      if (best == INT64_MAX) continue;
+      progress = true;
+      if (blater) {
+        Cand c = later[br][bi];
+        later[br].erase(later[br].begin() + static_cast<std::ptrdiff_t>(bi));
+        take(br, c, best, false);
+      } else {
+        take(br, cands[br][bi], best, unfuse == 1);
+        done[br][bi] = 1;
+        --left;
+      }
+    }
     if (!progress) return "the streamed programs would stall with " + std::to_string(sp.K) + " slots per stream";
   }
   for (const auto& [key, n] : len)
@@ -359,7 +473,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         most_dst = std::max(most_dst, plan->dests[r].size());
       }
     const int64_t PzB = kStreamPieceElems * 4;
-    const int64_t LOAD = 0, SCR = 2 * PzB, SLOTS = 4 * PzB;
+    const int64_t LOAD = 0, SCR = kStreamLoads * PzB, SLOTS = SCR + 2 * PzB;
     const int64_t SEND = plan ? SLOTS + static_cast<int64_t>(most_src) * plan->K * PzB : 0;
     const int64_t TOP = plan ? SEND + static_cast<int64_t>(most_dst) * plan->K * PzB : 0;
     if (plan && TOP <= static_cast<int64_t>(opt_.target.vmem_bytes)) {
@@ -385,25 +499,29 @@ void Emitter::lower_all_reduce(const Node& n) {
       auto land_flag = [&](int dst, int src, int64_t m) {
         return kFirstLandFlag + idx(sp.sources[static_cast<size_t>(dst)], src) * K + static_cast<int>(m % K);
       };
-      auto credit_flag = [&](int src, int dst) { return kFirstReadyFlag + idx(sp.dests[static_cast<size_t>(src)], dst); };
+      auto credit_flag = [&](int src, int dst, int64_t m) {
+        return kFirstLandFlag + sp.most * K + idx(sp.dests[static_cast<size_t>(src)], dst) * K + static_cast<int>(m % K);
+      };
       std::map<int, int64_t> base;  // this node's landings and credits count on from here
       for (int src : srcs)
         for (int j = 0; j < K; ++j) base[land_flag(me, src, j)] = coll_landed_[land_flag(me, src, j)];
-      for (int d : dsts) base[credit_flag(me, d)] = coll_landed_[credit_flag(me, d)];
-      // Entry tokens: credit 0 of every stream into this replica.
-      for (int src : srcs) {
-        if (stream_len(src, me) == 0) continue;
-        line("dma " + endpoint("hbm", src) + ":" + at(there(src, TOK + idx(sp.dests[static_cast<size_t>(src)], me) * K * 4)) +
-             ", " + hbm(zero) + ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag(src, me)));
-        ++sent;
-      }
+      for (int d : dsts)
+        for (int j = 0; j < K; ++j) base[credit_flag(me, d, j)] = coll_landed_[credit_flag(me, d, j)];
+      // Entry tokens: credit 0 of every slot of every stream into this replica.
+      for (int src : srcs)
+        for (int j = 0; j < K && j < stream_len(src, me); ++j) {
+          line("dma " + endpoint("hbm", src) + ":" +
+               at(there(src, TOK + (idx(sp.dests[static_cast<size_t>(src)], me) * K + j) * 4)) + ", " + hbm(zero) +
+               ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag(src, me, j)));
+          ++sent;
+        }
       std::map<int, int64_t> credits_seen;
       auto wait_credit = [&](int d, int64_t m) {
-        const int64_t need = 1 + std::max<int64_t>(0, m - K + 1);
-        if (need <= credits_seen[d]) return;
-        const int f = credit_flag(me, d);
+        const int f = credit_flag(me, d, m);
+        const int64_t need = 1 + m / K;  // the token and the uses of atoms m - K, m - 2K, ..
+        if (need <= credits_seen[f]) return;
         line("wait f" + std::to_string(f) + ", " + std::to_string(base[f] + need));
-        credits_seen[d] = need;
+        credits_seen[f] = need;
       };
       auto target = [&](size_t t, size_t k, int a, int64_t m) {
         const ici::Move& mv = sch.steps[t][k];
@@ -451,7 +569,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           wait_store(e.atom);
         }
         const auto& a = sp.atoms[static_cast<size_t>(e.atom)];
-        dma_on(kLoadFlag + static_cast<int>(j % 2), vmem(LOAD + static_cast<int64_t>(j % 2) * PzB),
+        dma_on(kLoadFlag + static_cast<int>(j % kStreamLoads), vmem(LOAD + static_cast<int64_t>(j % kStreamLoads) * PzB),
                hbm((e.local_from_x ? X.addr : Y.addr) + a.first * 4), (a.second - a.first) * 4, "");
         ++loads_issued;
         return true;
@@ -474,8 +592,15 @@ void Emitter::lower_all_reduce(const Node& n) {
         const size_t j = mv.reduce ? load_j++ : SIZE_MAX;
         if (mv.reduce) {
           if (loads_issued <= j) issue_load(j, true);
-          // Not when this consume writes the atom the next one adds into.
-          if (j + 1 < loads.size() && loads_issued == j + 1 && prog[loads[j + 1]].atom != e.atom) issue_load(j + 1, false);
+          // Up to kStreamLoads - 1 ahead, stopping at one whose atom a consume not yet
+          // emitted (this one or one before it in the window) still writes.
+          for (size_t q = loads_issued; q < loads.size() && q < j + kStreamLoads; ++q) {
+            bool later_write = false;
+            for (size_t w = j; w < q; ++w) later_write = later_write || prog[loads[w]].atom == prog[loads[q]].atom;
+            for (size_t w = loads[j]; w < loads[q] && !later_write; ++w)
+              later_write = !prog[w].send && prog[w].atom == prog[loads[q]].atom;
+            if (later_write || !issue_load(q, false)) break;
+          }
         }
         const int lf = land_flag(me, mv.src, m);
         line("wait f" + std::to_string(lf) + ", " + std::to_string(base[lf] + m / K + 1));
@@ -484,8 +609,8 @@ void Emitter::lower_all_reduce(const Node& n) {
           if (!credit) return;
           const int src = mv.src;
           line("dma " + endpoint("hbm", src) + ":" +
-               at(there(src, TOK + (idx(sp.dests[static_cast<size_t>(src)], me) * K + (m + 1) % K) * 4)) + ", " + hbm(zero) +
-               ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag(src, me)));
+               at(there(src, TOK + (idx(sp.dests[static_cast<size_t>(src)], me) * K + m % K) * 4)) + ", " + hbm(zero) +
+               ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag(src, me, m)));
           ++sent;
         };
         if (!mv.reduce) {  // landed in y: forward it from there
@@ -512,9 +637,9 @@ void Emitter::lower_all_reduce(const Node& n) {
           ++scratch;
           wait_store_flag(store_flag);
         }
-        wait_flag(kLoadFlag + static_cast<int>(j % 2));
+        wait_flag(kLoadFlag + static_cast<int>(j % kStreamLoads));
         const int64_t slot = SLOTS + (idx(srcs, mv.src) * K + m % K) * PzB;
-        const int64_t local = LOAD + static_cast<int64_t>(j % 2) * PzB;
+        const int64_t local = LOAD + static_cast<int64_t>(j % kStreamLoads) * PzB;
         for (int64_t t = 0; t * kTileElems < elems; ++t) {
           line("vld v1, " + at(slot + t * tile_bytes));
           line("vld v2, " + at(local + t * tile_bytes));
@@ -538,7 +663,8 @@ void Emitter::lower_all_reduce(const Node& n) {
       }
       for (int d : dsts) {
         const int64_t L = stream_len(me, d);
-        if (L > 0) coll_landed_[credit_flag(me, d)] = base[credit_flag(me, d)] + 1 + std::max<int64_t>(0, L - K);
+        for (int j = 0; j < K && j < L; ++j)  // the token, and a credit per use of slot j followed by another
+          coll_landed_[credit_flag(me, d, j)] = base[credit_flag(me, d, j)] + 1 + (std::max<int64_t>(0, L - K - j) + K - 1) / K;
       }
       return;
     }
