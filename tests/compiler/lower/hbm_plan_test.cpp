@@ -10,6 +10,7 @@
 //   where the gathers leave holes), with 1 and 2 cores, race checker on.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -294,6 +295,50 @@ TEST_F(HbmPlanCli, RunPast2GiBEqualsGraphReference) {
   c = tpusim({"diff", d + "graph", d + "run"});
   EXPECT_EQ(c.exit_code, 0) << c.out << c.err;
   EXPECT_NE(c.out.find("identical"), std::string::npos) << c.out;
+}
+
+}  // namespace
+}  // namespace tpusim::compiler
+
+namespace tpusim::compiler {
+namespace {
+
+// Not a check: the peak-HBM figures of docs/codegen.md "HBM plan". HBM_PLAN_REPORT
+// lists MODEL|TARGET_BUNDLE|REPLICAS entries separated by ';' (the target is read
+// from a bundle `tpusim compile` wrote for the preset; REPLICAS > 1 uses a v3-8-shaped
+// board). Run with --gtest_also_run_disabled_tests --gtest_filter='*PeakReport*'.
+TEST(HbmPlan, DISABLED_PeakReport) {
+  const char* spec = std::getenv("HBM_PLAN_REPORT");
+  ASSERT_NE(spec, nullptr);
+  std::stringstream all(spec);
+  std::string item;
+  while (std::getline(all, item, ';')) {
+    std::stringstream f(item);
+    std::string model, tb, reps;
+    std::getline(f, model, '|');
+    std::getline(f, tb, '|');
+    std::getline(f, reps, '|');
+    const Graph g = load_model(model);
+    LowerOptions lo;
+    lo.target = isa::read_bundle(tb).target;
+    const int R = std::stoi(reps);
+    if (R > 1) {
+      lo.target.chips = 4;
+      lo.replicas.replicas = R;
+      lo.replicas.cores_per_chip = 2;
+      lo.replicas.board = ici::Topology(ici::TopologyKind::kTorus2d, {2, 2});
+    }
+    const LowerResult with = lower_graph(g, lo);
+    lo.reuse_hbm = false;
+    int64_t without = -1;
+    try {
+      without = lower_graph(g, lo).hbm_end;
+    } catch (const CompileError&) {
+    }
+    std::printf("%s replicas %d: peak %lld bytes with reuse (bump total %lld per replica), %lld without%s\n",
+                model.c_str(), R, static_cast<long long>(with.hbm_end), static_cast<long long>(with.hbm_unplanned),
+                static_cast<long long>(without), without < 0 ? " (does not compile)" : "");
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -18,6 +19,7 @@
 #include "compiler/lower/lower.h"
 #include "compiler/ref/replicas.h"
 #include "compiler/train/train.h"
+#include "isa/bundle/bundle_file.h"
 #include "isa/exec/interpreter.h"
 #include "isa/exec/tensors.h"
 #include "isa/numerics/bf16.h"
@@ -363,7 +365,7 @@ TEST(TrainGraph, CnnMomentumBitExact) {
 // each on its slice of the batch, gradients all_reduced and divided by 8. The
 // bundle on the functional reference equals the replicated graph reference.
 void expect_replicated_bit_exact(const Graph& g, PrecisionPolicy policy, int replicas, uint32_t seed,
-                                 bool from_host = false) {
+                                 bool from_host = false, const isa::Target* board_target = nullptr) {
   SCOPED_TRACE(std::string("policy ") + num::precision_policy_name(policy) + ", replicas " + std::to_string(replicas) +
                (from_host ? ", inputs from the host" : ""));
   auto inputs = random_inputs(g, seed);
@@ -371,7 +373,7 @@ void expect_replicated_bit_exact(const Graph& g, PrecisionPolicy policy, int rep
     for (auto& [name, h] : inputs)
       for (float& x : h.f) x = num::round_to_bf16(x);
   LowerOptions lo;
-  lo.target = target();
+  lo.target = board_target ? *board_target : target();
   lo.target.chips = 4;
   lo.policy = policy;
   lo.replicas.replicas = replicas;
@@ -456,6 +458,22 @@ TEST(TrainGraph, DataParallelV3_8BitExact) {
     return t;
   }());
   expect_replicated_bit_exact(c, PrecisionPolicy::kDefault, 2, 91);
+}
+
+// Not run by ctest (minutes): the bundled CNN's step at a large per-core batch on
+// v3-8, the bundle on the functional reference (race checker on) == the replicated
+// graph reference (docs/training.md, "Measured cycles per step"). CNN_STEP is
+// STEP.ir|V3_8_BUNDLE: the step from `tpusim compile --replicas 8 --train ...
+// --emit-graph STEP.ir`, whose bundle gives the preset's target.
+TEST(TrainGraph, DISABLED_CnnStepOnV3_8AtLargeBatch) {
+  const char* spec = std::getenv("CNN_STEP");
+  ASSERT_NE(spec, nullptr);
+  const std::string s = spec;
+  const size_t bar = s.find('|');
+  ASSERT_NE(bar, std::string::npos);
+  const Graph g = load_model(s.substr(0, bar));
+  const isa::Target t = isa::read_bundle(s.substr(bar + 1)).target;
+  expect_replicated_bit_exact(g, PrecisionPolicy::kDefault, 8, 1, false, &t);
 }
 
 // --infeed: the inputs start in host memory and the step feeds them over the PCIe
