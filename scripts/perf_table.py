@@ -279,6 +279,14 @@ def graph_ir(build, model):
     return r.stdout
 
 
+def gemm_hbm_min(n, p, e=2, eo=2):
+    """Least HBM bytes of an n^3 GEMM for an output-stationary schedule whose fp32 partial
+    sums fill a core's VMEM: tiles of T x T, T = sqrt(vmem / 4), the LHS read once per
+    column tile and the weights once per row tile (docs/performance.md, "HBM bytes")."""
+    t = math.sqrt(p["vmem"] / 4)
+    return max(2 * e * n ** 3 / t + eo * n * n, e * 2 * n * n + eo * n * n)
+
+
 def measure(build, preset, work, out, timeout):
     tpusim = os.path.join(build, "sim", "tpusim")
     model = workload_file(work, out)
@@ -317,6 +325,8 @@ def measure(build, preset, work, out, timeout):
     res["fraction"] = res["bound"] / cyc
     res["fraction_issue"] = max(res["bound"], b["issue"]) / cyc
     res["sim_speed"] = cyc / res["wall_s"]
+    if work.startswith("gemm"):
+        res["hbm_min"] = gemm_hbm_min(int(work[4:]), preset)
     return res
 
 
@@ -328,11 +338,12 @@ def fmt_row(r):
                 f"bound {r['mxu']:.0f} MXU cycles | | {r['instructions']} |")
     return (f"| {r['preset']} | {r['work']} | {r['cycles']} | {100 * r['mxu_util']:.1f}% | {100 * r['hbm_util']:.1f}% | "
             f"{r['bound']:.0f} ({r['bound_by']}) | **{100 * r['fraction']:.1f}%** ({100 * r['fraction_issue']:.1f}%) | "
-            f"{r['instructions']} |")
+            f"{r['instructions']} | {r['hbm_moved'] / 1e6:.1f} MB" +
+            (f" / {r['hbm_min'] / 1e6:.1f} MB |" if "hbm_min" in r else " |"))
 
 
 HEADER = ("| preset | workload | cycles | MXU util | HBM BW util | bound, cycles (term) | of bound (with issue) | "
-          "instructions |\n|---|---|---|---|---|---|---|---|")
+          "instructions | HBM moved (/ minimum for the VMEM, GEMMs) |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def fusion_traffic(build, preset, work, out):
