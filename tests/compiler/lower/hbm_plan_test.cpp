@@ -343,3 +343,27 @@ TEST(HbmPlan, DISABLED_PeakReport) {
 
 }  // namespace
 }  // namespace tpusim::compiler
+
+namespace tpusim::compiler {
+namespace {
+
+// The collectives' bandwidth sweep ends at 256 MiB per replica on v3-8
+// (tests/compiler/dp/allreduce_bw.py's graph): it compiles, inside the 32 GiB of
+// a v3 chip and the ~6 GiB the addresses reach (~7 s, a 40 MB bundle).
+class HbmPlanBoard : public testing::TpusimCli {};
+
+TEST_F(HbmPlanBoard, AllReduceOf256MiBPerReplicaOnV3_8Compiles) {
+  const int64_t E = int64_t{64} << 20;  // fp32 elements per replica: 256 MiB
+  const std::string d = dir_ + "/";
+  std::ofstream(d + "ar.graph") << "graph ar {\n  input %x : f32[8,1]\n  %a = pad(%x) {pads=[0,0,0," << E - 1
+                                << "], value=1.0} : f32[8," << E << "] #0\n  %g = all_reduce(%a) : f32[8," << E
+                                << "] #1\n  %o = slice(%g) {starts=[0,0], ends=[1,8], axes=[0,1], steps=[1,1]} : f32[1,8] #2\n"
+                                   "  output %o\n}\n";
+  const testing::Completed c =
+      tpusim({"compile", d + "ar.graph", "--preset", "v3-8", "--replicas", "8", "-o", d + "ar.tpb"}, 240);
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_NE(c.out.find("instructions"), std::string::npos) << c.out;
+}
+
+}  // namespace
+}  // namespace tpusim::compiler
