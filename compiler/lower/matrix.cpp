@@ -339,8 +339,10 @@ void Emitter::lower_matmul(const Node& n) {
   const int64_t LB = std::max<int64_t>(kw, (kRunBytes / (R * ea) + kw - 1) / kw * kw);
 
   // Flags: f1 general, f4 output stores, f6/f7 full epilogue operands (by column-tile
-  // group parity), f10..f12 the pass ring's slots. Every wait covers every DMA issued
-  // on its flag so far (completion order is not issue order).
+  // group parity), f8..f12 the pass ring's slots (f8..f10 the K-streamed tiles' weight
+  // panels), f13 the next unit's LHS band (the K-streamed tiles' band slots: f13, f14).
+  // Every wait covers every DMA issued on its flag so far (completion order is not
+  // issue order).
   constexpr int kOutFlag = 4, kEpiFlag = 6, kSlotFlag = 8;
   const int64_t fifo_vregs = std::max<int64_t>(2, opt_.target.fifo_rows / 8);
   const int64_t D = std::max<int64_t>(1, std::min<int64_t>(18, fifo_vregs - 2));
