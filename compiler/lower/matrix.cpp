@@ -408,9 +408,9 @@ void Emitter::lower_matmul(const Node& n) {
   // K-streamed tiles (docs/codegen.md, "Large GEMMs: K-streamed tiles"). When a unit's
   // LHS rows and a band of weights do not both fit (the plan above had to shrink: short
   // units pay an mswap per few blocks, narrow bands re-read the LHS, and every unit or
-  // band starts on an empty image), or a long K (two LHS bands or more) meets at least
-  // 2048 rows per core (the first unit would load its weights and its LHS before the
-  // MXUs start), the output is cut into tiles of Mt rows x NG
+  // band starts on an empty image), or K fills an LHS band (LB chunks) or more with at
+  // least 2048 rows per core (the first unit would load its weights and its LHS before
+  // the MXUs start), the output is cut into tiles of Mt rows x NG
   // column groups whose fp32 partial sums stay in VMEM while K streams past them: per
   // pass (kw chunks) every column group of the tile runs its blocks. A pass's LHS
   // comes from a K band of LB chunks (two band slots, f13/f14), its weights from a
@@ -419,10 +419,12 @@ void Emitter::lower_matmul(const Node& n) {
   // first tile waits on HBM. Each output element still sums its chunks in increasing
   // order (mpop, then mpop.add per chunk, the partial sum in VMEM between passes).
   const bool shrunk = Mg < Mg0 || BG < ngroups || !resident;
-  if ((shrunk || (lbands >= 2 && per_core >= 2048)) && full_per_row == 0 && !tb) {
+  if ((shrunk || (chunks >= LB && per_core >= 2048)) && full_per_row == 0 && !tb) {
     constexpr int64_t kPanels = 3;
     constexpr int kBandFlag = 13;  // f13, f14: the two LHS band slots
-    const int64_t Mmax = Mg0;
+    // At least two row tiles per core (down to 256 rows), so the next tile's operands
+    // arrive while one computes and only the first waits.
+    const int64_t Mmax = std::min(Mg0, std::max<int64_t>(256, align_up(per_core / 2, 8)));
     // Column groups whose panel rows are kRunBytes long (HBM efficiency), if they fit.
     const int64_t NGr = std::min(ngroups, (kRunBytes + cw * C * eb - 1) / (cw * C * eb));
     auto tile_out_bytes = [&](int64_t mt, int64_t ng) { return wide_out ? mt * obs_of(ng) : ng * cw * mt * orow; };
