@@ -4,11 +4,13 @@
 // SystemC views in hw/system wrap them.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,6 +85,36 @@ class Counters {
   std::array<std::pair<const char*, uint64_t*>, 16> recent_{};
 };
 
+// A FIFO that reuses its slots: std::deque gives an element as large as Issued a
+// heap node of its own, so every mmul and mpop of a stream would allocate and free.
+template <typename T>
+class RingQueue {
+ public:
+  bool empty() const { return size_ == 0; }
+  size_t size() const { return size_; }
+  T& front() { return slots_[head_]; }
+  const T& front() const { return slots_[head_]; }
+  void push_back(T&& v) {
+    if (size_ == slots_.size()) grow();
+    slots_[(head_ + size_) & (slots_.size() - 1)] = std::move(v);
+    ++size_;
+  }
+  void pop_front() {
+    head_ = (head_ + 1) & (slots_.size() - 1);
+    --size_;
+  }
+
+ private:
+  void grow() {
+    std::vector<T> bigger(std::max<size_t>(8, 2 * slots_.size()));
+    for (size_t i = 0; i < size_; ++i) bigger[i] = std::move(slots_[(head_ + i) & (slots_.size() - 1)]);
+    slots_ = std::move(bigger);
+    head_ = 0;
+  }
+  std::vector<T> slots_;  // a power of two of them
+  size_t head_ = 0, size_ = 0;
+};
+
 // An instruction the sequencer has issued into a unit queue.
 struct Issued {
   const isa::Instr* in = nullptr;
@@ -92,7 +124,9 @@ struct Issued {
   RegUse use;
   std::array<int32_t, isa::kScalarRegs> s{};  // scalar registers at issue (addresses)
   uint64_t vmem_ops_before = 0;               // DMA: vld/vst issued before it
-  exec::DmaPlan plan;                         // DMA: resolved at issue
+  // DMA: resolved at issue. Held apart: every vector instruction moves its Issued
+  // through two queues, and the plan was a third of it.
+  std::unique_ptr<exec::DmaPlan> plan;
 };
 
 // Runs a vector instruction's semantics with the scalar registers it saw at issue:
@@ -100,6 +134,21 @@ struct Issued {
 inline void exec_vector_issued(exec::CoreState& st, const Issued& it) {
   if (!reads_scalar_regs(*it.in)) {
     exec::exec_vector(st, *it.in);
+    return;
+  }
+  const isa::Op op = it.in->op;
+  const size_t b = it.in->b;
+  if ((op == isa::Op::kVld || op == isa::Op::kVldBf16 || op == isa::Op::kVst || op == isa::Op::kVstBf16) &&
+      b < st.s.size()) {  // a tile access reads its address register only
+    const auto live = st.s[b];
+    st.s[b] = it.s[b];
+    try {
+      exec::exec_vector(st, *it.in);
+    } catch (...) {
+      st.s[b] = live;
+      throw;
+    }
+    st.s[b] = live;
     return;
   }
   const auto live = st.s;

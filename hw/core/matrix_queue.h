@@ -21,36 +21,6 @@ namespace tpusim::hw {
 // (the LHS of every mmul goes through it).
 void fp32_bits_to_bf16(const uint32_t* src, uint16_t* dst, size_t n);
 
-// A FIFO that reuses its slots: std::deque gives an element as large as Issued a
-// heap node of its own, so every mmul and mpop of a stream would allocate and free.
-template <typename T>
-class RingQueue {
- public:
-  bool empty() const { return size_ == 0; }
-  size_t size() const { return size_; }
-  T& front() { return slots_[head_]; }
-  const T& front() const { return slots_[head_]; }
-  void push_back(T&& v) {
-    if (size_ == slots_.size()) grow();
-    slots_[(head_ + size_) & (slots_.size() - 1)] = std::move(v);
-    ++size_;
-  }
-  void pop_front() {
-    head_ = (head_ + 1) & (slots_.size() - 1);
-    --size_;
-  }
-
- private:
-  void grow() {
-    std::vector<T> bigger(std::max<size_t>(8, 2 * slots_.size()));
-    for (size_t i = 0; i < size_; ++i) bigger[i] = std::move(slots_[(head_ + i) & (slots_.size() - 1)]);
-    slots_ = std::move(bigger);
-    head_ = 0;
-  }
-  std::vector<T> slots_;  // a power of two of them
-  size_t head_ = 0, size_ = 0;
-};
-
 class MatrixQueue {
  public:
   MatrixQueue(CoreEnv& env, const mxu::MxuParams& p, int index, size_t queue_depth);

@@ -210,7 +210,7 @@ bool Sequencer::issue(uint64_t cycle) {
         if (u == Unit::kDma) {
           it.vmem_ops_before = vmem_ops_issued_;
           env_.profile.dma_issued(in, env_.state->chip);
-          it.plan = exec::plan_dma(*env_.machine, *env_.state, in);  // faults here, as the reference does
+          it.plan = std::make_unique<exec::DmaPlan>(exec::plan_dma(*env_.machine, *env_.state, in));  // faults here, as the reference does
         } else {
           env_.scoreboard.reserve(it.use, it.seq);
           if (in.op == Op::kVld || in.op == Op::kVldBf16 || in.op == Op::kVst || in.op == Op::kVstBf16)

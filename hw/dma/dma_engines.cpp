@@ -199,8 +199,8 @@ bool DmaEngines::is_infeed(const Issued& it) const {
 }
 
 void DmaEngines::mark_infeed(const Issued& it, int delta) {
-  if (it.plan.flag_core) host_.infeed_pending(it.plan.flag_core->core, it.plan.flag, delta);
-  if (it.plan.rflag_core) host_.infeed_pending(it.plan.rflag_core->core, it.plan.rflag, delta);
+  if (it.plan->flag_core) host_.infeed_pending(it.plan->flag_core->core, it.plan->flag, delta);
+  if (it.plan->rflag_core) host_.infeed_pending(it.plan->rflag_core->core, it.plan->rflag, delta);
 }
 
 void DmaEngines::push(Issued&& it) {
@@ -251,7 +251,7 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
   t->engine = engine;
   t->start = cycle;
   t->kind = classify(t->it, t->dst_local_vmem, t->src_local_vmem);
-  const exec::DmaPlan& pl = t->it.plan;
+  const exec::DmaPlan& pl = *t->it.plan;
   const isa::Instr& in = *t->it.in;
   const uint64_t total = pl.total_bytes();
   engine_counters_[static_cast<size_t>(engine)]["transfers"]++;
@@ -336,10 +336,10 @@ uint64_t DmaEngines::next_issue_cycle(const Transfer& t) const {
 void DmaEngines::finish(Transfer& t, uint64_t cycle) {
   try {
     if (t.kind != Kind::kRemote) {
-      exec::dma_copy(t.it.plan);
-      exec::dma_signal_destination(t.it.plan);
+      exec::dma_copy(*t.it.plan);
+      exec::dma_signal_destination(*t.it.plan);
     }
-    exec::dma_signal_issuer(t.it.plan);
+    exec::dma_signal_issuer(*t.it.plan);
   } catch (const exec::Fault& e) {
     env_.raise(t.it.pc, e.what());
   }
@@ -347,9 +347,9 @@ void DmaEngines::finish(Transfer& t, uint64_t cycle) {
   env_.note_activity(cycle);
   if (env_.timeline) {
     env_.timeline->slice(track_, CoreEnv::slice_name(*t.it.in), t.start, cycle,
-                         {{"engine", std::to_string(t.engine)}, {"transfer", t.it.plan.describe()}});
+                         {{"engine", std::to_string(t.engine)}, {"transfer", t.it.plan->describe()}});
   }
-  env_.profile.dma_done(*t.it.in, t.kind == Kind::kHbmRead || t.kind == Kind::kHbmWrite ? t.it.plan.total_bytes() : 0,
+  env_.profile.dma_done(*t.it.in, t.kind == Kind::kHbmRead || t.kind == Kind::kHbmWrite ? t.it.plan->total_bytes() : 0,
                         t.start, cycle, track_);
 }
 

@@ -221,12 +221,35 @@ MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at,
   msgs_.push_back(std::move(m));
   const MessageId id = MessageId(msgs_.size() - 1);
   ++in_flight_;
+  live_.push_back(id);
   Event e;
   e.time = msgs_[id].active;
   e.kind = uint32_t(EvKind::kActivate);
   e.target = id;
   push(e);
   return id;
+}
+
+uint64_t Network::next_delivery_bound() {
+  uint64_t bound = kNever;
+  size_t kept = 0;
+  for (uint32_t id : live_) {
+    const Message& m = msgs_[id];
+    if (m.delivered != kNever) continue;
+    live_[kept++] = id;
+    if (m.deliver_at != kNever) {
+      bound = std::min(bound, m.deliver_at);
+      continue;
+    }
+    // k packets still to arrive, each no earlier than now: k - 1 gaps on the eject
+    // link, all but the last gap a full packet's serialisation (floored to cycles,
+    // as arrivals are rounded up to whole cycles).
+    const uint64_t k = m.packets - m.arrived;
+    const uint64_t full = ser_q16(links_[eject_link_[size_t(m.dst_ep)]], uint64_t(prm_.packet_bytes)) >> 16;
+    bound = std::min(bound, now_ + (k >= 2 ? (k - 2) * full : 0) + uint64_t(prm_.completion_cycles));
+  }
+  live_.resize(kept);
+  return bound;
 }
 
 void Network::tick() { skip(1); }
@@ -294,6 +317,7 @@ void Network::process_cycle(uint64_t t) {
             d.time = t + uint64_t(prm_.completion_cycles);
             d.kind = uint32_t(EvKind::kDeliver);
             d.target = e.msg;
+            m.deliver_at = d.time;
             push(d);
           }
           break;

@@ -100,6 +100,19 @@ class Network {
   uint64_t delivery_cycle(MessageId id) const { return msgs_.at(id).delivered; }  // kNever until delivered
   size_t messages() const { return msgs_.size(); }
   size_t messages_in_flight() const { return in_flight_; }
+  // A lower bound on the cycle of the next delivery (the only time a callback
+  // runs), from the messages sent so far; kNever when none is in flight. A
+  // message's undelivered packets must still cross its eject link one after
+  // another, whatever the arbitration, so the bound holds under any later sends
+  // (which only add contention). A message sent at cycle s is delivered no
+  // earlier than s + min_delivery_cycles(its source and destination chips differ).
+  // The board runs the chips of a pod slice apart up to these bounds (hw/system,
+  // "windows").
+  uint64_t next_delivery_bound();
+  uint64_t min_delivery_cycles(bool between_chips) const {
+    return uint64_t(prm_.dma_setup_cycles) + (between_chips ? uint64_t(prm_.remote_setup_cycles) : 0) +
+           uint64_t(prm_.completion_cycles);
+  }
 
   // Time. tick() handles every event of cycle now() and moves to the next cycle;
   // skip(n) equals n ticks; next_event() is the cycle of the earliest pending
@@ -191,6 +204,7 @@ class Network {
     uint64_t last_served_q16 = 0;  // when its last packet left the core; 0 = never
     uint32_t packets = 0, injected = 0, arrived = 0;
     uint64_t delivered = kNever;
+    uint64_t deliver_at = kNever;  // once the last packet is in: the delivery cycle
     std::vector<Hop> route;
     DeliveryCallback callback;
   };
@@ -250,6 +264,7 @@ class Network {
   uint64_t seq_ = 0;
   uint64_t now_ = 0;
   size_t in_flight_ = 0;
+  std::vector<uint32_t> live_;  // messages possibly in flight (next_delivery_bound compacts it)
 };
 
 }  // namespace tpusim::ici

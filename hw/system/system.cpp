@@ -55,6 +55,9 @@ class Board {
   // that cycle (a landing, a completion, a read of its memory).
   void touch(uint32_t c, uint64_t cycle) {
     if (!lazy) return;
+    if (synced[c] > cycle + 1)  // a window ran it past a delivery its bound ruled out
+      throw std::logic_error("chip " + std::to_string(c) + " touched at cycle " + std::to_string(cycle) +
+                             " after it ran to " + std::to_string(synced[c] - 1) + " (window bound violated)");
     if (synced[c] <= cycle) {
       chips[c]->skip(cycle + 1 - synced[c]);
       synced[c] = cycle + 1;
@@ -100,6 +103,9 @@ class Board {
         t->complete(std::max(landed + 1, landed + back));
       }, t->tie_direction);
     };
+    // window_end's lookahead assumes what a tick sends crosses chips.
+    if (in_window && t->src_chip == t->issuer_chip && t->dst_chip == t->issuer_chip)
+      throw std::logic_error("a same-chip transfer through the network inside a window");
     if (t->src_chip == t->issuer_chip) {
       data_leg(t->cycle);
     } else {
@@ -117,6 +123,72 @@ class Board {
     for (const auto& k : c.cores()) n += k->instructions();
     return n;
   }
+  // Windows (lazy, pod slices of >= kWindowChips chips): chips interact only
+  // through deliveries, and the network bounds the next one
+  // (Network::next_delivery_bound; a transfer started now is delivered no earlier
+  // than min_delivery_cycles() later). Up to that bound each chip runs alone
+  // through the window, many cycles in a row, so its registers and VMEM pages stay
+  // in the host's caches (ticking 256 chips per cycle evicted them every cycle);
+  // then the network catches up, with no callback inside the window. Same cycles,
+  // values and counters (its transfers reach the network in a different order;
+  // the network's outcome does not depend on it). A fault ends the run after the
+  // window it is in: other chips' counters may then run on to the window's end.
+  static constexpr size_t kWindowChips = 64;
+  bool windows = false;
+  bool in_window = false;
+  std::string window_fault;
+  uint64_t window_fault_cycle = kNever;
+  uint32_t window_fault_chip = 0;
+  // The last cycle of the window starting at `cycle`, or `cycle` for a plain tick.
+  uint64_t window_end(uint64_t cycle) {
+    if (!windows) return cycle;
+    // What a chip's tick sends always crosses chips (a push to another chip, or the
+    // request of a read from one); a same-chip leg is sent only by a delivery.
+    const uint64_t look = net->min_delivery_cycles(true);
+    const uint64_t bound = std::min(net->next_delivery_bound(), look ? cycle + look : cycle);
+    uint64_t end = bound > cycle ? bound - 1 : cycle;
+    if (max_cycles) end = std::min(end, std::max(cycle, max_cycles - 1));
+    return end < cycle + 8 ? cycle : end;  // too short to pay: a plain tick
+  }
+  void run_window(uint64_t first, uint64_t last) {
+    in_window = true;
+    for (uint32_t c = 0; c < chips.size(); ++c) {
+      for (uint64_t t = next[c]; t <= last; t = next[c]) {
+        if (synced[c] < t) chips[c]->skip(t - synced[c]);
+        synced[c] = t + 1;
+        const uint64_t before = chip_instructions(*chips[c]);
+        chips[c]->tick(t);
+        lazy_instructions += chip_instructions(*chips[c]) - before;
+        next[c] = chips[c]->next_event_cycle(t);
+        const std::string f = chips[c]->fault();
+        if (!f.empty()) {
+          if (t < window_fault_cycle || (t == window_fault_cycle && c < window_fault_chip)) {
+            window_fault = f;
+            window_fault_cycle = t;
+            window_fault_chip = c;
+          }
+          break;
+        }
+      }
+    }
+    in_window = false;
+    for (uint32_t c : dirty) is_dirty[c] = 0;  // transfers it started touched its issuer
+    dirty.clear();
+    (void)first;
+    net->skip(last + 1 - net->now());
+    if (!dirty.empty()) throw std::logic_error("a delivery inside a window (bound violated)");
+  }
+  // Ticks `cycle`, or the window from it; returns the last cycle done.
+  uint64_t step(uint64_t cycle) {
+    const uint64_t last = window_end(cycle);
+    if (last == cycle) {
+      tick(cycle);
+      return cycle;
+    }
+    run_window(cycle, last);
+    return last;
+  }
+
   uint64_t instructions() const {
     if (lazy) return lazy_instructions;
     uint64_t n = 0;
@@ -164,6 +236,7 @@ class Board {
   }
   // Only the chips of this cycle can have faulted in it (the ones before stopped the run).
   std::string fault() const {
+    if (!window_fault.empty()) return window_fault;
     if (lazy) {
       uint32_t first = UINT32_MAX;
       for (uint32_t c : dirty)
@@ -308,11 +381,15 @@ struct Driver : sc_core::sc_module {
   void run_fast() {
     uint64_t behind = 0;  // cycles the board is ahead of SystemC time
     for (;;) {
-      board.tick(cycle);
+      const uint64_t last = board.step(cycle);
       uint64_t next = 0;
-      end = board.end_after(cycle, why, &next);
-      if (end != Board::End::kNo) break;
-      board.skip(next - cycle - 1);
+      end = board.end_after(last, why, &next);
+      if (end != Board::End::kNo) {
+        behind += last - cycle;
+        cycle = last;
+        break;
+      }
+      board.skip(next - last - 1);
       behind += next - cycle;
       cycle = next;
       if (sync_each_event || behind >= kQuantum) {
@@ -439,7 +516,10 @@ RunResult System::run(const RunOptions& opt) {
   bool barrier = false;
   for (const auto& p : bundle.cores)
     for (const auto& in : p.code) barrier |= in.op == isa::Op::kBarrier;
-  if (opt.mode == Mode::kFast && !tf && !opt.timeline && !barrier) board.start_lazy();
+  if (opt.mode == Mode::kFast && !tf && !opt.timeline && !barrier) {
+    board.start_lazy();
+    board.windows = opt.windows && board.chips.size() >= Board::kWindowChips;
+  }
 
   RunResult r;
   try {

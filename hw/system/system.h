@@ -36,6 +36,10 @@ struct RunOptions {
   // Instructions over all cores before the run stops as a likely infinite loop
   // (the reference's default budget).
   uint64_t max_instructions = 2'000'000'000;
+  // Fast mode on slices of 64 chips or more: each chip runs alone up to the next
+  // cycle the network could deliver anything (docs/tensorcore.md, "Simulation
+  // speed"). Same cycles, values and counters; off only to check that.
+  bool windows = true;
 };
 
 struct RunResult {

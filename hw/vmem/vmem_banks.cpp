@@ -31,11 +31,12 @@ VmemBanks::TileAccess VmemBanks::tile(int64_t base, int rows, int64_t stride, in
   if (stride == row_bytes && base >= 0 && rows > 0) {
     // A dense tile: its granules are consecutive and distinct, no sort needed.
     const int64_t first = base / bank_bytes_, last = (base + rows * stride - 1) / bank_bytes_;
+    int b = static_cast<int>(first % banks_);  // then stepped, not divided, per granule
     for (int64_t g = first; g <= last; ++g) {
-      const int b = static_cast<int>(g % banks_);
       const int n = ++per_bank[static_cast<size_t>(b)];
       t.cycles = std::max(t.cycles, n);
       if (n == 1) t.first_mask |= 1ull << b;
+      if (++b == banks_) b = 0;
     }
     for (size_t b = 0; b < per_bank.size(); ++b) t.granules[b] = static_cast<uint16_t>(per_bank[b]);
     return t;

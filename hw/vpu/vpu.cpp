@@ -154,7 +154,7 @@ void Vpu::tick(uint64_t cycle) {
       if (mem && acc.cycles > 1) passes_.push_back({head.seq, t.pipe == Pipe::kStore, acc, 1});
       pipe_free(t.pipe) = cycle + static_cast<uint64_t>(t.interval);
       current_op_ = static_cast<int>(in.op);
-      inflight_.push_back({std::move(head), cycle, cycle + static_cast<uint64_t>(t.latency)});
+      inflight_.emplace_back(std::move(head), cycle, cycle + static_cast<uint64_t>(t.latency));
       queue_.pop_front();
       ++counters_["dispatched"];
       if (mem) counters_["vmem_tile_cycles"] += static_cast<uint64_t>(acc.cycles);

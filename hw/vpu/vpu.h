@@ -49,6 +49,7 @@ class Vpu {
 
  private:
   struct InFlight {
+    InFlight(Issued&& i, uint64_t b, uint64_t d) : it(std::move(i)), begin(b), done(d) {}
     Issued it;
     uint64_t begin, done;
   };
@@ -68,7 +69,7 @@ class Vpu {
   VmemBanks& banks_;
   VpuParams p_;
   size_t depth_;
-  std::deque<Issued> queue_;
+  RingQueue<Issued> queue_;
   std::vector<InFlight> inflight_;  // dispatch order
   struct Passes {  // a multi-pass tile access past its first cycle
     uint64_t seq;  // its instruction (in inflight_)

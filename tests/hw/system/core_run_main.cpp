@@ -58,6 +58,8 @@ int sc_main(int argc, char** argv) {
         timeline_path = argv[++i];
       } else if (a == "--max-instructions" && i + 1 < argc) {
         opt.max_instructions = std::stoull(argv[++i]);
+      } else if (a == "--no-windows") {
+        opt.windows = false;
       } else if (a == "--max-cycles" && i + 1 < argc) {
         opt.max_cycles = std::stoull(argv[++i]);
       } else {
