@@ -58,7 +58,9 @@ constexpr int kLoadFlag = 2, kStoreFlag = 6;
 // under its transfer time even on chip, and 4 in flight cover a link's credit round trip.
 constexpr int64_t kStreamPieceElems = 64 * kTileElems;
 constexpr int kStreamMaxSlots = 6;
-constexpr int kStreamLoads = 4;  // local operands fetched ahead, on flags kLoadFlag..+3
+constexpr int kStreamLoads = 4;    // local operands fetched ahead, on flags kLoadFlag..+3 (f2..f5)
+constexpr int kStreamScratch = 4;  // sums only stored, on flags kStoreFlag..+3 (f6..f9)
+constexpr int kSendBufStoreFlag = 10;  // stores of sums that are also sent from VMEM
 
 struct StreamEvent {
   bool send;          // a send from HBM (x or y), else the use (consume) of a landing
@@ -86,7 +88,7 @@ struct StreamPlan {
 
 // Plans every replica's program. Returns an empty message, or why the schedule
 // does not stream (then the caller lowers it the other way).
-std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp) {
+std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
   const size_t P = static_cast<size_t>(sch.chips), T = sch.steps.size();
   sp.piece = kStreamPieceElems;
   std::vector<int64_t> cuts{0, sch.elements};
@@ -167,7 +169,7 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp) {
             written = written || (!is_send && st == t - 1);
           ok = ok && written && sends_of_atom[{t, a}] == 1;
         }
-        fused_move[{t, k}] = ok;
+        fused_move[{t, k}] = ok && fuse;
       }
     // Candidates in the preferred order (step, then atom position round robin over
     // the moves of the step); the simulation below takes them in this order where
@@ -223,15 +225,15 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp) {
   for (size_t t = 0; t < T; ++t)
     for (size_t k = 0; k < sch.steps[t].size(); ++k)
       len[{sch.steps[t][k].src, sch.steps[t][k].dst}] += static_cast<int64_t>(sp.move_atoms[t][k].size());
-  // Every replica's program order: a round-based run of all replicas in which each
-  // takes, per round, the first of its next kWindow candidates whose data is there
-  // (its landing sent, its own earlier writes and reads of the atom done) and whose
-  // sends have a free slot (the receiver took the atom K earlier in the stream). A
-  // program order taken from such a run only ever waits for what comes earlier in
-  // the run, so the programs cannot deadlock; the run stalling means this schedule
-  // does not stream with K slots.
-  constexpr size_t kWindow = 1 << 20;
-  std::map<std::pair<int, int>, int64_t> sent, taken;
+  // Every replica's program order: a run of all replicas in which the event that can
+  // start first (of any replica, among its next kWindow candidates) goes next; an
+  // event can start when its data is there (its landing sent, its own earlier writes
+  // and reads of the atom done) and its sends have a free slot (the receiver used the
+  // atom K earlier on that slot). A program order taken from such a run only ever
+  // waits for what comes earlier in the run, so the programs cannot deadlock; the
+  // run stalling means this schedule does not stream with K slots.
+  constexpr size_t kWindow = 32;
+  std::map<std::pair<int, int>, int64_t> sent;
   std::vector<std::vector<int>> writes_done(P, std::vector<int>(A, 0)), sends_done(P, std::vector<int>(A, 0));
   std::vector<size_t> first(P, 0);
   std::vector<std::vector<char>> done(P);
@@ -292,12 +294,8 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp) {
     lf = std::max(lf, at + (oc ? 414 : 1243)) + bytes_of(a) / (oc ? 512 : 64);
     land_at[{src, t, k, a}] = lf + (oc ? 0 : 698);
   };
-  // Sends a consume could not make from VMEM (no free slot downstream when nothing
-  // else could go on): they go later from y.
-  std::vector<std::vector<Cand>> later(P);
-  // When candidate i of replica r could start, or -1 if it cannot yet; unfuse: a
-  // consume whose only obstacle is a full slot downstream may go without its sends.
-  auto start_of = [&](size_t r, const Cand& c, bool unfuse) -> int64_t {
+  // When a candidate of replica r could start, or -1 if it cannot yet.
+  auto start_of = [&](size_t r, const Cand& c) -> int64_t {
     const StreamEvent& e = c.e;
     const ici::Move& mv = sch.steps[e.step][e.move];
     const size_t a = static_cast<size_t>(e.atom);
@@ -313,36 +311,20 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp) {
     t = std::max(t, it->second);
     for (const auto& [t2, k2] : e.fused) {
       const int d = sch.steps[t2][k2].dst;
-      if (!slot_free(static_cast<int>(r), d, t2)) {
-        if (!unfuse) return -1;
-        continue;
-      }
+      if (!slot_free(static_cast<int>(r), d, t2)) return -1;
       t = std::max(t, slot_time(static_cast<int>(r), d));
     }
     return t;
   };
-  auto take = [&](size_t r, Cand& c, int64_t at, bool unfuse) {
-    StreamEvent& e = c.e;
+  auto take = [&](size_t r, const Cand& c, int64_t at) {
+    const StreamEvent& e = c.e;
     const ici::Move& mv = sch.steps[e.step][e.move];
     const size_t a = static_cast<size_t>(e.atom);
     if (e.send) {
       do_send(static_cast<int>(r), e.step, e.move, e.atom, at);
       clock[r] = at + 8;
     } else {
-      bool free = true;
-      for (const auto& [t2, k2] : e.fused) free = free && slot_free(static_cast<int>(r), sch.steps[t2][k2].dst, t2);
-      if (!free && unfuse) {
-        // The value goes to y and the sends follow from there.
-        for (const auto& [t2, k2] : e.fused) {
-          Cand l;
-          l.e = StreamEvent{true, t2, k2, e.atom, {}, false, false, false};
-          later[r].push_back(l);
-        }
-        e.fused.clear();
-        e.store = true;
-      }
       const int64_t m = sp.index.at({mv.src, e.step, e.move, e.atom});
-      ++taken[{mv.src, static_cast<int>(r)}];
       auto& u = used_slot[{mv.src, static_cast<int>(r)}];
       u.resize(static_cast<size_t>(sp.K), 0);
       ++u[static_cast<size_t>(m % sp.K)];
@@ -358,52 +340,40 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp) {
     }
     sp.prog[r].push_back(e);
   };
-  for (;;) {
-    size_t later_left = 0;
-    for (const auto& l : later) later_left += l.size();
-    if (left == 0 && later_left == 0) break;
+  // Each replica's earliest startable candidate in its window, kept in a set by
+  // start; an event changes only its replica's and its peers' candidates.
+  std::vector<std::pair<int64_t, size_t>> best(P, {-1, 0});
+  std::set<std::pair<int64_t, size_t>> ready;
+  auto refresh = [&](size_t r, bool wide) {
+    if (best[r].first >= 0) ready.erase({best[r].first, r});
+    best[r] = {-1, 0};
+    while (first[r] < cands[r].size() && done[r][first[r]]) ++first[r];
+    for (size_t i = first[r], seen = 0; i < cands[r].size() && (wide || seen < kWindow); ++i) {
+      if (done[r][i]) continue;
+      ++seen;
+      const int64_t t = start_of(r, cands[r][i]);
+      if (t >= 0 && (best[r].first < 0 || t < best[r].first)) best[r] = {t, i};
+    }
+    if (best[r].first >= 0) ready.insert({best[r].first, r});
+  };
+  for (size_t r = 0; r < P; ++r) refresh(r, false);
+  while (left > 0) {
     bool progress = false;
-    // (Letting a consume go without its sends when nothing else can, its value then
-    // sent from y, keeps the run going, but the programs it leaves ran 1.5-4x slower
-    // on 16 MiB; such a schedule takes the other lowering.)
-    for (int unfuse = 0; unfuse < 1 && !progress; ++unfuse) {
-      int64_t best = INT64_MAX;
-      size_t br = 0, bi = 0;
-      bool blater = false;
-      for (size_t r = 0; r < P; ++r) {
-        for (size_t i = 0; i < later[r].size(); ++i) {
-          const int64_t t = start_of(r, later[r][i], false);
-          if (t >= 0 && t < best) {
-            best = t;
-            br = r;
-            bi = i;
-            blater = true;
-          }
-        }
-        while (first[r] < cands[r].size() && done[r][first[r]]) ++first[r];
-        for (size_t i = first[r], seen = 0; i < cands[r].size() && seen < kWindow; ++i) {
-          if (done[r][i]) continue;
-          ++seen;
-          const int64_t t = start_of(r, cands[r][i], unfuse == 1);
-          if (t >= 0 && t < best) {
-            best = t;
-            br = r;
-            bi = i;
-            blater = false;
-          }
-        }
-      }
-      if (best == INT64_MAX) continue;
+    // A short window first (the run costs events x window); the whole list only
+    // when nothing in the windows can go.
+    for (int pass = 0; pass < 2 && !progress; ++pass) {
+      if (pass == 1)
+        for (size_t r = 0; r < P; ++r) refresh(r, true);
+      if (ready.empty()) continue;
+      const size_t br = ready.begin()->second;
+      const auto [at, bi] = best[br];
       progress = true;
-      if (blater) {
-        Cand c = later[br][bi];
-        later[br].erase(later[br].begin() + static_cast<std::ptrdiff_t>(bi));
-        take(br, c, best, false);
-      } else {
-        take(br, cands[br][bi], best, unfuse == 1);
-        done[br][bi] = 1;
-        --left;
-      }
+      take(br, cands[br][bi], at);
+      done[br][bi] = 1;
+      --left;
+      refresh(br, false);
+      for (int q : sp.sources[br]) refresh(static_cast<size_t>(q), false);
+      for (int q : sp.dests[br]) refresh(static_cast<size_t>(q), false);
     }
     if (!progress) return "the streamed programs would stall with " + std::to_string(sp.K) + " slots per stream";
   }
@@ -459,7 +429,14 @@ void Emitter::lower_all_reduce(const Node& n) {
     std::string why;
     if (!plan) {
       auto fresh = std::make_shared<StreamPlan>();
-      why = plan_stream(sch, *fresh);
+      // Sends straight from the VMEM sum keep a link busy through a ring's steps,
+      // but tie a consume to a free slot downstream; when that would stall (blocks
+      // of many more atoms than slots), every value goes through y instead.
+      why = plan_stream(sch, *fresh, true);
+      if (!why.empty()) {
+        fresh = std::make_shared<StreamPlan>();
+        why = plan_stream(sch, *fresh, false);
+      }
       if (why.empty()) {
         plan = fresh;
         std::lock_guard<std::mutex> lock(stream_mutex);
@@ -473,7 +450,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         most_dst = std::max(most_dst, plan->dests[r].size());
       }
     const int64_t PzB = kStreamPieceElems * 4;
-    const int64_t LOAD = 0, SCR = kStreamLoads * PzB, SLOTS = SCR + 2 * PzB;
+    const int64_t LOAD = 0, SCR = kStreamLoads * PzB, SLOTS = SCR + kStreamScratch * PzB;
     const int64_t SEND = plan ? SLOTS + static_cast<int64_t>(most_src) * plan->K * PzB : 0;
     const int64_t TOP = plan ? SEND + static_cast<int64_t>(most_dst) * plan->K * PzB : 0;
     if (plan && TOP <= static_cast<int64_t>(opt_.target.vmem_bytes)) {
@@ -627,13 +604,13 @@ void Emitter::lower_all_reduce(const Node& n) {
           wait_credit(d, m2);
           out = SEND + (idx(dsts, d) * K + m2 % K) * PzB;
           if (sendbuf_stored[out]) {
-            wait_store_flag(kStoreFlag + 2);
+            wait_store_flag(kSendBufStoreFlag);
             sendbuf_stored[out] = false;
           }
-          store_flag = kStoreFlag + 2;
+          store_flag = kSendBufStoreFlag;
         } else {
-          store_flag = kStoreFlag + static_cast<int>(scratch % 2);
-          out = SCR + static_cast<int64_t>(scratch % 2) * PzB;
+          store_flag = kStoreFlag + static_cast<int>(scratch % kStreamScratch);
+          out = SCR + static_cast<int64_t>(scratch % kStreamScratch) * PzB;
           ++scratch;
           wait_store_flag(store_flag);
         }
@@ -656,7 +633,8 @@ void Emitter::lower_all_reduce(const Node& n) {
         }
       }
       line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
-      for (int f : {kStoreFlag, kStoreFlag + 1, kStoreFlag + 2}) wait_store_flag(f);
+      for (int f = kStoreFlag; f < kStoreFlag + kStreamScratch; ++f) wait_store_flag(f);
+      wait_store_flag(kSendBufStoreFlag);
       for (int src : srcs) {
         const int64_t L = stream_len(src, me);
         for (int j = 0; j < K; ++j) coll_landed_[land_flag(me, src, j)] = base[land_flag(me, src, j)] + (L - j + K - 1) / K;
