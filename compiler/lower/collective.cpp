@@ -65,12 +65,12 @@ constexpr int kSendBufStoreFlag = 10;  // stores of sums that are also sent from
 struct StreamEvent {
   bool send;          // a send from HBM (x or y), else the use (consume) of a landing
   size_t step, move;  // the move of the schedule
-  int atom;
+  int atom, atom_end; // the piece: atoms [atom, atom_end)
   // consume only: the sends (step, move) of this replica that go straight from the
   // VMEM result of this consume (a reducing move) or from y right after the landing
   // (a copying move), and whether the result must be stored to y.
   std::vector<std::pair<size_t, size_t>> fused;
-  bool store = false;
+  std::vector<std::pair<int, int>> store;  // runs of atoms whose sum is read again: stored to y
   bool local_from_x = false;  // a reducing consume: the local operand is still x
   bool from_x = false;        // a send: the value is still x
 };
@@ -79,6 +79,11 @@ struct StreamPlan {
   int64_t piece = 0;
   std::vector<std::pair<int64_t, int64_t>> atoms;                   // [lo, hi) elements
   std::vector<std::vector<std::vector<int>>> move_atoms;            // [step][move]
+  // [step][move]: the move's pieces, runs of its atoms of at most kStreamPieceElems
+  // (a move's chunk is cut at every chunk boundary of the schedule into atoms, and
+  // its consecutive atoms merged again, so deep phases' small chunks do not cut the
+  // first phases' transfers into many small messages).
+  std::vector<std::vector<std::vector<std::pair<int, int>>>> move_pieces;
   std::vector<std::vector<StreamEvent>> prog;                       // per replica
   std::vector<std::vector<int>> sources, dests;                     // per replica, first appearance
   std::map<std::pair<int, int>, std::vector<std::tuple<size_t, size_t, int>>> stream;  // (src, dst) -> atoms in order
@@ -110,10 +115,20 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
     return v;
   };
   sp.move_atoms.resize(T);
+  sp.move_pieces.resize(T);
   for (size_t t = 0; t < T; ++t)
     for (const ici::Move& m : sch.steps[t]) {
       if (m.src_chunk != m.dst_chunk) return "a move between different chunks";
       sp.move_atoms[t].push_back(atoms_of(sch.chunks[static_cast<size_t>(m.src_chunk)]));
+      std::vector<std::pair<int, int>> pieces;
+      for (int a : sp.move_atoms[t].back()) {
+        const auto& at = sp.atoms[static_cast<size_t>(a)];
+        if (!pieces.empty() && at.second - sp.atoms[static_cast<size_t>(pieces.back().first)].first <= sp.piece)
+          pieces.back().second = a + 1;
+        else
+          pieces.emplace_back(a, a + 1);
+      }
+      sp.move_pieces[t].push_back(pieces);
     }
   sp.sources.assign(P, {});
   sp.dests.assign(P, {});
@@ -136,8 +151,9 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
   sp.prog.assign(P, {});
   struct Cand {
     StreamEvent e;
-    int need_writes = 0;  // this replica's consumes of the atom before the event's step
-    int need_sends = 0;   // a consume: this replica's sends of the atom up to its step
+    // Per atom of the piece: this replica's consumes of it before the event's step,
+    // and (a consume) its sends of it up to the step.
+    std::vector<int> need_writes, need_sends;
   };
   std::vector<std::vector<Cand>> cands(P);
   for (size_t r = 0; r < P; ++r) {
@@ -159,18 +175,19 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
       for (size_t k = 0; k < sch.steps[t].size(); ++k)
         if (sch.steps[t][k].src == static_cast<int>(r))
           for (int a : sp.move_atoms[t][k]) ++sends_of_atom[{t, a}];
-    for (size_t t = 1; t < T; ++t)
+    for (size_t t = 1; t < T; ++t) {
+      std::set<std::pair<int, int>> consumed;  // the pieces this replica takes in step t - 1
+      for (size_t k = 0; k < sch.steps[t - 1].size(); ++k)
+        if (sch.steps[t - 1][k].dst == static_cast<int>(r))
+          for (const auto& pc : sp.move_pieces[t - 1][k]) consumed.insert(pc);
       for (size_t k = 0; k < sch.steps[t].size(); ++k) {
         if (sch.steps[t][k].src != static_cast<int>(r)) continue;
-        bool ok = !sp.move_atoms[t][k].empty();
-        for (int a : sp.move_atoms[t][k]) {
-          bool written = false;
-          for (const auto& [st, mv, is_send] : acc[static_cast<size_t>(a)])
-            written = written || (!is_send && st == t - 1);
-          ok = ok && written && sends_of_atom[{t, a}] == 1;
-        }
+        bool ok = !sp.move_pieces[t][k].empty();
+        for (const auto& pc : sp.move_pieces[t][k]) ok = ok && consumed.count(pc);
+        for (int a : sp.move_atoms[t][k]) ok = ok && sends_of_atom[{t, a}] == 1;
         fused_move[{t, k}] = ok && fuse;
       }
+    }
     // Candidates in the preferred order (step, then atom position round robin over
     // the moves of the step); the simulation below takes them in this order where
     // the data and the slots allow.
@@ -182,49 +199,59 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
         if (sch.steps[t][k].dst == static_cast<int>(r)) in.push_back(k);
       }
       for (int pass = 0; pass < 2; ++pass)
-      for (size_t p = 0;; ++p) {
-        bool any = false;
+        for (size_t p = 0;; ++p) {
+          bool any = false;
           for (size_t k : pass == 0 ? out : in) {
-            if (p >= sp.move_atoms[t][k].size()) continue;
+            if (p >= sp.move_pieces[t][k].size()) continue;
             any = true;
-            const int a = sp.move_atoms[t][k][p];
+            const auto [a0, a1] = sp.move_pieces[t][k][p];
             Cand c;
-            c.e = StreamEvent{pass == 0, t, k, a, {}, false, true, true};
-            for (const auto& [st, mv, is_send] : acc[static_cast<size_t>(a)]) {
-              if (!is_send && st < t) {
-                ++c.need_writes;
-                c.e.local_from_x = c.e.from_x = false;
+            c.e = StreamEvent{pass == 0, t, k, a0, a1, {}, {}, true, true};
+            int xs = 0;
+            for (int a = a0; a < a1; ++a) {
+              int w = 0, sd = 0;
+              for (const auto& [st, mv, is_send] : acc[static_cast<size_t>(a)]) {
+                if (!is_send && st < t) ++w;
+                if (pass == 1 && is_send && st <= t) ++sd;
               }
-              if (pass == 1 && is_send && st <= t) ++c.need_sends;
+              c.need_writes.push_back(w);
+              c.need_sends.push_back(sd);
+              xs += w == 0;
             }
+            // A piece is read from x or from y as a whole.
+            if (xs != 0 && xs != a1 - a0) return "a piece partly written before its step";
+            c.e.local_from_x = c.e.from_x = xs != 0;
             if (pass == 1) {
               const bool reduce = sch.steps[t][k].reduce;
-              bool decided = !reduce;  // a copy landed in y: nothing to store
-              for (const auto& [st, mv, is_send] : acc[static_cast<size_t>(a)]) {
-                if (st <= t) continue;
-                if (is_send && st == t + 1 && fused_move[{st, mv}]) {
-                  c.e.fused.emplace_back(st, mv);
-                  continue;
-                }
-                if (decided) continue;
+              for (const auto& [st, mv, is_send] : acc[static_cast<size_t>(a0)])
+                if (st == t + 1 && is_send && fused_move[{st, mv}]) c.e.fused.emplace_back(st, mv);
+              for (int a = a0; a < a1 && reduce; ++a) {
                 // The next use of the value decides: a read (a send from y, an add
                 // into it) needs it stored; a copy landing over it does not.
-                c.e.store = is_send || sch.steps[st][mv].reduce;
-                decided = true;
+                bool store = true;  // the final value, if nothing follows
+                for (const auto& [st, mv, is_send] : acc[static_cast<size_t>(a)]) {
+                  if (st <= t || (is_send && st == t + 1 && fused_move[{st, mv}])) continue;
+                  store = is_send || sch.steps[st][mv].reduce;
+                  break;
+                }
+                if (!store) continue;
+                if (!c.e.store.empty() && c.e.store.back().second == a)
+                  c.e.store.back().second = a + 1;
+                else
+                  c.e.store.emplace_back(a, a + 1);
               }
-              if (!decided) c.e.store = true;  // the final value
             }
             cand.push_back(c);
           }
-        if (!any) break;
-      }
+          if (!any) break;
+        }
     }
   }
   // Stream lengths (atoms per ordered pair), fixed by the schedule.
   std::map<std::pair<int, int>, int64_t> len;
   for (size_t t = 0; t < T; ++t)
     for (size_t k = 0; k < sch.steps[t].size(); ++k)
-      len[{sch.steps[t][k].src, sch.steps[t][k].dst}] += static_cast<int64_t>(sp.move_atoms[t][k].size());
+      len[{sch.steps[t][k].src, sch.steps[t][k].dst}] += static_cast<int64_t>(sp.move_pieces[t][k].size());
   // Every replica's program order: a run of all replicas in which the event that can
   // start first (of any replica, among its next kWindow candidates) goes next; an
   // event can start when its data is there (its landing sent, its own earlier writes
@@ -251,8 +278,8 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
   std::map<std::pair<int, int>, std::map<size_t, int64_t>> to_send;
   for (size_t t = 0; t < T; ++t)
     for (size_t k = 0; k < sch.steps[t].size(); ++k)
-      if (!sp.move_atoms[t][k].empty())
-        to_send[{sch.steps[t][k].src, sch.steps[t][k].dst}][t] += static_cast<int64_t>(sp.move_atoms[t][k].size());
+      if (!sp.move_pieces[t][k].empty())
+        to_send[{sch.steps[t][k].src, sch.steps[t][k].dst}][t] += static_cast<int64_t>(sp.move_pieces[t][k].size());
   auto slot_free = [&](int src, int dst, size_t t) {
     const auto& pend = to_send[{src, dst}];
     if (!pend.empty() && pend.begin()->first < t) return false;
@@ -273,14 +300,16 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
   std::map<std::pair<int, int>, std::vector<int64_t>> credit_at;  // per stream: when atom m's slot is free again
   std::map<std::pair<int, int>, int64_t> link_free;
   std::vector<std::vector<int64_t>> write_at(P, std::vector<int64_t>(A, 0)), stored_at(P, std::vector<int64_t>(A, 0));
-  auto bytes_of = [&](int a) { return (sp.atoms[static_cast<size_t>(a)].second - sp.atoms[static_cast<size_t>(a)].first) * 4; };
+  auto bytes_of = [&](int a0, int a1) {
+    return (sp.atoms[static_cast<size_t>(a1 - 1)].second - sp.atoms[static_cast<size_t>(a0)].first) * 4;
+  };
   auto slot_time = [&](int src, int dst) -> int64_t {
     const int64_t m = sent[{src, dst}];
     if (m < sp.K) return 0;
     const auto& c = credit_at[{src, dst}];
     return static_cast<size_t>(m - sp.K) < c.size() ? c[static_cast<size_t>(m - sp.K)] : 0;
   };
-  auto do_send = [&](int src, size_t t, size_t k, int a, int64_t at) {
+  auto do_send = [&](int src, size_t t, size_t k, int a, int a_end, int64_t at) {
     const int dst = sch.steps[t][k].dst;
     auto& v = sp.stream[{src, dst}];
     sp.index[{src, t, k, a}] = static_cast<int64_t>(v.size());
@@ -288,24 +317,27 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
     ++sent[{src, dst}];
     auto& pend = to_send[{src, dst}];
     if (--pend[t] == 0) pend.erase(t);
-    ++sends_done[static_cast<size_t>(src)][static_cast<size_t>(a)];
+    for (int b = a; b < a_end; ++b) ++sends_done[static_cast<size_t>(src)][static_cast<size_t>(b)];
     const bool oc = on_chip(src, dst);
     int64_t& lf = link_free[{src, dst}];
-    lf = std::max(lf, at + (oc ? 414 : 1243)) + bytes_of(a) / (oc ? 512 : 64);
+    lf = std::max(lf, at + (oc ? 414 : 1243)) + bytes_of(a, a_end) / (oc ? 512 : 64);
     land_at[{src, t, k, a}] = lf + (oc ? 0 : 698);
   };
   // When a candidate of replica r could start, or -1 if it cannot yet.
   auto start_of = [&](size_t r, const Cand& c) -> int64_t {
     const StreamEvent& e = c.e;
     const ici::Move& mv = sch.steps[e.step][e.move];
-    const size_t a = static_cast<size_t>(e.atom);
-    if (writes_done[r][a] < c.need_writes) return -1;
-    int64_t t = std::max(clock[r], write_at[r][a]);
+    int64_t t = clock[r], stored = 0;
+    for (int b = e.atom; b < e.atom_end; ++b) {
+      const size_t a = static_cast<size_t>(b), i = static_cast<size_t>(b - e.atom);
+      if (writes_done[r][a] < c.need_writes[i] || (!e.send && sends_done[r][a] < c.need_sends[i])) return -1;
+      t = std::max(t, write_at[r][a]);
+      stored = std::max(stored, stored_at[r][a]);
+    }
     if (e.send) {
       if (!slot_free(static_cast<int>(r), mv.dst, e.step)) return -1;
-      return std::max({t, e.from_x ? int64_t(0) : stored_at[r][a], slot_time(static_cast<int>(r), mv.dst)});
+      return std::max({t, e.from_x ? int64_t(0) : stored, slot_time(static_cast<int>(r), mv.dst)});
     }
-    if (sends_done[r][a] < c.need_sends) return -1;
     auto it = land_at.find({mv.src, e.step, e.move, e.atom});
     if (it == land_at.end()) return -1;
     t = std::max(t, it->second);
@@ -319,23 +351,25 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
   auto take = [&](size_t r, const Cand& c, int64_t at) {
     const StreamEvent& e = c.e;
     const ici::Move& mv = sch.steps[e.step][e.move];
-    const size_t a = static_cast<size_t>(e.atom);
     if (e.send) {
-      do_send(static_cast<int>(r), e.step, e.move, e.atom, at);
+      do_send(static_cast<int>(r), e.step, e.move, e.atom, e.atom_end, at);
       clock[r] = at + 8;
     } else {
       const int64_t m = sp.index.at({mv.src, e.step, e.move, e.atom});
       auto& u = used_slot[{mv.src, static_cast<int>(r)}];
       u.resize(static_cast<size_t>(sp.K), 0);
       ++u[static_cast<size_t>(m % sp.K)];
-      const int64_t end = at + 16 + (mv.reduce ? 4 : 0) * ((bytes_of(e.atom) / 4 + kTileElems - 1) / kTileElems);
+      const int64_t end = at + 16 + (mv.reduce ? 4 : 0) * ((bytes_of(e.atom, e.atom_end) / 4 + kTileElems - 1) / kTileElems);
       auto& cr = credit_at[{mv.src, static_cast<int>(r)}];
       if (cr.size() <= static_cast<size_t>(m)) cr.resize(static_cast<size_t>(m) + 1, 0);
       cr[static_cast<size_t>(m)] = end + (on_chip(mv.src, static_cast<int>(r)) ? 414 : 1941);
-      ++writes_done[r][a];
-      write_at[r][a] = end;
-      if (e.store) stored_at[r][a] = end + 700;
-      for (const auto& [t2, k2] : e.fused) do_send(static_cast<int>(r), t2, k2, e.atom, end);
+      for (int b = e.atom; b < e.atom_end; ++b) {
+        ++writes_done[r][static_cast<size_t>(b)];
+        write_at[r][static_cast<size_t>(b)] = end;
+      }
+      for (const auto& [b0, b1] : e.store)
+        for (int b = b0; b < b1; ++b) stored_at[r][static_cast<size_t>(b)] = end + 700;
+      for (const auto& [t2, k2] : e.fused) do_send(static_cast<int>(r), t2, k2, e.atom, e.atom_end, end);
       clock[r] = end;
     }
     sp.prog[r].push_back(e);
@@ -508,12 +542,12 @@ void Emitter::lower_all_reduce(const Node& n) {
                  at(SLOTS + (idx(sp.sources[static_cast<size_t>(d)], me) * K + m % K) * PzB);
         return endpoint("hbm", d) + ":" + at(there(d, Y.addr + sp.atoms[static_cast<size_t>(a)].first * 4));
       };
-      auto send = [&](size_t t, size_t k, int a, const std::string& from) {
+      auto send = [&](size_t t, size_t k, int a, int a_end, const std::string& from) {
         const ici::Move& mv = sch.steps[t][k];
         const int64_t m = sp.index.at({me, t, k, a});
         wait_credit(mv.dst, m);
-        const auto& at_ = sp.atoms[static_cast<size_t>(a)];
-        line("dma " + target(t, k, a, m) + ", " + from + ", bytes=" + std::to_string((at_.second - at_.first) * 4) +
+        const int64_t bytes = (sp.atoms[static_cast<size_t>(a_end - 1)].second - sp.atoms[static_cast<size_t>(a)].first) * 4;
+        line("dma " + target(t, k, a, m) + ", " + from + ", bytes=" + std::to_string(bytes) +
              ", flag=" + kSendFlag + ", rflag=f" + std::to_string(land_flag(mv.dst, me, m)));
         ++sent;
       };
@@ -541,13 +575,14 @@ void Emitter::lower_all_reduce(const Node& n) {
       size_t loads_issued = 0;
       auto issue_load = [&](size_t j, bool may_wait) {
         const StreamEvent& e = prog[loads[j]];
-        if (!e.local_from_x && store_pending.count(e.atom)) {
-          if (!may_wait) return false;
-          wait_store(e.atom);
-        }
-        const auto& a = sp.atoms[static_cast<size_t>(e.atom)];
+        for (int b = e.atom; b < e.atom_end && !e.local_from_x; ++b)
+          if (store_pending.count(b)) {
+            if (!may_wait) return false;
+            wait_store(b);
+          }
+        const int64_t lo = sp.atoms[static_cast<size_t>(e.atom)].first, hi = sp.atoms[static_cast<size_t>(e.atom_end - 1)].second;
         dma_on(kLoadFlag + static_cast<int>(j % kStreamLoads), vmem(LOAD + static_cast<int64_t>(j % kStreamLoads) * PzB),
-               hbm((e.local_from_x ? X.addr : Y.addr) + a.first * 4), (a.second - a.first) * 4, "");
+               hbm((e.local_from_x ? X.addr : Y.addr) + lo * 4), (hi - lo) * 4, "");
         ++loads_issued;
         return true;
       };
@@ -555,11 +590,11 @@ void Emitter::lower_all_reduce(const Node& n) {
       size_t scratch = 0, load_j = 0;
       for (size_t i = 0; i < prog.size(); ++i) {
         const StreamEvent& e = prog[i];
-        const auto& a = sp.atoms[static_cast<size_t>(e.atom)];
-        const int64_t elems = a.second - a.first;
+        const int64_t lo = sp.atoms[static_cast<size_t>(e.atom)].first, hi = sp.atoms[static_cast<size_t>(e.atom_end - 1)].second;
+        const int64_t elems = hi - lo;
         if (e.send) {
-          if (!e.from_x) wait_store(e.atom);
-          send(e.step, e.move, e.atom, hbm((e.from_x ? X.addr : Y.addr) + a.first * 4));
+          for (int b = e.atom; b < e.atom_end && !e.from_x; ++b) wait_store(b);
+          send(e.step, e.move, e.atom, e.atom_end, hbm((e.from_x ? X.addr : Y.addr) + lo * 4));
           continue;
         }
         const ici::Move& mv = sch.steps[e.step][e.move];
@@ -573,9 +608,9 @@ void Emitter::lower_all_reduce(const Node& n) {
           // emitted (this one or one before it in the window) still writes.
           for (size_t q = loads_issued; q < loads.size() && q < j + kStreamLoads; ++q) {
             bool later_write = false;
-            for (size_t w = j; w < q; ++w) later_write = later_write || prog[loads[w]].atom == prog[loads[q]].atom;
+            const StreamEvent& lq = prog[loads[q]];
             for (size_t w = loads[j]; w < loads[q] && !later_write; ++w)
-              later_write = !prog[w].send && prog[w].atom == prog[loads[q]].atom;
+              later_write = !prog[w].send && prog[w].atom < lq.atom_end && lq.atom < prog[w].atom_end;
             if (later_write || !issue_load(q, false)) break;
           }
         }
@@ -592,7 +627,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         };
         if (!mv.reduce) {  // landed in y: forward it from there
           give_credit();
-          for (const auto& [t, k] : e.fused) send(t, k, e.atom, hbm(Y.addr + a.first * 4));
+          for (const auto& [t, k] : e.fused) send(t, k, e.atom, e.atom_end, hbm(Y.addr + lo * 4));
           continue;
         }
         int64_t out;
@@ -624,10 +659,11 @@ void Emitter::lower_all_reduce(const Node& n) {
           line("vst v1, " + at(out + t * tile_bytes));
         }
         give_credit();
-        for (const auto& [t, k] : e.fused) send(t, k, e.atom, vmem(out));
-        if (e.store) {
-          dma_on(store_flag, hbm(Y.addr + a.first * 4), vmem(out), elems * 4, "");
-          store_pending[e.atom] = store_flag;
+        for (const auto& [t, k] : e.fused) send(t, k, e.atom, e.atom_end, vmem(out));
+        for (const auto& [b0, b1] : e.store) {  // only the runs read again
+          const int64_t s0 = sp.atoms[static_cast<size_t>(b0)].first, s1 = sp.atoms[static_cast<size_t>(b1 - 1)].second;
+          dma_on(store_flag, hbm(Y.addr + s0 * 4), vmem(out + (s0 - lo) * 4), (s1 - s0) * 4, "");
+          for (int b = b0; b < b1; ++b) store_pending[b] = store_flag;
           flag_pending[store_flag] = true;
           if (!e.fused.empty()) sendbuf_stored[out] = true;
         }
