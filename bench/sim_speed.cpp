@@ -9,8 +9,8 @@
 // Pod scale (docs/ici.md, "Scale"): --pod N runs instead the torus all-reduce of N
 // fp32 per chip on every chip of --pod-preset (v2-16x16: 256 chips) in fast mode,
 // as `ici_program PRESET torus N --pod` writes it, and prints the run's cycles,
-// CPU, wall, max RSS and the load average around it; --pod 25000000 is the 100 MB
-// acceptance run:
+// CPU, wall, max RSS and the load average around it (--threads: the run's, chip
+// groups on threads); --pod 25000000 is the 100 MB acceptance run:
 //   sim_speed --pod 25000000
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -125,7 +125,7 @@ std::string load_average() {
 }
 
 // The pod-scale all-reduce, one run: what docs/ici.md "Scale" reports.
-int pod_run(const std::string& tpusim, const std::string& preset_name, int64_t elements) {
+int pod_run(const std::string& tpusim, const std::string& preset_name, int64_t elements, int threads) {
   try {
     const tpusim::config::Params preset = tpusim::config::load_preset(preset_name);
     const auto topo = tpusim::ici::Topology::from_params(preset);
@@ -141,12 +141,12 @@ int pod_run(const std::string& tpusim, const std::string& preset_name, int64_t e
     const std::string dir = (fs::temp_directory_path() / ("tpusim_sim_speed_pod_" + std::to_string(::getpid()))).string();
     fs::create_directories(dir);
     const std::string load_before = load_average();
-    const Measured m = run(tpusim, dir, "pod", tpusim::ici::collective_program(sched, po), preset_name, "fast", 1);
+    const Measured m = run(tpusim, dir, "pod", tpusim::ici::collective_program(sched, po), preset_name, "fast", threads);
     const std::string load_after = load_average();
     rusage u{};
     ::getrusage(RUSAGE_CHILDREN, &u);  // the largest child: the run (the assembler is smaller)
-    fmt::print("pod all-reduce (torus), preset {}, {} chips, {} fp32 = {} bytes per chip, fast mode\n\n", preset_name,
-               topo.chips(), elements, elements * 4);
+    fmt::print("pod all-reduce (torus), preset {}, {} chips, {} fp32 = {} bytes per chip, fast mode, --threads {}\n\n",
+               preset_name, topo.chips(), elements, elements * 4, threads);
     fmt::print("| simulated cycles | user CPU s | CPU s (user + sys) | wall s (run command) | wall s (simulation) | "
                "max RSS GB | load average before / after |\n|---:|---:|---:|---:|---:|---:|---|\n");
     fmt::print("| {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {} / {} |\n", m.cycles, m.user, m.cpu,
@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(1024), int64_t(1) << 32));
   app.add_option("--pod-preset", pod_preset, "Preset of --pod");
   CLI11_PARSE(app, argc, argv);
-  if (pod_elements) return pod_run(tpusim, pod_preset, pod_elements);
+  if (pod_elements) return pod_run(tpusim, pod_preset, pod_elements, threads);
   int preset_mxus = 0;
   try {
     preset_mxus = int(tpusim::config::load_preset(preset).get_int("core.mxu.count"));

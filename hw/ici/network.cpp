@@ -173,8 +173,7 @@ void Network::mark_dirty(uint32_t link) {
   }
 }
 
-MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at, DeliveryCallback on_delivery,
-                        int tie_direction) {
+void Network::check_send(Endpoint src, Endpoint dst, uint64_t bytes) const {
   auto check_ep = [&](Endpoint e, const char* what) {
     if (e.chip < 0 || e.chip >= topo_.chips() || e.core < 0 || e.core >= prm_.cores_per_chip)
       throw IciError(std::string("ici send: ") + what + " (chip " + std::to_string(e.chip) + ", core " +
@@ -183,10 +182,15 @@ MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at,
   };
   check_ep(src, "source");
   check_ep(dst, "destination");
+  if (bytes > (uint64_t(1) << 40)) throw IciError("ici send: message of " + std::to_string(bytes) + " bytes > 1 TiB");
+}
+
+MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at, DeliveryCallback on_delivery,
+                        int tie_direction) {
+  check_send(src, dst, bytes);
   if (at < now_)
     throw IciError("ici send: issue cycle " + std::to_string(at) + " is before the current cycle " +
                    std::to_string(now_));
-  if (bytes > (uint64_t(1) << 40)) throw IciError("ici send: message of " + std::to_string(bytes) + " bytes > 1 TiB");
   if (msgs_.size() >= UINT32_MAX - 1) throw IciError("ici send: too many messages");
   Message m;
   m.src_ep = endpoint_id(src);

@@ -96,6 +96,9 @@ class Network {
   // loop; it may send further messages at that cycle or later.
   MessageId send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at, DeliveryCallback on_delivery = {},
                  int tie_direction = +1);
+  // Throws what send() would for these endpoints and size (IciError), without
+  // sending: a caller that queues the send for later checks it now.
+  void check_send(Endpoint src, Endpoint dst, uint64_t bytes) const;
   bool delivered(MessageId id) const { return msgs_.at(id).delivered != kNever; }
   uint64_t delivery_cycle(MessageId id) const { return msgs_.at(id).delivered; }  // kNever until delivered
   size_t messages() const { return msgs_.size(); }

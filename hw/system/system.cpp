@@ -4,12 +4,16 @@
 
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <functional>
 #include <systemc>
+#include <thread>
 
 #include "hw/chip/chip.h"
 #include "hw/ici/network.h"
 #include "hw/mem/memory_factory.h"
 #include "hw/mem/simple_memory.h"
+#include "hw/mxu/result_values.h"
 #include "hw/wave/vcd_filter.h"
 #include "isa/exec/tensors.h"
 
@@ -89,9 +93,9 @@ class Board {
       // The same memory on both ends (a chip asks another to copy within itself):
       // copied at landing like a local DMA, overlapping runs included.
       auto bytes = std::make_shared<DmaPayload>();
-      touch(t->src_chip, at);
+      if (!in_window) touch(t->src_chip, at);  // in a window it is the chip ticking now
       if (t->plan.src != t->plan.dst) *bytes = dma_gather_sparse(t->plan);
-      net->send(src, dst, t->plan.total_bytes(), at, [this, t, bytes](ici::MessageId, uint64_t landed) {
+      send(t->issuer_chip, src, dst, t->plan.total_bytes(), at, [this, t, bytes](ici::MessageId, uint64_t landed) {
         touch(t->dst_chip, landed);
         touch(t->issuer_chip, landed);
         if (t->plan.src != t->plan.dst) dma_scatter(t->plan, *bytes);
@@ -110,9 +114,23 @@ class Board {
       data_leg(t->cycle);
     } else {
       // A read of another chip's memory: a header-only request travels there first.
-      net->send({int(t->issuer_chip), int(t->issuer_core)}, src, 0, t->cycle,
-                [data_leg](ici::MessageId, uint64_t arrived) { data_leg(arrived); });
+      send(t->issuer_chip, {int(t->issuer_chip), int(t->issuer_core)}, src, 0, t->cycle,
+           [data_leg](ici::MessageId, uint64_t arrived) { data_leg(arrived); });
     }
+  }
+  // net->send, or, from a chip ticking on a worker thread, queued per chip and sent
+  // after the window in chip order: the order a one-thread window sends in. Checked
+  // now, so a bad request faults the issuing core as it would have.
+  void send(uint32_t issuer, ici::Endpoint src, ici::Endpoint dst, uint64_t bytes, uint64_t at,
+            ici::Network::DeliveryCallback cb, int tie = +1) {
+    if (!threaded_window) {
+      net->send(src, dst, bytes, at, std::move(cb), tie);
+      return;
+    }
+    net->check_send(src, dst, bytes);
+    deferred_sends[issuer].push_back([this, src, dst, bytes, at, cb = std::move(cb), tie]() mutable {
+      net->send(src, dst, bytes, at, std::move(cb), tie);
+    });
   }
 
   // Lazy: kept up to date by tick() (only ticks issue), instead of summing every
@@ -136,6 +154,13 @@ class Board {
   static constexpr size_t kWindowChips = 64;
   bool windows = false;
   bool in_window = false;
+  // Window threads (`tpusim run --threads N` on a program without MXU work: the
+  // MXU workers assume one simulation thread): chips split in N contiguous groups,
+  // each ticked by its own thread. A chip's tick touches only its own state, and its
+  // sends are queued (send()), so every N gives the same results.
+  int window_threads = 1;
+  bool threaded_window = false;
+  std::vector<std::vector<std::function<void()>>> deferred_sends;  // per issuing chip
   std::string window_fault;
   uint64_t window_fault_cycle = kNever;
   uint32_t window_fault_chip = 0;
@@ -150,27 +175,75 @@ class Board {
     if (max_cycles) end = std::min(end, std::max(cycle, max_cycles - 1));
     return end < cycle + 8 ? cycle : end;  // too short to pay: a plain tick
   }
-  void run_window(uint64_t first, uint64_t last) {
-    in_window = true;
-    for (uint32_t c = 0; c < chips.size(); ++c) {
-      for (uint64_t t = next[c]; t <= last; t = next[c]) {
-        if (synced[c] < t) chips[c]->skip(t - synced[c]);
-        synced[c] = t + 1;
-        const uint64_t before = chip_instructions(*chips[c]);
-        chips[c]->tick(t);
-        lazy_instructions += chip_instructions(*chips[c]) - before;
-        next[c] = chips[c]->next_event_cycle(t);
-        const std::string f = chips[c]->fault();
-        if (!f.empty()) {
-          if (t < window_fault_cycle || (t == window_fault_cycle && c < window_fault_chip)) {
-            window_fault = f;
-            window_fault_cycle = t;
-            window_fault_chip = c;
+  // What a group of chips did in a window.
+  struct WindowPart {
+    uint64_t instructions = 0;
+    std::string fault;
+    uint64_t fault_cycle = kNever;
+    uint32_t fault_chip = 0;
+    std::exception_ptr error;
+  };
+  void run_chips(uint32_t from, uint32_t to, uint64_t last, WindowPart& part) {
+    try {
+      for (uint32_t c = from; c < to; ++c) {
+        for (uint64_t t = next[c]; t <= last; t = next[c]) {
+          if (synced[c] < t) chips[c]->skip(t - synced[c]);
+          synced[c] = t + 1;
+          const uint64_t before = chip_instructions(*chips[c]);
+          chips[c]->tick(t);
+          part.instructions += chip_instructions(*chips[c]) - before;
+          next[c] = chips[c]->next_event_cycle(t);
+          const std::string& f = chips[c]->fault();
+          if (!f.empty()) {
+            if (t < part.fault_cycle) {  // chips ascend: the first at a cycle is the lowest
+              part.fault = f;
+              part.fault_cycle = t;
+              part.fault_chip = c;
+            }
+            break;
           }
-          break;
         }
       }
+    } catch (...) {
+      part.error = std::current_exception();
     }
+  }
+  void run_window(uint64_t first, uint64_t last) {
+    in_window = true;
+    const uint32_t n = uint32_t(chips.size());
+    const uint32_t groups = uint32_t(std::max(1, std::min<int>(window_threads, int(n))));
+    std::vector<WindowPart> parts(groups);
+    if (groups == 1) {
+      run_chips(0, n, last, parts[0]);
+    } else {
+      threaded_window = true;
+      if (deferred_sends.size() != n) deferred_sends.resize(n);
+      std::vector<std::thread> workers;
+      for (uint32_t g = 1; g < groups; ++g)
+        workers.emplace_back([this, g, groups, n, last, &parts] {
+          run_chips(uint32_t(uint64_t(n) * g / groups), uint32_t(uint64_t(n) * (g + 1) / groups), last, parts[g]);
+        });
+      run_chips(0, uint32_t(n / groups), last, parts[0]);
+      for (auto& w : workers) w.join();
+      threaded_window = false;
+    }
+    for (const WindowPart& p : parts)
+      if (p.error) std::rethrow_exception(p.error);
+    for (uint32_t g = 0; g < groups; ++g) {
+      const WindowPart& p = parts[g];
+      lazy_instructions += p.instructions;
+      if (p.fault_cycle < window_fault_cycle ||
+          (p.fault_cycle == window_fault_cycle && p.fault_chip < window_fault_chip && p.fault_cycle != kNever)) {
+        window_fault = p.fault;
+        window_fault_cycle = p.fault_cycle;
+        window_fault_chip = p.fault_chip;
+      }
+    }
+    if (groups > 1)
+      for (auto& q : deferred_sends) {
+        for (auto& f : q) f();
+        q.clear();
+      }
     in_window = false;
     for (uint32_t c : dirty) is_dirty[c] = 0;  // transfers it started touched its issuer
     dirty.clear();
@@ -519,6 +592,10 @@ RunResult System::run(const RunOptions& opt) {
   if (opt.mode == Mode::kFast && !tf && !opt.timeline && !barrier) {
     board.start_lazy();
     board.windows = opt.windows && board.chips.size() >= Board::kWindowChips;
+    bool mxu_work = false;
+    for (const auto& p : bundle.cores)
+      for (const auto& in : p.code) mxu_work |= isa::op_info(in.op).unit == isa::Unit::kMatrix;
+    if (board.windows && !mxu_work) board.window_threads = std::max(1, mxu::matmul_threads());
   }
 
   RunResult r;

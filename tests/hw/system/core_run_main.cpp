@@ -11,6 +11,7 @@
 #include <systemc>
 
 #include "hw/config/params.h"
+#include "hw/mxu/result_values.h"
 #include "hw/timeline/timeline.h"
 #include "hw/system/system.h"
 #include "isa/asm/assembler.h"
@@ -60,6 +61,8 @@ int sc_main(int argc, char** argv) {
         opt.max_instructions = std::stoull(argv[++i]);
       } else if (a == "--no-windows") {
         opt.windows = false;
+      } else if (a == "--threads" && i + 1 < argc) {  // as tpusim run --threads
+        hw::mxu::set_matmul_threads(std::stoi(argv[++i]));
       } else if (a == "--max-cycles" && i + 1 < argc) {
         opt.max_cycles = std::stoull(argv[++i]);
       } else {
