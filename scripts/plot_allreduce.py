@@ -3,8 +3,9 @@
 (docs/validation.md "Compiled all-reduce against its closed form").
 
 Inputs: the chip-model rows of tests/compiler/dp/allreduce_bw.py --json (the
-compiled all_reduce, one buffer per replica = TensorCore) and the markdown table
-that build/bench/ici_allreduce prints (the schedule on the network alone, one
+compiled all_reduce, one buffer per replica = TensorCore, the hierarchical
+algorithm that auto picks on these boards) and the markdown table that
+build/bench/ici_allreduce prints (the torus schedule on the network alone, one
 buffer per chip). Each is drawn as points over its own closed-form curve.
 
 usage: plot_allreduce.py --chip rows.json [--chip more.json] --network ici_allreduce.txt -o out.png"""
@@ -67,13 +68,10 @@ def main():
                     label="network-level run (hw/ici, no cores)")
         rows = sorted([r for r in chip if r["preset"] == preset], key=lambda r: r["bytes"])
         if rows:
-            dims = ([cores] if cores > 1 else []) + cdims
             bw.CLOCK, bw.ICI_B = clock, link * 0.8681 / clock
             xs = [1 << k for k in range(10, 29)]
-            ax.plot(xs, [gb(n, bw.closed_form_links(dims, n, cores)) for n in xs], "-", color="tab:red",
-                    label=f"closed form, torus {dims}, links shared")
-            ax.plot(xs, [gb(n, bw.closed_form("torus", dims, n, cores)) for n in xs], ":", color="tab:red",
-                    label="closed form, per group (docs/ici.md formula)")
+            ax.plot(xs, [gb(n, bw.closed_form_hierarchical(cdims, n)) for n in xs], "-", color="tab:red",
+                    label=f"closed form, hierarchical: 2 cores x torus {'x'.join(map(str, cdims))}")
             ax.plot([r["bytes"] for r in rows], [r["algbw_gbps"] for r in rows], "s", color="tab:red",
                     label=f"compiled all_reduce, {rows[0]['replicas']} replicas, chip model (fast)")
         ax.set_xscale("log", base=2)

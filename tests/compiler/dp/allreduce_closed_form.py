@@ -6,10 +6,12 @@ functional reference bit for bit (dp_lower_test checks the lowering's races at s
 sizes), two runs give identical outputs and stats.json (but for the host's wall
 time), and the all_reduce's cycles (allreduce_bw.py's timeline span)
 lie between the algorithm's alpha-beta closed form (allreduce_bw.py,
-docs/validation.md "Compiled all-reduce against its closed form") and 1.5 times it.
+docs/validation.md "Compiled all-reduce against its closed form") and 1.3 times it.
 The lower end fails if a run beats the links' bandwidth (a link counted twice, a
 tie sent both ways at once); the upper end is a regression bound, not the 5% the
-acceptance asks for (measured 1.25 at this size, see the docs).
+acceptance asks for, which the compiled all_reduce does not reach yet (measured
+1.22 at this size with the streamed lowering, 1.27 before it, 1.45 with the torus
+algorithm on [2, 2, 2]; see the docs).
 
 usage: allreduce_closed_form.py TPUSIM WORKDIR"""
 import json
@@ -61,8 +63,8 @@ def main():
     closed = bw.closed_form_hierarchical([2, 2], E * 4)
     ratio = cycles / closed
     print(f"all_reduce of {E * 4} bytes per replica: {cycles} cycles, closed form {closed:.0f}, ratio {ratio:.3f}")
-    if not 0.97 <= ratio <= 1.5:
-        sys.exit(f"all_reduce took {ratio:.3f} x its closed form, outside [0.97, 1.5]")
+    if not 0.97 <= ratio <= 1.3:
+        sys.exit(f"all_reduce took {ratio:.3f} x its closed form, outside [0.97, 1.3]")
 
 
 if __name__ == "__main__":

@@ -157,6 +157,43 @@ TEST(DpRef, ReplicaTopologyPutsTheCoresOfAChipFirst) {
   EXPECT_THROW(check_replicas(s), CompileError);
 }
 
+// auto takes the hierarchical algorithm wherever every replica is one of a chip's
+// two cores on more than one chip; its schedule runs on the used chips alone.
+TEST(DpRef, AutoIsHierarchicalOnBoardsOfTwoCoresPerChip) {
+  ReplicaSpec s;
+  s.cores_per_chip = 2;
+  s.board = ici::Topology(ici::TopologyKind::kTorus3d, {4, 4, 4});
+  s.replicas = 128;
+  EXPECT_EQ(choose_algorithm(s, 1000), ici::Algorithm::kHierarchical);
+  EXPECT_EQ(chip_topology(s).dims(), (std::vector<int>{4, 4, 4}));
+  const ici::Schedule sch = all_reduce_schedule(s, 1000);
+  EXPECT_EQ(sch.chips, 128);
+  EXPECT_EQ(sch.steps.size(), size_t(2 + 2 * 9));  // on chip, 2 x 3 x (4 - 1), on chip
+  s.board = ici::Topology(ici::TopologyKind::kTorus2d, {2, 2});
+  s.replicas = 4;  // two chips
+  EXPECT_EQ(choose_algorithm(s, 1000), ici::Algorithm::kHierarchical);
+  EXPECT_EQ(chip_topology(s).dims(), (std::vector<int>{2}));
+  s.replicas = 2;  // one chip: the ring of its two cores
+  EXPECT_EQ(choose_algorithm(s, 1000), ici::Algorithm::kBidirectionalRing);
+  s.replicas = 8;
+  EXPECT_EQ(choose_algorithm(s, 1), ici::Algorithm::kRing);
+  s.algorithm = "hierarchical";
+  EXPECT_NO_THROW(check_replicas(s));
+  s.cores_per_chip = 1;
+  s.replicas = 4;
+  EXPECT_THROW(check_replicas(s), CompileError);
+  // Every replica ends with the same sum of every replica's value (exact for these
+  // small integers in any order).
+  s.cores_per_chip = 2;
+  s.replicas = 8;
+  std::vector<std::vector<float>> x(8, std::vector<float>(37));
+  for (int r = 0; r < 8; ++r)
+    for (int e = 0; e < 37; ++e) x[size_t(r)][size_t(e)] = float(r * 100 + e);
+  const auto y = all_reduce_values(s, x);
+  for (int r = 0; r < 8; ++r)
+    for (int e = 0; e < 37; ++e) ASSERT_EQ(y[size_t(r)][size_t(e)], float(2800 + 8 * e));
+}
+
 // The replicated reference of a graph without all_reduce is the global graph's
 // reference (every op here is per batch row); with an all_reduce of a per-replica
 // reduction, replica 0's value is the documented fold of the replicas' partial sums.
