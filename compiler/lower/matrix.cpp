@@ -422,9 +422,14 @@ void Emitter::lower_matmul(const Node& n) {
   if ((shrunk || (chunks >= LB && per_core >= 2048)) && full_per_row == 0 && !tb) {
     constexpr int64_t kPanels = 3;
     constexpr int kBandFlag = 13;  // f13, f14: the two LHS band slots
-    // At least two row tiles per core (down to 256 rows), so the next tile's operands
-    // arrive while one computes and only the first waits.
-    const int64_t Mmax = std::min(Mg0, std::max<int64_t>(256, align_up(per_core / 2, 8)));
+    // Row pieces of the core's first pass (at most kFirstPieceRows rows: their LHS rows
+    // arrive about as fast as the MXUs use them) and of its last (kLastPieceRows), at
+    // most kMaxPieces each: every piece costs one more step per column group.
+    constexpr int64_t kFirstPieceRows = 256, kLastPieceRows = 192, kMaxPieces = 4;
+    // Tiles up to Mg0 rows: the core's first pass runs in row pieces (the ramped ends
+    // below), so a tall first tile no longer waits for all its rows before the MXUs start,
+    // and taller tiles take fewer steps (an mswap each) and re-read the weights less.
+    const int64_t Mmax = Mg0;
     // Column groups whose panel rows are kRunBytes long (HBM efficiency), if they fit.
     const int64_t NGr = std::min(ngroups, (kRunBytes + cw * C * eb - 1) / (cw * C * eb));
     auto tile_out_bytes = [&](int64_t mt, int64_t ng) { return wide_out ? mt * obs_of(ng) : ng * cw * mt * orow; };
@@ -487,17 +492,19 @@ void Emitter::lower_matmul(const Node& n) {
                  hbm(B.addr + batch_offset(bs, tl.b, eb) + (k0 * N + tl.n0) * eb),
                  std::min(NG * cw * C, N - tl.n0) * eb, dim(kcols, N * eb, wsp));
         };
-        auto fetch_band = [&](int64_t y) {
+        // Rows [r0, r1) of the tile (all of them by default).
+        auto fetch_band = [&](int64_t y, int64_t r0 = 0, int64_t r1 = -1) {
           const Tile tl = tiles[static_cast<size_t>(y / nbands)];
+          if (r1 < 0) r1 = tl.mr;
           const int64_t k0 = (y % nbands) * LB * R, lcols = std::min(K, k0 + LB * R) - k0;
           const int64_t a0 = A.addr + batch_offset(as, tl.b, ea);
           const int flag = kBandFlag + static_cast<int>(y % 2);
+          const int64_t dst = lbase + (y % 2) * Mt * ls + r0 * ls;
           if (!ta)
-            dma_on(flag, vmem(lbase + (y % 2) * Mt * ls), hbm(a0 + (tl.m0 * K + k0) * ea), lcols * ea,
-                   dim(tl.mr, K * ea, ls));
+            dma_on(flag, vmem(dst), hbm(a0 + ((tl.m0 + r0) * K + k0) * ea), lcols * ea, dim(r1 - r0, K * ea, ls));
           else
-            dma_on(flag, vmem(lbase + (y % 2) * Mt * ls), hbm(a0 + (k0 * M + tl.m0) * ea), ea,
-                   dim(lcols, M * ea, ea) + dim(tl.mr, ea, ls));
+            dma_on(flag, vmem(dst), hbm(a0 + (k0 * M + tl.m0 + r0) * ea), ea,
+                   dim(lcols, M * ea, ea) + dim(r1 - r0, ea, ls));
         };
         if (vec_bytes > 0) {
           for (const Operand& o : ops) {
@@ -512,25 +519,61 @@ void Emitter::lower_matmul(const Node& n) {
           }
           wait_dmas();
         }
-        // Only what the first pass needs before the MXUs can start; the rest of the ring
+        // Ramped ends (docs/codegen.md, "Large GEMMs"): the core's first pass runs in row
+        // pieces whose LHS rows come as separate DMAs, so the MXUs start after panel 0 and
+        // the first piece's rows instead of the whole band; its last pass runs in row
+        // pieces whose output goes out as each finishes, so only the last piece's store is
+        // left with nothing to hide it. A piece repeats the pass's pushes (one more step
+        // per column group), so pieces keep at least kMinPieceBlocks blocks.
+        const int64_t kMinPieceBlocks = 16;
+        auto pieces_of = [&](const Tile& tl, int64_t rows) {
+          return std::max<int64_t>(1, std::min({kMaxPieces, (tl.mr + rows - 1) / rows, (tl.mr + 7) / 8 / kMinPieceBlocks}));
+        };
+        const int64_t HF = pieces_of(tiles.front(), kFirstPieceRows), HL = pieces_of(tiles.back(), kLastPieceRows);
+        auto piece_rows = [&](const Tile& tl, int64_t h, int64_t H) {  // rows [r0, r1) of piece h, whole blocks
+          const int64_t nb = (tl.mr + 7) / 8;
+          return std::make_pair(std::min(tl.mr, nb * h / H * 8), std::min(tl.mr, nb * (h + 1) / H * 8));
+        };
+        // Only what the first piece needs before the MXUs can start; the rest of the ring
         // fills while it runs.
         fetch_panel(0);
-        fetch_band(0);
+        fetch_band(0, 0, piece_rows(tiles.front(), 0, HF).second);
         int64_t out_dmas = 0;
         for (size_t ti = 0; ti < tiles.size(); ++ti) {
           const Tile& tl = tiles[ti];
           const int64_t z0 = static_cast<int64_t>(ti) * np, y0 = static_cast<int64_t>(ti) * nbands;
           const int64_t blocks = (tl.mr + 7) / 8;
-          std::vector<Pass> seq;  // t: the column group within the tile
-          for (int64_t p = 0; p < np; ++p)
-            for (int64_t g = 0; g < tl.ng; ++g) {
-              const int64_t n0 = tl.n0 + g * cw * C;
-              seq.push_back(Pass{g, p, p * kw, std::min(kw, chunks - p * kw), n0,
-                                   std::min(cw, (N - n0 + C - 1) / C), p == 0, p == np - 1});
+          // Steps: one pass's column group over blocks [b0, b1) of the tile; the core's
+          // first pass and its last are cut into row pieces (the ramped ends above).
+          struct KStep {
+            Pass ps;
+            int64_t h, b0, b1;
+            bool pass_start;  // the pass's first step
+          };
+          std::vector<KStep> seq;
+          const bool first_tile = ti == 0, last_tile = ti + 1 == tiles.size();
+          for (int64_t p = 0; p < np; ++p) {
+            const int64_t H = p == 0 && first_tile ? HF : p == np - 1 && last_tile ? HL : 1;
+            for (int64_t h = 0; h < H; ++h) {
+              const auto rows = piece_rows(tl, h, H);
+              for (int64_t g = 0; g < tl.ng; ++g) {
+                const int64_t n0 = tl.n0 + g * cw * C;
+                seq.push_back(KStep{Pass{g, p, p * kw, std::min(kw, chunks - p * kw), n0,
+                                         std::min(cw, (N - n0 + C - 1) / C), p == 0, p == np - 1},
+                                    h, rows.first / 8, (rows.second + 7) / 8, h == 0 && g == 0});
+              }
             }
+          }
           const int64_t Q = static_cast<int64_t>(seq.size());
+          std::vector<std::pair<int64_t, int64_t>> item_at;  // (step, block) of each pipeline item
+          int64_t min_blocks = blocks;
+          for (int64_t q = 0; q < Q; ++q) {
+            const KStep& ks = seq[static_cast<size_t>(q)];
+            min_blocks = std::min(min_blocks, ks.b1 - ks.b0);
+            for (int64_t i = ks.b0; i < ks.b1; ++i) item_at.push_back({q, i});
+          }
           auto w_at = [&](int64_t q, int64_t w, int64_t k, int64_t r) {
-            const Pass& ps = seq[static_cast<size_t>(q)];
+            const Pass& ps = seq[static_cast<size_t>(q)].ps;
             return ((z0 + ps.p) % kPanels) * panel + (k * R + r) * wsp + (ps.t * cw + w) * C * eb;
           };
           auto acc_at = [&](const Pass& ps, int64_t w, int64_t i) {
@@ -542,7 +585,7 @@ void Emitter::lower_matmul(const Node& n) {
           auto push_list = [&](int64_t q) {
             std::vector<std::pair<int64_t, int64_t>> l;  // (mxu, VMEM address of 8 weight rows)
             if (q >= Q) return l;
-            const Pass& ps = seq[static_cast<size_t>(q)];
+            const Pass& ps = seq[static_cast<size_t>(q)].ps;
             for (int64_t r = 0; r < R; r += 8)
               for (int64_t w = 0; w < ps.cwt; ++w)
                 for (int64_t k = 0; k < ps.kk; ++k)
@@ -555,38 +598,51 @@ void Emitter::lower_matmul(const Node& n) {
             line("mpush " + mx(pw.first) + ", " + vr(v));
           };
           auto emit_swaps = [&](int64_t q) {
-            const Pass& ps = seq[static_cast<size_t>(q)];
+            const Pass& ps = seq[static_cast<size_t>(q)].ps;
             for (int64_t w = 0; w < ps.cwt; ++w)
               for (int64_t k = 0; k < ps.kk; ++k)
                 line("mswap " + mx(w * kw + k) + ", k=" + std::to_string(kr_of(ps.c0 + k)));
           };
           for (const auto& pw : push_list(0)) emit_push(pw);
           emit_swaps(0);
-          const int64_t E = std::max<int64_t>(0, std::min<int64_t>({kw + 1, AS - 2, blocks - 1}));
-          const int64_t items = Q * blocks;
+          const int64_t E = std::max<int64_t>(0, std::min<int64_t>({kw + 1, AS - 2, min_blocks - 1}));
+          const int64_t items = static_cast<int64_t>(item_at.size());
           std::vector<std::pair<int64_t, int64_t>> pending;
           size_t next_push = 0;
           int64_t per_item = 0;
           bool out_waited = false;
           for (int64_t s = 0; s < items + D + E; ++s) {
             if (s < items) {
-              const int64_t q = s / blocks, i = s % blocks;
-              const Pass& ps = seq[static_cast<size_t>(q)];
+              const int64_t q = item_at[static_cast<size_t>(s)].first, i = item_at[static_cast<size_t>(s)].second;
+              const KStep& ks = seq[static_cast<size_t>(q)];
+              const Pass& ps = ks.ps;
               const int64_t z = z0 + ps.p, y = y0 + ps.c0 / LB;
-              if (i == 0) {
-                if (ps.t == 0) {  // a new pass: its panel slot's previous contents are pushed
-                  for (int64_t zz = z == 0 ? 1 : z + kPanels - 1; zz <= std::min(z + kPanels - 1, Z - 1); ++zz)
+              if (i == ks.b0) {
+                // The first pass in pieces: piece h waits for its rows (the only DMA left on
+                // its band flag) and fetches the next piece's; panel 1 comes with piece 1's
+                // rows, the rest of the ring and the next band with the last piece's.
+                const bool ramp = first_tile && ps.p == 0 && HF > 1 && ps.t == 0;
+                if (ramp && ks.h > 0) wait_flag(kBandFlag + static_cast<int>(y % 2));
+                if (ramp && ks.h + 1 < HF) {
+                  const auto rows = piece_rows(tl, ks.h + 1, HF);
+                  fetch_band(y, rows.first, rows.second);
+                }
+                if (ks.pass_start && z == 0 && HF > 1 && Z > 1) fetch_panel(1);
+                const bool ring = HF > 1 && first_tile && ps.p == 0 ? ramp && ks.h == HF - 1 : ks.pass_start;
+                if (ring) {  // a new pass: its panel slot's previous contents are pushed
+                  for (int64_t zz = z == 0 ? (HF > 1 ? 2 : 1) : z + kPanels - 1; zz <= std::min(z + kPanels - 1, Z - 1);
+                       ++zz)
                     fetch_panel(zz);
                   if (ps.c0 % LB == 0) {  // a new band: the slot of the band before it is read
                     if (y + 1 < Y) fetch_band(y + 1);
-                    if (q > 0) wait_flag(kBandFlag + static_cast<int>(y % 2));
+                    if (q > 0 && !ramp) wait_flag(kBandFlag + static_cast<int>(y % 2));
                   }
                 }
-                if (q + 1 < Q && seq[static_cast<size_t>(q + 1)].t == 0)
+                if (q + 1 < Q && seq[static_cast<size_t>(q + 1)].pass_start)
                   wait_flag(kSlotFlag + static_cast<int>((z + 1) % kPanels));
                 pending = push_list(q + 1);
                 next_push = 0;
-                per_item = (static_cast<int64_t>(pending.size()) + blocks - 1) / blocks;
+                per_item = (static_cast<int64_t>(pending.size()) + (ks.b1 - ks.b0) - 1) / (ks.b1 - ks.b0);
               }
               const int64_t lset = (s % LS) * kw;
               for (int64_t k = 0; k < ps.kk; ++k)
@@ -596,15 +652,15 @@ void Emitter::lower_matmul(const Node& n) {
               for (int64_t w = 0; w < ps.cwt; ++w)
                 for (int64_t k = 0; k < ps.kk; ++k) line("mmul " + mx(w * kw + k) + ", " + vr(lset + k));
               for (int64_t x = 0; x < per_item && next_push < pending.size(); ++x) emit_push(pending[next_push++]);
-              if (i == blocks - 1 && q + 1 < Q) {
+              if (i == ks.b1 - 1 && q + 1 < Q) {
                 while (next_push < pending.size()) emit_push(pending[next_push++]);
                 emit_swaps(q + 1);
               }
             }
             const int64_t j = s - D;
             if (j >= 0 && j < items) {
-              const int64_t q = j / blocks, i = j % blocks;
-              const Pass& ps = seq[static_cast<size_t>(q)];
+              const int64_t i = item_at[static_cast<size_t>(j)].second;
+              const Pass& ps = seq[static_cast<size_t>(item_at[static_cast<size_t>(j)].first)].ps;
               for (int64_t w = 0; w < ps.cwt; ++w) {
                 const int64_t a = 8 + (j % AS) * cw + w;
                 if (!ps.first) line("vld " + vr(a) + ", " + at(acc_at(ps, w, i)));
@@ -614,8 +670,9 @@ void Emitter::lower_matmul(const Node& n) {
             }
             const int64_t j2 = s - D - E;
             if (j2 >= 0 && j2 < items) {
-              const int64_t q = j2 / blocks, i = j2 % blocks;
-              const Pass& ps = seq[static_cast<size_t>(q)];
+              const int64_t i = item_at[static_cast<size_t>(j2)].second;
+              const KStep& ks = seq[static_cast<size_t>(item_at[static_cast<size_t>(j2)].first)];
+              const Pass& ps = ks.ps;
               if (ps.last && !out_waited && out_dmas > 0) wait_flag(kOutFlag);  // the output buffer is free
               out_waited |= ps.last;
               for (int64_t w = 0; w < ps.cwt; ++w) {
@@ -631,18 +688,21 @@ void Emitter::lower_matmul(const Node& n) {
                 else
                   line(std::string(st(ot)) + " " + vr(a) + ", " + at(obase + ((ps.t * cw + w) * Mt + i * 8) * orow));
               }
-              // In the last pass each sub-band of OBs column groups (runs of kRunBytes) goes
-              // out once its last block is stored, so only the last one is left at the end.
-              if (ps.last && i == blocks - 1 && ((ps.t + 1) % OBs == 0 || ps.t == tl.ng - 1)) {
+              // In the last pass each sub-band of OBs column groups (runs of kRunBytes) of a
+              // piece's rows goes out once its last block is stored, so only the last one is
+              // left at the end.
+              if (ps.last && i == ks.b1 - 1 && ((ps.t + 1) % OBs == 0 || ps.t == tl.ng - 1)) {
                 const int64_t o0 = Out.addr + tl.b * M * N * eo, g0 = ps.t / OBs * OBs;
                 const int64_t c0 = tl.n0 + g0 * cw * C, cols = std::min((ps.t + 1 - g0) * cw * C, N - c0);
+                const int64_t r0 = ks.b0 * 8, nr = std::min(tl.mr, ks.b1 * 8) - r0;
                 if (wide_out)
-                  dma_on(kOutFlag, hbm(o0 + (tl.m0 * N + c0) * eo), vmem(obase + g0 * cw * orow), cols * eo,
-                         dim(tl.mr, tobs, N * eo));
+                  dma_on(kOutFlag, hbm(o0 + ((tl.m0 + r0) * N + c0) * eo), vmem(obase + r0 * tobs + g0 * cw * orow),
+                         cols * eo, dim(nr, tobs, N * eo));
                 else
                   for (int64_t tt = 0; tt * C < cols; ++tt)
-                    dma_on(kOutFlag, hbm(o0 + (tl.m0 * N + c0 + tt * C) * eo), vmem(obase + (g0 * cw + tt) * Mt * orow),
-                           std::min(C, cols - tt * C) * eo, dim(tl.mr, orow, N * eo));
+                    dma_on(kOutFlag, hbm(o0 + ((tl.m0 + r0) * N + c0 + tt * C) * eo),
+                           vmem(obase + ((g0 * cw + tt) * Mt + r0) * orow), std::min(C, cols - tt * C) * eo,
+                           dim(nr, orow, N * eo));
                 ++out_dmas;
               }
             }

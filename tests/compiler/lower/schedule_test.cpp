@@ -233,6 +233,45 @@ TEST(LowerSchedule, MatmulKStreamedTiles) {
   }
 }
 
+// The K-streamed tiles' ramped ends: a core's first pass runs in row pieces (its first LHS
+// fetch moves only the first piece's rows) and its last pass too (the last tile's output
+// goes out per piece). Ragged M, K and N; A^T; 1 and 2 cores (core 1 has one tile, so
+// both ends ramp in it); every output row stored exactly once per column tile.
+TEST(LowerSchedule, MatmulKStreamedRampedEnds) {
+  // Rows moved by the DMAs on flag `f` (the count of their outer dim), in program order.
+  auto dma_rows = [](const std::string& as, const std::string& f) {
+    std::vector<int64_t> rows;
+    std::istringstream in(as);
+    for (std::string l; std::getline(in, l);) {
+      if (l.find("  dma ") != 0 || l.size() < f.size() || l.compare(l.size() - f.size(), f.size(), f) != 0) continue;
+      const size_t d = l.rfind(", dim=");
+      rows.push_back(d == std::string::npos ? 1 : std::stoll(l.substr(d + 6)));
+    }
+    return rows;
+  };
+  for (auto p : kPolicies) {
+    const int64_t M = 520, K = p == PrecisionPolicy::kBf16 ? 2060 : 1030, N = 40;
+    std::ostringstream ta;
+    ta << "graph t {\n  input %a : f32[" << K << "," << M << "]\n  input %b : f32[" << K << "," << N
+       << "]\n  %y = matmul(%a, %b) {trans_a=1} : f32[" << M << "," << N << "] #0\n  output %y\n}\n";
+    for (const std::string& ir : {matmul_ir(M, K, N), ta.str()})
+      for (int cores : {1, 2}) {
+        const std::string as = expect_bit_exact(ir, p, target(2, 16, 16, 7ull << 19), cores);
+        ASSERT_GT(count_of(as, ", flag=f14\n"), 0) << "not the K-streamed schedule: cores " << cores << "\n" << ir;
+        const std::vector<int64_t> out = dma_rows(as, ", flag=f4");
+        int64_t stored = 0;
+        for (int64_t r : out) stored += r;
+        EXPECT_EQ(stored, M * ((N + 15) / 16)) << "output rows stored per column tile";
+        if (cores == 1 && ir == matmul_ir(M, K, N)) {
+          const std::vector<int64_t> b13 = dma_rows(as, ", flag=f13"), b14 = dma_rows(as, ", flag=f14");
+          ASSERT_FALSE(b13.empty());
+          EXPECT_LT(b13.front(), b14.front()) << "the first LHS fetch is not the first piece's rows";
+          EXPECT_LE(2 * out.back(), out.front()) << "the last tile's output does not go out per piece";
+        }
+      }
+  }
+}
+
 // matmul -> add bias row -> relu -> add residual -> mul scalar const -> clip -> sigmoid,
 // all in the matmul's epilogue; the chain's intermediates never get code of their own.
 TEST(LowerSchedule, FusedMatmulEpilogue) {
