@@ -43,19 +43,20 @@ constexpr size_t kMaxPlanEvents = 20000;
 constexpr int kLoadFlag = 2, kStoreFlag = 6;
 
 // ---- Streamed lowering (the hierarchical algorithm, fp32): docs/codegen.md
-// "Collectives". Every move is cut into atoms: the buffer split at every chunk
-// boundary of the schedule, then into pieces of at most kStreamPieceElems, so a
-// chunk is a whole number of atoms and the sender and the receiver cut it alike.
-// Each ordered pair of replicas that exchanges data is a stream of atoms, numbered
-// in the order the sender sends them (which is the order the receiver takes them,
-// checked). Atom m of a stream lands in the receiver's slot m % K (a reducing move:
-// VMEM; a copying one: straight into y in HBM) and raises the receiver's landing
-// flag for slot m % K; the receiver, once it has used atom m, sends a 4-byte credit
-// (rflag on the sender) when atom m + K follows, and the sender sends atom m only
-// after credit m - K + 1 (credit 0 is the entry token). So a slot and its flag are
-// reused only after their previous use is over, whatever the delivery order.
+// "Collectives". The buffer is cut at every chunk boundary of the schedule (and
+// every kStreamPieceElems) into atoms, and each move's atoms are merged again into
+// pieces of at most kStreamPieceElems, so sender and receiver cut a move alike.
+// Each ordered pair of replicas that exchanges data is a stream of pieces, numbered
+// in the order the sender sends them. Piece m of a stream lands in the receiver's
+// slot m % K (a reducing move: VMEM; a copying one: straight into y in HBM) and
+// raises the receiver's landing flag for that slot; the receiver, once it has used
+// piece m, sends a 4-byte credit to the sender's credit flag for that slot when
+// piece m + K follows, and the sender sends piece m only after the credit of piece
+// m - K (credit 0 is the entry token). So the uses of a slot and its flags are
+// sequential, a landing count names the piece whatever the delivery order, and the
+// receiver may use different slots' pieces in any order.
 // 256 KiB: a piece's fixed DMA costs (HBM latency, the engine it holds) stay well
-// under its transfer time even on chip, and 4 in flight cover a link's credit round trip.
+// under its transfer time even on chip, and K in flight cover a link's credit round trip.
 constexpr int64_t kStreamPieceElems = 64 * kTileElems;
 constexpr int kStreamMaxSlots = 6;
 constexpr int kStreamLoads = 4;    // local operands fetched ahead, on flags kLoadFlag..+3 (f2..f5)
@@ -68,7 +69,7 @@ struct StreamEvent {
   int atom, atom_end; // the piece: atoms [atom, atom_end)
   // consume only: the sends (step, move) of this replica that go straight from the
   // VMEM result of this consume (a reducing move) or from y right after the landing
-  // (a copying move), and whether the result must be stored to y.
+  // (a copying move).
   std::vector<std::pair<size_t, size_t>> fused;
   std::vector<std::pair<int, int>> store;  // runs of atoms whose sum is read again: stored to y
   bool local_from_x = false;  // a reducing consume: the local operand is still x
@@ -86,8 +87,9 @@ struct StreamPlan {
   std::vector<std::vector<std::vector<std::pair<int, int>>>> move_pieces;
   std::vector<std::vector<StreamEvent>> prog;                       // per replica
   std::vector<std::vector<int>> sources, dests;                     // per replica, first appearance
-  std::map<std::pair<int, int>, std::vector<std::tuple<size_t, size_t, int>>> stream;  // (src, dst) -> atoms in order
-  std::map<std::tuple<int, size_t, size_t, int>, int64_t> index;   // (src, step, move, atom) -> m in its stream
+  // (src, dst) -> its pieces (step, move, first atom) in the order sent
+  std::map<std::pair<int, int>, std::vector<std::tuple<size_t, size_t, int>>> stream;
+  std::map<std::tuple<int, size_t, size_t, int>, int64_t> index;  // (src, step, move, first atom) -> m in its stream
   int K = 0, most = 0;
 };
 
@@ -188,9 +190,9 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
         fused_move[{t, k}] = ok && fuse;
       }
     }
-    // Candidates in the preferred order (step, then atom position round robin over
-    // the moves of the step); the simulation below takes them in this order where
-    // the data and the slots allow.
+    // Candidates in the preferred order (step; its sends from HBM, then its consumes,
+    // piece position round robin over the moves); the ordering run below picks from
+    // the first kWindow of them.
     auto& cand = cands[r];
     for (size_t t = 0; t < T; ++t) {
       std::vector<size_t> out, in;
@@ -247,7 +249,7 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
         }
     }
   }
-  // Stream lengths (atoms per ordered pair), fixed by the schedule.
+  // Stream lengths (pieces per ordered pair), fixed by the schedule.
   std::map<std::pair<int, int>, int64_t> len;
   for (size_t t = 0; t < T; ++t)
     for (size_t k = 0; k < sch.steps[t].size(); ++k)
@@ -269,12 +271,12 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
     done[r].assign(cands[r].size(), 0);
     left += cands[r].size();
   }
-  // Slot m % K of a stream is free for atom m once the receiver used atom m - K
+  // Slot m % K of a stream is free for piece m once the receiver used piece m - K
   // (the uses of a slot are sequential; the receiver may use different slots'
-  // atoms in any order).
+  // pieces in any order).
   std::map<std::pair<int, int>, std::vector<int64_t>> used_slot;
-  // Atoms still to send per stream and step: a stream sends its steps in order, so
-  // a later step's atoms never fill the slots an earlier step's atom needs.
+  // Pieces still to send per stream and step: a stream sends its steps in order, so
+  // a later step's pieces never fill the slots an earlier step's piece needs.
   std::map<std::pair<int, int>, std::map<size_t, int64_t>> to_send;
   for (size_t t = 0; t < T; ++t)
     for (size_t k = 0; k < sch.steps[t].size(); ++k)
