@@ -145,6 +145,9 @@ def main():
     ap.add_argument("--clock", type=float, default=940e6)
     ap.add_argument("--link-bytes-per-s", type=float, default=82.0e9)
     ap.add_argument("--json", help="also append the rows to this JSON file (a list)")
+    ap.add_argument("--timeline-max", default="16M",
+                    help="largest size timed from the timeline; larger ones from stats.json's op span "
+                         "(a 128-replica timeline of 16 MiB holds no op slices)")
     a = ap.parse_args()
     global CLOCK, ICI_B
     CLOCK = a.clock
@@ -177,7 +180,7 @@ def main():
         tpb, out = g + ".tpb", os.path.join(a.work, f"out_{s}")
         subprocess.run([a.tpusim, "compile", g, "--preset", a.preset, "--replicas", str(R), "--collective",
                         a.collective, "-o", tpb], check=True, stdout=subprocess.DEVNULL)
-        big = n > (16 << 20)
+        big = n > parse_size(a.timeline_max)
         subprocess.run([a.tpusim, "run", tpb, "--preset", a.preset, "--random-inputs", "1", "--out", out] +
                        ([] if big else ["--timeline", os.path.join(out, "t.json")]), check=True,
                        stdout=subprocess.DEVNULL)
