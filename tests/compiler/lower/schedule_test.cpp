@@ -236,7 +236,8 @@ TEST(LowerSchedule, MatmulKStreamedTiles) {
 // The K-streamed tiles' ramped ends: a core's first pass runs in row pieces (its first LHS
 // fetch moves only the first piece's rows) and its last pass too (the last tile's output
 // goes out per piece). Ragged M, K and N; A^T; 1 and 2 cores (core 1 has one tile, so
-// both ends ramp in it); every output row stored exactly once per column tile.
+// both ends ramp in it); every output row stored exactly once per column tile. Also
+// the short-K shapes with >= 512 rows per core that take the tiles since 17c6fa2.
 TEST(LowerSchedule, MatmulKStreamedRampedEnds) {
   // Rows moved by the DMAs on flag `f` (the count of their outer dim), in program order.
   auto dma_rows = [](const std::string& as, const std::string& f) {
@@ -269,6 +270,13 @@ TEST(LowerSchedule, MatmulKStreamedRampedEnds) {
           EXPECT_LE(2 * out.back(), out.front()) << "the last tile's output does not go out per piece";
         }
       }
+    // A short K (7 chunks, two passes or more) with >= 512 rows per core fits the
+    // resident plan, but takes the tiles (their LHS comes on f13, which the resident
+    // plan uses only for a K longer than one band).
+    for (int cores : {1, 2}) {
+      const std::string as = expect_bit_exact(matmul_ir(520 * cores, 100, 40), p, target(2, 16, 16), cores);
+      EXPECT_GT(count_of(as, ", flag=f13\n"), 0) << "not the K-streamed schedule: cores " << cores;
+    }
   }
 }
 
