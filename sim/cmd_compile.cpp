@@ -1,5 +1,5 @@
 // `tpusim compile MODEL --preset NAME -o BUNDLE [--batch N] [--precision default|bf16]
-// [--cores N] [--replicas N [--batched NAME,..] [--collective auto|ring|bidir-ring|torus]] [--infeed]`:
+// [--cores N] [--replicas N [--batched NAME,..] [--collective auto|ring|bidir-ring|torus|hierarchical]] [--infeed]`:
 // a model (.onnx or graph IR text) lowered to a program bundle for the preset's
 // TensorCores (compiler/lower, docs/codegen.md; replicas: its "Replicas" section).
 #include <CLI/CLI.hpp>
@@ -61,7 +61,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--replicas", opt->replicas,
                   "Data-parallel replicas over the cores of the board's chips (the batch split along axis 0)");
   cmd->add_option("--batched", opt->batched, "Inputs split over the replicas (default: every input)")->delimiter(',');
-  cmd->add_option("--collective", opt->collective, "all_reduce algorithm: auto | ring | bidir-ring | torus");
+  cmd->add_option("--collective", opt->collective, "all_reduce algorithm: auto | ring | bidir-ring | torus | hierarchical");
   cmd->add_option("--train", opt->train,
                   "Compile one training step instead: sgd:lr=X[,momentum=Y] (docs/training.md)");
   cmd->add_option("--loss", opt->loss, "Training loss: xent (one-hot labels) | xent-index | mse");
