@@ -55,7 +55,7 @@ void record_vmem_plan(isa::Bundle& bundle) {
         case isa::Op::kVst:
         case isa::Op::kVstBf16: {
           // The tile's 8 sublanes at addr + s * stride, 128 lanes each (the bounding
-          // range, as exec::vector_tile_span; masked lanes included).
+          // range of the race checker's BytePattern; masked lanes included).
           if (in.b != 0) fail(i, in.b);
           const int64_t es = (in.op == isa::Op::kVldBf16 || in.op == isa::Op::kVstBf16) ? 2 : 4;
           const int64_t span = (isa::kSublanes - 1) * static_cast<int64_t>(in.imm2);

@@ -228,13 +228,6 @@ void reduce(CoreState& c, const Instr& in, num::ReduceOp op, bool lanes) {
 
 }  // namespace
 
-void vector_tile_span(const CoreState& c, const Instr& in, int64_t& lo, int64_t& hi) {
-  const int64_t es = (in.op == Op::kVldBf16 || in.op == Op::kVstBf16) ? 2 : 4;
-  const int64_t a = effective_address(c, in.b, in.imm), span = (kSublanes - 1) * static_cast<int64_t>(in.imm2);
-  lo = a + std::min<int64_t>(0, span);
-  hi = a + std::max<int64_t>(0, span) + kLanes * es;
-}
-
 int32_t fp32_to_int32(float f) {
   f = num::flush(f);
   if (std::isnan(f)) return 0;

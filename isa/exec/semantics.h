@@ -27,10 +27,6 @@ uint32_t exec_scalar(CoreState& c, const isa::Instr& in, uint32_t pc);
 // Every vector-class instruction, including vld/vst against the core's VMEM.
 void exec_vector(CoreState& c, const isa::Instr& in);
 
-// Bounding VMEM byte range [lo, hi) a vld/vst (any mask) may touch; for timing
-// models and the race checker.
-void vector_tile_span(const CoreState& c, const isa::Instr& in, int64_t& lo, int64_t& hi);
-
 // ---- matrix unit -----------------------------------------------------------
 // The MXU's pieces, separately callable so a timed model can place them in time:
 void mxu_push(MxuState& mxu, const VReg& src, bool transposed);  // mpush / mpush.t
