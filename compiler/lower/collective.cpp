@@ -44,8 +44,9 @@ constexpr int kLoadFlag = 2, kStoreFlag = 6;
 
 // ---- Streamed lowering (the hierarchical algorithm, fp32): docs/codegen.md
 // "Collectives". The buffer is cut at every chunk boundary of the schedule (and
-// every kStreamPieceElems) into atoms, and each move's atoms are merged again into
-// pieces of at most kStreamPieceElems, so sender and receiver cut a move alike.
+// every piece, LowerOptions::stream_piece_elems) into atoms, and each move's atoms
+// are merged again into pieces of at most that size, so sender and receiver cut a
+// move alike.
 // Each ordered pair of replicas that exchanges data is a stream of pieces, numbered
 // in the order the sender sends them. Piece m of a stream lands in the receiver's
 // slot m % K (a reducing move: VMEM; a copying one: straight into y in HBM) and
@@ -55,9 +56,6 @@ constexpr int kLoadFlag = 2, kStoreFlag = 6;
 // m - K (credit 0 is the entry token). So the uses of a slot and its flags are
 // sequential, a landing count names the piece whatever the delivery order, and the
 // receiver may use different slots' pieces in any order.
-// 256 KiB: a piece's fixed DMA costs (HBM latency, the engine it holds) stay well
-// under its transfer time even on chip, and K in flight cover a link's credit round trip.
-constexpr int64_t kStreamPieceElems = 64 * kTileElems;
 constexpr int kStreamMaxSlots = 6;
 constexpr int kStreamLoads = 4;    // local operands fetched ahead, on flags kLoadFlag..+3 (f2..f5)
 constexpr int kStreamScratch = 4;  // sums only stored, on flags kStoreFlag..+3 (f6..f9)
@@ -80,7 +78,7 @@ struct StreamPlan {
   int64_t piece = 0;
   std::vector<std::pair<int64_t, int64_t>> atoms;                   // [lo, hi) elements
   std::vector<std::vector<std::vector<int>>> move_atoms;            // [step][move]
-  // [step][move]: the move's pieces, runs of its atoms of at most kStreamPieceElems
+  // [step][move]: the move's pieces, runs of its atoms of at most a piece
   // (a move's chunk is cut at every chunk boundary of the schedule into atoms, and
   // its consecutive atoms merged again, so deep phases' small chunks do not cut the
   // first phases' transfers into many small messages).
@@ -95,9 +93,9 @@ struct StreamPlan {
 
 // Plans every replica's program. Returns an empty message, or why the schedule
 // does not stream (then the caller lowers it the other way).
-std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
+std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse, int64_t piece) {
   const size_t P = static_cast<size_t>(sch.chips), T = sch.steps.size();
-  sp.piece = kStreamPieceElems;
+  sp.piece = piece;
   std::vector<int64_t> cuts{0, sch.elements};
   for (const auto& step : sch.steps)
     for (const ici::Move& m : step)
@@ -417,6 +415,68 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse) {
     if (sent[key] != n) return "internal: a stream sent " + std::to_string(sent[key]) + " of " + std::to_string(n) + " atoms";
   return "";
 }
+
+// From slice_elems (LowerOptions::stream_slice_elems) per replica the streamed
+// programs run the schedule on slices: every segment between two chunk boundaries
+// of the schedule is cut into S parts, slice j is part j of every segment, and slice j takes the schedule's moves
+// of the segments' parts j. So every element goes through the same moves as in the
+// schedule (the add order is the schedule's). Slice j's step t is step j * lag + t
+// of the result, so slice j + 1's reduce-scatter starts while slice j's gathers run.
+// Without slices a block of a big buffer has many more pieces than a stream has
+// slots, sends straight from the VMEM sums stall the ordering run, and every
+// partial sum goes through HBM (three HBM passes per piece, shared by a chip's cores).
+constexpr size_t kStreamSliceLag = 2;
+
+ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int64_t piece) {
+  std::vector<int64_t> cuts{0, sch.elements};
+  for (const auto& step : sch.steps)
+    for (const ici::Move& m : step)
+      for (int c : {m.src_chunk, m.dst_chunk}) {
+        if (m.src_chunk != m.dst_chunk) return sch;  // plan_stream says why it does not stream
+        const ici::Chunk& k = sch.chunks[static_cast<size_t>(c)];
+        cuts.push_back(k.offset);
+        cuts.push_back(k.offset + k.elems);
+      }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  int64_t shortest = sch.elements;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) shortest = std::min(shortest, cuts[i + 1] - cuts[i]);
+  // Parts of at least a piece, so slicing never cuts the messages smaller.
+  const int64_t S = std::min((sch.elements + slice_elems - 1) / slice_elems, shortest / piece);
+  if (S < 2) return sch;
+  ici::Schedule out = sch;
+  out.name = sch.name + "|slices=" + std::to_string(S);
+  out.chunks.clear();
+  // part_chunk[i][j]: the chunk of segment i's part j (tile-aligned within the segment)
+  std::vector<std::vector<int>> part_chunk(cuts.size() - 1);
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    const int64_t len = cuts[i + 1] - cuts[i];
+    for (int64_t j = 0; j < S; ++j) {
+      const int64_t lo = j == 0 ? 0 : len * j / S / kTileElems * kTileElems;
+      const int64_t hi = j + 1 == S ? len : len * (j + 1) / S / kTileElems * kTileElems;
+      part_chunk[i].push_back(static_cast<int>(out.chunks.size()));
+      out.chunks.push_back(ici::Chunk{cuts[i] + lo, hi - lo});
+    }
+  }
+  const size_t T = sch.steps.size();
+  out.steps.assign(static_cast<size_t>(S - 1) * kStreamSliceLag + T, {});
+  for (int64_t j = 0; j < S; ++j)
+    for (size_t t = 0; t < T; ++t)
+      for (const ici::Move& m : sch.steps[t]) {
+        const ici::Chunk& c = sch.chunks[static_cast<size_t>(m.src_chunk)];
+        const size_t i0 = static_cast<size_t>(std::lower_bound(cuts.begin(), cuts.end(), c.offset) - cuts.begin());
+        for (size_t i = i0; i + 1 < cuts.size() && cuts[i + 1] <= c.offset + c.elems; ++i) {
+          const int pc = part_chunk[i][static_cast<size_t>(j)];
+          if (out.chunks[static_cast<size_t>(pc)].elems == 0) continue;
+          ici::Move p = m;
+          p.src_chunk = p.dst_chunk = pc;
+          out.steps[static_cast<size_t>(j) * kStreamSliceLag + t].push_back(p);
+        }
+      }
+  out.inputs.clear();
+  out.results.clear();
+  return out;
+}
 }  // namespace
 
 // all_reduce(x): with one replica the identity; otherwise every replica holds an
@@ -453,9 +513,11 @@ void Emitter::lower_all_reduce(const Node& n) {
       kTileElems;
 
   if (f32 && sch.algorithm == ici::Algorithm::kHierarchical) {
+    const int64_t piece = opt_.stream_piece_elems;
+    const ici::Schedule ssch = slice_schedule(sch, opt_.stream_slice_elems, piece);
     static std::mutex stream_mutex;
     static std::map<std::string, std::shared_ptr<const StreamPlan>> stream_cache;
-    const std::string key = sch.name + "|" + std::to_string(E);
+    const std::string key = ssch.name + "|" + std::to_string(E) + "|" + std::to_string(piece);
     std::shared_ptr<const StreamPlan> plan;
     {
       std::lock_guard<std::mutex> lock(stream_mutex);
@@ -468,10 +530,10 @@ void Emitter::lower_all_reduce(const Node& n) {
       // Sends straight from the VMEM sum keep a link busy through a ring's steps,
       // but tie a consume to a free slot downstream; when that would stall (blocks
       // of many more atoms than slots), every value goes through y instead.
-      why = plan_stream(sch, *fresh, true);
+      why = plan_stream(ssch, *fresh, true, piece);
       if (!why.empty()) {
         fresh = std::make_shared<StreamPlan>();
-        why = plan_stream(sch, *fresh, false);
+        why = plan_stream(ssch, *fresh, false, piece);
       }
       if (why.empty()) {
         plan = fresh;
@@ -485,7 +547,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         most_src = std::max(most_src, plan->sources[r].size());
         most_dst = std::max(most_dst, plan->dests[r].size());
       }
-    const int64_t PzB = kStreamPieceElems * 4;
+    const int64_t PzB = piece * 4;
     const int64_t LOAD = 0, SCR = kStreamLoads * PzB, SLOTS = SCR + kStreamScratch * PzB;
     const int64_t SEND = plan ? SLOTS + static_cast<int64_t>(most_src) * plan->K * PzB : 0;
     const int64_t TOP = plan ? SEND + static_cast<int64_t>(most_dst) * plan->K * PzB : 0;
@@ -537,7 +599,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         credits_seen[f] = need;
       };
       auto target = [&](size_t t, size_t k, int a, int64_t m) {
-        const ici::Move& mv = sch.steps[t][k];
+        const ici::Move& mv = ssch.steps[t][k];
         const int d = mv.dst;
         if (mv.reduce)
           return endpoint("vmem", d) + ":" +
@@ -545,7 +607,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         return endpoint("hbm", d) + ":" + at(there(d, Y.addr + sp.atoms[static_cast<size_t>(a)].first * 4));
       };
       auto send = [&](size_t t, size_t k, int a, int a_end, const std::string& from) {
-        const ici::Move& mv = sch.steps[t][k];
+        const ici::Move& mv = ssch.steps[t][k];
         const int64_t m = sp.index.at({me, t, k, a});
         wait_credit(mv.dst, m);
         const int64_t bytes = (sp.atoms[static_cast<size_t>(a_end - 1)].second - sp.atoms[static_cast<size_t>(a)].first) * 4;
@@ -571,9 +633,112 @@ void Emitter::lower_all_reduce(const Node& n) {
         flag_pending[f] = false;
       };
       const std::vector<StreamEvent>& prog = sp.prog[static_cast<size_t>(me)];
-      std::vector<size_t> loads;  // the reducing consumes, in program order
+      // Partial sums kept in VMEM: a reducing consume whose local operand is an
+      // earlier consume's sum reads it from a copy of that sum's tiles in the VMEM
+      // above the slots (written by one more vst as the sum is made) instead of
+      // loading it from y, and the earlier consume stores to y only the atoms some
+      // other use reads there (a send from y, the final value). Every tile of the
+      // operand must start where one of the earlier sum's tiles starts, or the
+      // operand is loaded as before. Only this core's vld/vst touch the copies, in
+      // program order, so they need no flags; a tile is free again once read.
+      // Without it every partial sum goes to HBM and back, and HBM, shared by a
+      // chip's cores, is what limits large all-reduces.
+      const int64_t KEEP = TOP;
+      const int64_t keep_tiles = (static_cast<int64_t>(opt_.target.vmem_bytes) - KEEP) / tile_bytes;
+      std::map<std::pair<size_t, int64_t>, int64_t> keep_put;  // (producer event, its tile) -> VMEM address
+      std::map<std::pair<size_t, int64_t>, int64_t> keep_get;  // (reader event, its tile) -> VMEM address
+      std::vector<bool> kept_reader(prog.size(), false);
+      std::map<std::pair<size_t, int>, bool> skip_store;  // (producer event, atom)
+      {
+        auto span = [&](const StreamEvent& e) {
+          return std::make_pair(sp.atoms[static_cast<size_t>(e.atom)].first, sp.atoms[static_cast<size_t>(e.atom_end - 1)].second);
+        };
+        std::vector<int64_t> writer(sp.atoms.size(), -1);    // the reducing consume whose sum y should hold
+        std::vector<bool> y_read(sp.atoms.size(), false);    // that sum is also read from y (a send)
+        std::map<size_t, std::vector<std::pair<size_t, int64_t>>> wants;  // reader -> its tiles' (producer, tile)
+        std::map<std::pair<size_t, int64_t>, size_t> tile_reader;  // producer tile -> reader event
+        for (size_t i = 0; i < prog.size(); ++i) {
+          const StreamEvent& e = prog[i];
+          if (e.send) {
+            if (!e.from_x)
+              for (int b = e.atom; b < e.atom_end; ++b) y_read[static_cast<size_t>(b)] = true;
+            continue;
+          }
+          const bool reduce = ssch.steps[e.step][e.move].reduce;
+          if (reduce && !e.local_from_x) {
+            const auto [lo, hi] = span(e);
+            std::vector<std::pair<size_t, int64_t>> tiles;
+            bool ok = true;
+            for (int64_t ts = lo; ts < hi && ok; ts += kTileElems) {
+              const int64_t te = std::min(hi, ts + kTileElems);
+              // the atoms of [ts, te): one writer
+              auto it = std::upper_bound(sp.atoms.begin(), sp.atoms.end(), std::make_pair(ts, INT64_MAX));
+              size_t b = static_cast<size_t>(it - sp.atoms.begin()) - 1;
+              const int64_t w = writer[b];
+              for (; ok && b < sp.atoms.size() && sp.atoms[b].first < te; ++b) ok = writer[b] == w && w >= 0;
+              if (!ok) break;
+              const auto [wlo, whi] = span(prog[static_cast<size_t>(w)]);
+              ok = (ts - wlo) % kTileElems == 0 && te <= std::min(whi, ts + kTileElems);
+              tiles.emplace_back(static_cast<size_t>(w), (ts - wlo) / kTileElems);
+            }
+            if (ok) {
+              for (const auto& pt : tiles) tile_reader[pt] = i;
+              wants[i] = tiles;
+            }
+          }
+          for (int b = e.atom; b < e.atom_end; ++b) {
+            writer[static_cast<size_t>(b)] = reduce ? static_cast<int64_t>(i) : -1;
+            y_read[static_cast<size_t>(b)] = false;
+          }
+        }
+        // Tiles in program order: a producer takes free tiles for its wanted tiles
+        // while there are any; a reader is kept if all its tiles were; it frees them.
+        std::set<int64_t> free_tiles;
+        for (int64_t q = 0; q < keep_tiles; ++q) free_tiles.insert(q);
+        for (size_t i = 0; i < prog.size(); ++i) {
+          auto w = wants.find(i);
+          if (w != wants.end()) {
+            bool all = true;
+            for (const auto& pt : w->second) all = all && keep_put.count(pt);
+            kept_reader[i] = all;
+            for (size_t q = 0; q < w->second.size(); ++q) {
+              const auto& pt = w->second[q];
+              auto put = keep_put.find(pt);
+              if (put == keep_put.end()) continue;
+              if (all) keep_get[{i, static_cast<int64_t>(q)}] = put->second;
+              free_tiles.insert((put->second - KEEP) / tile_bytes);
+            }
+          }
+          for (auto it = tile_reader.lower_bound({i, 0}); it != tile_reader.end() && it->first.first == i; ++it) {
+            if (free_tiles.empty()) break;
+            keep_put[it->first] = KEEP + *free_tiles.begin() * tile_bytes;
+            free_tiles.erase(free_tiles.begin());
+          }
+        }
+        // A producer's atoms whose sum only a kept reader reads need no store.
+        std::fill(writer.begin(), writer.end(), -1);
+        std::fill(y_read.begin(), y_read.end(), false);
+        for (size_t i = 0; i < prog.size(); ++i) {
+          const StreamEvent& e = prog[i];
+          if (e.send) {
+            if (!e.from_x)
+              for (int b = e.atom; b < e.atom_end; ++b) y_read[static_cast<size_t>(b)] = true;
+            continue;
+          }
+          const bool reduce = ssch.steps[e.step][e.move].reduce;
+          if (reduce && kept_reader[i])
+            for (int b = e.atom; b < e.atom_end; ++b)
+              if (!y_read[static_cast<size_t>(b)] && writer[static_cast<size_t>(b)] >= 0)
+                skip_store[{static_cast<size_t>(writer[static_cast<size_t>(b)]), b}] = true;
+          for (int b = e.atom; b < e.atom_end; ++b) {
+            writer[static_cast<size_t>(b)] = reduce ? static_cast<int64_t>(i) : -1;
+            y_read[static_cast<size_t>(b)] = false;
+          }
+        }
+      }
+      std::vector<size_t> loads;  // the reducing consumes that load their local operand, in program order
       for (size_t i = 0; i < prog.size(); ++i)
-        if (!prog[i].send && sch.steps[prog[i].step][prog[i].move].reduce) loads.push_back(i);
+        if (!prog[i].send && ssch.steps[prog[i].step][prog[i].move].reduce && !kept_reader[i]) loads.push_back(i);
       size_t loads_issued = 0;
       auto issue_load = [&](size_t j, bool may_wait) {
         const StreamEvent& e = prog[loads[j]];
@@ -599,19 +764,21 @@ void Emitter::lower_all_reduce(const Node& n) {
           send(e.step, e.move, e.atom, e.atom_end, hbm((e.from_x ? X.addr : Y.addr) + lo * 4));
           continue;
         }
-        const ici::Move& mv = sch.steps[e.step][e.move];
+        const ici::Move& mv = ssch.steps[e.step][e.move];
         const int64_t m = sp.index.at({mv.src, e.step, e.move, e.atom});
         // The local operand (and the next consume's) is fetched before the wait for
         // the landing, so its HBM latency overlaps the transfer.
-        const size_t j = mv.reduce ? load_j++ : SIZE_MAX;
+        const size_t j = mv.reduce && !kept_reader[i] ? load_j++ : SIZE_MAX;
         if (mv.reduce) {
-          if (loads_issued <= j) issue_load(j, true);
-          // Up to kStreamLoads - 1 ahead, stopping at one whose atom a consume not yet
-          // emitted (this one or one before it in the window) still writes.
-          for (size_t q = loads_issued; q < loads.size() && q < j + kStreamLoads; ++q) {
+          if (j != SIZE_MAX && loads_issued <= j) issue_load(j, true);
+          // Up to kStreamLoads - 1 ahead of this one's (all kStreamLoads buffers after
+          // a consume that reads a kept sum), stopping at one whose atom a consume not
+          // yet emitted (this one or one before it in the window) still writes.
+          const size_t window = j != SIZE_MAX ? j + kStreamLoads : load_j + kStreamLoads;
+          for (size_t q = loads_issued; q < loads.size() && q < window; ++q) {
             bool later_write = false;
             const StreamEvent& lq = prog[loads[q]];
-            for (size_t w = loads[j]; w < loads[q] && !later_write; ++w)
+            for (size_t w = i; w < loads[q] && !later_write; ++w)
               later_write = !prog[w].send && prog[w].atom < lq.atom_end && lq.atom < prog[w].atom_end;
             if (later_write || !issue_load(q, false)) break;
           }
@@ -636,7 +803,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         int store_flag;
         if (!e.fused.empty()) {
           const auto& [t, k] = e.fused.front();
-          const int d = sch.steps[t][k].dst;
+          const int d = ssch.steps[t][k].dst;
           const int64_t m2 = sp.index.at({me, t, k, e.atom});
           wait_credit(d, m2);
           out = SEND + (idx(dsts, d) * K + m2 % K) * PzB;
@@ -651,18 +818,29 @@ void Emitter::lower_all_reduce(const Node& n) {
           ++scratch;
           wait_store_flag(store_flag);
         }
-        wait_flag(kLoadFlag + static_cast<int>(j % kStreamLoads));
+        if (j != SIZE_MAX) wait_flag(kLoadFlag + static_cast<int>(j % kStreamLoads));
         const int64_t slot = SLOTS + (idx(srcs, mv.src) * K + m % K) * PzB;
-        const int64_t local = LOAD + static_cast<int64_t>(j % kStreamLoads) * PzB;
+        const int64_t local = j != SIZE_MAX ? LOAD + static_cast<int64_t>(j % kStreamLoads) * PzB : -1;
         for (int64_t t = 0; t * kTileElems < elems; ++t) {
           line("vld v1, " + at(slot + t * tile_bytes));
-          line("vld v2, " + at(local + t * tile_bytes));
+          line("vld v2, " + at(j != SIZE_MAX ? local + t * tile_bytes : keep_get.at({i, t})));
           line("vadd v1, v1, v2");
           line("vst v1, " + at(out + t * tile_bytes));
+          auto put = keep_put.find({i, t});
+          if (put != keep_put.end()) line("vst v1, " + at(put->second));
         }
         give_credit();
         for (const auto& [t, k] : e.fused) send(t, k, e.atom, e.atom_end, vmem(out));
-        for (const auto& [b0, b1] : e.store) {  // only the runs read again
+        std::vector<std::pair<int, int>> stores;  // the runs read again from y
+        for (const auto& [r0, r1] : e.store)
+          for (int b = r0; b < r1; ++b) {
+            if (skip_store.count({i, b})) continue;
+            if (!stores.empty() && stores.back().second == b)
+              stores.back().second = b + 1;
+            else
+              stores.emplace_back(b, b + 1);
+          }
+        for (const auto& [b0, b1] : stores) {
           const int64_t s0 = sp.atoms[static_cast<size_t>(b0)].first, s1 = sp.atoms[static_cast<size_t>(b1 - 1)].second;
           dma_on(store_flag, hbm(Y.addr + s0 * 4), vmem(out + (s0 - lo) * 4), (s1 - s0) * 4, "");
           for (int b = b0; b < b1; ++b) store_pending[b] = store_flag;

@@ -40,6 +40,15 @@ struct LowerOptions {
   // (docs/codegen.md "HBM plan"); false places every tensor once, as a bump
   // allocator would (to measure what reuse saves).
   bool reuse_hbm = true;
+  // The streamed all-reduce (docs/codegen.md "Collectives"), in fp32 elements.
+  // A piece of 256 KiB keeps a DMA's fixed costs (HBM latency, the engine it
+  // holds) well under its transfer time even on chip, and K pieces in flight cover
+  // a link's credit round trip. From a slice's worth per replica the schedule runs
+  // on slices of about that size, each a few steps behind the one before, so the
+  // next slice's reduce-scatter overlaps this one's gathers. Tests set both small
+  // to reach those code paths with buffers the race checker gets through quickly.
+  int64_t stream_piece_elems = 64 * 1024;
+  int64_t stream_slice_elems = 1 << 20;
 };
 
 struct LowerResult {

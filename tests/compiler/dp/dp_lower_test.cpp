@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <random>
 #include <sstream>
 
@@ -61,7 +62,8 @@ std::string g_last_assembly;
 
 void expect_replicated_bit_exact(const std::string& ir, PrecisionPolicy policy, const Board& board, int replicas,
                                  const std::string& algorithm = "auto", bool check_races = true,
-                                 uint64_t vmem_bytes = 16ull << 20) {
+                                 uint64_t vmem_bytes = 16ull << 20,
+                                 const std::function<void(LowerOptions&)>& tweak = {}) {
   SCOPED_TRACE(std::string(board.name) + ", " + std::to_string(replicas) + " replicas, " + algorithm + ", policy " +
                num::precision_policy_name(policy));
   const Graph g = parse_graph(ir, "test.ir");
@@ -86,6 +88,7 @@ void expect_replicated_bit_exact(const std::string& ir, PrecisionPolicy policy, 
   lo.replicas.cores_per_chip = board.cores_per_chip;
   lo.replicas.board = board.topology;
   lo.replicas.algorithm = algorithm;
+  if (tweak) tweak(lo);
   EvalOptions eo;
   eo.mxu_rows = 32;
   const auto expected = evaluate_replicated(g, inputs, policy, lo.replicas, eo);
@@ -232,6 +235,37 @@ TEST(DpLower, AllReduceOnAV2Slice4x4) {
 TEST(DpLower, AllReduceOnAV4Slice4x4x4) {
   expect_replicated_bit_exact(allreduce_only_ir(128, 3, 700), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", false);
   EXPECT_NE(g_last_assembly.find("vmem@chip63.c1"), std::string::npos);  // streamed: reducing atoms land in VMEM
+}
+
+// From a slice's worth per replica the streamed lowering runs the schedule on
+// slices (every segment between chunk boundaries cut in parts, slice j = parts j,
+// slice j + 1 two steps behind slice j): each element must still go through the
+// schedule's moves in its add order, and the slices' overlapping steps must not
+// race. Small pieces and slices (1 and 8 tiles) reach that on a buffer the race
+// checker gets through quickly; ragged segments (32 x 1031 elements over 8 replicas).
+TEST(DpLower, AllReduceInSlicesOnV38) {
+  auto small = [](int64_t slice_elems) {
+    return [slice_elems](LowerOptions& lo) {
+      lo.stream_piece_elems = 1024;
+      lo.stream_slice_elems = slice_elems;
+    };
+  };
+  expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, "auto", true, 16ull << 20,
+                              small(int64_t{1} << 40));
+  const std::string whole = g_last_assembly;
+  expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, "auto", true, 16ull << 20,
+                              small(8 * 1024));
+  // Both streamed; with pieces this small the messages are the same, slicing
+  // changes the order they are sent and used in.
+  EXPECT_NE(whole.find("vmem@chip3.c1"), std::string::npos);
+  EXPECT_NE(g_last_assembly, whole);
+  // Partial sums kept in VMEM: the sum's tiles a later add reads get a second vst.
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t c = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++c;
+    return c;
+  };
+  EXPECT_GT(count(g_last_assembly, "vst v1"), count(g_last_assembly, "vadd v1"));
 }
 
 // Buffers smaller than the replica count (empty blocks, every algorithm's fallback).
