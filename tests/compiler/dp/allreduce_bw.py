@@ -114,6 +114,44 @@ def closed_form_hierarchical(chip_dims, n):
     return best + 2 * (ONCHIP_ALPHA + n / 2 / ONCHIP_B)
 
 
+# The streamed lowering's slices (compiler/lower/collective.cpp, LowerOptions):
+# pieces of 256 KiB, slices of 4 MiB per replica, slice j + 1 two steps behind j.
+PIECE_BYTES = 256 << 10
+SLICE_BYTES = 4 << 20
+
+
+def slices_hierarchical(chip_dims, n):
+    """S of the lowering: ceil(n / 4 MiB), but no more than a segment between two
+    chunk boundaries (n / (2 D P): 2 cores, D groups each, P chips) holds pieces."""
+    D, P = len(chip_dims), 1
+    for k in chip_dims:
+        P *= k
+    seg = n // (2 * D * P)
+    return max(1, min(-(-n // SLICE_BYTES), seg // PIECE_BYTES))
+
+
+def closed_form_hierarchical_sliced(chip_dims, n):
+    """The hierarchical algorithm run on S slices as a pipeline: one slice's closed
+    form, then one slice per the busiest resource's time for a slice (an ICI link
+    direction: the beta terms of the torus form; or the on-chip path: both on-chip
+    steps), the alpha-beta bound of the sliced schedule. Equals
+    closed_form_hierarchical for S = 1."""
+    S = slices_hierarchical(chip_dims, n)
+    m = n / S
+    D = len(chip_dims)
+    G = 2 * D
+    link = 0.0
+    for j in range(D):
+        t, prod = 0.0, 1
+        for h in range(D):
+            k = chip_dims[(j + h) % D]
+            prod *= k
+            t += (k - 1) * m / (G * prod) / ICI_B
+        link = max(link, 2 * t)
+    onchip = 2 * m / 2 / ONCHIP_B
+    return closed_form_hierarchical(chip_dims, m) + (S - 1) * max(link, onchip)
+
+
 def timeline_span(path):
     """(us, cycles) from the last replica's start of op 1 to the last one's end."""
     ev = json.load(open(path))
@@ -164,8 +202,8 @@ def main():
             if d > 1:
                 dims.append(d)
     print("| preset | replicas | algorithm | bytes/replica | cycles | us | algbw GB/s | closed form (links shared) "
-          "| sim/closed | closed form (per group) | sim/closed |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| sim/closed | closed form (per group) | sim/closed | sliced bound | sim/sliced |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = json.load(open(a.json)) if a.json and os.path.exists(a.json) else []
     for s in a.sizes.split(","):
         n = parse_size(s)
@@ -198,14 +236,16 @@ def main():
                    "torus" if D >= 2 and E >= 2 * D * R else "bidir-ring" if E >= 2 * R else "ring")
         if alg == "hierarchical":
             cf = cl = closed_form_hierarchical(dims[1:], n)
+            cs = closed_form_hierarchical_sliced(dims[1:], n)
         else:
             cf = closed_form(alg, dims, n, cores)
             cl = closed_form_links(dims, n, cores) if alg == "torus" else cf
+            cs = cf
         print(f"| {a.preset} | {R} | {alg} | {s}iB | {cyc:.0f} | {us:.1f} | {n / (us * 1e-6) / 1e9:.2f} | {cl:.0f} | "
-              f"{cyc / cl:.3f} | {cf:.0f} | {cyc / cf:.3f} |", flush=True)
+              f"{cyc / cl:.3f} | {cf:.0f} | {cyc / cf:.3f} | {cs:.0f} | {cyc / cs:.3f} |", flush=True)
         if a.json:
             rows.append({"preset": a.preset, "replicas": R, "algorithm": alg, "bytes": n, "cycles": round(cyc),
-                         "us": us, "algbw_gbps": n / (us * 1e-6) / 1e9, "closed_links": cl, "closed_group": cf,
+                         "us": us, "algbw_gbps": n / (us * 1e-6) / 1e9, "closed_links": cl, "closed_group": cf, "closed_sliced": cs,
                          "clock": CLOCK, "span_from": "stats.json" if big else "timeline"})
             json.dump(rows, open(a.json, "w"), indent=1)
 
