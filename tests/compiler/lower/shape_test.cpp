@@ -254,6 +254,11 @@ TEST(LowerAxes, ReductionsOverNonLastAxes) {
     expect_bit_exact(op_ir(op, {"f32[4,6,1]"}, "axes=[1], keepdims=0"));
   }
   expect_bit_exact(op_ir("reduce_sum", {"f32[3,25,260]"}, "axes=[1], keepdims=1"), 2);
+  // Streamed units of up to 64 lane blocks, double-buffered both ways: 71 blocks per
+  // outer index (a unit of 64 and one of 7, the last block ragged), 10 units over 2
+  // cores, so each core reuses both buffers; an axis of 17 (3 tiles, 1 sublane last).
+  expect_bit_exact(op_ir("reduce_sum", {"f32[5,3,9000]"}, "axes=[1], keepdims=0"), 2);
+  expect_bit_exact(op_ir("reduce_mean", {"f32[6,17,700]"}, "axes=[1], keepdims=1"));
 }
 
 // Why the column order and not transpose + row op + transpose back: reduce_row
