@@ -418,13 +418,13 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse, int
 
 // From slice_elems (LowerOptions::stream_slice_elems) per replica the streamed
 // programs run the schedule on slices: every segment between two chunk boundaries
-// of the schedule is cut into S parts, slice j is part j of every segment, and slice j takes the schedule's moves
-// of the segments' parts j. So every element goes through the same moves as in the
-// schedule (the add order is the schedule's). Slice j's step t is step j * lag + t
-// of the result, so slice j + 1's reduce-scatter starts while slice j's gathers run.
-// Without slices a block of a big buffer has many more pieces than a stream has
-// slots, sends straight from the VMEM sums stall the ordering run, and every
-// partial sum goes through HBM (three HBM passes per piece, shared by a chip's cores).
+// of the schedule is cut into S parts, slice j is part j of every segment and takes
+// the schedule's moves of the segments' parts j. So every element goes through the
+// same moves as in the schedule (the add order is the schedule's). Slice j's step t
+// is step j * lag + t of the result, so slice j + 1's reduce-scatter runs while
+// slice j gathers. Without slices a block of a big buffer has many more pieces than
+// a stream has slots, sends straight from the VMEM sums would stall the ordering
+// run, and every sum is sent from y instead.
 constexpr size_t kStreamSliceLag = 2;
 
 ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int64_t piece) {
@@ -641,8 +641,8 @@ void Emitter::lower_all_reduce(const Node& n) {
       // operand must start where one of the earlier sum's tiles starts, or the
       // operand is loaded as before. Only this core's vld/vst touch the copies, in
       // program order, so they need no flags; a tile is free again once read.
-      // Without it every partial sum goes to HBM and back, and HBM, shared by a
-      // chip's cores, is what limits large all-reduces.
+      // Without it every partial sum is stored to y and loaded back (HBM the chip's
+      // cores share).
       const int64_t KEEP = TOP;
       const int64_t keep_tiles = (static_cast<int64_t>(opt_.target.vmem_bytes) - KEEP) / tile_bytes;
       std::map<std::pair<size_t, int64_t>, int64_t> keep_put;  // (producer event, its tile) -> VMEM address
