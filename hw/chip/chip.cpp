@@ -10,7 +10,9 @@ Chip::Chip(const CoreParams& p, exec::Machine& m, const isa::Bundle& b, uint32_t
     : index_(chip),
       machine_(m),
       hub_(std::make_unique<MemoryHub>(make_memory(), cycle_ps)),
-      host_(std::make_unique<HostLink>(host)) {
+      host_(std::make_unique<HostLink>(host)),
+      // Its own requester number for the memory's per-source statistics: after the cores'.
+      remote_hbm_(std::make_unique<RemoteHbm>(*hub_, p.dma, b.target.cores_per_chip)) {
   if (tl) hub_->port().set_timeline(tl, "chip" + std::to_string(chip), cycle_ps);  // per-channel HBM counters
   // One beat through idle copies of the memory: the part of the published DMA
   // latency the memory itself accounts for.
@@ -38,6 +40,8 @@ void Chip::tick(uint64_t cycle) {
     if (c->has_program()) c->tick(cycle);
     else c->skip(1);
   }
+  // After the cores: a push one of them started this cycle issues its first reads now.
+  if (!remote_hbm_->idle()) remote_hbm_->tick(cycle);
 }
 
 void Chip::set_quiet_units_skip(bool on) {
@@ -53,13 +57,14 @@ void Chip::skip(uint64_t n) {
 }
 
 uint64_t Chip::next_event_cycle(uint64_t now) const {
-  uint64_t next = hub_->next_event_cycle(now);
+  uint64_t next = std::min(hub_->next_event_cycle(now), remote_hbm_->next_event_cycle(now));
   for (const auto& c : cores_)
     if (c->has_program()) next = std::min(next, c->next_event_cycle(now));
   return next;
 }
 
 bool Chip::done() const {
+  if (!remote_hbm_->idle()) return false;  // writes of a landed transfer still going
   for (const auto& c : cores_)
     if (!c->done()) return false;
   return true;
@@ -72,7 +77,7 @@ std::string Chip::fault() const {
 }
 
 uint64_t Chip::last_activity_cycle() const {
-  uint64_t t = 0;
+  uint64_t t = remote_hbm_->last_activity_cycle();
   for (const auto& c : cores_) t = std::max(t, c->last_activity_cycle());
   return t;
 }

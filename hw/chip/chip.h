@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hw/chip/core.h"
+#include "hw/dma/remote_hbm.h"
 #include "hw/host/host_link.h"
 
 namespace tpusim::hw {
@@ -33,6 +34,10 @@ class Chip {
   std::vector<std::unique_ptr<TensorCore>>& cores() { return cores_; }
   const std::vector<std::unique_ptr<TensorCore>>& cores() const { return cores_; }
   MemoryHub& hub() { return *hub_; }
+  // The HBM end of this chip's transfers with another chip (reads of a source
+  // here, writes of what landed here).
+  RemoteHbm& remote_hbm() { return *remote_hbm_; }
+  const RemoteHbm& remote_hbm() const { return *remote_hbm_; }
   HostLink& host() { return *host_; }
   uint32_t index() const { return index_; }
 
@@ -41,6 +46,7 @@ class Chip {
   exec::Machine& machine_;
   std::unique_ptr<MemoryHub> hub_;
   std::unique_ptr<HostLink> host_;
+  std::unique_ptr<RemoteHbm> remote_hbm_;
   std::vector<std::unique_ptr<TensorCore>> cores_;
 };
 

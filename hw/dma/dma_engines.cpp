@@ -8,6 +8,9 @@ namespace tpusim::hw {
 using isa::Space;
 
 namespace {
+// Marks a hub token as the write half of an HBM -> HBM beat (below the engine bits).
+constexpr uint64_t kWriteToken = 1ull << 39;
+
 DmaPath path(const config::Params& c, const std::string& key) {
   DmaPath p{c.get_double(key + ".latency_cycles"), c.get_double(key + ".cycles_per_kib")};
   if (p.latency_cycles < 0 || p.cycles_per_kib < 0) throw config::ConfigError(c.source() + ": " + key + ": negative figure");
@@ -251,6 +254,7 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
   t->engine = engine;
   t->start = cycle;
   t->kind = classify(t->it, t->dst_local_vmem, t->src_local_vmem);
+  t->hbm_to_hbm = t->kind == Kind::kHbmRead && t->it.in->dst.space == Space::kHbm;
   const exec::DmaPlan& pl = *t->it.plan;
   const isa::Instr& in = *t->it.in;
   const uint64_t total = pl.total_bytes();
@@ -280,6 +284,8 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
     // A push leaves through the issuing core's own path to the router.
     if (rt.src_chip == chip) rt.src_core = core;
     rt.cycle = cycle;
+    rt.src_hbm = in.src.space == Space::kHbm;
+    rt.dst_hbm = in.dst.space == Space::kHbm;
     rt.tie_direction = core % 2 ? -1 : +1;
     Transfer* tp = t.get();
     rt.complete = [tp](uint64_t c) { tp->done = c; };
@@ -313,7 +319,7 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
             const uint64_t mem = static_cast<uint64_t>(read ? s : d) + off;
             const bool local = read ? t->dst_local_vmem : t->src_local_vmem;
             const uint64_t vm = local ? static_cast<uint64_t>(read ? d : s) + off : ~0ull;
-            t->beats.push_back({mem, vm, n});
+            t->beats.push_back({mem, vm, n, t->hbm_to_hbm ? static_cast<uint64_t>(d) + off : ~0ull});
           }
         }
     if (t->beats.empty()) t->done = cycle + 1;
@@ -349,8 +355,10 @@ void DmaEngines::finish(Transfer& t, uint64_t cycle) {
     env_.timeline->slice(track_, CoreEnv::slice_name(*t.it.in), t.start, cycle,
                          {{"engine", std::to_string(t.engine)}, {"transfer", t.it.plan->describe()}});
   }
-  env_.profile.dma_done(*t.it.in, t.kind == Kind::kHbmRead || t.kind == Kind::kHbmWrite ? t.it.plan->total_bytes() : 0,
-                        t.start, cycle, track_);
+  const uint64_t hbm_bytes = t.kind == Kind::kHbmRead || t.kind == Kind::kHbmWrite
+                                 ? t.it.plan->total_bytes() * (t.hbm_to_hbm ? 2 : 1)
+                                 : 0;
+  env_.profile.dma_done(*t.it.in, hbm_bytes, t.start, cycle, track_);
 }
 
 void DmaEngines::tick(uint64_t cycle) {
@@ -361,9 +369,15 @@ void DmaEngines::tick(uint64_t cycle) {
     const size_t e = static_cast<size_t>(token >> 40);
     Transfer* t = active_[e].get();
     if (!t) continue;
-    const Beat& b = t->beats[token & ((1ull << 40) - 1)];
+    if (token & kWriteToken) {  // the write half of an HBM -> HBM beat
+      if (++t->written == t->beats.size()) t->done = cycle;
+      continue;
+    }
+    const size_t i = token & (kWriteToken - 1);
+    const Beat& b = t->beats[i];
     if (t->kind == Kind::kHbmRead && b.vmem_addr != ~0ull) banks_.claim_dma(banks_.banks_of(b.vmem_addr, b.bytes));
-    if (++t->landed == t->beats.size()) t->done = cycle;
+    if (t->hbm_to_hbm) t->writes_due.push_back(i);
+    if (++t->landed == t->beats.size() && !t->hbm_to_hbm) t->done = cycle;
   }
   landed_.clear();
   for (auto& slot : active_) {
@@ -385,6 +399,17 @@ void DmaEngines::tick(uint64_t cycle) {
   for (auto& slot : active_) {
     if (!slot || (slot->kind != Kind::kHbmRead && slot->kind != Kind::kHbmWrite)) continue;
     Transfer& t = *slot;
+    // Writes of beats read (HBM -> HBM) before new reads.
+    while (!t.writes_due.empty()) {
+      const Beat& b = t.beats[t.writes_due.front()];
+      const uint64_t token = (static_cast<uint64_t>(t.engine) << 40) | kWriteToken | t.writes_due.front();
+      if (!hub_.enqueue(b.write_addr, b.bytes, true, core_index_, cycle, &sink_, token)) {
+        backpressured_ = true;
+        break;
+      }
+      t.writes_due.pop_front();
+    }
+    if (!t.writes_due.empty()) continue;
     while (t.issued < t.beats.size() && next_issue_cycle(t) <= cycle) {
       const Beat& b = t.beats[t.issued];
       const bool write = t.kind == Kind::kHbmWrite;
@@ -456,6 +481,7 @@ uint64_t DmaEngines::next_event_cycle(uint64_t now) const {
     if (slot->done != kNever) next = std::min(next, std::max(now + 1, slot->done));
     if (slot->issued < slot->beats.size())
       next = std::min(next, backpressured_ ? now + 1 : std::max(now + 1, next_issue_cycle(*slot)));
+    if (!slot->writes_due.empty()) next = std::min(next, now + 1);  // writes refused by back-pressure
   }
   if (!queue_.empty() && free_engine &&
       (!vmem_ops_retired_ || vmem_ops_retired_() >= queue_.front().vmem_ops_before))

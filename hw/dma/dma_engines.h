@@ -71,12 +71,16 @@ class MemoryHub {
 // data travels from (src_chip, src_core) to (dst_chip, dst_core); when src_chip is
 // not the issuer's, a request travels there first. The port calls `complete`
 // once, from inside a later cycle's network events, with the cycle (> the cycle it
-// runs in) at which the issuer's flag may rise.
+// runs in) at which the issuer's flag may rise; when the issuer is the destination
+// chip, from that chip's own tick (after the writes).
 struct RemoteTransfer {
   exec::DmaPlan plan;
   uint32_t issuer_chip = 0, issuer_core = 0;
   uint32_t src_chip = 0, src_core = 0, dst_chip = 0, dst_core = 0;
   uint64_t cycle = 0;  // issue cycle
+  // Whether the source / destination is HBM: its chip's memory then reads / writes
+  // the bytes (hw/dma/remote_hbm.h).
+  bool src_hbm = false, dst_hbm = false;
   // The way round a dimension exactly half way round (a size-2 torus dimension has
   // two parallel links to the neighbour): the ISA has no field for it, so the two
   // cores of a chip take one link each (core 0 +, core 1 -, ..., by parity), which
@@ -135,6 +139,7 @@ class DmaEngines {
     uint64_t mem_addr;    // HBM side
     uint64_t vmem_addr;   // local VMEM side (bank claims); ~0 when none
     uint32_t bytes;
+    uint64_t write_addr;  // HBM -> HBM: where the beat is written once read; ~0 otherwise
   };
   struct Transfer {
     Issued it;
@@ -149,6 +154,11 @@ class DmaEngines {
     uint64_t done = kNever;          // known for fixed/remote paths, set when the last beat lands
     std::vector<uint64_t> land_cycles;  // beats landed this cycle (VMEM bank claims)
     bool dst_local_vmem = false, src_local_vmem = false;
+    // HBM -> HBM on this chip (a kHbmRead): each beat read is then written, and the
+    // transfer is done when the last write lands.
+    bool hbm_to_hbm = false;
+    std::deque<size_t> writes_due;  // beats read, their writes not yet accepted
+    size_t written = 0;
   };
   Kind classify(const Issued& it, bool& dst_local_vmem, bool& src_local_vmem) const;
   // A local DMA that reads host space: the flags it raises mark an infeed wait.

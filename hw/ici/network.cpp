@@ -186,7 +186,7 @@ void Network::check_send(Endpoint src, Endpoint dst, uint64_t bytes) const {
 }
 
 MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at, DeliveryCallback on_delivery,
-                        int tie_direction) {
+                        int tie_direction, bool gated) {
   check_send(src, dst, bytes);
   if (at < now_)
     throw IciError("ici send: issue cycle " + std::to_string(at) + " is before the current cycle " +
@@ -198,6 +198,7 @@ MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at,
   m.bytes = bytes;
   const uint64_t P = uint64_t(prm_.packet_bytes);
   m.packets = uint32_t(std::max<uint64_t>(1, (bytes + P - 1) / P));  // an empty message still carries a header
+  if (gated) m.released = 0;
   m.callback = std::move(on_delivery);
   // Route: inject, chip links in dimension order, eject.
   m.route.push_back({inject_link_[m.src_ep], 0});
@@ -232,6 +233,19 @@ MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at,
   e.target = id;
   push(e);
   return id;
+}
+
+void Network::release(MessageId id, uint64_t bytes, uint64_t at) {
+  if (at < now_)
+    throw IciError("ici release: cycle " + std::to_string(at) + " is before the current cycle " + std::to_string(now_));
+  const Message& m = msgs_.at(id);
+  const uint64_t P = uint64_t(prm_.packet_bytes);
+  Event e;
+  e.time = at;
+  e.kind = uint32_t(EvKind::kRelease);
+  e.target = id;
+  e.index = bytes >= m.bytes ? m.packets : uint32_t(bytes / P);
+  push(e);
 }
 
 uint64_t Network::next_delivery_bound() {
@@ -348,6 +362,15 @@ void Network::process_cycle(uint64_t t) {
           }
           break;
         }
+        case EvKind::kRelease: {
+          Message& m = msgs_[e.target];
+          if (m.released != UINT32_MAX && e.index > m.released) {
+            m.released = e.index;
+            m.released_at = t;
+            mark_dirty(inject_link_[m.src_ep]);
+          }
+          break;
+        }
         case EvKind::kWake:
           if (links_[e.target].wake_at == t) links_[e.target].wake_at = kNever;
           mark_dirty(e.target);
@@ -411,7 +434,8 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
       const auto& act = active_[L.endpoint];
       for (size_t i = 0; i < act.size(); ++i) {
         const Message& m = msgs_[act[i]];
-        consider(int(i), m.last_served_q16, m.active, act[i], m.injected, 0);
+        if (m.injected >= m.released) continue;  // its next packet's bytes are still being read
+        consider(int(i), m.last_served_q16, std::max(m.active, m.released_at), act[i], m.injected, 0);
       }
     } else {
       for (size_t w = 0; w < L.busy_slots.size(); ++w)
@@ -440,7 +464,7 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
     if (L.kind == LinkKind::kInject) {
       auto& act = active_[L.endpoint];
       Message& m = msgs_[act[size_t(best)]];
-      p.ready = m.active;
+      p.ready = std::max(m.active, m.released_at);
       p.msg = act[size_t(best)];
       p.index = m.injected;
       const uint64_t P = uint64_t(prm_.packet_bytes);

@@ -94,8 +94,15 @@ class Network {
   // (>= now()). `tie_direction` (+1/-1) picks the way round a dimension when both
   // are equally short. The callback runs at the delivery cycle, inside the event
   // loop; it may send further messages at that cycle or later.
+  // A `gated` message's packets may leave the source core only as far as
+  // release() has made its bytes available (a DMA streaming its source out of HBM:
+  // the packets follow the memory reads); an ungated one has all its bytes from
+  // the start.
   MessageId send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at, DeliveryCallback on_delivery = {},
-                 int tie_direction = +1);
+                 int tie_direction = +1, bool gated = false);
+  // The first `bytes` of gated message `id` are available from cycle `at` (>=
+  // now()); releases only grow. A packet leaves once all its bytes are.
+  void release(MessageId id, uint64_t bytes, uint64_t at);
   // Throws what send() would for these endpoints and size (IciError), without
   // sending: a caller that queues the send for later checks it now.
   void check_send(Endpoint src, Endpoint dst, uint64_t bytes) const;
@@ -206,16 +213,18 @@ class Network {
     uint64_t active = kNever;
     uint64_t last_served_q16 = 0;  // when its last packet left the core; 0 = never
     uint32_t packets = 0, injected = 0, arrived = 0;
+    uint32_t released = UINT32_MAX;  // packets whose bytes are available (gated messages)
+    uint64_t released_at = 0;        // cycle of the last release
     uint64_t delivered = kNever;
     uint64_t deliver_at = kNever;  // once the last packet is in: the delivery cycle
     std::vector<Hop> route;
     DeliveryCallback callback;
   };
-  enum class EvKind : uint8_t { kActivate, kReady, kArrive, kDeliver, kWake };
+  enum class EvKind : uint8_t { kActivate, kReady, kArrive, kDeliver, kWake, kRelease };
   // 32 bytes: the event queue is the hot data structure of a large run.
   struct Event {
     uint64_t time = 0;
-    uint32_t target = 0;  // link (kReady, kWake) or message (kActivate, kDeliver)
+    uint32_t target = 0;  // link (kReady, kWake) or message (kActivate, kDeliver, kRelease)
     uint32_t slot : 24;   // kReady: the queue at the target link
     uint32_t kind : 8;
     uint32_t msg = 0, index = 0, bytes = 0, hop = 0;  // kReady, kArrive: the packet

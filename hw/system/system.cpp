@@ -85,52 +85,94 @@ class Board {
   // are read when the data message leaves, written when it has landed; the
   // issuer's completion comes back over the links the data crossed (their
   // latency, as a credit returns), so no chip sees another chip's state earlier
-  // than a link could tell it.
+  // than a link could tell it. An HBM end costs that chip's memory its beats
+  // (hw/dma/remote_hbm.h): a source in HBM is read beat by beat from the data
+  // leg's start and the message's packets leave only as their bytes are back
+  // (a gated message); a destination in HBM is written from the landing on, and
+  // the bytes and the rflag appear when those writes are done (in landing order
+  // per chip). The issuer's flag is a posted write's (at the landing plus the
+  // way back), except when the issuer is the destination chip: then it follows
+  // the writes, one cycle after they retire.
   void remote(RemoteTransfer&& rt) {
     auto t = std::make_shared<RemoteTransfer>(std::move(rt));
     const ici::Endpoint src{int(t->src_chip), int(t->src_core)}, dst{int(t->dst_chip), int(t->dst_core)};
-    auto data_leg = [this, t, src, dst](uint64_t at) {
+    auto data_leg = [this, t, src, dst](uint64_t at, bool in_tick) {
       // The same memory on both ends (a chip asks another to copy within itself):
       // copied at landing like a local DMA, overlapping runs included.
       auto bytes = std::make_shared<DmaPayload>();
       if (!in_window) touch(t->src_chip, at);  // in a window it is the chip ticking now
       if (t->plan.src != t->plan.dst) *bytes = dma_gather_sparse(t->plan);
-      send(t->issuer_chip, src, dst, t->plan.total_bytes(), at, [this, t, bytes](ici::MessageId, uint64_t landed) {
+      const uint64_t total = t->plan.total_bytes();
+      const bool gated = t->src_hbm && total > 0;
+      auto id = std::make_shared<ici::MessageId>(0);
+      send(t->issuer_chip, src, dst, total, at, [this, t, bytes](ici::MessageId, uint64_t landed) {
         touch(t->dst_chip, landed);
         touch(t->issuer_chip, landed);
-        if (t->plan.src != t->plan.dst) dma_scatter(t->plan, *bytes);
-        else exec::dma_copy(t->plan);
-        exec::dma_signal_destination(t->plan);
         last_landing = std::max(last_landing, landed);
-        const uint64_t back = uint64_t(net->topology().hops(int(t->dst_chip), int(t->issuer_chip))) *
-                              uint64_t(net->params().link_latency_cycles);
-        t->complete(std::max(landed + 1, landed + back));
-      }, t->tie_direction);
+        const bool own = t->dst_chip == t->issuer_chip;
+        // Runs on the destination chip's tick (or here): its own memory and flags only.
+        auto retire = [t, bytes, own](uint64_t at) {
+          if (t->plan.src != t->plan.dst) dma_scatter(t->plan, *bytes);
+          else exec::dma_copy(t->plan);
+          exec::dma_signal_destination(t->plan);
+          if (own) t->complete(at + 1);
+        };
+        RemoteHbm& hbm = chips[t->dst_chip]->remote_hbm();
+        hbm.land(t->dst_hbm ? hbm.beats(t->plan, false) : std::vector<RemoteHbm::Beat>{}, landed, landed + 1,
+                 std::move(retire));
+        if (!own) {
+          const uint64_t back = uint64_t(net->topology().hops(int(t->dst_chip), int(t->issuer_chip))) *
+                                uint64_t(net->params().link_latency_cycles);
+          t->complete(std::max(landed + 1, landed + back));
+        }
+      }, t->tie_direction, gated, id);
+      if (gated) {
+        // A push reads from the issuing core's tick on (the chip's RemoteHbm ticks
+        // after its cores); a pull from the cycle after its request arrived.
+        RemoteHbm& hbm = chips[t->src_chip]->remote_hbm();
+        const uint32_t chip = t->src_chip;
+        hbm.read(hbm.beats(t->plan, true), in_tick ? at : at + 1, uint64_t(net->params().packet_bytes),
+                 [this, chip, id](uint64_t b, uint64_t cycle) { release(chip, id, b, cycle); });
+      }
     };
     // window_end's lookahead assumes what a tick sends crosses chips.
     if (in_window && t->src_chip == t->issuer_chip && t->dst_chip == t->issuer_chip)
       throw std::logic_error("a same-chip transfer through the network inside a window");
     if (t->src_chip == t->issuer_chip) {
-      data_leg(t->cycle);
+      data_leg(t->cycle, true);
     } else {
       // A read of another chip's memory: a header-only request travels there first.
       send(t->issuer_chip, {int(t->issuer_chip), int(t->issuer_core)}, src, 0, t->cycle,
-           [data_leg](ici::MessageId, uint64_t arrived) { data_leg(arrived); });
+           [data_leg](ici::MessageId, uint64_t arrived) { data_leg(arrived, false); });
     }
   }
   // net->send, or, from a chip ticking on a worker thread, queued per chip and sent
   // after the window in chip order: the order a one-thread window sends in. Checked
-  // now, so a bad request faults the issuing core as it would have.
+  // now, so a bad request faults the issuing core as it would have. `id` gets the
+  // message's id once it is sent.
   void send(uint32_t issuer, ici::Endpoint src, ici::Endpoint dst, uint64_t bytes, uint64_t at,
-            ici::Network::DeliveryCallback cb, int tie = +1) {
+            ici::Network::DeliveryCallback cb, int tie = +1, bool gated = false,
+            std::shared_ptr<ici::MessageId> id = nullptr) {
     if (!threaded_window) {
-      net->send(src, dst, bytes, at, std::move(cb), tie);
+      const ici::MessageId m = net->send(src, dst, bytes, at, std::move(cb), tie, gated);
+      if (id) *id = m;
       return;
     }
     net->check_send(src, dst, bytes);
-    deferred_sends[issuer].push_back([this, src, dst, bytes, at, cb = std::move(cb), tie]() mutable {
-      net->send(src, dst, bytes, at, std::move(cb), tie);
+    deferred_sends[issuer].push_back([this, src, dst, bytes, at, cb = std::move(cb), tie, gated, id]() mutable {
+      const ici::MessageId m = net->send(src, dst, bytes, at, std::move(cb), tie, gated);
+      if (id) *id = m;
     });
+  }
+  // The first `bytes` of a gated message are read, on `chip`'s tick at `cycle`:
+  // queued like a send from a worker thread (after the message's own send, which
+  // the same chip queued earlier).
+  void release(uint32_t chip, const std::shared_ptr<ici::MessageId>& id, uint64_t bytes, uint64_t cycle) {
+    if (!threaded_window) {
+      net->release(*id, bytes, cycle);
+      return;
+    }
+    deferred_sends[chip].push_back([this, id, bytes, cycle] { net->release(*id, bytes, cycle); });
   }
 
   // Lazy: kept up to date by tick() (only ticks issue), instead of summing every
@@ -633,6 +675,9 @@ RunResult System::run(const RunOptions& opt) {
     r.hbm_bytes_read += chip->hub().bytes_read;
     r.hbm_bytes_written += chip->hub().bytes_written;
     r.units["chip" + std::to_string(chip->index()) + ".hbm"] = chip->hub().port().stats_json();
+    const nlohmann::json remote_hbm = chip->remote_hbm().stats_json();
+    if (remote_hbm["read_transfers"] != 0 || remote_hbm["write_transfers"] != 0)
+      r.units["chip" + std::to_string(chip->index()) + ".ici_hbm"] = remote_hbm;
     const HostLink& h = chip->host();
     if (h.bytes_in || h.bytes_out)
       r.units["chip" + std::to_string(chip->index()) + ".host"] = {

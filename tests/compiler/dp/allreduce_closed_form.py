@@ -6,20 +6,26 @@ functional reference bit for bit (dp_lower_test checks the lowering's races at s
 sizes), two runs give identical outputs and stats.json (but for the host's wall
 time), and the all_reduce's cycles (allreduce_bw.py's timeline span)
 lie between the algorithm's alpha-beta closed form (allreduce_bw.py,
-docs/validation.md "Compiled all-reduce against its closed form") and 1.3 times it.
+docs/validation.md "Compiled all-reduce against its closed form") and 1.45 times it.
 The lower end fails if a run beats the links' bandwidth (a link counted twice, a
 tie sent both ways at once); the upper end is a regression bound, not the 5% the
 acceptance asks for, which the compiled all_reduce does not reach yet (measured
-1.18 at this size with the streamed lowering and kept partial sums, 1.22 without
+1.32 at this size since the HBM ends of remote transfers and the writes of on-chip
+HBM-to-HBM copies are timed through the memory, which the closed form leaves out;
+1.18 before that with the streamed lowering and kept partial sums, 1.22 without
 them, 1.45 with the torus algorithm on [2, 2, 2]; see the docs).
 
 Then 16 MiB per replica (each replica pads its own random element with ones; the
 output is each replica's row sums of its result, not the result itself, whose copy to
 chip 0 would be timed with the op), which the lowering runs on 4 slices: again bit
 for bit the functional reference, and the
-cycles between 0.97 and 1.2 times the alpha-beta bound of that sliced schedule
-(closed_form_hierarchical_sliced; measured 1.11): a slicing that overlapped less
-than the bound allows, or a lost slice overlap, shows here.
+cycles between 0.97 and 1.6 times the alpha-beta bound of that sliced schedule
+(closed_form_hierarchical_sliced; measured 1.45, 1.11 before the HBM ends of
+remote transfers and the on-chip copies' writes were timed: the bound counts only
+the links; at this size on v3-8 the sends' reads, the landings' writes and the
+on-chip copies' writes each cost 13-15% of the all_reduce's time, measured by
+turning each off; docs/ici.md "HBM ends"): a slicing that overlapped
+less than the bound allows, or a lost slice overlap, shows here.
 
 usage: allreduce_closed_form.py TPUSIM WORKDIR"""
 import json
@@ -71,8 +77,8 @@ def main():
     closed = bw.closed_form_hierarchical([2, 2], E * 4)
     ratio = cycles / closed
     print(f"all_reduce of {E * 4} bytes per replica: {cycles} cycles, closed form {closed:.0f}, ratio {ratio:.3f}")
-    if not 0.97 <= ratio <= 1.3:
-        sys.exit(f"all_reduce took {ratio:.3f} x its closed form, outside [0.97, 1.3]")
+    if not 0.97 <= ratio <= 1.45:
+        sys.exit(f"all_reduce took {ratio:.3f} x its closed form, outside [0.97, 1.45]")
 
     E16 = 4 << 20  # fp32 elements per replica (16 MiB)
     g = os.path.join(w, "ar16.graph")
@@ -92,8 +98,8 @@ def main():
     ratio = cycles / bound
     print(f"all_reduce of {E16 * 4} bytes per replica ({bw.slices_hierarchical([2, 2], E16 * 4)} slices): {cycles} "
           f"cycles, sliced bound {bound:.0f}, ratio {ratio:.3f}")
-    if not 0.97 <= ratio <= 1.2:
-        sys.exit(f"the sliced all_reduce took {ratio:.3f} x its bound, outside [0.97, 1.2]")
+    if not 0.97 <= ratio <= 1.6:
+        sys.exit(f"the sliced all_reduce took {ratio:.3f} x its bound, outside [0.97, 1.6]")
 
 
 if __name__ == "__main__":

@@ -384,6 +384,39 @@ TEST(Messages, CallbackRunsAtDeliveryAndMaySendOn) {
   EXPECT_NEAR(double(second_done), 2 * single, 2.0);
 }
 
+// A gated message (a DMA streaming its source out of HBM, hw/dma/remote_hbm.h):
+// released whole before it activates it is delivered exactly as an ungated one;
+// released late, its packets wait: released half at cycle R1 and all at R2, it
+// lands no earlier than R2 plus the second half's trip, and the first half's
+// packets have gone ahead (it lands before a message released whole at R2).
+TEST(Messages, GatedMessageWaitsForItsReleases) {
+  const auto p = config::load_preset("v3-8");
+  const uint64_t kBytes = 256 * 1024;
+  const auto deliver = [&](bool gated, std::vector<std::pair<uint64_t, uint64_t>> releases) {
+    Network net = Network::from_params(p);
+    uint64_t at = 0;
+    const MessageId id = net.send({0, 0}, {1, 0}, kBytes, 0, [&](MessageId, uint64_t t) { at = t; }, +1, gated);
+    for (const auto& [bytes, cycle] : releases) net.release(id, bytes, cycle);
+    net.run();
+    return at;
+  };
+  const uint64_t free = deliver(false, {});
+  EXPECT_EQ(deliver(true, {{kBytes, 10}}), free);
+  EXPECT_EQ(deliver(true, {{kBytes / 4, 5}, {kBytes, 20}}), free);
+  const uint64_t late = 20000;
+  const uint64_t whole_late = deliver(true, {{kBytes, late}});
+  const uint64_t half_early = deliver(true, {{kBytes / 2, 0}, {kBytes, late}});
+  const double per_byte = 1.0 / (82.0e9 * 0.8681 / 940e6);
+  EXPECT_GE(double(whole_late), double(late) + double(kBytes) * per_byte);
+  EXPECT_GE(double(half_early), double(late) + double(kBytes / 2) * per_byte);
+  EXPECT_LT(half_early, whole_late);
+  EXPECT_GT(half_early, free);
+  // Never released: never delivered (run() reports the stuck message).
+  Network net = Network::from_params(p);
+  net.send({0, 0}, {1, 0}, kBytes, 0, {}, +1, true);
+  EXPECT_THROW(net.run(), IciError);
+}
+
 }  // namespace
 }  // namespace tpusim::ici
 

@@ -388,6 +388,102 @@ TEST(MultiChip, RemoteReadsThirdPartyDmaAndLinkStats) {
   EXPECT_NE(t.str().find(".ici.x+ B/cycle"), std::string::npos);
 }
 
+// The HBM ends of a remote transfer (hw/dma/remote_hbm.h, docs/ici.md "HBM ends"):
+// a 16 MiB push from chip0's HBM into chip1's reads exactly its bytes from chip0's
+// memory and writes them into chip1's, the values land as in the reference, and the
+// receiver's rflag rises only after the writes (the landing plus 16 MiB at no more
+// than the memory's peak).
+TEST(MultiChip, RemotePushChargesHbmOnBothEnds) {
+  const uint64_t kBytes = 16u << 20;
+  const std::string text =
+      ".target chips=4 cores=2 mxus=1\n"
+      ".input x f32 [4194304] hbm@chip0:0x0\n"
+      ".output y f32 [1024] hbm@chip1:0xFFF000\n"
+      ".core chip0.core0\n"
+      "  dma hbm@chip1.c0:[s0 + 0], hbm:[s0 + 0], bytes=16777216, flag=f1, rflag=f3\n"
+      "  wait.sub f1, 1\n  halt\n"
+      ".core chip1.core0\n"
+      "  wait.sub f3, 1\n  halt\n";
+  const std::string p = temp_program("push_hbm", text);
+  const RunOut r = core_run(p, "fast", {}, "v3-8");
+  const RunOut det = core_run(p, "detailed", {}, "v3-8");
+  fs::remove(p);
+  ASSERT_EQ(r.status, 0);
+  ASSERT_FALSE(r.j["faulted"].get<bool>()) << r.j["fault"];
+  ASSERT_TRUE(r.j["ref_ok"].get<bool>());
+  EXPECT_EQ(r.j["outputs"], r.j["ref_outputs"]);
+  EXPECT_EQ(det.j["cycles"], r.j["cycles"]);
+  EXPECT_EQ(det.j["units"], r.j["units"]);
+  const auto& u = r.j["units"];
+  EXPECT_EQ(u["chip0.hbm"]["bytes_read"].get<uint64_t>(), kBytes);
+  EXPECT_EQ(u["chip0.hbm"]["bytes_written"].get<uint64_t>(), 0u);
+  EXPECT_EQ(u["chip1.hbm"]["bytes_read"].get<uint64_t>(), 0u);
+  EXPECT_EQ(u["chip1.hbm"]["bytes_written"].get<uint64_t>(), kBytes);
+  EXPECT_EQ(u["chip0.ici_hbm"]["bytes_read"].get<uint64_t>(), kBytes);
+  EXPECT_EQ(u["chip1.ici_hbm"]["bytes_written"].get<uint64_t>(), kBytes);
+  EXPECT_EQ(r.j["hbm_bytes_read"].get<uint64_t>(), kBytes);
+  EXPECT_EQ(r.j["hbm_bytes_written"].get<uint64_t>(), kBytes);
+  // The issuer's flag is a posted write's (the landing plus the way back); the
+  // receiver waits for the writes too: at least 16 MiB at the HBM's peak later.
+  const double issuer = double(u["chip0.core0.sequencer"]["active_cycles"].get<uint64_t>());
+  const double receiver = double(u["chip1.core0.sequencer"]["active_cycles"].get<uint64_t>());
+  EXPECT_GT(receiver, issuer - 1000 + double(kBytes) / (900e9 / 940e6));
+}
+
+// A push into chip1's HBM while chip1's core streams local HBM reads: the push's
+// writes and the reads share chip1's memory, so together they take longer than
+// either alone; the same push VMEM -> VMEM does not touch HBM and is unchanged.
+TEST(MultiChip, RemotePushIntoHbmContendsWithLocalReads) {
+  const std::string head = ".target chips=4 cores=2 mxus=1\n";
+  const std::string push = ".core chip0.core0\n  dma hbm@chip1.c0:[s0 + 0], hbm:[s0 + 0], bytes=4194304, rflag=f3\n  halt\n";
+  std::string reads = "  dma vmem:[s0 + 0], hbm:[s0 + 0x1000000], bytes=8388608, flag=f1\n";
+  std::string local = "";
+  for (int i = 0; i < 16; ++i) local += reads;
+  local += "  wait.sub f1, 16\n";
+  const auto cycles = [&](const std::string& text) {
+    const std::string p = temp_program("contend", text);
+    const RunOut r = core_run(p, "fast", {}, "v3-8");
+    fs::remove(p);
+    EXPECT_EQ(r.status, 0);
+    EXPECT_FALSE(r.j.value("faulted", true)) << r.j.value("fault", std::string());
+    EXPECT_TRUE(r.j.value("ref_ok", false));
+    return r.j.value("cycles", uint64_t{0});
+  };
+  const uint64_t push_alone = cycles(head + push + ".core chip1.core0\n  wait.sub f3, 1\n  halt\n");
+  const uint64_t reads_alone = cycles(head + ".core chip1.core0\n" + local + "  halt\n");
+  const uint64_t together = cycles(head + push + ".core chip1.core0\n" + local + "  wait.sub f3, 1\n  halt\n");
+  // 128 MiB of reads outlast the push's landing (~103 k cycles); its 4 MiB of
+  // writes then take a share of the memory the reads had.
+  EXPECT_GT(reads_alone, push_alone);
+  EXPECT_GT(together, reads_alone + 2000) << push_alone << " " << reads_alone;
+  // VMEM -> VMEM: no HBM at either end, the same cycles with the reads beside it.
+  const std::string vpush = ".core chip0.core0\n  dma vmem@chip1.c1:[s0 + 0], vmem:[s0 + 0], bytes=4194304, rflag=f3\n  halt\n";
+  const uint64_t vpush_alone = cycles(head + vpush + ".core chip1.core1\n  wait.sub f3, 1\n  halt\n");
+  const uint64_t vpush_with = cycles(head + vpush + ".core chip1.core1\n  wait.sub f3, 1\n  halt\n.core chip1.core0\n" +
+                                     local + "  halt\n");
+  EXPECT_EQ(std::max(vpush_alone, reads_alone), vpush_with);
+}
+
+RunOut both_modes_agree(const std::string& name, const std::string& text);
+
+// A DMA between two HBM regions of one chip (core 0 into core 1's part) reads and
+// writes every byte through the memory: both directions counted, slower than the
+// read alone, values as the reference, both modes identical.
+TEST(MemoryContention, SameChipHbmToHbmChargesReadsAndWrites) {
+  const std::string text =
+      ".target chips=1 cores=2 mxus=1\n"
+      ".input x f32 [262144] hbm@chip0:0x0\n"
+      ".output y f32 [262144] hbm@chip0:0x1000000\n"
+      ".core chip0.core0\n"
+      "  dma hbm@chip0.c1:[s0 + 0x1000000], hbm:[s0 + 0], bytes=1048576, flag=f1\n"
+      "  wait.sub f1, 1\n  halt\n";
+  const RunOut fast = both_modes_agree("hbm2hbm", text);
+  EXPECT_EQ(fast.j["hbm_bytes_read"].get<uint64_t>(), 1048576u);
+  EXPECT_EQ(fast.j["hbm_bytes_written"].get<uint64_t>(), 1048576u);
+  // 2 MiB through a v4 memory of 1143 B/cycle, not 1 MiB.
+  EXPECT_GT(fast.j["cycles"].get<double>(), 2.0 * 1048576 / (1.2e12 / 1.05e9));
+}
+
 // Runs `text` in both modes: no fault, outputs equal to the reference, and the two
 // modes agree on cycles and every counter. Returns the fast run.
 RunOut both_modes_agree(const std::string& name, const std::string& text) {
