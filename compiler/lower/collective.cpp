@@ -598,10 +598,19 @@ void Emitter::lower_all_reduce(const Node& n) {
         line("wait f" + std::to_string(f) + ", " + std::to_string(base[f] + need));
         credits_seen[f] = need;
       };
+      // A copying piece that its receiver sends on lands in a VMEM slot too: the
+      // receiver copies it to a send buffer, sends it from there and stores it to y,
+      // instead of reading it back from y for each send (HBM, shared by a chip's
+      // cores, limits large all-reduces). (receiver, step, move, first atom)
+      std::set<std::tuple<int, size_t, size_t, int>> copy_to_vmem;
+      for (size_t r = 0; r < sp.prog.size(); ++r)
+        for (const StreamEvent& e : sp.prog[r])
+          if (!e.send && !ssch.steps[e.step][e.move].reduce && !e.fused.empty())
+            copy_to_vmem.emplace(static_cast<int>(r), e.step, e.move, e.atom);
       auto target = [&](size_t t, size_t k, int a, int64_t m) {
         const ici::Move& mv = ssch.steps[t][k];
         const int d = mv.dst;
-        if (mv.reduce)
+        if (mv.reduce || copy_to_vmem.count({d, t, k, a}))
           return endpoint("vmem", d) + ":" +
                  at(SLOTS + (idx(sp.sources[static_cast<size_t>(d)], me) * K + m % K) * PzB);
         return endpoint("hbm", d) + ":" + at(there(d, Y.addr + sp.atoms[static_cast<size_t>(a)].first * 4));
@@ -794,7 +803,8 @@ void Emitter::lower_all_reduce(const Node& n) {
                ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag(src, me, m)));
           ++sent;
         };
-        if (!mv.reduce) {  // landed in y: forward it from there
+        const bool copy_in_vmem = !mv.reduce && copy_to_vmem.count({me, e.step, e.move, e.atom});
+        if (!mv.reduce && !copy_in_vmem) {  // landed in y: forward it from there
           give_credit();
           for (const auto& [t, k] : e.fused) send(t, k, e.atom, e.atom_end, hbm(Y.addr + lo * 4));
           continue;
@@ -823,8 +833,10 @@ void Emitter::lower_all_reduce(const Node& n) {
         const int64_t local = j != SIZE_MAX ? LOAD + static_cast<int64_t>(j % kStreamLoads) * PzB : -1;
         for (int64_t t = 0; t * kTileElems < elems; ++t) {
           line("vld v1, " + at(slot + t * tile_bytes));
-          line("vld v2, " + at(j != SIZE_MAX ? local + t * tile_bytes : keep_get.at({i, t})));
-          line("vadd v1, v1, v2");
+          if (mv.reduce) {
+            line("vld v2, " + at(j != SIZE_MAX ? local + t * tile_bytes : keep_get.at({i, t})));
+            line("vadd v1, v1, v2");
+          }
           line("vst v1, " + at(out + t * tile_bytes));
           auto put = keep_put.find({i, t});
           if (put != keep_put.end()) line("vst v1, " + at(put->second));
@@ -832,6 +844,10 @@ void Emitter::lower_all_reduce(const Node& n) {
         give_credit();
         for (const auto& [t, k] : e.fused) send(t, k, e.atom, e.atom_end, vmem(out));
         std::vector<std::pair<int, int>> stores;  // the runs read again from y
+        if (copy_in_vmem) {  // the final value: y holds it
+          for (int b = e.atom; b < e.atom_end; ++b) wait_store(b);
+          stores.emplace_back(e.atom, e.atom_end);
+        }
         for (const auto& [r0, r1] : e.store)
           for (int b = r0; b < r1; ++b) {
             if (skip_store.count({i, b})) continue;

@@ -19,8 +19,9 @@ Then 16 MiB per replica (each replica pads its own random element with ones; the
 output is each replica's row sums of its result, not the result itself, whose copy to
 chip 0 would be timed with the op), which the lowering runs on 4 slices: again bit
 for bit the functional reference, and the
-cycles between 0.97 and 1.6 times the alpha-beta bound of that sliced schedule
-(closed_form_hierarchical_sliced; measured 1.45, 1.11 before the HBM ends of
+cycles between 0.97 and 1.35 times the alpha-beta bound of that sliced schedule
+(closed_form_hierarchical_sliced; measured 1.24 with copies that are sent on landing
+in VMEM, 1.45 when they landed in y and were read back, 1.11 before the HBM ends of
 remote transfers and the on-chip copies' writes were timed: the bound counts only
 the links; at this size on v3-8 the sends' reads, the landings' writes and the
 on-chip copies' writes each cost 13-15% of the all_reduce's time, measured by
@@ -98,8 +99,8 @@ def main():
     ratio = cycles / bound
     print(f"all_reduce of {E16 * 4} bytes per replica ({bw.slices_hierarchical([2, 2], E16 * 4)} slices): {cycles} "
           f"cycles, sliced bound {bound:.0f}, ratio {ratio:.3f}")
-    if not 0.97 <= ratio <= 1.6:
-        sys.exit(f"the sliced all_reduce took {ratio:.3f} x its bound, outside [0.97, 1.6]")
+    if not 0.97 <= ratio <= 1.35:
+        sys.exit(f"the sliced all_reduce took {ratio:.3f} x its bound, outside [0.97, 1.35]")
 
 
 if __name__ == "__main__":
