@@ -36,7 +36,13 @@ Chip::Chip(const CoreParams& p, exec::Machine& m, const isa::Bundle& b, uint32_t
 // halves the cores the board ticks.
 void Chip::tick(uint64_t cycle) {
   hub_->tick(cycle);
-  for (auto& c : cores_) {
+  // The cores take turns going first: the DMA engines of the core that ticks first
+  // fill the memory port's queues before the others see them, and a fixed order
+  // made core 1 of a v3-8 chip wait twice as long on HBM as core 0 under load
+  // (a 64 MiB all-reduce: 241 K against 114 K cycles); the memory is shared fairly.
+  const size_t n = cores_.size();
+  for (size_t i = 0; i < n; ++i) {
+    auto& c = cores_[(cycle + i) % n];
     if (c->has_program()) c->tick(cycle);
     else c->skip(1);
   }
