@@ -657,7 +657,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       std::map<std::pair<size_t, int64_t>, int64_t> keep_put;  // (producer event, its tile) -> VMEM address
       std::map<std::pair<size_t, int64_t>, int64_t> keep_get;  // (reader event, its tile) -> VMEM address
       std::vector<bool> kept_reader(prog.size(), false);
-      std::map<std::pair<size_t, int>, bool> skip_store;  // (producer event, atom)
+      std::set<std::pair<size_t, int>> skip_store;  // (producer event, atom)
       {
         auto span = [&](const StreamEvent& e) {
           return std::make_pair(sp.atoms[static_cast<size_t>(e.atom)].first, sp.atoms[static_cast<size_t>(e.atom_end - 1)].second);
@@ -666,6 +666,8 @@ void Emitter::lower_all_reduce(const Node& n) {
         std::vector<bool> y_read(sp.atoms.size(), false);    // that sum is also read from y (a send)
         std::map<size_t, std::vector<std::pair<size_t, int64_t>>> wants;  // reader -> its tiles' (producer, tile)
         std::map<std::pair<size_t, int64_t>, size_t> tile_reader;  // producer tile -> reader event
+        // reader -> its atoms' (producer, atom) whose sum nothing else reads from y
+        std::map<size_t, std::vector<std::pair<size_t, int>>> only_reader_of;
         for (size_t i = 0; i < prog.size(); ++i) {
           const StreamEvent& e = prog[i];
           if (e.send) {
@@ -693,6 +695,10 @@ void Emitter::lower_all_reduce(const Node& n) {
             if (ok) {
               for (const auto& pt : tiles) tile_reader[pt] = i;
               wants[i] = tiles;
+              auto& only = only_reader_of[i];
+              for (int b = e.atom; b < e.atom_end; ++b)
+                if (!y_read[static_cast<size_t>(b)] && writer[static_cast<size_t>(b)] >= 0)
+                  only.emplace_back(static_cast<size_t>(writer[static_cast<size_t>(b)]), b);
             }
           }
           for (int b = e.atom; b < e.atom_end; ++b) {
@@ -725,25 +731,8 @@ void Emitter::lower_all_reduce(const Node& n) {
           }
         }
         // A producer's atoms whose sum only a kept reader reads need no store.
-        std::fill(writer.begin(), writer.end(), -1);
-        std::fill(y_read.begin(), y_read.end(), false);
-        for (size_t i = 0; i < prog.size(); ++i) {
-          const StreamEvent& e = prog[i];
-          if (e.send) {
-            if (!e.from_x)
-              for (int b = e.atom; b < e.atom_end; ++b) y_read[static_cast<size_t>(b)] = true;
-            continue;
-          }
-          const bool reduce = ssch.steps[e.step][e.move].reduce;
-          if (reduce && kept_reader[i])
-            for (int b = e.atom; b < e.atom_end; ++b)
-              if (!y_read[static_cast<size_t>(b)] && writer[static_cast<size_t>(b)] >= 0)
-                skip_store[{static_cast<size_t>(writer[static_cast<size_t>(b)]), b}] = true;
-          for (int b = e.atom; b < e.atom_end; ++b) {
-            writer[static_cast<size_t>(b)] = reduce ? static_cast<int64_t>(i) : -1;
-            y_read[static_cast<size_t>(b)] = false;
-          }
-        }
+        for (const auto& [i, only] : only_reader_of)
+          if (kept_reader[i]) skip_store.insert(only.begin(), only.end());
       }
       std::vector<size_t> loads;  // the reducing consumes that load their local operand, in program order
       for (size_t i = 0; i < prog.size(); ++i)
