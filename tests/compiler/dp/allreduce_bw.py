@@ -101,6 +101,12 @@ def closed_form_hierarchical(chip_dims, n):
     algorithm's closed form on the chip topology (G = 2D groups, every ICI link
     carries one core's messages) plus the on-chip reduce-scatter and all-gather
     of half the buffer each."""
+    return torus_groups(chip_dims, n, ICI_ALPHA) + 2 * (ONCHIP_ALPHA + n / 2 / ONCHIP_B)
+
+
+def torus_groups(chip_dims, n, alpha):
+    """The slowest of the torus algorithm's G = 2D groups on the chip topology,
+    reduce-scatter and all-gather: 2 sum_h (k_h - 1)(alpha + beta n / (G k_1..k_h))."""
     D = len(chip_dims)
     G = 2 * D
     best = 0.0
@@ -109,9 +115,9 @@ def closed_form_hierarchical(chip_dims, n):
         for h in range(D):
             k = chip_dims[(j + h) % D]
             prod *= k
-            t += (k - 1) * (ICI_ALPHA + n / (G * prod) / ICI_B)
+            t += (k - 1) * (alpha + n / (G * prod) / ICI_B)
         best = max(best, 2 * t)
-    return best + 2 * (ONCHIP_ALPHA + n / 2 / ONCHIP_B)
+    return best
 
 
 # The streamed lowering's slices (compiler/lower/collective.cpp, LowerOptions):
@@ -138,16 +144,7 @@ def closed_form_hierarchical_sliced(chip_dims, n):
     closed_form_hierarchical for S = 1."""
     S = slices_hierarchical(chip_dims, n)
     m = n / S
-    D = len(chip_dims)
-    G = 2 * D
-    link = 0.0
-    for j in range(D):
-        t, prod = 0.0, 1
-        for h in range(D):
-            k = chip_dims[(j + h) % D]
-            prod *= k
-            t += (k - 1) * m / (G * prod) / ICI_B
-        link = max(link, 2 * t)
+    link = torus_groups(chip_dims, m, 0.0)
     onchip = 2 * m / 2 / ONCHIP_B
     return closed_form_hierarchical(chip_dims, m) + (S - 1) * max(link, onchip)
 
