@@ -109,6 +109,31 @@ class Emitter {
   }
   // Independent units of work go round robin over the cores.
   void on_core(int64_t unit) { cur_ = static_cast<int>(unit % cores_); }
+  // Streamed units, round robin over the cores and double-buffered on each: unit k
+  // of a core fetches its input (fetch(unit, par), DMAs on kStreamInFlag + par, par
+  // = k % 2) while unit k - 1 computes, and body(unit, par) runs once that input is
+  // in and the output of unit k - 2, which used the same buffer, has gone out (its
+  // DMAs on kStreamOutFlag + par).
+  static constexpr int kStreamInFlag = 14, kStreamOutFlag = 16;  // f20..f62 belong to collectives and replication
+  template <typename Fetch, typename Body>
+  void double_buffered(int64_t units, Fetch fetch, Body body) {
+    for (int core = 0; core < cores_; ++core) {
+      cur_ = core;
+      std::vector<int64_t> mine;
+      for (int64_t u = core; u < units; u += cores_) mine.push_back(u);
+      if (!mine.empty()) fetch(mine[0], int64_t{0});
+      for (size_t k = 0; k < mine.size(); ++k) {
+        const int64_t par = static_cast<int64_t>(k % 2);
+        if (k + 1 < mine.size()) fetch(mine[k + 1], 1 - par);
+        wait_flag(kStreamInFlag + static_cast<int>(par));
+        if (k >= 2) wait_flag(kStreamOutFlag + static_cast<int>(par));
+        body(mine[k], par);
+      }
+      wait_flag(kStreamOutFlag);
+      wait_flag(kStreamOutFlag + 1);
+    }
+    cur_ = 0;
+  }
   static std::string hbm(int64_t a) { return "hbm:" + addr_ref(a); }
   static std::string vmem(int64_t a) { return "vmem:" + addr_ref(a); }
   static std::string at(int64_t a) { return addr_ref(a); }

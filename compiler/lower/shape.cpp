@@ -385,56 +385,39 @@ void Emitter::lower_column_reduce(const Node& n, int64_t outer, int64_t len, int
   const int64_t ib0 = 0, ob0 = 2 * ibytes;
   if (static_cast<uint64_t>(ob0 + 2 * obytes) > opt_.target.vmem_bytes)
     fail(n, "axis of " + std::to_string(len) + " elements too long for VMEM");
-  constexpr int kInFlag = 14, kOutFlag = 16;
   struct Unit { int64_t o, j0, w; };  // outer index, first lane, lanes
   std::vector<Unit> units;
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t j0 = 0; j0 < inner; j0 += LB * 128) units.push_back({o, j0, std::min(LB * 128, inner - j0)});
-  for (int core = 0; core < cores_; ++core) {
-    cur_ = core;
-    std::vector<size_t> mine;
-    for (size_t u = static_cast<size_t>(core); u < units.size(); u += static_cast<size_t>(cores_)) mine.push_back(u);
-    auto fetch = [&](size_t k) {
-      const Unit& u = units[mine[k]];
-      const int64_t buf = ib0 + static_cast<int64_t>(k % 2) * ibytes;
-      for (int64_t t = 0; t < nt; ++t)
-        dma_on(kInFlag + static_cast<int>(k % 2), vmem(buf + t * 8 * row_bytes),
-               hbm(X.addr + ((u.o * len + 8 * t) * inner + u.j0) * ex), u.w * ex,
-               dim(std::min<int64_t>(8, len - 8 * t), inner * ex, row_bytes));
-    };
-    if (!mine.empty()) fetch(0);
-    for (size_t k = 0; k < mine.size(); ++k) {
-      const int64_t par = static_cast<int64_t>(k % 2);
-      if (k + 1 < mine.size()) fetch(k + 1);
-      wait_flag(kInFlag + static_cast<int>(par));
-      if (k >= 2) wait_flag(kOutFlag + static_cast<int>(par));  // the unit that used this out buffer
-      const Unit& u = units[mine[k]];
-      const int64_t buf = ib0 + par * ibytes, out = ob0 + par * obytes;
-      const int64_t nb = (u.w + 127) / 128;
-      for (int64_t b = 0; b < nb; ++b) {
-        reduce(n.op == OpKind::kReduceMax ? "max" : "sum", n.op == OpKind::kReduceMax ? "v20" : "v21", "v10",
-               [&](int64_t t) {
-                 line(std::string(ld(xt)) + " v1, " + at(buf + t * 8 * row_bytes + b * 128 * ex) +
-                      ", stride=" + std::to_string(row_bytes));
-               });
-        if (n.op == OpKind::kReduceMean) line("vdiv v10, v10, v12");
-        line(std::string(st(ot)) + " v10, " + at(out + b * kTile));
-      }
-      // Sublane 0 of each block's tile holds its 128 results.
-      const int64_t full = u.w / 128;
-      if (full > 0)
-        dma_on(kOutFlag + static_cast<int>(par), hbm(y + (u.o * inner + u.j0) * eo), vmem(out), 128 * eo,
-               dim(full, kTile, 128 * eo));
-      if (u.w % 128)
-        dma_on(kOutFlag + static_cast<int>(par), hbm(y + (u.o * inner + u.j0 + full * 128) * eo),
-               vmem(out + full * kTile), (u.w % 128) * eo, "");
+  auto fetch = [&](int64_t k, int64_t par) {
+    const Unit& u = units[static_cast<size_t>(k)];
+    for (int64_t t = 0; t < nt; ++t)
+      dma_on(kStreamInFlag + static_cast<int>(par), vmem(ib0 + par * ibytes + t * 8 * row_bytes),
+             hbm(X.addr + ((u.o * len + 8 * t) * inner + u.j0) * ex), u.w * ex,
+             dim(std::min<int64_t>(8, len - 8 * t), inner * ex, row_bytes));
+  };
+  double_buffered(static_cast<int64_t>(units.size()), fetch, [&](int64_t k, int64_t par) {
+    const Unit& u = units[static_cast<size_t>(k)];
+    const int64_t buf = ib0 + par * ibytes, out = ob0 + par * obytes;
+    const int64_t nb = (u.w + 127) / 128;
+    for (int64_t b = 0; b < nb; ++b) {
+      reduce(n.op == OpKind::kReduceMax ? "max" : "sum", n.op == OpKind::kReduceMax ? "v20" : "v21", "v10",
+             [&](int64_t t) {
+               line(std::string(ld(xt)) + " v1, " + at(buf + t * 8 * row_bytes + b * 128 * ex) +
+                    ", stride=" + std::to_string(row_bytes));
+             });
+      if (n.op == OpKind::kReduceMean) line("vdiv v10, v10, v12");
+      line(std::string(st(ot)) + " v10, " + at(out + b * kTile));
     }
-    wait_flag(kInFlag);
-    wait_flag(kInFlag + 1);
-    wait_flag(kOutFlag);
-    wait_flag(kOutFlag + 1);
-  }
-  cur_ = 0;
+    // Sublane 0 of each block's tile holds its 128 results.
+    const int64_t full = u.w / 128;
+    if (full > 0)
+      dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + (u.o * inner + u.j0) * eo), vmem(out), 128 * eo,
+             dim(full, kTile, 128 * eo));
+    if (u.w % 128)
+      dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + (u.o * inner + u.j0 + full * 128) * eo),
+             vmem(out + full * kTile), (u.w % 128) * eo, "");
+  });
 }
 
 // avgpool with padding and count_include_pad = 0: each output pixel's valid taps,

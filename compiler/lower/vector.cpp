@@ -101,50 +101,36 @@ void Emitter::lower_elementwise(const Node& n) {
   auto in_buf = [&](int64_t par, int64_t s) { return (par * (nsrc + 1) + s) * buf; };
   auto out_buf = [&](int64_t par) { return (par * (nsrc + 1) + nsrc) * buf; };
   if (static_cast<uint64_t>(2 * (nsrc + 1) * buf) > opt_.target.vmem_bytes) fail(n, "operands too large for VMEM");
-  constexpr int kInFlag = 14, kOutFlag = 16;  // f20..f62 belong to collectives and replication
   const int64_t nblocks = (tiles + T - 1) / T;
   sync_all();
-  for (int core = 0; core < cores_; ++core) {
-    cur_ = core;
-    std::vector<int64_t> mine;
-    for (int64_t blk = core; blk < nblocks; blk += cores_) mine.push_back(blk);
-    auto fetch = [&](size_t k) {
-      const int64_t base = mine[k] * T * kTileElems, cnt = std::min(T * kTileElems, total - base);
-      for (int64_t s = 0; s < nsrc; ++s)
-        dma_on(kInFlag + static_cast<int>(k % 2), vmem(in_buf(static_cast<int64_t>(k % 2), s)),
-               hbm(src[static_cast<size_t>(s)] + base * esz(sdt[static_cast<size_t>(s)])),
-               cnt * esz(sdt[static_cast<size_t>(s)]), "");
-    };
-    if (!mine.empty()) fetch(0);
-    for (size_t k = 0; k < mine.size(); ++k) {
-      const int64_t par = static_cast<int64_t>(k % 2);
-      if (k + 1 < mine.size()) fetch(k + 1);
-      wait_flag(kInFlag + static_cast<int>(par));
-      if (k >= 2) wait_flag(kOutFlag + static_cast<int>(par));  // the block that used this out buffer
-      const int64_t base = mine[k] * T * kTileElems, cnt = std::min(T * kTileElems, total - base);
-      const int64_t nt = (cnt + kTileElems - 1) / kTileElems;
-      for (int64_t t = 0; t < nt; ++t) {
-        for (size_t i = 0; i < nin; ++i)
-          line(std::string(ld(sdt[i])) + " v" + std::to_string(i) + ", " +
-               at(in_buf(par, static_cast<int64_t>(i)) + t * kTileElems * esz(sdt[i])));
-        emit_op(n, 2, 0, nin == 2 ? 1 : 0, 3, 4);
-        DType cur_t = n.type.dtype;
-        for (const Member& mb : members) {
-          if (cur_t == DType::kBf16) line("vcvt.bf16 v2, v2");
-          if (mb.operand >= 0)
-            line(std::string(ld(sdt[static_cast<size_t>(mb.operand)])) + " v5, " +
-                 at(in_buf(par, mb.operand) + t * kTileElems * esz(sdt[static_cast<size_t>(mb.operand)])));
-          emit_op(*mb.m, 2, mb.run_first ? 2 : 5, mb.run_first ? 5 : 2, 3, 4);
-          cur_t = mb.m->type.dtype;
-        }
-        line(std::string(st(odt)) + " v2, " + at(out_buf(par) + t * kTileElems * esz(odt)));
+  auto fetch = [&](int64_t blk, int64_t par) {
+    const int64_t base = blk * T * kTileElems, cnt = std::min(T * kTileElems, total - base);
+    for (int64_t s = 0; s < nsrc; ++s)
+      dma_on(kStreamInFlag + static_cast<int>(par), vmem(in_buf(par, s)),
+             hbm(src[static_cast<size_t>(s)] + base * esz(sdt[static_cast<size_t>(s)])),
+             cnt * esz(sdt[static_cast<size_t>(s)]), "");
+  };
+  double_buffered(nblocks, fetch, [&](int64_t blk, int64_t par) {
+    const int64_t base = blk * T * kTileElems, cnt = std::min(T * kTileElems, total - base);
+    const int64_t nt = (cnt + kTileElems - 1) / kTileElems;
+    for (int64_t t = 0; t < nt; ++t) {
+      for (size_t i = 0; i < nin; ++i)
+        line(std::string(ld(sdt[i])) + " v" + std::to_string(i) + ", " +
+             at(in_buf(par, static_cast<int64_t>(i)) + t * kTileElems * esz(sdt[i])));
+      emit_op(n, 2, 0, nin == 2 ? 1 : 0, 3, 4);
+      DType cur_t = n.type.dtype;
+      for (const Member& mb : members) {
+        if (cur_t == DType::kBf16) line("vcvt.bf16 v2, v2");
+        if (mb.operand >= 0)
+          line(std::string(ld(sdt[static_cast<size_t>(mb.operand)])) + " v5, " +
+               at(in_buf(par, mb.operand) + t * kTileElems * esz(sdt[static_cast<size_t>(mb.operand)])));
+        emit_op(*mb.m, 2, mb.run_first ? 2 : 5, mb.run_first ? 5 : 2, 3, 4);
+        cur_t = mb.m->type.dtype;
       }
-      dma_on(kOutFlag + static_cast<int>(par), hbm(dst + base * esz(odt)), vmem(out_buf(par)), cnt * esz(odt), "");
+      line(std::string(st(odt)) + " v2, " + at(out_buf(par) + t * kTileElems * esz(odt)));
     }
-    wait_flag(kOutFlag);
-    wait_flag(kOutFlag + 1);
-  }
-  cur_ = 0;
+    dma_on(kStreamOutFlag + static_cast<int>(par), hbm(dst + base * esz(odt)), vmem(out_buf(par)), cnt * esz(odt), "");
+  });
 }
 
 // Ops over rows of n contiguous elements (softmax and layernorm over the last axis,
@@ -226,7 +212,6 @@ void Emitter::lower_rows(const Node& n) {
   if (static_cast<uint64_t>(ob0 + 2 * obytes) > opt_.target.vmem_bytes) fail(n, "rows too long for VMEM");
   auto ibuf = [&](int64_t par) { return ib0 + par * ibytes; };
   auto obuf = [&](int64_t par) { return ob0 + par * obytes; };
-  constexpr int kInFlag = 14, kOutFlag = 16;  // f20..f62 belong to collectives and replication
   int64_t par = 0, gi = 0;  // the current block's buffer, the group within it
   auto load_x = [&](int64_t t) {
     line(std::string(ld(xt)) + " v1, " + at(ibuf(par) + (gi * 8 * len + t * 128) * ex) + ", stride=" +
@@ -238,82 +223,69 @@ void Emitter::lower_rows(const Node& n) {
          std::to_string(len * eo) + (t == nt - 1 && rem < 128 ? ", mask=m1" : ""));
   };
   const int64_t nblocks = (rows + blk_rows - 1) / blk_rows;
-  for (int core = 0; core < cores_; ++core) {
-    cur_ = core;
-    std::vector<int64_t> mine;
-    for (int64_t k = core; k < nblocks; k += cores_) mine.push_back(k);
-    auto fetch = [&](size_t k) {
-      const int64_t b0 = mine[k] * blk_rows, br = std::min(blk_rows, rows - b0);
-      dma_on(kInFlag + static_cast<int>(k % 2), vmem(ibuf(static_cast<int64_t>(k % 2))), hbm(X.addr + b0 * len * ex),
-             br * len * ex, "");
-    };
-    if (!mine.empty()) fetch(0);
-    for (size_t k = 0; k < mine.size(); ++k) {
-      par = static_cast<int64_t>(k % 2);
-      if (k + 1 < mine.size()) fetch(k + 1);
-      wait_flag(kInFlag + static_cast<int>(par));
-      if (k >= 2) wait_flag(kOutFlag + static_cast<int>(par));  // the block that used this out buffer
-      const int64_t b0 = mine[k] * blk_rows, br = std::min(blk_rows, rows - b0);
-      for (gi = 0; gi * 8 < br; ++gi) {
-        const int64_t r0 = b0 + gi * 8, rg = std::min<int64_t>(8, rows - r0);
-        switch (n.op) {
-          case OpKind::kSoftmax:  // m = max; e = exp(x - m); y = e / sum(e)
+  auto fetch = [&](int64_t blk, int64_t p) {
+    const int64_t b0 = blk * blk_rows, br = std::min(blk_rows, rows - b0);
+    dma_on(kStreamInFlag + static_cast<int>(p), vmem(ibuf(p)), hbm(X.addr + b0 * len * ex), br * len * ex, "");
+  };
+  double_buffered(nblocks, fetch, [&](int64_t blk, int64_t p) {
+    par = p;
+    const int64_t b0 = blk * blk_rows, br = std::min(blk_rows, rows - b0);
+    for (gi = 0; gi * 8 < br; ++gi) {
+      const int64_t r0 = b0 + gi * 8, rg = std::min<int64_t>(8, rows - r0);
+      switch (n.op) {
+        case OpKind::kSoftmax:  // m = max; e = exp(x - m); y = e / sum(e)
+          reduce("max", "v20", "v10", load_x);
+          for (int64_t t = 0; t < nt; ++t) {
+            load_x(t);
+            line("vsub v1, v1, v10");
+            line("vexp v1, v1");
+            line("vst v1, " + at(sb + t * kTile));
+          }
+          reduce("sum", "v21", "v11", load_s);
+          for (int64_t t = 0; t < nt; ++t) {
+            load_s(t);
+            line("vdiv v1, v1, v11");
+            store_y(t);
+          }
+          break;
+        case OpKind::kLayerNorm:
+          reduce("sum", "v21", "v10", load_x);
+          line("vdiv v10, v10, v12");  // mean
+          for (int64_t t = 0; t < nt; ++t) {
+            load_x(t);
+            line("vsub v1, v1, v10");  // d
+            line("vst v1, " + at(sb + t * kTile));
+          }
+          reduce("sum", "v21", "v11", [&](int64_t t) { load_s(t); line("vmul v1, v1, v1"); });
+          line("vdiv v11, v11, v12");  // var
+          line("vbcast v13, " + fimm(n.attr_float("epsilon")));
+          line("vadd v11, v11, v13");
+          line("vsqrt v11, v11");  // den
+          for (int64_t t = 0; t < nt; ++t) {
+            load_s(t);
+            line("vdiv v1, v1, v11");
+            line(std::string(ld(gt)) + " v2, " + at(gb + t * kTile));
+            line("vmul v1, v1, v2");
+            line(std::string(ld(gt)) + " v3, " + at(bb + t * kTile));
+            line("vadd v1, v1, v3");
+            store_y(t);
+          }
+          break;
+        default:
+          if (n.op == OpKind::kReduceMax) {
             reduce("max", "v20", "v10", load_x);
-            for (int64_t t = 0; t < nt; ++t) {
-              load_x(t);
-              line("vsub v1, v1, v10");
-              line("vexp v1, v1");
-              line("vst v1, " + at(sb + t * kTile));
-            }
-            reduce("sum", "v21", "v11", load_s);
-            for (int64_t t = 0; t < nt; ++t) {
-              load_s(t);
-              line("vdiv v1, v1, v11");
-              store_y(t);
-            }
-            break;
-          case OpKind::kLayerNorm:
+          } else {
             reduce("sum", "v21", "v10", load_x);
-            line("vdiv v10, v10, v12");  // mean
-            for (int64_t t = 0; t < nt; ++t) {
-              load_x(t);
-              line("vsub v1, v1, v10");  // d
-              line("vst v1, " + at(sb + t * kTile));
-            }
-            reduce("sum", "v21", "v11", [&](int64_t t) { load_s(t); line("vmul v1, v1, v1"); });
-            line("vdiv v11, v11, v12");  // var
-            line("vbcast v13, " + fimm(n.attr_float("epsilon")));
-            line("vadd v11, v11, v13");
-            line("vsqrt v11, v11");  // den
-            for (int64_t t = 0; t < nt; ++t) {
-              load_s(t);
-              line("vdiv v1, v1, v11");
-              line(std::string(ld(gt)) + " v2, " + at(gb + t * kTile));
-              line("vmul v1, v1, v2");
-              line(std::string(ld(gt)) + " v3, " + at(bb + t * kTile));
-              line("vadd v1, v1, v3");
-              store_y(t);
-            }
-            break;
-          default:
-            if (n.op == OpKind::kReduceMax) {
-              reduce("max", "v20", "v10", load_x);
-            } else {
-              reduce("sum", "v21", "v10", load_x);
-              if (n.op != OpKind::kReduceSum) line("vdiv v10, v10, v12");
-            }
-            line(std::string(st(ot)) + " v10, " + at(obuf(par) + gi * kTile));
-            dma_on(kOutFlag + static_cast<int>(par), hbm(y + r0 * eo), vmem(obuf(par) + gi * kTile), eo,
-                   dim(rg, 128 * eo, eo));
-        }
+            if (n.op != OpKind::kReduceSum) line("vdiv v10, v10, v12");
+          }
+          line(std::string(st(ot)) + " v10, " + at(obuf(par) + gi * kTile));
+          dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + r0 * eo), vmem(obuf(par) + gi * kTile), eo,
+                 dim(rg, 128 * eo, eo));
       }
-      if (row_out)
-        dma_on(kOutFlag + static_cast<int>(par), hbm(y + b0 * len * eo), vmem(obuf(par)), br * len * eo, "");
     }
-    wait_flag(kOutFlag);
-    wait_flag(kOutFlag + 1);
-  }
-  cur_ = 0;
+    if (row_out)
+      dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + b0 * len * eo), vmem(obuf(par)), br * len * eo, "");
+  });
 }
 
 // maxpool / avgpool: each output pixel's window taps are gathered, row-major in
