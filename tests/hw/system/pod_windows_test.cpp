@@ -27,8 +27,10 @@ using namespace tpusim;
 
 namespace {
 
-nlohmann::json run(const fs::path& dir, const std::string& flags, const std::string& tag) {
-  const std::string cmd = std::string(TPUSIM_CORE_RUN) + " '" + (dir / "prog.s").string() + "' v2-16x16 fast '" +
+// dir/prog.s on `preset` in fast mode with extra core_run flags; its stats as JSON.
+nlohmann::json run(const fs::path& dir, const std::string& flags, const std::string& tag,
+                   const std::string& preset = "v2-16x16") {
+  const std::string cmd = std::string(TPUSIM_CORE_RUN) + " '" + (dir / "prog.s").string() + "' " + preset + " fast '" +
                           (dir / (tag + ".json")).string() + "'" + flags;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   nlohmann::json j;
@@ -94,18 +96,9 @@ TEST(PodWindows, RemoteHbmTrafficSameWithWindowsTicksAndThreads) {
   const fs::path dir = fs::temp_directory_path() / ("pod_windows_hbm_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "prog.s") << text;
-  const auto go = [&](const std::string& flags, const std::string& tag) {
-    const std::string cmd = std::string(TPUSIM_CORE_RUN) + " '" + (dir / "prog.s").string() + "' v4-4x4x4 fast '" +
-                            (dir / (tag + ".json")).string() + "'" + flags;
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    nlohmann::json j;
-    std::ifstream in(dir / (tag + ".json"));
-    if (in) in >> j;
-    return j;
-  };
-  const nlohmann::json win = go("", "windows");
-  const nlohmann::json tick = go(" --no-windows", "ticks");
-  const nlohmann::json two = go(" --threads 2", "threads");
+  const nlohmann::json win = run(dir, "", "windows", "v4-4x4x4");
+  const nlohmann::json tick = run(dir, " --no-windows", "ticks", "v4-4x4x4");
+  const nlohmann::json two = run(dir, " --threads 2", "threads", "v4-4x4x4");
   fs::remove_all(dir);
   ASSERT_FALSE(win.value("faulted", true)) << win.value("fault", std::string());
   ASSERT_TRUE(win.value("ref_ok", false));
