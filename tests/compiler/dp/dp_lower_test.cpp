@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "compiler/compiler.h"
@@ -266,6 +267,31 @@ TEST(DpLower, AllReduceInSlicesOnV38) {
     return c;
   };
   EXPECT_GT(count(g_last_assembly, "vst v1"), count(g_last_assembly, "vadd v1"));
+}
+
+// The on-chip reduce-scatter's pieces are cut where the torus groups' first chunks
+// begin, so each group's first torus send goes straight from the VMEM sum (one
+// piece per move here: the default 64 Ki elements against 32 x 1031 per replica;
+// the piece used to span all four groups' chunks, was stored to y and sent from HBM).
+TEST(DpLower, FirstTorusSendsGoFromVmem) {
+  expect_replicated_bit_exact(allreduce_only_ir(32, 32, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false);
+  std::istringstream in(g_last_assembly);
+  std::string line, core;
+  std::set<int> seen;  // remote chips this core has sent to
+  int firsts = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind(".core ", 0) == 0) {
+      core = line.substr(6);
+      seen.clear();
+    }
+    const size_t d = line.find("dma vmem@chip");
+    if (d == std::string::npos || core.empty()) continue;
+    const int dst_chip = std::stoi(line.substr(d + 13));
+    if (dst_chip == std::stoi(core.substr(4)) || !seen.insert(dst_chip).second) continue;
+    EXPECT_NE(line.find(", vmem:"), std::string::npos) << core << ": " << line;
+    ++firsts;
+  }
+  EXPECT_EQ(firsts, 32 * 2);  // each core: its two torus groups' rings
 }
 
 // Buffers smaller than the replica count (empty blocks, every algorithm's fallback).
