@@ -270,28 +270,33 @@ TEST(DpLower, AllReduceInSlicesOnV38) {
 }
 
 // The on-chip reduce-scatter's pieces are cut where the torus groups' first chunks
-// begin, so each group's first torus send goes straight from the VMEM sum (one
-// piece per move here: the default 64 Ki elements against 32 x 1031 per replica;
-// the piece used to span all four groups' chunks, was stored to y and sent from HBM).
+// begin, so each group's first torus send goes straight from the VMEM sum (pieces
+// of 4096 elements against groups' chunks of 2062: a piece used to span two of
+// them, was stored to y and sent from HBM). With pieces of 16 Ki elements the
+// chunks are below a quarter of a piece and stay merged (one message, not four).
 TEST(DpLower, FirstTorusSendsGoFromVmem) {
-  expect_replicated_bit_exact(allreduce_only_ir(32, 32, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false);
-  std::istringstream in(g_last_assembly);
-  std::string line, core;
-  std::set<int> seen;  // remote chips this core has sent to
-  int firsts = 0;
-  while (std::getline(in, line)) {
-    if (line.rfind(".core ", 0) == 0) {
-      core = line.substr(6);
-      seen.clear();
+  for (int64_t piece : {4096, 16384}) {
+    expect_replicated_bit_exact(allreduce_only_ir(32, 32, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false,
+                                16ull << 20, [piece](LowerOptions& lo) { lo.stream_piece_elems = piece; });
+    std::istringstream in(g_last_assembly);
+    std::string line, core;
+    std::set<int> seen;  // remote chips this core has sent to
+    int firsts = 0, from_vmem = 0;
+    while (std::getline(in, line)) {
+      if (line.rfind(".core ", 0) == 0) {
+        core = line.substr(6);
+        seen.clear();
+      }
+      const size_t d = line.find("dma vmem@chip");
+      if (d == std::string::npos || core.empty()) continue;
+      const int dst_chip = std::stoi(line.substr(d + 13));
+      if (dst_chip == std::stoi(core.substr(4)) || !seen.insert(dst_chip).second) continue;
+      from_vmem += line.find(", vmem:") != std::string::npos;
+      ++firsts;
     }
-    const size_t d = line.find("dma vmem@chip");
-    if (d == std::string::npos || core.empty()) continue;
-    const int dst_chip = std::stoi(line.substr(d + 13));
-    if (dst_chip == std::stoi(core.substr(4)) || !seen.insert(dst_chip).second) continue;
-    EXPECT_NE(line.find(", vmem:"), std::string::npos) << core << ": " << line;
-    ++firsts;
+    EXPECT_EQ(firsts, 32 * 2);  // each core: its two torus groups' rings
+    EXPECT_EQ(from_vmem, piece == 4096 ? firsts : 0) << "pieces of " << piece;
   }
-  EXPECT_EQ(firsts, 32 * 2);  // each core: its two torus groups' rings
 }
 
 // Buffers smaller than the replica count (empty blocks, every algorithm's fallback).
