@@ -134,6 +134,28 @@ class Emitter {
     }
     cur_ = 0;
   }
+  // Softmax over the nt tiles of one row group (lower_rows) or lane block
+  // (lower_columns): m = max; e = exp(x - m), kept in the tiles at scratch; y = e /
+  // sum(e). reduce(kind, identity, acc, load) leaves the reduction over the tiles
+  // that load(t) puts in v1 in acc (across lanes or sublanes: the caller's); load_x
+  // and store_y move tile t of x and y.
+  template <typename Reduce, typename LoadX, typename StoreY>
+  void softmax_tiles(int64_t nt, int64_t scratch, int64_t tile_bytes, Reduce reduce, LoadX load_x, StoreY store_y) {
+    auto load_e = [&](int64_t t) { line("vld v1, " + at(scratch + t * tile_bytes)); };
+    reduce("max", "v20", "v10", load_x);
+    for (int64_t t = 0; t < nt; ++t) {
+      load_x(t);
+      line("vsub v1, v1, v10");
+      line("vexp v1, v1");
+      line("vst v1, " + at(scratch + t * tile_bytes));
+    }
+    reduce("sum", "v21", "v11", load_e);
+    for (int64_t t = 0; t < nt; ++t) {
+      load_e(t);
+      line("vdiv v1, v1, v11");
+      store_y(t);
+    }
+  }
   static std::string hbm(int64_t a) { return "hbm:" + addr_ref(a); }
   static std::string vmem(int64_t a) { return "vmem:" + addr_ref(a); }
   static std::string at(int64_t a) { return addr_ref(a); }

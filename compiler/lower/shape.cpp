@@ -308,8 +308,8 @@ void Emitter::lower_columns(const Node& n, int64_t outer, int64_t len, int64_t i
     line(std::string("vreduce.sublanes.") + kind + " " + acc + ", " + acc);
   };
   if (!softmax) return lower_column_reduce(n, outer, len, inner, reduce);
+  // Softmax: one lane block of one outer index per unit, the whole axis in VMEM.
   auto load_x = [&](int64_t t) { line(std::string(ld(xt)) + " v1, " + at(xb + t * kTile)); };
-  auto load_s = [&](int64_t t) { line("vld v1, " + at(sb + t * kTile)); };
   int64_t unit = 0;
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t j0 = 0; j0 < inner; j0 += 128) {
@@ -319,40 +319,19 @@ void Emitter::lower_columns(const Node& n, int64_t outer, int64_t len, int64_t i
         dma(vmem(xb + t * kTile), hbm(X.addr + ((o * len + 8 * t) * inner + j0) * ex), w * ex,
             dim(std::min<int64_t>(8, len - 8 * t), inner * ex, 128 * ex));
       wait_dmas();
-      if (softmax) {  // m = max; e = exp(x - m); y = e / sum(e)
-        reduce("max", "v20", "v10", load_x);
-        for (int64_t t = 0; t < nt; ++t) {
-          load_x(t);
-          line("vsub v1, v1, v10");
-          line("vexp v1, v1");
-          line("vst v1, " + at(sb + t * kTile));
-        }
-        reduce("sum", "v21", "v11", load_s);
-        for (int64_t t = 0; t < nt; ++t) {
-          load_s(t);
-          line("vdiv v1, v1, v11");
-          line(std::string(st(ot)) + " v1, " + at(ob + t * kTile));
-          const int64_t rows = std::min<int64_t>(8, len - 8 * t);
-          const int64_t dst = y + ((o * len + 8 * t) * inner + j0) * eo;
-          if (cores_ > 1 && inner > 128) {
-            // Another core writes the neighbouring lane blocks of these rows: one
-            // DMA per row keeps each bounding range to its own bytes (race checker).
-            for (int64_t r = 0; r < rows; ++r)
-              dma(hbm(dst + r * inner * eo), vmem(ob + t * kTile + r * 128 * eo), w * eo);
-          } else {
-            dma(hbm(dst), vmem(ob + t * kTile), w * eo, dim(rows, 128 * eo, inner * eo));
-          }
-        }
-      } else {
-        if (n.op == OpKind::kReduceMax) {
-          reduce("max", "v20", "v10", load_x);
+      softmax_tiles(nt, sb, kTile, reduce, load_x, [&](int64_t t) {
+        line(std::string(st(ot)) + " v1, " + at(ob + t * kTile));
+        const int64_t rows = std::min<int64_t>(8, len - 8 * t);
+        const int64_t dst = y + ((o * len + 8 * t) * inner + j0) * eo;
+        if (cores_ > 1 && inner > 128) {
+          // Another core writes the neighbouring lane blocks of these rows: one
+          // DMA per row keeps each bounding range to its own bytes (race checker).
+          for (int64_t r = 0; r < rows; ++r)
+            dma(hbm(dst + r * inner * eo), vmem(ob + t * kTile + r * 128 * eo), w * eo);
         } else {
-          reduce("sum", "v21", "v10", load_x);
-          if (n.op == OpKind::kReduceMean) line("vdiv v10, v10, v12");
+          dma(hbm(dst), vmem(ob + t * kTile), w * eo, dim(rows, 128 * eo, inner * eo));
         }
-        line(std::string(st(ot)) + " v10, " + at(ob));
-        dma(hbm(y + (o * inner + j0) * eo), vmem(ob), w * eo);
-      }
+      });
       wait_dmas();
     }
   cur_ = 0;

@@ -233,20 +233,8 @@ void Emitter::lower_rows(const Node& n) {
     for (gi = 0; gi * 8 < br; ++gi) {
       const int64_t r0 = b0 + gi * 8, rg = std::min<int64_t>(8, rows - r0);
       switch (n.op) {
-        case OpKind::kSoftmax:  // m = max; e = exp(x - m); y = e / sum(e)
-          reduce("max", "v20", "v10", load_x);
-          for (int64_t t = 0; t < nt; ++t) {
-            load_x(t);
-            line("vsub v1, v1, v10");
-            line("vexp v1, v1");
-            line("vst v1, " + at(sb + t * kTile));
-          }
-          reduce("sum", "v21", "v11", load_s);
-          for (int64_t t = 0; t < nt; ++t) {
-            load_s(t);
-            line("vdiv v1, v1, v11");
-            store_y(t);
-          }
+        case OpKind::kSoftmax:
+          softmax_tiles(nt, sb, kTile, reduce, load_x, store_y);
           break;
         case OpKind::kLayerNorm:
           reduce("sum", "v21", "v10", load_x);
