@@ -39,6 +39,31 @@ nlohmann::json run(const fs::path& dir, const std::string& flags, const std::str
   return j;
 }
 
+// `program` on `preset` with windows, ticking every chip and two threads: all three
+// must agree on cycles, outputs and every unit's counters (links included), and the
+// windowed run must equal the functional reference. Returns the windowed run's stats.
+nlohmann::json expect_modes_agree(const std::string& program, const std::string& tag, const std::string& preset) {
+  const fs::path dir = fs::temp_directory_path() / (tag + "_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "prog.s") << program;
+  const nlohmann::json win = run(dir, "", "windows", preset);
+  const nlohmann::json tick = run(dir, " --no-windows", "ticks", preset);
+  const nlohmann::json two = run(dir, " --threads 2", "threads", preset);
+  fs::remove_all(dir);
+  EXPECT_FALSE(win.value("faulted", true)) << win.value("fault", std::string());
+  EXPECT_TRUE(win.value("ref_ok", false));
+  EXPECT_EQ(win["outputs"], win["ref_outputs"]);
+  EXPECT_EQ(win["cycles"], tick["cycles"]);
+  EXPECT_EQ(win["outputs"], tick["outputs"]);
+  // Every unit of every chip, counter by counter.
+  EXPECT_EQ(win["units"].size(), tick["units"].size());
+  for (const auto& [name, counters] : tick["units"].items()) EXPECT_EQ(win["units"].value(name, nlohmann::json()), counters) << name;
+  EXPECT_EQ(two["cycles"], tick["cycles"]);
+  EXPECT_EQ(two["outputs"], tick["outputs"]);
+  EXPECT_EQ(two["units"], tick["units"]);
+  return win;
+}
+
 TEST(PodWindows, SameCyclesCountersAndValuesAsTickingEveryChipOnOneOrTwoThreads) {
   const config::Params preset = config::load_preset("v2-16x16", {});
   const ici::Topology topo = ici::Topology::from_params(preset);
@@ -48,24 +73,8 @@ TEST(PodWindows, SameCyclesCountersAndValuesAsTickingEveryChipOnOneOrTwoThreads)
   po.unroll = 8;
   po.io_tiles = kElements / 1024;
   po.allow_ragged = true;
-  const fs::path dir = fs::temp_directory_path() / ("pod_windows_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  std::ofstream(dir / "prog.s") << ici::collective_program(s, po);
-  const nlohmann::json win = run(dir, "", "windows");
-  const nlohmann::json tick = run(dir, " --no-windows", "ticks");
-  const nlohmann::json two = run(dir, " --threads 2", "threads");
-  fs::remove_all(dir);
-  ASSERT_FALSE(win.value("faulted", true)) << win.value("fault", std::string());
-  ASSERT_TRUE(win.value("ref_ok", false));
-  EXPECT_EQ(win["outputs"], win["ref_outputs"]);
-  EXPECT_EQ(win["cycles"], tick["cycles"]);
-  EXPECT_EQ(win["outputs"], tick["outputs"]);
-  // Every unit of every chip, the links included, counter by counter.
-  ASSERT_EQ(win["units"].size(), tick["units"].size());
-  for (const auto& [name, counters] : tick["units"].items()) EXPECT_EQ(win["units"][name], counters) << name;
-  EXPECT_EQ(two["cycles"], tick["cycles"]);
-  EXPECT_EQ(two["outputs"], tick["outputs"]);
-  EXPECT_EQ(two["units"], tick["units"]);
+  const nlohmann::json win = expect_modes_agree(ici::collective_program(s, po), "pod_windows", "v2-16x16");
+  ASSERT_FALSE(::testing::Test::HasFailure());  // the checks below read the windowed run's units
   // The run is long enough to have links busy and chips waiting on them.
   EXPECT_GT(win["units"]["chip0.ici.x+"].value("bytes", uint64_t{0}), 0u);
 }
@@ -93,22 +102,8 @@ TEST(PodWindows, RemoteHbmTrafficSameWithWindowsTicksAndThreads) {
     text += "  dma vmem:[s0 + 0], hbm:[s0 + 0x400000], bytes=1048576, flag=f4\n";
     text += "  wait.sub f1, 1\n  wait.sub f2, 1\n  wait.sub f3, 1\n  wait.sub f4, 1\n  halt\n";
   }
-  const fs::path dir = fs::temp_directory_path() / ("pod_windows_hbm_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  std::ofstream(dir / "prog.s") << text;
-  const nlohmann::json win = run(dir, "", "windows", "v4-4x4x4");
-  const nlohmann::json tick = run(dir, " --no-windows", "ticks", "v4-4x4x4");
-  const nlohmann::json two = run(dir, " --threads 2", "threads", "v4-4x4x4");
-  fs::remove_all(dir);
-  ASSERT_FALSE(win.value("faulted", true)) << win.value("fault", std::string());
-  ASSERT_TRUE(win.value("ref_ok", false));
-  EXPECT_EQ(win["outputs"], win["ref_outputs"]);
-  EXPECT_EQ(win["cycles"], tick["cycles"]);
-  EXPECT_EQ(win["outputs"], tick["outputs"]);
-  EXPECT_EQ(win["units"], tick["units"]);
-  EXPECT_EQ(two["cycles"], tick["cycles"]);
-  EXPECT_EQ(two["outputs"], tick["outputs"]);
-  EXPECT_EQ(two["units"], tick["units"]);
+  const nlohmann::json win = expect_modes_agree(text, "pod_windows_hbm", "v4-4x4x4");
+  ASSERT_FALSE(::testing::Test::HasFailure());  // the checks below read the windowed run's units
   // Every chip's memory carried its remote reads (256 + 128 KiB) and writes.
   for (int c = 0; c < kChips; ++c) {
     const auto& r = win["units"]["chip" + std::to_string(c) + ".ici_hbm"];

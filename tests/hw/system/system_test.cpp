@@ -189,6 +189,19 @@ TEST(DmaCalibration, VmemToHbmWithinTenPercent) {
   }
 }
 
+// What every multi-chip case checks first: the fast run exits 0 without a fault,
+// its outputs are the functional reference's, and the detailed run gives the same
+// cycles, outputs and counters of every unit.
+void expect_clean_and_modes_agree(const RunOut& fast, const RunOut& det) {
+  ASSERT_EQ(fast.status, 0);
+  ASSERT_FALSE(fast.j.value("faulted", true)) << fast.j.value("fault", std::string());
+  ASSERT_TRUE(fast.j.value("ref_ok", false)) << fast.j.value("ref_message", std::string());
+  EXPECT_EQ(fast.j["outputs"], fast.j["ref_outputs"]);
+  EXPECT_EQ(det.j["cycles"], fast.j["cycles"]);
+  EXPECT_EQ(det.j["outputs"], fast.j["outputs"]);
+  EXPECT_EQ(det.j["units"], fast.j["units"]);
+}
+
 class TraceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TraceTest, FastAndDetailedMatchReferenceAndEachOther) {
@@ -300,12 +313,7 @@ TEST(MultiChip, RemoteDmaAndBarrierMatchReferenceAndFigures) {
     const RunOut fast = core_run(p, "fast", {}, "v4-8");
     const RunOut det = core_run(p, "detailed", {}, "v4-8");
     fs::remove(p);
-    ASSERT_EQ(fast.status, 0);
-    ASSERT_FALSE(fast.j["faulted"].get<bool>()) << fast.j["fault"];
-    ASSERT_TRUE(fast.j["ref_ok"].get<bool>());
-    EXPECT_TRUE(fast.j["outputs"] == fast.j["ref_outputs"]);
-    EXPECT_EQ(det.j["cycles"], fast.j["cycles"]);
-    EXPECT_EQ(det.j["units"], fast.j["units"]);
+    ASSERT_NO_FATAL_FAILURE(expect_clean_and_modes_agree(fast, det));
     cycles[i] = fast.j["cycles"].get<uint64_t>();
   }
   // Only the ICI leg and the two HBM legs grow with K: 24.77 + 1.105 + 1.051 cycles/KiB.
@@ -361,13 +369,7 @@ TEST(MultiChip, RemoteReadsThirdPartyDmaAndLinkStats) {
   const RunOut fast = core_run(p, "fast", {"--timeline", tl.string()}, "v3-8");
   const RunOut det = core_run(p, "detailed", {}, "v3-8");
   fs::remove(p);
-  ASSERT_EQ(fast.status, 0);
-  ASSERT_FALSE(fast.j["faulted"].get<bool>()) << fast.j["fault"];
-  ASSERT_TRUE(fast.j["ref_ok"].get<bool>());
-  EXPECT_EQ(fast.j["outputs"], fast.j["ref_outputs"]);
-  EXPECT_EQ(det.j["outputs"], fast.j["outputs"]);
-  EXPECT_EQ(det.j["cycles"], fast.j["cycles"]);
-  EXPECT_EQ(det.j["units"], fast.j["units"]);
+  ASSERT_NO_FATAL_FAILURE(expect_clean_and_modes_agree(fast, det));
   // Chip links: 3 transfers of 8 KiB plus 2 header-only requests; each crosses
   // at least one link, so the chip links carried at least 3 x 8 KiB.
   uint64_t link_bytes = 0, links = 0;
@@ -408,12 +410,7 @@ TEST(MultiChip, RemotePushChargesHbmOnBothEnds) {
   const RunOut r = core_run(p, "fast", {}, "v3-8");
   const RunOut det = core_run(p, "detailed", {}, "v3-8");
   fs::remove(p);
-  ASSERT_EQ(r.status, 0);
-  ASSERT_FALSE(r.j["faulted"].get<bool>()) << r.j["fault"];
-  ASSERT_TRUE(r.j["ref_ok"].get<bool>());
-  EXPECT_EQ(r.j["outputs"], r.j["ref_outputs"]);
-  EXPECT_EQ(det.j["cycles"], r.j["cycles"]);
-  EXPECT_EQ(det.j["units"], r.j["units"]);
+  ASSERT_NO_FATAL_FAILURE(expect_clean_and_modes_agree(r, det));
   const auto& u = r.j["units"];
   EXPECT_EQ(u["chip0.hbm"]["bytes_read"].get<uint64_t>(), kBytes);
   EXPECT_EQ(u["chip0.hbm"]["bytes_written"].get<uint64_t>(), 0u);
