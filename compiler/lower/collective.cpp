@@ -56,7 +56,26 @@ constexpr int kLoadFlag = 2, kStoreFlag = 6;
 // m - K (credit 0 is the entry token). So the uses of a slot and its flags are
 // sequential, a landing count names the piece whatever the delivery order, and the
 // receiver may use different slots' pieces in any order.
-constexpr int kStreamMaxSlots = 6;
+// The streams' landing flags (sources x K) and credit flags (destinations x K): f64..f254.
+constexpr int kStreamFirstFlag = 64, kStreamFlags = isa::kSyncFlags - kStreamFirstFlag;
+
+// Slots per stream with two pools: 16 (8 a pool, twice the 4 pieces a first torus
+// step of a slice sends on a stream), fewer if the flags run out.
+int pooled_slots(int64_t most) { return static_cast<int>(std::min<int64_t>(16, kStreamFlags / (2 * most))); }
+
+// The most replicas one replica of the schedule sends to or receives from.
+int64_t most_peers(const ici::Schedule& sch) {
+  std::map<int, std::set<int>> to, from;
+  for (const auto& step : sch.steps)
+    for (const ici::Move& m : step) {
+      to[m.src].insert(m.dst);
+      from[m.dst].insert(m.src);
+    }
+  size_t most = 1;
+  for (const auto& [r, v] : to) most = std::max(most, v.size());
+  for (const auto& [r, v] : from) most = std::max(most, v.size());
+  return static_cast<int64_t>(most);
+}
 constexpr int kStreamLoads = 4;    // local operands fetched ahead, on flags kLoadFlag..+3 (f2..f5)
 constexpr int kStreamScratch = 4;  // sums only stored, on flags kStoreFlag..+3 (f6..f9)
 constexpr int kSendBufStoreFlag = 10;  // stores of sums that are also sent from VMEM
@@ -88,13 +107,21 @@ struct StreamPlan {
   // (src, dst) -> its pieces (step, move, first atom) in the order sent
   std::map<std::pair<int, int>, std::vector<std::tuple<size_t, size_t, int>>> stream;
   std::map<std::tuple<int, size_t, size_t, int>, int64_t> index;  // (src, step, move, first atom) -> m in its stream
+  // (src, dst) -> per piece m: its slot and how many pieces used that slot before it
+  std::map<std::pair<int, int>, std::vector<std::pair<int, int64_t>>> slot_use;
   int K = 0, most = 0;
+  ici::Schedule sched;     // the schedule planned: the collective's, or its slices
+  int64_t max_piece = 0;  // elements of the largest piece, whole tiles: the size of a slot
+  int pools = 1;  // the slots of a stream split into this many pools of K / pools (see slice_schedule)
 };
 
 // Plans every replica's program. Returns an empty message, or why the schedule
 // does not stream (then the caller lowers it the other way).
-std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse, int64_t piece) {
+std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<int>>& move_pool, int pools, StreamPlan& sp,
+                        bool fuse, int64_t piece) {
   const size_t P = static_cast<size_t>(sch.chips), T = sch.steps.size();
+  auto pool_of = [&](size_t t, size_t k) { return move_pool.empty() ? 0 : move_pool[t][k]; };
+  if (move_pool.empty()) pools = 1;
   sp.piece = piece;
   std::vector<int64_t> cuts{0, sch.elements};
   for (const auto& step : sch.steps)
@@ -176,6 +203,11 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse, int
         for (size_t i = 0; i < pieces.size(); ++i) pieces[i] = keyed[i].second;
       }
   }
+  for (const auto& step : sp.move_pieces)
+    for (const auto& pieces : step)
+      for (const auto& [a0, a1] : pieces)
+        sp.max_piece = std::max(sp.max_piece, sp.atoms[static_cast<size_t>(a1 - 1)].second - sp.atoms[static_cast<size_t>(a0)].first);
+  sp.max_piece = (sp.max_piece + kTileElems - 1) / kTileElems * kTileElems;
   sp.sources.assign(P, {});
   sp.dests.assign(P, {});
   for (const auto& step : sch.steps)
@@ -188,9 +220,26 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse, int
   size_t most = 1;
   for (size_t r = 0; r < P; ++r) most = std::max({most, sp.sources[r].size(), sp.dests[r].size()});
   if (most > 6) return "a replica exchanges with more than 6 others";
-  // Landing flags (sources x K) and credit flags (destinations x K) share f20..f57.
-  sp.K = std::min<int>(kStreamMaxSlots, 38 / (2 * static_cast<int>(most)));
+  // One pool: 6 slots a stream, 4 with 4 peers (38 flags' worth, the budget these
+  // plans were tuned with before the streams' flags moved to f64..).
+  sp.K = pools > 1 ? pooled_slots(static_cast<int64_t>(most)) : std::min<int>(6, 38 / (2 * static_cast<int>(most)));
   sp.most = static_cast<int>(most);
+  sp.pools = pools;
+  if (sp.K / pools < 1) return "fewer slots per stream than pools";
+  const int Kp = sp.K / pools;
+  if (pools > 1) {
+    // A ring's consumes all wait for a slot downstream once a stream's pieces of
+    // two consecutive steps outnumber its pool's slots (each replica sends all of
+    // a step before the next): check the chip-to-chip streams before the run.
+    std::map<std::tuple<int, int, size_t, int>, size_t> per_step;
+    for (size_t t = 0; t < T; ++t)
+      for (size_t k = 0; k < sch.steps[t].size(); ++k) {
+        const ici::Move& m = sch.steps[t][k];
+        if (m.src / 2 == m.dst / 2) continue;  // the chip's own two cores (replicas 2c, 2c + 1)
+        if ((per_step[{m.src, m.dst, t, pool_of(t, k)}] += sp.move_pieces[t][k].size()) * 2 > static_cast<size_t>(Kp))
+          return "a slice's step sends more pieces on a stream than half a pool's slots";
+      }
+  }
   // Per replica and atom, what happens to it in step order: writes[r][a] = steps
   // with (move, reduce) that write it; sends likewise.
   const size_t A = sp.atoms.size();
@@ -315,25 +364,34 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse, int
     done[r].assign(cands[r].size(), 0);
     left += cands[r].size();
   }
-  // Slot m % K of a stream is free for piece m once the receiver used piece m - K
-  // (the uses of a slot are sequential; the receiver may use different slots'
-  // pieces in any order).
-  std::map<std::pair<int, int>, std::vector<int64_t>> used_slot;
-  // Pieces still to send per stream and step: a stream sends its steps in order, so
-  // a later step's pieces never fill the slots an earlier step's piece needs.
-  std::map<std::pair<int, int>, std::map<size_t, int64_t>> to_send;
+  // A pool's pieces of a stream take its slots in turn: the c-th goes to slot
+  // pool * Kp + c % Kp, which is free once the receiver used the slot's previous
+  // piece (the uses of a slot are sequential; the receiver may use different
+  // slots' pieces in any order).
+  std::map<std::tuple<int, int, int>, int64_t> pool_sent;      // (src, dst, pool) -> pieces sent
+  std::map<std::tuple<int, int, int>, int64_t> last_in_slot;   // (src, dst, slot) -> its latest piece m
+  std::map<std::pair<int, int>, std::vector<char>> used;       // per stream and piece m: the receiver used it
+  auto next_slot = [&](int src, int dst, int pool) {
+    const int64_t c = pool_sent[{src, dst, pool}];
+    return std::make_pair(pool * Kp + static_cast<int>(c % Kp), c / Kp);
+  };
+  auto slot_prev = [&](int src, int dst, int pool) -> int64_t {
+    auto it = last_in_slot.find({src, dst, next_slot(src, dst, pool).first});
+    return it == last_in_slot.end() ? -1 : it->second;
+  };
+  // Pieces still to send per stream, pool and step: a stream sends a pool's steps in
+  // order, so a later step's pieces never fill the slots an earlier step's piece needs.
+  std::map<std::tuple<int, int, int>, std::map<size_t, int64_t>> to_send;
   for (size_t t = 0; t < T; ++t)
     for (size_t k = 0; k < sch.steps[t].size(); ++k)
       if (!sp.move_pieces[t][k].empty())
-        to_send[{sch.steps[t][k].src, sch.steps[t][k].dst}][t] += static_cast<int64_t>(sp.move_pieces[t][k].size());
-  auto slot_free = [&](int src, int dst, size_t t) {
-    const auto& pend = to_send[{src, dst}];
+        to_send[{sch.steps[t][k].src, sch.steps[t][k].dst, pool_of(t, k)}][t] +=
+            static_cast<int64_t>(sp.move_pieces[t][k].size());
+  auto slot_free = [&](int src, int dst, size_t t, int pool) {
+    const auto& pend = to_send[{src, dst, pool}];
     if (!pend.empty() && pend.begin()->first < t) return false;
-    const int64_t m = sent[{src, dst}];
-    if (m < sp.K) return true;
-    auto& u = used_slot[{src, dst}];
-    u.resize(static_cast<size_t>(sp.K), 0);
-    return u[static_cast<size_t>(m % sp.K)] >= m / sp.K;
+    const int64_t prev = slot_prev(src, dst, pool);
+    return prev < 0 || used[{src, dst}][static_cast<size_t>(prev)];
   };
   // The run is timed with a rough cost model (the preset-independent v4 fit of a
   // neighbour message, 64 B/cycle on a link, 512 on chip, an add 4 cycles per tile)
@@ -349,19 +407,25 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse, int
   auto bytes_of = [&](int a0, int a1) {
     return (sp.atoms[static_cast<size_t>(a1 - 1)].second - sp.atoms[static_cast<size_t>(a0)].first) * 4;
   };
-  auto slot_time = [&](int src, int dst) -> int64_t {
-    const int64_t m = sent[{src, dst}];
-    if (m < sp.K) return 0;
+  auto slot_time = [&](int src, int dst, int pool) -> int64_t {
+    const int64_t prev = slot_prev(src, dst, pool);
+    if (prev < 0) return 0;
     const auto& c = credit_at[{src, dst}];
-    return static_cast<size_t>(m - sp.K) < c.size() ? c[static_cast<size_t>(m - sp.K)] : 0;
+    return static_cast<size_t>(prev) < c.size() ? c[static_cast<size_t>(prev)] : 0;
   };
   auto do_send = [&](int src, size_t t, size_t k, int a, int a_end, int64_t at) {
-    const int dst = sch.steps[t][k].dst;
+    const int dst = sch.steps[t][k].dst, pool = pool_of(t, k);
     auto& v = sp.stream[{src, dst}];
-    sp.index[{src, t, k, a}] = static_cast<int64_t>(v.size());
+    const int64_t m = static_cast<int64_t>(v.size());
+    sp.index[{src, t, k, a}] = m;
     v.emplace_back(t, k, a);
+    const auto slot = next_slot(src, dst, pool);
+    sp.slot_use[{src, dst}].push_back(slot);
+    last_in_slot[{src, dst, slot.first}] = m;
+    ++pool_sent[{src, dst, pool}];
+    used[{src, dst}].push_back(0);
     ++sent[{src, dst}];
-    auto& pend = to_send[{src, dst}];
+    auto& pend = to_send[{src, dst, pool}];
     if (--pend[t] == 0) pend.erase(t);
     for (int b = a; b < a_end; ++b) ++sends_done[static_cast<size_t>(src)][static_cast<size_t>(b)];
     const bool oc = on_chip(src, dst);
@@ -381,16 +445,17 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse, int
       stored = std::max(stored, stored_at[r][a]);
     }
     if (e.send) {
-      if (!slot_free(static_cast<int>(r), mv.dst, e.step)) return -1;
-      return std::max({t, e.from_x ? int64_t(0) : stored, slot_time(static_cast<int>(r), mv.dst)});
+      const int pool = pool_of(e.step, e.move);
+      if (!slot_free(static_cast<int>(r), mv.dst, e.step, pool)) return -1;
+      return std::max({t, e.from_x ? int64_t(0) : stored, slot_time(static_cast<int>(r), mv.dst, pool)});
     }
     auto it = land_at.find({mv.src, e.step, e.move, e.atom});
     if (it == land_at.end()) return -1;
     t = std::max(t, it->second);
     for (const auto& [t2, k2] : e.fused) {
-      const int d = sch.steps[t2][k2].dst;
-      if (!slot_free(static_cast<int>(r), d, t2)) return -1;
-      t = std::max(t, slot_time(static_cast<int>(r), d));
+      const int d = sch.steps[t2][k2].dst, pool = pool_of(t2, k2);
+      if (!slot_free(static_cast<int>(r), d, t2, pool)) return -1;
+      t = std::max(t, slot_time(static_cast<int>(r), d, pool));
     }
     return t;
   };
@@ -402,9 +467,7 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse, int
       clock[r] = at + 8;
     } else {
       const int64_t m = sp.index.at({mv.src, e.step, e.move, e.atom});
-      auto& u = used_slot[{mv.src, static_cast<int>(r)}];
-      u.resize(static_cast<size_t>(sp.K), 0);
-      ++u[static_cast<size_t>(m % sp.K)];
+      used[{mv.src, static_cast<int>(r)}][static_cast<size_t>(m)] = 1;
       const int64_t end = at + 16 + (mv.reduce ? 4 : 0) * ((bytes_of(e.atom, e.atom_end) / 4 + kTileElems - 1) / kTileElems);
       auto& cr = credit_at[{mv.src, static_cast<int>(r)}];
       if (cr.size() <= static_cast<size_t>(m)) cr.resize(static_cast<size_t>(m) + 1, 0);
@@ -473,7 +536,9 @@ std::string plan_stream(const ici::Schedule& sch, StreamPlan& sp, bool fuse, int
 // run, and every sum is sent from y instead.
 constexpr size_t kStreamSliceLag = 2;
 
-ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int64_t piece) {
+ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int64_t piece, int pools,
+                             std::vector<std::vector<int>>& move_pool) {
+  move_pool.clear();
   std::vector<int64_t> cuts{0, sch.elements};
   for (const auto& step : sch.steps)
     for (const ici::Move& m : step)
@@ -487,8 +552,14 @@ ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int6
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
   int64_t shortest = sch.elements;
   for (size_t i = 0; i + 1 < cuts.size(); ++i) shortest = std::min(shortest, cuts[i + 1] - cuts[i]);
-  // Parts of at least a piece, so slicing never cuts the messages smaller.
-  const int64_t S = std::min((sch.elements + slice_elems - 1) / slice_elems, shortest / piece);
+  // Parts of at least a piece, so slicing never cuts the messages smaller; with
+  // pools, the fewest slices whose parts are at most a piece, so a part is one
+  // message and a pool's slots can hold twice a step's pieces.
+  int64_t longest = 0;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) longest = std::max(longest, cuts[i + 1] - cuts[i]);
+  const int64_t S = (sch.elements + slice_elems - 1) / slice_elems < 2 ? 1
+                    : pools > 1 ? (longest + piece - 1) / piece
+                                : std::min((sch.elements + slice_elems - 1) / slice_elems, shortest / piece);
   if (S < 2) return sch;
   ici::Schedule out = sch;
   out.name = sch.name + "|slices=" + std::to_string(S);
@@ -505,7 +576,10 @@ ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int6
     }
   }
   const size_t T = sch.steps.size();
-  out.steps.assign(static_cast<size_t>(S - 1) * kStreamSliceLag + T, {});
+  const size_t lag = pools > 1 ? (T + static_cast<size_t>(pools) - 1) / static_cast<size_t>(pools) : kStreamSliceLag;
+  out.name += "|lag=" + std::to_string(lag);
+  out.steps.assign(static_cast<size_t>(S - 1) * lag + T, {});
+  move_pool.assign(out.steps.size(), {});
   for (int64_t j = 0; j < S; ++j)
     for (size_t t = 0; t < T; ++t)
       for (const ici::Move& m : sch.steps[t]) {
@@ -516,7 +590,8 @@ ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int6
           if (out.chunks[static_cast<size_t>(pc)].elems == 0) continue;
           ici::Move p = m;
           p.src_chunk = p.dst_chunk = pc;
-          out.steps[static_cast<size_t>(j) * kStreamSliceLag + t].push_back(p);
+          out.steps[static_cast<size_t>(j) * lag + t].push_back(p);
+          move_pool[static_cast<size_t>(j) * lag + t].push_back(static_cast<int>(j % pools));
         }
       }
   out.inputs.clear();
@@ -560,28 +635,44 @@ void Emitter::lower_all_reduce(const Node& n) {
 
   if (f32 && sch.algorithm == ici::Algorithm::kHierarchical) {
     const int64_t piece = opt_.stream_piece_elems;
-    const ici::Schedule ssch = slice_schedule(sch, opt_.stream_slice_elems, piece);
+    // Three tries, the first that plans wins (docs/codegen.md "Streamed lowering"):
+    // 1. sums sent straight from VMEM (fused), slices two steps apart sharing each
+    //    stream's slots;
+    // 2. fused, slices ceil(T / 2) steps apart in two slot pools (odd and even
+    //    slices), so the slices of one pool never overlap: where the first stalls
+    //    (a ring's slots all holding landings whose sums wait for a slot downstream,
+    //    v2-4x4 from 32 MiB), this one does not while a pool has at least twice a
+    //    stream's pieces of one step, so slots are 16 per stream and pieces as
+    //    large as the VMEM then allows;
+    // 3. every sum through y (unfused).
     static std::mutex stream_mutex;
     static std::map<std::string, std::shared_ptr<const StreamPlan>> stream_cache;
-    const std::string key = ssch.name + "|" + std::to_string(E) + "|" + std::to_string(piece);
+    const std::string key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(piece) + "|" +
+                            std::to_string(opt_.stream_slice_elems) + "|" + std::to_string(opt_.target.vmem_bytes);
     std::shared_ptr<const StreamPlan> plan;
     {
       std::lock_guard<std::mutex> lock(stream_mutex);
       auto it = stream_cache.find(key);
       if (it != stream_cache.end()) plan = it->second;
     }
-    std::string why;
     if (!plan) {
-      auto fresh = std::make_shared<StreamPlan>();
-      // Sends straight from the VMEM sum keep a link busy through a ring's steps,
-      // but tie a consume to a free slot downstream; when that would stall (blocks
-      // of many more atoms than slots), every value goes through y instead.
-      why = plan_stream(ssch, *fresh, true, piece);
-      if (!why.empty()) {
-        fresh = std::make_shared<StreamPlan>();
-        why = plan_stream(ssch, *fresh, false, piece);
+      auto attempt = [&](int pools, int64_t pc, bool fuse) -> std::shared_ptr<StreamPlan> {
+        auto fresh = std::make_shared<StreamPlan>();
+        std::vector<std::vector<int>> move_pool;
+        fresh->sched = slice_schedule(sch, opt_.stream_slice_elems, pc, pools, move_pool);
+        if (pools > 1 && move_pool.empty()) return nullptr;  // not sliced: the same as try 1
+        if (!plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, pc).empty()) return nullptr;
+        return fresh;
+      };
+      std::shared_ptr<StreamPlan> fresh = attempt(1, piece, true);
+      if (!fresh) {
+        const int64_t most = most_peers(sch);
+        const int64_t per_piece = (kStreamLoads + kStreamScratch + 2 * most * pooled_slots(most)) * 4;
+        const int64_t cap = static_cast<int64_t>(opt_.target.vmem_bytes) * 7 / 8 / per_piece / kTileElems * kTileElems;
+        if (cap >= kTileElems) fresh = attempt(2, std::min(piece, cap), true);
       }
-      if (why.empty()) {
+      if (!fresh) fresh = attempt(1, piece, false);
+      if (fresh) {
         plan = fresh;
         std::lock_guard<std::mutex> lock(stream_mutex);
         stream_cache[key] = plan;
@@ -593,12 +684,13 @@ void Emitter::lower_all_reduce(const Node& n) {
         most_src = std::max(most_src, plan->sources[r].size());
         most_dst = std::max(most_dst, plan->dests[r].size());
       }
-    const int64_t PzB = piece * 4;
+    const int64_t PzB = (plan ? plan->max_piece : piece) * 4;
     const int64_t LOAD = 0, SCR = kStreamLoads * PzB, SLOTS = SCR + kStreamScratch * PzB;
     const int64_t SEND = plan ? SLOTS + static_cast<int64_t>(most_src) * plan->K * PzB : 0;
     const int64_t TOP = plan ? SEND + static_cast<int64_t>(most_dst) * plan->K * PzB : 0;
     if (plan && TOP <= static_cast<int64_t>(opt_.target.vmem_bytes)) {
       const StreamPlan& sp = *plan;
+      const ici::Schedule& ssch = sp.sched;
       const int K = sp.K;
       const std::vector<int>& srcs = sp.sources[static_cast<size_t>(me)];
       const std::vector<int>& dsts = sp.dests[static_cast<size_t>(me)];
@@ -609,37 +701,48 @@ void Emitter::lower_all_reduce(const Node& n) {
       auto endpoint = [&](const char* space, int r) {
         return std::string(space) + "@chip" + std::to_string(replica_chip(s, r)) + ".c" + std::to_string(replica_core(s, r));
       };
-      auto stream_len = [&](int a, int b) -> int64_t {
-        auto it = sp.stream.find({a, b});
-        return it == sp.stream.end() ? 0 : static_cast<int64_t>(it->second.size());
-      };
       const int64_t zero = place_hbm(4), TOK = place_hbm_pinned(static_cast<int64_t>(std::max<size_t>(1, most_dst)) * K * 4);
       check_addr(n, TOK + static_cast<int64_t>(most_dst) * K * 4 + s.cores_per_chip * opt_.replica_region);
       check_addr(n, Y.addr + E * 4 + s.cores_per_chip * opt_.replica_region);
       int64_t& sent = coll_sent_;
-      auto land_flag = [&](int dst, int src, int64_t m) {
-        return kFirstLandFlag + idx(sp.sources[static_cast<size_t>(dst)], src) * K + static_cast<int>(m % K);
+      // Slot j of a stream: landing flag on the receiver, credit flag on the sender.
+      auto land_flag_of = [&](int dst, int src, int j) {
+        return kStreamFirstFlag + idx(sp.sources[static_cast<size_t>(dst)], src) * K + j;
       };
-      auto credit_flag = [&](int src, int dst, int64_t m) {
-        return kFirstLandFlag + sp.most * K + idx(sp.dests[static_cast<size_t>(src)], dst) * K + static_cast<int>(m % K);
+      auto credit_flag_of = [&](int src, int dst, int j) {
+        return kStreamFirstFlag + sp.most * K + idx(sp.dests[static_cast<size_t>(src)], dst) * K + j;
       };
+      // Piece m of a stream: its slot, how many pieces used the slot before it, and
+      // how many after it.
+      auto slot_of = [&](int src, int dst, int64_t m) { return sp.slot_use.at({src, dst})[static_cast<size_t>(m)].first; };
+      auto use_of = [&](int src, int dst, int64_t m) { return sp.slot_use.at({src, dst})[static_cast<size_t>(m)].second; };
+      std::map<std::tuple<int, int, int>, int64_t> slot_uses;  // (src, dst, slot) -> pieces through it
+      for (const auto& [key, v] : sp.slot_use)
+        for (const auto& su : v) ++slot_uses[{key.first, key.second, su.first}];
+      auto uses = [&](int src, int dst, int j) {
+        auto it = slot_uses.find({src, dst, j});
+        return it == slot_uses.end() ? int64_t(0) : it->second;
+      };
+      auto land_flag = [&](int dst, int src, int64_t m) { return land_flag_of(dst, src, slot_of(src, dst, m)); };
+      auto credit_flag = [&](int src, int dst, int64_t m) { return credit_flag_of(src, dst, slot_of(src, dst, m)); };
       std::map<int, int64_t> base;  // this node's landings and credits count on from here
       for (int src : srcs)
-        for (int j = 0; j < K; ++j) base[land_flag(me, src, j)] = coll_landed_[land_flag(me, src, j)];
+        for (int j = 0; j < K; ++j) base[land_flag_of(me, src, j)] = coll_landed_[land_flag_of(me, src, j)];
       for (int d : dsts)
-        for (int j = 0; j < K; ++j) base[credit_flag(me, d, j)] = coll_landed_[credit_flag(me, d, j)];
+        for (int j = 0; j < K; ++j) base[credit_flag_of(me, d, j)] = coll_landed_[credit_flag_of(me, d, j)];
       // Entry tokens: credit 0 of every slot of every stream into this replica.
       for (int src : srcs)
-        for (int j = 0; j < K && j < stream_len(src, me); ++j) {
+        for (int j = 0; j < K; ++j) {
+          if (uses(src, me, j) == 0) continue;
           line("dma " + endpoint("hbm", src) + ":" +
                at(there(src, TOK + (idx(sp.dests[static_cast<size_t>(src)], me) * K + j) * 4)) + ", " + hbm(zero) +
-               ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag(src, me, j)));
+               ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag_of(src, me, j)));
           ++sent;
         }
       std::map<int, int64_t> credits_seen;
       auto wait_credit = [&](int d, int64_t m) {
         const int f = credit_flag(me, d, m);
-        const int64_t need = 1 + m / K;  // the token and the uses of atoms m - K, m - 2K, ..
+        const int64_t need = 1 + use_of(me, d, m);  // the token and the uses of the slot before piece m
         if (need <= credits_seen[f]) return;
         line("wait f" + std::to_string(f) + ", " + std::to_string(base[f] + need));
         credits_seen[f] = need;
@@ -658,7 +761,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         const int d = mv.dst;
         if (mv.reduce || copy_to_vmem.count({d, t, k, a}))
           return endpoint("vmem", d) + ":" +
-                 at(SLOTS + (idx(sp.sources[static_cast<size_t>(d)], me) * K + m % K) * PzB);
+                 at(SLOTS + (idx(sp.sources[static_cast<size_t>(d)], me) * K + slot_of(me, d, m)) * PzB);
         return endpoint("hbm", d) + ":" + at(there(d, Y.addr + sp.atoms[static_cast<size_t>(a)].first * 4));
       };
       auto send = [&](size_t t, size_t k, int a, int a_end, const std::string& from) {
@@ -828,13 +931,13 @@ void Emitter::lower_all_reduce(const Node& n) {
           }
         }
         const int lf = land_flag(me, mv.src, m);
-        line("wait f" + std::to_string(lf) + ", " + std::to_string(base[lf] + m / K + 1));
-        const bool credit = m + K < stream_len(mv.src, me);
+        line("wait f" + std::to_string(lf) + ", " + std::to_string(base[lf] + use_of(mv.src, me, m) + 1));
+        const bool credit = use_of(mv.src, me, m) + 1 < uses(mv.src, me, slot_of(mv.src, me, m));
         auto give_credit = [&] {
           if (!credit) return;
           const int src = mv.src;
           line("dma " + endpoint("hbm", src) + ":" +
-               at(there(src, TOK + (idx(sp.dests[static_cast<size_t>(src)], me) * K + m % K) * 4)) + ", " + hbm(zero) +
+               at(there(src, TOK + (idx(sp.dests[static_cast<size_t>(src)], me) * K + slot_of(src, me, m)) * 4)) + ", " + hbm(zero) +
                ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag(src, me, m)));
           ++sent;
         };
@@ -851,7 +954,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           const int d = ssch.steps[t][k].dst;
           const int64_t m2 = sp.index.at({me, t, k, e.atom});
           wait_credit(d, m2);
-          out = SEND + (idx(dsts, d) * K + m2 % K) * PzB;
+          out = SEND + (idx(dsts, d) * K + slot_of(me, d, m2)) * PzB;
           if (sendbuf_stored[out]) {
             wait_store_flag(kSendBufStoreFlag);
             sendbuf_stored[out] = false;
@@ -864,7 +967,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           wait_store_flag(store_flag);
         }
         if (j != SIZE_MAX) wait_flag(kLoadFlag + static_cast<int>(j % kStreamLoads));
-        const int64_t slot = SLOTS + (idx(srcs, mv.src) * K + m % K) * PzB;
+        const int64_t slot = SLOTS + (idx(srcs, mv.src) * K + slot_of(mv.src, me, m)) * PzB;
         const int64_t local = j != SIZE_MAX ? LOAD + static_cast<int64_t>(j % kStreamLoads) * PzB : -1;
         for (int64_t t = 0; t * kTileElems < elems; ++t) {
           line("vld v1, " + at(slot + t * tile_bytes));
@@ -902,15 +1005,11 @@ void Emitter::lower_all_reduce(const Node& n) {
       line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
       for (int f = kStoreFlag; f < kStoreFlag + kStreamScratch; ++f) wait_store_flag(f);
       wait_store_flag(kSendBufStoreFlag);
-      for (int src : srcs) {
-        const int64_t L = stream_len(src, me);
-        for (int j = 0; j < K; ++j) coll_landed_[land_flag(me, src, j)] = base[land_flag(me, src, j)] + (L - j + K - 1) / K;
-      }
-      for (int d : dsts) {
-        const int64_t L = stream_len(me, d);
-        for (int j = 0; j < K && j < L; ++j)  // the token, and a credit per use of slot j followed by another
-          coll_landed_[credit_flag(me, d, j)] = base[credit_flag(me, d, j)] + 1 + (std::max<int64_t>(0, L - K - j) + K - 1) / K;
-      }
+      for (int src : srcs)
+        for (int j = 0; j < K; ++j) coll_landed_[land_flag_of(me, src, j)] = base[land_flag_of(me, src, j)] + uses(src, me, j);
+      for (int d : dsts)
+        for (int j = 0; j < K; ++j)  // the token, and a credit per use of slot j followed by another
+          if (const int64_t u = uses(me, d, j); u > 0) coll_landed_[credit_flag_of(me, d, j)] = base[credit_flag_of(me, d, j)] + u;
       return;
     }
   }

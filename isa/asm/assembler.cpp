@@ -317,7 +317,7 @@ int Assembler::flag_operand(const std::vector<Token>& t, Range r) const {
     auto it = flags_.find(k.text);
     if (it != flags_.end()) return it->second;
   }
-  return reg(t, r, 'f', kSyncFlags, "a sync flag (f0..f63 or a .flag name)");
+  return reg(t, r, 'f', kSyncFlags, "a sync flag (f0..f254 or a .flag name)");
 }
 
 void Assembler::address(const std::vector<Token>& t, Range r, uint8_t& base, int32_t& offset) const {
@@ -490,7 +490,7 @@ void Assembler::parse_with(const OpInfo& info, const std::vector<Token>& t, cons
       d.src_stride = imm32(t, parts[1]);
       d.dst_stride = imm32(t, parts[2]);
     } else if (info.op == Op::kDma && (key == "flag" || key == "rflag")) {
-      (key == "flag" ? in.flag : in.rflag) = static_cast<int8_t>(flag_operand(t, v));
+      (key == "flag" ? in.flag : in.rflag) = static_cast<int16_t>(flag_operand(t, v));
     } else {
       error(t[o.first], "unknown option '" + key + "' for '" + info.mnemonic + "'");
     }
@@ -752,7 +752,7 @@ void Assembler::directive(const std::vector<Token>& t) {
     need(3, ".flag NAME N");
     if (t[1].kind != Tok::kIdent) error(t[1], "expected a name");
     int64_t v = full_expr(t, {2, t.size()});
-    if (v < 0 || v >= kSyncFlags) error(t[2], "flag number must be 0..63");
+    if (v < 0 || v >= kSyncFlags) error(t[2], "flag number must be 0..254");
     flags_[t[1].text] = static_cast<int>(v);
   } else if (d == ".vmem") {
     // A buffer of the current core's VMEM plan (instr.h VmemBuffer): op=N addr=A bytes=B.

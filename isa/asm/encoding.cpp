@@ -102,8 +102,8 @@ std::vector<Instr> decode(const uint64_t* w, size_t n) {
     Instr in;
     in.op = static_cast<Op>(w0 & 0xFF);
     if (in.op == Op::kDma) {
-      in.flag = static_cast<int8_t>(static_cast<int>((w0 >> 8) & 0xFF) - 1);
-      in.rflag = static_cast<int8_t>(static_cast<int>((w0 >> 16) & 0xFF) - 1);
+      in.flag = static_cast<int16_t>(static_cast<int>((w0 >> 8) & 0xFF) - 1);
+      in.rflag = static_cast<int16_t>(static_cast<int>((w0 >> 16) & 0xFF) - 1);
       in.ndims = static_cast<uint8_t>(w0 >> 24);
       in.imm = s32(w0 >> 32);
       if (((w0 >> 8) & 0xFF) > kSyncFlags || ((w0 >> 16) & 0xFF) > kSyncFlags) bad(at, "DMA flag out of range");

@@ -146,7 +146,7 @@ inline int op_count() { return static_cast<int>(Op::kCount); }
 inline constexpr int kScalarRegs = 32;
 inline constexpr int kVectorRegs = 32;
 inline constexpr int kMaskRegs = 8;
-inline constexpr int kSyncFlags = 64;
+inline constexpr int kSyncFlags = 255;  // a DMA names a flag in 8 bits as flag + 1 (0: none)
 inline constexpr int kSublanes = 8;
 inline constexpr int kLanes = 128;
 inline constexpr int kMaxDmaDims = 3;
@@ -189,8 +189,8 @@ struct Instr {
   DmaEndpoint dst, src;
   uint8_t ndims = 0;
   DmaDim dims[kMaxDmaDims];
-  int8_t flag = -1;   // issuing core's flag incremented on completion (-1 none)
-  int8_t rflag = -1;  // destination core's flag incremented when the data has landed
+  int16_t flag = -1;   // issuing core's flag incremented on completion (-1 none)
+  int16_t rflag = -1;  // destination core's flag incremented when the data has landed
   // Not part of the encoding: where the instruction came from.
   uint32_t line = 0;   // source line in the .s file (0 unknown)
   int32_t op_id = -1;  // graph op id from the latest `op N` marker (-1 none)

@@ -83,8 +83,8 @@ Instr random_instr(std::mt19937& g, Op op, uint32_t code_size, int mxus) {
     in.imm = imm() & 0x7FFFFFFF;
     in.ndims = static_cast<uint8_t>(u(4));
     for (int d = 0; d < in.ndims; ++d) in.dims[d] = DmaDim{static_cast<uint32_t>(g()), imm(), imm()};
-    in.flag = static_cast<int8_t>(u(65) - 1);
-    in.rflag = static_cast<int8_t>(u(65) - 1);
+    in.flag = static_cast<int16_t>(u(isa::kSyncFlags + 1) - 1);
+    in.rflag = static_cast<int16_t>(u(isa::kSyncFlags + 1) - 1);
     return in;
   }
   uint8_t* regs[4] = {&in.a, &in.b, &in.c, &in.d};
@@ -96,7 +96,7 @@ Instr random_instr(std::mt19937& g, Op op, uint32_t code_size, int mxus) {
       case 'V': *regs[r++] = static_cast<uint8_t>(op == Op::kVxpose ? u(17) : u(32)); break;
       case 'M': *regs[r++] = static_cast<uint8_t>(u(8)); break;
       case 'X': *regs[r++] = static_cast<uint8_t>(u(mxus)); break;
-      case 'F': *regs[r++] = static_cast<uint8_t>(u(64)); break;
+      case 'F': *regs[r++] = static_cast<uint8_t>(u(isa::kSyncFlags)); break;
       case 'L': put(static_cast<int32_t>(g() % (code_size + 1))); break;
       case 'R': {
         uint32_t bits = g();
@@ -211,7 +211,7 @@ TEST(IsaAsmErrors, EachClassNamesFileLineColumn) {
       {".input x f32 [4] vmem:0x1000000\n", "does not fit in vmem"},
       {"  vbcast v1, 1.5.3\n", "t.s:1:"},
       {"  vxpose v0, v20\n", "vxpose needs 16 consecutive registers"},
-      {"  wait f64, 1\n", "t.s:1:8: error: sync flag 'f64' out of range"},
+      {"  wait f255, 1\n", "t.s:1:8: error: sync flag 'f255' out of range"},
       {"  li s1, (3\n", "t.s:1:"},
   };
   for (const auto& c : cases) {

@@ -299,6 +299,44 @@ TEST(DpLower, FirstTorusSendsGoFromVmem) {
   }
 }
 
+// Slices in two slot pools: on v2-4x4 the fused order of slices two steps apart
+// stalls (every ring's slots hold landings whose sums wait for a slot downstream)
+// once the slices' first torus steps send several pieces per stream; the lowering
+// then slices with one piece per part, ceil(T / 2) steps apart, odd and even slices
+// in their own 8 slots of 16 per stream (landing and credit flags up to f64 +
+// 2 x 3 x 16). Bit-exact with the replicated reference, and the sums still go to
+// the torus from VMEM; with one slice (the whole buffer a piece per part) the
+// streams keep 6 slots. Pieces of 1024 elements stand for the 32 Ki of 64 MiB.
+TEST(DpLower, PooledSlicesOnV2Slice4x4) {
+  auto max_flag = [](const std::string& text) {
+    int most = -1;
+    for (size_t at = text.find("rflag=f"); at != std::string::npos; at = text.find("rflag=f", at + 1))
+      most = std::max(most, std::stoi(text.substr(at + 7)));
+    return most;
+  };
+  auto fused_sends = [](const std::string& text) {
+    size_t c = 0;
+    for (size_t at = text.find("dma vmem@chip"); at != std::string::npos; at = text.find("dma vmem@chip", at + 1)) {
+      const size_t eol = text.find('\n', at);
+      c += text.substr(at, eol - at).find(", vmem:") != std::string::npos;
+    }
+    return c;
+  };
+  for (int64_t slice_elems : {int64_t{16384}, int64_t{1} << 40}) {
+    expect_replicated_bit_exact(allreduce_only_ir(32, 256, 1024), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false,
+                                16ull << 20, [slice_elems](LowerOptions& lo) {
+                                  lo.stream_piece_elems = 1024;
+                                  lo.stream_slice_elems = slice_elems;
+                                });
+    if (slice_elems == 16384) {
+      EXPECT_GE(max_flag(g_last_assembly), 64 + 2 * 3 * 6) << "pooled: more than 6 slots per stream";
+      EXPECT_GT(fused_sends(g_last_assembly), 0u);
+    } else {
+      EXPECT_LT(max_flag(g_last_assembly), 64 + 2 * 3 * 6);
+    }
+  }
+}
+
 // Buffers smaller than the replica count (empty blocks, every algorithm's fallback).
 TEST(DpLower, TinyAllReduces) {
   for (int64_t e : {1, 3, 7, 9, 17})
