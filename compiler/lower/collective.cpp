@@ -726,8 +726,8 @@ void Emitter::lower_all_reduce(const Node& n) {
       auto credit_flag_of = [&](int src, int dst, int j) {
         return kStreamFirstFlag + sp.most * K + idx(sp.dests[static_cast<size_t>(src)], dst) * K + j;
       };
-      // Piece m of a stream: its slot, how many pieces used the slot before it, and
-      // how many after it.
+      // Piece m of a stream: its slot and how many pieces used that slot before it;
+      // uses(j): how many pieces go through slot j.
       auto slot_of = [&](int src, int dst, int64_t m) { return sp.slot_use.at({src, dst})[static_cast<size_t>(m)].first; };
       auto use_of = [&](int src, int dst, int64_t m) { return sp.slot_use.at({src, dst})[static_cast<size_t>(m)].second; };
       std::map<std::tuple<int, int, int>, int64_t> slot_uses;  // (src, dst, slot) -> pieces through it
