@@ -80,6 +80,12 @@ constexpr int kStreamLoads = 4;    // local operands fetched ahead, on flags kLo
 constexpr int kStreamScratch = 4;  // sums only stored, on flags kStoreFlag..+3 (f6..f9)
 constexpr int kSendBufStoreFlag = 10;  // stores of sums that are also sent from VMEM
 
+// Pieces of VMEM the streams take: the operand loads, the scratch sums, then K
+// receive slots per source and K send buffers per destination (in that order).
+int64_t stream_vmem_pieces(int64_t sources, int64_t dests, int K) {
+  return kStreamLoads + kStreamScratch + (sources + dests) * K;
+}
+
 struct StreamEvent {
   bool send;          // a send from HBM (x or y), else the use (consume) of a landing
   size_t step, move;  // the move of the schedule
@@ -113,7 +119,6 @@ struct StreamPlan {
   ici::Schedule sched;     // the schedule planned: the collective's, or its slices
   int64_t max_piece = 0;  // elements of the largest piece, whole tiles: the size of a slot
   int64_t makespan = 0;   // the ordering run's estimate of the collective's cycles
-  int pools = 1;  // the slots of a stream split into this many pools of K / pools (see slice_schedule)
 };
 
 // Plans every replica's program. Returns an empty message, or why the schedule
@@ -218,14 +223,12 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
       auto& d = sp.dests[static_cast<size_t>(m.src)];
       if (std::find(d.begin(), d.end(), m.dst) == d.end()) d.push_back(m.dst);
     }
-  size_t most = 1;
-  for (size_t r = 0; r < P; ++r) most = std::max({most, sp.sources[r].size(), sp.dests[r].size()});
+  const int64_t most = most_peers(sch);
   if (most > 6) return "a replica exchanges with more than 6 others";
   // One pool: 6 slots a stream, 4 with 4 peers (38 flags' worth, the budget these
   // plans were tuned with before the streams' flags moved to f64..).
-  sp.K = pools > 1 ? pooled_slots(static_cast<int64_t>(most)) : std::min<int>(6, 38 / (2 * static_cast<int>(most)));
+  sp.K = pools > 1 ? pooled_slots(most) : std::min<int>(6, 38 / (2 * static_cast<int>(most)));
   sp.most = static_cast<int>(most);
-  sp.pools = pools;
   if (sp.K / pools < 1) return "fewer slots per stream than pools";
   const int Kp = sp.K / pools;
   if (pools > 1) {
@@ -659,32 +662,30 @@ void Emitter::lower_all_reduce(const Node& n) {
       if (it != stream_cache.end()) plan = it->second;
     }
     if (!plan) {
-      auto attempt = [&](int pools, int64_t pc, bool fuse) -> std::shared_ptr<StreamPlan> {
+      // slice_elems: LowerOptions::stream_slice_elems, or E for the whole buffer.
+      auto attempt = [&](int pools, int64_t pc, bool fuse, int64_t slice_elems) -> std::shared_ptr<StreamPlan> {
         auto fresh = std::make_shared<StreamPlan>();
         std::vector<std::vector<int>> move_pool;
-        fresh->sched = slice_schedule(sch, opt_.stream_slice_elems, pc, pools, move_pool);
+        fresh->sched = slice_schedule(sch, slice_elems, pc, pools, move_pool);
         if (pools > 1 && move_pool.empty()) return nullptr;  // not sliced: the same as try 1
         if (!plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, pc).empty()) return nullptr;
         return fresh;
       };
-      std::shared_ptr<StreamPlan> fresh = attempt(1, piece, true);
+      const int64_t sliced = opt_.stream_slice_elems, no_slices = sch.elements;  // ceil(E / E) = 1 slice
+      std::shared_ptr<StreamPlan> fresh = attempt(1, piece, true, sliced);
       if (!fresh) {
         const int64_t most = most_peers(sch);
-        const int64_t per_piece = (kStreamLoads + kStreamScratch + 2 * most * pooled_slots(most)) * 4;
+        const int64_t per_piece = stream_vmem_pieces(most, most, pooled_slots(most)) * 4;
         const int64_t cap = static_cast<int64_t>(opt_.target.vmem_bytes) * 7 / 8 / per_piece / kTileElems * kTileElems;
-        if (cap >= kTileElems) fresh = attempt(2, std::min(piece, cap), true);
+        if (cap >= kTileElems) fresh = attempt(2, std::min(piece, cap), true, sliced);
       }
       if (!fresh) {
         // Unfused, slices only hold the ring up (a sum is stored and read back
         // anyway): v4-4x4x4 256 MiB planned 8.3 M cycles on 2 slices, 2.2 M whole.
         // Take whichever the ordering run finishes first.
-        fresh = attempt(1, piece, false);
-        std::vector<std::vector<int>> none;
-        auto whole = std::make_shared<StreamPlan>();
-        whole->sched = sch;
-        if (fresh && fresh->sched.steps.size() != sch.steps.size() &&
-            plan_stream(whole->sched, none, 1, *whole, false, piece).empty() && whole->makespan < fresh->makespan)
-          fresh = whole;
+        fresh = attempt(1, piece, false, sliced);
+        if (fresh && fresh->sched.steps.size() != sch.steps.size())
+          if (auto whole = attempt(1, piece, false, no_slices); whole && whole->makespan < fresh->makespan) fresh = whole;
       }
       if (fresh) {
         plan = fresh;
@@ -701,7 +702,7 @@ void Emitter::lower_all_reduce(const Node& n) {
     const int64_t PzB = (plan ? plan->max_piece : piece) * 4;
     const int64_t LOAD = 0, SCR = kStreamLoads * PzB, SLOTS = SCR + kStreamScratch * PzB;
     const int64_t SEND = plan ? SLOTS + static_cast<int64_t>(most_src) * plan->K * PzB : 0;
-    const int64_t TOP = plan ? SEND + static_cast<int64_t>(most_dst) * plan->K * PzB : 0;
+    const int64_t TOP = plan ? stream_vmem_pieces(static_cast<int64_t>(most_src), static_cast<int64_t>(most_dst), plan->K) * PzB : 0;
     if (plan && TOP <= static_cast<int64_t>(opt_.target.vmem_bytes)) {
       const StreamPlan& sp = *plan;
       const ici::Schedule& ssch = sp.sched;

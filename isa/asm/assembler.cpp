@@ -317,7 +317,8 @@ int Assembler::flag_operand(const std::vector<Token>& t, Range r) const {
     auto it = flags_.find(k.text);
     if (it != flags_.end()) return it->second;
   }
-  return reg(t, r, 'f', kSyncFlags, "a sync flag (f0..f254 or a .flag name)");
+  static const std::string what = "a sync flag (f0..f" + std::to_string(kSyncFlags - 1) + " or a .flag name)";
+  return reg(t, r, 'f', kSyncFlags, what.c_str());
 }
 
 void Assembler::address(const std::vector<Token>& t, Range r, uint8_t& base, int32_t& offset) const {
@@ -752,7 +753,7 @@ void Assembler::directive(const std::vector<Token>& t) {
     need(3, ".flag NAME N");
     if (t[1].kind != Tok::kIdent) error(t[1], "expected a name");
     int64_t v = full_expr(t, {2, t.size()});
-    if (v < 0 || v >= kSyncFlags) error(t[2], "flag number must be 0..254");
+    if (v < 0 || v >= kSyncFlags) error(t[2], "flag number must be 0.." + std::to_string(kSyncFlags - 1));
     flags_[t[1].text] = static_cast<int>(v);
   } else if (d == ".vmem") {
     // A buffer of the current core's VMEM plan (instr.h VmemBuffer): op=N addr=A bytes=B.
