@@ -127,6 +127,9 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
                         bool fuse, int64_t piece) {
   const size_t P = static_cast<size_t>(sch.chips), T = sch.steps.size();
   auto pool_of = [&](size_t t, size_t k) { return move_pool.empty() ? 0 : move_pool[t][k]; };
+  // The hierarchical schedule numbers a chip's two cores' replicas 2c, 2c + 1.
+  const bool hier = sch.algorithm == ici::Algorithm::kHierarchical;
+  auto on_chip = [&](int x, int y) { return hier && x / 2 == y / 2; };
   if (move_pool.empty()) pools = 1;
   sp.piece = piece;
   std::vector<int64_t> cuts{0, sch.elements};
@@ -239,7 +242,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     for (size_t t = 0; t < T; ++t)
       for (size_t k = 0; k < sch.steps[t].size(); ++k) {
         const ici::Move& m = sch.steps[t][k];
-        if (m.src / 2 == m.dst / 2) continue;  // the chip's own two cores (replicas 2c, 2c + 1)
+        if (on_chip(m.src, m.dst)) continue;
         if ((per_step[{m.src, m.dst, t, pool_of(t, k)}] += sp.move_pieces[t][k].size()) * 2 > static_cast<size_t>(Kp))
           return "a slice's step sends more pieces on a stream than half a pool's slots";
       }
@@ -401,8 +404,6 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   // neighbour message, 64 B/cycle on a link, 512 on chip, an add 4 cycles per tile)
   // so the order it leaves is the order the landings are expected in; the replica
   // and event that can start first go next. Only the order depends on the model.
-  const bool hier = sch.algorithm == ici::Algorithm::kHierarchical;
-  auto on_chip = [&](int x, int y) { return hier && x / 2 == y / 2; };
   std::vector<int64_t> clock(P, 0);
   std::map<std::tuple<int, size_t, size_t, int>, int64_t> land_at;
   std::map<std::pair<int, int>, std::vector<int64_t>> credit_at;  // per stream: when atom m's slot is free again
