@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <set>
 #include <tuple>
@@ -79,6 +80,7 @@ int64_t most_peers(const ici::Schedule& sch) {
 constexpr int kStreamLoads = 4;    // local operands fetched ahead, on flags kLoadFlag..+3 (f2..f5)
 constexpr int kStreamScratch = 4;  // sums only stored, on flags kStoreFlag..+3 (f6..f9)
 constexpr int kSendBufStoreFlag = 10;  // stores of sums that are also sent from VMEM
+constexpr int kSendBufSendFlag = 11;   // late fused sends from a send buffer (to the chip's other core)
 
 // Pieces of VMEM the streams take: the operand loads, the scratch sums, then K
 // receive slots per source and K send buffers per destination (in that order).
@@ -124,7 +126,7 @@ struct StreamPlan {
 // Plans every replica's program. Returns an empty message, or why the schedule
 // does not stream (then the caller lowers it the other way).
 std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<int>>& move_pool, int pools, StreamPlan& sp,
-                        bool fuse, int64_t piece) {
+                        bool fuse, bool late, int64_t piece) {
   const size_t P = static_cast<size_t>(sch.chips), T = sch.steps.size();
   auto pool_of = [&](size_t t, size_t k) { return move_pool.empty() ? 0 : move_pool[t][k]; };
   // The hierarchical schedule numbers a chip's two cores' replicas 2c, 2c + 1.
@@ -290,6 +292,35 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
         fused_move[{t, k}] = ok && fuse;
       }
     }
+    // A final value that lands as a copy and goes to this chip's other core only in
+    // a later step (the on-chip all-gather) is sent from the VMEM copy as it lands
+    // (late fused) instead of being read back from y then: (copy consume step, move,
+    // first atom) -> its late sends (step, move); those send pieces are no events.
+    std::map<std::tuple<size_t, size_t, int>, std::vector<std::pair<size_t, size_t>>> late_of;
+    std::set<std::tuple<size_t, size_t, int>> late_send;
+    for (size_t t = 0; t < T && fuse && late && hier; ++t)
+      for (size_t k = 0; k < sch.steps[t].size(); ++k) {
+        const ici::Move& m = sch.steps[t][k];
+        if (m.src != static_cast<int>(r) || !on_chip(m.src, m.dst) || fused_move[{t, k}]) continue;
+        for (const auto& [a0, a1] : sp.move_pieces[t][k]) {
+          // the last write of every atom: one copying consume of exactly this piece,
+          // before step t - 1, and no consume after it
+          std::optional<std::pair<size_t, size_t>> w;
+          bool ok = true;
+          for (int a = a0; a < a1 && ok; ++a) {
+            std::optional<std::pair<size_t, size_t>> last;
+            for (const auto& [st, mv, is_send] : acc[static_cast<size_t>(a)])
+              if (!is_send) last = std::make_pair(st, mv);
+            ok = last && last->first + 1 < t && (!w || *w == *last);
+            w = last;
+          }
+          if (!ok || sch.steps[w->first][w->second].reduce) continue;
+          const auto& src_pieces = sp.move_pieces[w->first][w->second];
+          if (std::find(src_pieces.begin(), src_pieces.end(), std::make_pair(a0, a1)) == src_pieces.end()) continue;
+          late_of[{w->first, w->second, a0}].emplace_back(t, k);
+          late_send.emplace(t, k, a0);
+        }
+      }
     // Candidates in the preferred order (step; its sends from HBM, then its consumes,
     // piece position round robin over the moves); the ordering run below picks from
     // the first kWindow of them.
@@ -307,6 +338,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
             if (p >= sp.move_pieces[t][k].size()) continue;
             any = true;
             const auto [a0, a1] = sp.move_pieces[t][k][p];
+            if (pass == 0 && late_send.count({t, k, a0})) continue;
             Cand c;
             c.e = StreamEvent{pass == 0, t, k, a0, a1, {}, {}, true, true};
             int xs = 0;
@@ -327,6 +359,8 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
               const bool reduce = sch.steps[t][k].reduce;
               for (const auto& [st, mv, is_send] : acc[static_cast<size_t>(a0)])
                 if (st == t + 1 && is_send && fused_move[{st, mv}]) c.e.fused.emplace_back(st, mv);
+              if (auto late = late_of.find({t, k, a0}); late != late_of.end())
+                c.e.fused.insert(c.e.fused.end(), late->second.begin(), late->second.end());
               for (int a = a0; a < a1 && reduce; ++a) {
                 // The next use of the value decides: a read (a send from y, an add
                 // into it) needs it stored; a copy landing over it does not.
@@ -360,8 +394,11 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   // and reads of the atom done) and its sends have a free slot (the receiver used the
   // atom K earlier on that slot). A program order taken from such a run only ever
   // waits for what comes earlier in the run, so the programs cannot deadlock; the
-  // run stalling means this schedule does not stream with K slots.
-  constexpr size_t kWindow = 32;
+  // run stalling means this schedule does not stream with K slots. A window of 32
+  // left a chip's last on-chip all-gather sends (the schedule's last step, at the
+  // end of every replica's list) until the torus all-gather was over, a tail bound
+  // by HBM (v2-4x4 16 MiB: 180,898 cycles; 171,031 with 256).
+  constexpr size_t kWindow = 256;
   std::map<std::pair<int, int>, int64_t> sent;
   std::vector<std::vector<int>> writes_done(P, std::vector<int>(A, 0)), sends_done(P, std::vector<int>(A, 0));
   std::vector<size_t> first(P, 0);
@@ -664,29 +701,35 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
     if (!plan) {
       // slice_elems: LowerOptions::stream_slice_elems, or E for the whole buffer.
-      auto attempt = [&](int pools, int64_t pc, bool fuse, int64_t slice_elems) -> std::shared_ptr<StreamPlan> {
+      auto attempt = [&](int pools, int64_t pc, bool fuse, bool late, int64_t slice_elems) -> std::shared_ptr<StreamPlan> {
         auto fresh = std::make_shared<StreamPlan>();
         std::vector<std::vector<int>> move_pool;
         fresh->sched = slice_schedule(sch, slice_elems, pc, pools, move_pool);
         if (pools > 1 && move_pool.empty()) return nullptr;  // not sliced: the same as try 1
-        if (!plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, pc).empty()) return nullptr;
+        if (!plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, late, pc).empty()) return nullptr;
         return fresh;
       };
       const int64_t sliced = opt_.stream_slice_elems, no_slices = sch.elements;  // ceil(E / E) = 1 slice
-      std::shared_ptr<StreamPlan> fresh = attempt(1, piece, true, sliced);
+      // Each fused try first with the late fused sends, then without (where they
+      // stall the ordering run: a consume then waits for a slot on the on-chip stream).
+      auto fused_attempt = [&](int pools, int64_t pc) {
+        auto p = attempt(pools, pc, true, true, sliced);
+        return p ? p : attempt(pools, pc, true, false, sliced);
+      };
+      std::shared_ptr<StreamPlan> fresh = fused_attempt(1, piece);
       if (!fresh) {
         const int64_t most = most_peers(sch);
         const int64_t per_piece = stream_vmem_pieces(most, most, pooled_slots(most)) * 4;
         const int64_t cap = static_cast<int64_t>(opt_.target.vmem_bytes) * 7 / 8 / per_piece / kTileElems * kTileElems;
-        if (cap >= kTileElems) fresh = attempt(2, std::min(piece, cap), true, sliced);
+        if (cap >= kTileElems) fresh = fused_attempt(2, std::min(piece, cap));
       }
       if (!fresh) {
         // Unfused, slices only hold the ring up (a sum is stored and read back
         // anyway): v4-4x4x4 256 MiB planned 8.3 M cycles on 2 slices, 2.2 M whole.
         // Take whichever the ordering run finishes first.
-        fresh = attempt(1, piece, false, sliced);
+        fresh = attempt(1, piece, false, false, sliced);
         if (fresh && fresh->sched.steps.size() != sch.steps.size())
-          if (auto whole = attempt(1, piece, false, no_slices); whole && whole->makespan < fresh->makespan) fresh = whole;
+          if (auto whole = attempt(1, piece, false, false, no_slices); whole && whole->makespan < fresh->makespan) fresh = whole;
       }
       if (fresh) {
         plan = fresh;
@@ -780,14 +823,21 @@ void Emitter::lower_all_reduce(const Node& n) {
                  at(SLOTS + (idx(sp.sources[static_cast<size_t>(d)], me) * K + slot_of(me, d, m)) * PzB);
         return endpoint("hbm", d) + ":" + at(there(d, Y.addr + sp.atoms[static_cast<size_t>(a)].first * 4));
       };
-      auto send = [&](size_t t, size_t k, int a, int a_end, const std::string& from) {
+      // A send counts on f58, or (buffer_flag) on its own flag: a second send from a
+      // send buffer, which the buffer's next use waits for (its credit covers only
+      // the first).
+      auto send = [&](size_t t, size_t k, int a, int a_end, const std::string& from, int buffer_flag = -1) {
         const ici::Move& mv = ssch.steps[t][k];
         const int64_t m = sp.index.at({me, t, k, a});
         wait_credit(mv.dst, m);
         const int64_t bytes = (sp.atoms[static_cast<size_t>(a_end - 1)].second - sp.atoms[static_cast<size_t>(a)].first) * 4;
-        line("dma " + target(t, k, a, m) + ", " + from + ", bytes=" + std::to_string(bytes) +
-             ", flag=" + kSendFlag + ", rflag=f" + std::to_string(land_flag(mv.dst, me, m)));
-        ++sent;
+        line("dma " + target(t, k, a, m) + ", " + from + ", bytes=" + std::to_string(bytes) + ", flag=" +
+             (buffer_flag < 0 ? std::string(kSendFlag) : "f" + std::to_string(buffer_flag)) +
+             ", rflag=f" + std::to_string(land_flag(mv.dst, me, m)));
+        if (buffer_flag < 0)
+          ++sent;
+        else
+          ++flag_dmas_[cur_][buffer_flag];
       };
       // Stores of values to y: which flag holds the last store of an atom not yet waited for.
       std::map<int, int> store_pending;  // atom -> flag
@@ -916,7 +966,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         ++loads_issued;
         return true;
       };
-      std::map<int64_t, bool> sendbuf_stored;
+      std::map<int64_t, bool> sendbuf_stored, sendbuf_sent;
       size_t scratch = 0, load_j = 0;
       for (size_t i = 0; i < prog.size(); ++i) {
         const StreamEvent& e = prog[i];
@@ -975,6 +1025,10 @@ void Emitter::lower_all_reduce(const Node& n) {
             wait_store_flag(kSendBufStoreFlag);
             sendbuf_stored[out] = false;
           }
+          if (sendbuf_sent[out]) {
+            wait_store_flag(kSendBufSendFlag);
+            sendbuf_sent[out] = false;
+          }
           store_flag = kSendBufStoreFlag;
         } else {
           store_flag = kStoreFlag + static_cast<int>(scratch % kStreamScratch);
@@ -996,7 +1050,10 @@ void Emitter::lower_all_reduce(const Node& n) {
           if (put != keep_put.end()) line("vst v1, " + at(put->second));
         }
         give_credit();
-        for (const auto& [t, k] : e.fused) send(t, k, e.atom, e.atom_end, vmem(out));
+        for (size_t q = 0; q < e.fused.size(); ++q) {
+          send(e.fused[q].first, e.fused[q].second, e.atom, e.atom_end, vmem(out), q == 0 ? -1 : kSendBufSendFlag);
+          if (q > 0) sendbuf_sent[out] = flag_pending[kSendBufSendFlag] = true;
+        }
         std::vector<std::pair<int, int>> stores;  // the runs read again from y
         if (copy_in_vmem) {  // the final value: y holds it
           for (int b = e.atom; b < e.atom_end; ++b) wait_store(b);
@@ -1021,6 +1078,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
       for (int f = kStoreFlag; f < kStoreFlag + kStreamScratch; ++f) wait_store_flag(f);
       wait_store_flag(kSendBufStoreFlag);
+      wait_store_flag(kSendBufSendFlag);
       for (int src : srcs)
         for (int j = 0; j < K; ++j) coll_landed_[land_flag_of(me, src, j)] = base[land_flag_of(me, src, j)] + uses(src, me, j);
       for (int d : dsts)

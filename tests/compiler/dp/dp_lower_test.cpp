@@ -269,6 +269,32 @@ TEST(DpLower, AllReduceInSlicesOnV38) {
   EXPECT_GT(count(g_last_assembly, "vst v1"), count(g_last_assembly, "vadd v1"));
 }
 
+// A final value that lands as a copy during the torus all-gather goes to the
+// chip's other core (the on-chip all-gather) from its VMEM copy as it lands, on
+// its own flag f11 that the send buffer's next use waits for, instead of being
+// stored to y, waited for and read back. Bit-exact under the race checker, on
+// v3-8 in slices and on a v2-4x4 slice, where every such send follows the send
+// of the same buffer to the next chip.
+TEST(DpLower, FinalCopiesGoToTheOtherCoreFromVmem) {
+  auto late_sends = [](const std::string& text) {
+    size_t c = 0;
+    for (size_t at = text.find("\n  dma hbm@chip"); at != std::string::npos; at = text.find("\n  dma hbm@chip", at + 1)) {
+      const std::string l = text.substr(at, text.find('\n', at + 1) - at);
+      c += l.find(", vmem:") != std::string::npos && l.find("flag=f11,") != std::string::npos;
+    }
+    return c;
+  };
+  expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, "auto", true,
+                              16ull << 20, [](LowerOptions& lo) {
+                                lo.stream_piece_elems = 1024;
+                                lo.stream_slice_elems = 8 * 1024;
+                              });
+  EXPECT_GT(late_sends(g_last_assembly), 0u);
+  expect_replicated_bit_exact(allreduce_only_ir(32, 32, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
+                              16ull << 20, [](LowerOptions& lo) { lo.stream_piece_elems = 1024; });
+  EXPECT_GT(late_sends(g_last_assembly), 0u);
+}
+
 // The on-chip reduce-scatter's pieces are cut where the torus groups' first chunks
 // begin, so each group's first torus send goes straight from the VMEM sum (pieces
 // of 4096 elements against groups' chunks of 2062: a piece used to span two of
