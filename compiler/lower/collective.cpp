@@ -841,7 +841,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       };
       // Stores of values to y: which flag holds the last store of an atom not yet waited for.
       std::map<int, int> store_pending;  // atom -> flag
-      std::map<int, bool> flag_pending;
+      std::map<int, bool> flag_pending;  // flags with DMAs not yet waited for: stores, second sends from a send buffer
       auto wait_store = [&](int a) {
         auto it = store_pending.find(a);
         if (it == store_pending.end()) return;
@@ -850,7 +850,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         for (auto i = store_pending.begin(); i != store_pending.end();) i = i->second == f ? store_pending.erase(i) : std::next(i);
         flag_pending[f] = false;
       };
-      auto wait_store_flag = [&](int f) {
+      auto wait_flag_if_pending = [&](int f) {
         if (!flag_pending[f]) return;
         wait_flag(f);
         for (auto i = store_pending.begin(); i != store_pending.end();) i = i->second == f ? store_pending.erase(i) : std::next(i);
@@ -1022,11 +1022,11 @@ void Emitter::lower_all_reduce(const Node& n) {
           wait_credit(d, m2);
           out = SEND + (idx(dsts, d) * K + slot_of(me, d, m2)) * PzB;
           if (sendbuf_stored[out]) {
-            wait_store_flag(kSendBufStoreFlag);
+            wait_flag_if_pending(kSendBufStoreFlag);
             sendbuf_stored[out] = false;
           }
           if (sendbuf_sent[out]) {
-            wait_store_flag(kSendBufSendFlag);
+            wait_flag_if_pending(kSendBufSendFlag);
             sendbuf_sent[out] = false;
           }
           store_flag = kSendBufStoreFlag;
@@ -1034,7 +1034,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           store_flag = kStoreFlag + static_cast<int>(scratch % kStreamScratch);
           out = SCR + static_cast<int64_t>(scratch % kStreamScratch) * PzB;
           ++scratch;
-          wait_store_flag(store_flag);
+          wait_flag_if_pending(store_flag);
         }
         if (j != SIZE_MAX) wait_flag(kLoadFlag + static_cast<int>(j % kStreamLoads));
         const int64_t slot = SLOTS + (idx(srcs, mv.src) * K + slot_of(mv.src, me, m)) * PzB;
@@ -1076,9 +1076,9 @@ void Emitter::lower_all_reduce(const Node& n) {
         }
       }
       line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
-      for (int f = kStoreFlag; f < kStoreFlag + kStreamScratch; ++f) wait_store_flag(f);
-      wait_store_flag(kSendBufStoreFlag);
-      wait_store_flag(kSendBufSendFlag);
+      for (int f = kStoreFlag; f < kStoreFlag + kStreamScratch; ++f) wait_flag_if_pending(f);
+      wait_flag_if_pending(kSendBufStoreFlag);
+      wait_flag_if_pending(kSendBufSendFlag);
       for (int src : srcs)
         for (int j = 0; j < K; ++j) coll_landed_[land_flag_of(me, src, j)] = base[land_flag_of(me, src, j)] + uses(src, me, j);
       for (int d : dsts)
