@@ -6,9 +6,10 @@ namespace tpusim::ici {
 
 CollectiveDriver::CollectiveDriver(Network& net, const Schedule& s, int64_t bytes_per_element)
     : net_(net), s_(s), bytes_per_element_(bytes_per_element) {
-  if (net.topology().chips() != s.chips)
-    throw IciError(s.name + ": schedule is for " + std::to_string(s.chips) + " chips, network has " +
-                   std::to_string(net.topology().chips()));
+  if (net.topology().chips() * participants_per_chip() != s.chips)
+    throw IciError(s.name + ": schedule is for " + std::to_string(s.chips) + " participants, network has " +
+                   std::to_string(net.topology().chips()) + " chips" +
+                   (participants_per_chip() > 1 ? " of 2 cores" : ""));
   if (bytes_per_element < 1) throw IciError(s.name + ": bytes_per_element must be >= 1");
   // Atoms: the finest pieces every chunk is a union of.
   std::vector<int64_t> cuts{0, s.elements};
@@ -89,8 +90,9 @@ void CollectiveDriver::issue(uint32_t i, uint64_t t) {
   }
   ++run_.messages;
   run_.bytes_moved += n.bytes;
-  net_.send({m.src, 0}, {m.dst, 0}, n.bytes, t, [this, i](MessageId, uint64_t when) { finish(i, when); },
-            m.direction);
+  const int per = participants_per_chip();
+  net_.send({m.src / per, m.src % per}, {m.dst / per, m.dst % per}, n.bytes, t,
+            [this, i](MessageId, uint64_t when) { finish(i, when); }, m.direction);
 }
 
 void CollectiveDriver::finish(uint32_t i, uint64_t t) {

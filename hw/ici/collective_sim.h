@@ -1,5 +1,8 @@
 // A collective schedule run on the network model: every move becomes one message
-// (a DMA from core 0 of the sending chip to core 0 of the receiving chip), issued
+// (a DMA from core 0 of the sending chip to core 0 of the receiving chip; for the
+// hierarchical algorithm, whose participants are the cores, participant 2 x chip +
+// core, from that core to that core, so its on-chip steps use the chip's
+// core-to-router paths), issued
 // as soon as what it depends on has been delivered:
 //  - the moves that last wrote the elements it sends (read after write),
 //  - for a reducing move, the moves that last wrote the elements it adds into,
@@ -46,6 +49,7 @@ class CollectiveDriver {
     uint64_t bytes = 0;
   };
   void issue(uint32_t i, uint64_t t);
+  int participants_per_chip() const { return s_.algorithm == Algorithm::kHierarchical ? 2 : 1; }
   void finish(uint32_t i, uint64_t t);
   Network& net_;
   const Schedule& s_;

@@ -322,27 +322,36 @@ class Bandwidth : public ::testing::TestWithParam<BwCase> {};
 
 TEST_P(Bandwidth, LargeAllReduceWithinFivePercentOfClosedForm) {
   const auto& c = GetParam();
-  Network net = Network::from_params(config::load_preset(c.preset));
-  const Schedule s = make_schedule(CollectiveKind::kAllReduce, c.algo, net.topology(), int64_t(c.bytes / 4));
+  const config::Params prm = config::load_preset(c.preset);
+  Network net = Network::from_params(prm);
+  // The hierarchical algorithm's participants are both cores of every chip (c.bytes
+  // per core); its on-chip steps take the preset's core-to-core fit.
+  const bool hier = c.algo == Algorithm::kHierarchical;
+  const Schedule s =
+      make_schedule(CollectiveKind::kAllReduce, c.algo, net.topology(), int64_t(c.bytes / 4), hier ? 2 : 1);
   const CollectiveRun r = simulate(net, s, 4);
   const auto ab = net.neighbour_alpha_beta();
+  const double oa = prm.get_double("core.dma.core_to_core.latency_cycles"),
+               ob = prm.get_double("core.dma.core_to_core.cycles_per_kib") / 1024;
   const double closed = closed_form_cycles(CollectiveKind::kAllReduce, c.algo, net.topology(), double(c.bytes),
-                                           ab.alpha_cycles, ab.beta_cycles_per_byte);
+                                           ab.alpha_cycles, ab.beta_cycles_per_byte, oa, ob);
   EXPECT_NEAR(double(r.cycles) / closed, 1.0, 0.05) << r.cycles << " vs " << closed;
   // The closed form written out here for these presets (all dims equal, k each):
   // ring 2(p-1)(a + b n/p), bidir 2(p-1)(a + b n/2p), torus over D dims with
-  // G = 2D groups: 2 sum_h (k-1)(a + b n/(G k^h)).
+  // G = 2D groups: 2 sum_h (k-1)(a + b n/(G k^h)); hierarchical that torus plus
+  // the on-chip reduce-scatter and all-gather of half the buffer, 2 (oa + ob n/2).
   const Topology& t = net.topology();
   const double p = t.chips(), n = double(c.bytes), a = ab.alpha_cycles, b = ab.beta_cycles_per_byte;
   double indep = 0;
   if (c.algo == Algorithm::kRing) indep = 2 * (p - 1) * (a + b * n / p);
   if (c.algo == Algorithm::kBidirectionalRing) indep = 2 * (p - 1) * (a + b * n / (2 * p));
-  if (c.algo == Algorithm::kTorus) {
+  if (c.algo == Algorithm::kTorus || hier) {
     int D = 0;
     for (int d : t.dims()) D += d > 1;
     const double k = t.dims()[0];
     for (int h = 1; h <= D; ++h) indep += 2 * (k - 1) * (a + b * n / (2 * D * std::pow(k, h)));
   }
+  if (hier) indep += 2 * (oa + ob * n / 2);
   EXPECT_NEAR(closed, indep, 1e-9 * indep);
   // The messages carry exactly the schedule's bytes.
   uint64_t chip_bytes = 0;
@@ -359,7 +368,10 @@ INSTANTIATE_TEST_SUITE_P(Presets, Bandwidth,
                                            BwCase{"v2-4x4", Algorithm::kBidirectionalRing, 16 << 20},
                                            BwCase{"v2-4x4", Algorithm::kTorus, 16 << 20},
                                            BwCase{"v4-4x4x4", Algorithm::kBidirectionalRing, 16 << 20},
-                                           BwCase{"v4-4x4x4", Algorithm::kTorus, 16 << 20}),
+                                           BwCase{"v4-4x4x4", Algorithm::kTorus, 16 << 20},
+                                           BwCase{"v3-8", Algorithm::kHierarchical, 16 << 20},
+                                           BwCase{"v2-4x4", Algorithm::kHierarchical, 16 << 20},
+                                           BwCase{"v4-4x4x4", Algorithm::kHierarchical, 16 << 20}),
                          [](const auto& i) {
                            std::string n = std::string(i.param.preset) + "_" + to_string(i.param.algo);
                            for (auto& ch : n)
