@@ -68,8 +68,8 @@ void OpProfile::vector(const isa::Instr& in, uint64_t begin, uint64_t end) {
   units_end_ = std::max(units_end_, end + 1);  // the result is written in cycle `end`
 }
 
-void OpProfile::dma_done(const isa::Instr& in, uint64_t hbm_bytes, uint64_t begin, uint64_t end,
-                         timeline::TrackId track) {
+void OpProfile::dma_done(const isa::Instr& in, uint64_t hbm_bytes, uint64_t chip_hbm_bytes, uint64_t begin,
+                         uint64_t end, timeline::TrackId track) {
   if (in.flag >= 0 && in.flag < isa::kSyncFlags && is_infeed(in) && infeed_pending_[static_cast<size_t>(in.flag)] > 0)
     --infeed_pending_[static_cast<size_t>(in.flag)];
   Op& o = at(in.op_id);
@@ -77,7 +77,7 @@ void OpProfile::dma_done(const isa::Instr& in, uint64_t hbm_bytes, uint64_t begi
   o.dma_busy_cycles += end > begin ? end - begin : 0;
   units_end_ = std::max(units_end_, end + 1);  // data and flags land in cycle `end`
   // The chip's HBM bandwidth counter: every core's HBM transfers summed per window.
-  if (tl_ && hbm_bytes) tl_->rate(track, "HBM bandwidth (GB/s)", begin, end, double(hbm_bytes), 1e-9);
+  if (tl_ && chip_hbm_bytes) tl_->rate(track, "HBM bandwidth (GB/s)", begin, end, double(chip_hbm_bytes), 1e-9);
   if (tl_ && in.flag >= 0 && in.flag < isa::kSyncFlags) {
     auto& src = flag_sources_[static_cast<size_t>(in.flag)];
     // A point strictly inside the transfer's slice [begin, end).

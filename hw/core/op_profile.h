@@ -94,9 +94,12 @@ class OpProfile {
   void matmul(int mxu, const isa::Instr& in, uint64_t macs, uint64_t begin, uint64_t end);
   // VPU: a vector instruction over [begin, end).
   void vector(const isa::Instr& in, uint64_t begin, uint64_t end);
-  // DMA engines: a transfer over [begin, end), `hbm_bytes` of it through this
-  // chip's HBM; `track` is the DMA's timeline track (flow arrows).
-  void dma_done(const isa::Instr& in, uint64_t hbm_bytes, uint64_t begin, uint64_t end, timeline::TrackId track);
+  // DMA engines: a transfer over [begin, end) that moved `hbm_bytes` through HBM
+  // (read + written, on every chip it touched: the op's count), `chip_hbm_bytes`
+  // of them through this chip's (the chip's bandwidth counter); `track` is the
+  // DMA's timeline track (flow arrows).
+  void dma_done(const isa::Instr& in, uint64_t hbm_bytes, uint64_t chip_hbm_bytes, uint64_t begin, uint64_t end,
+                timeline::TrackId track);
 
   // The sequencer's timeline track (slices per op span, flow ends).
   void attach_timeline(timeline::Timeline* tl, const std::string& process, const std::string& unit);

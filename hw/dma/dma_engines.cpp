@@ -355,10 +355,20 @@ void DmaEngines::finish(Transfer& t, uint64_t cycle) {
     env_.timeline->slice(track_, CoreEnv::slice_name(*t.it.in), t.start, cycle,
                          {{"engine", std::to_string(t.engine)}, {"transfer", t.it.plan->describe()}});
   }
-  const uint64_t hbm_bytes = t.kind == Kind::kHbmRead || t.kind == Kind::kHbmWrite
-                                 ? t.it.plan->total_bytes() * (t.hbm_to_hbm ? 2 : 1)
-                                 : 0;
-  env_.profile.dma_done(*t.it.in, hbm_bytes, t.start, cycle, track_);
+  uint64_t hbm_bytes = t.kind == Kind::kHbmRead || t.kind == Kind::kHbmWrite
+                           ? t.it.plan->total_bytes() * (t.hbm_to_hbm ? 2 : 1)
+                           : 0;
+  uint64_t chip_hbm_bytes = hbm_bytes;
+  if (t.kind == Kind::kRemote) {
+    // Its HBM ends (hw/dma/remote_hbm.h: a source read, a destination write) go
+    // through the memory of the chips they are on; the op that issued it owns both.
+    for (const isa::DmaEndpoint* e : {&t.it.in->src, &t.it.in->dst}) {
+      if (e->space != Space::kHbm) continue;
+      hbm_bytes += t.it.plan->total_bytes();
+      if (e->chip < 0 || static_cast<uint32_t>(e->chip) == env_.state->chip) chip_hbm_bytes += t.it.plan->total_bytes();
+    }
+  }
+  env_.profile.dma_done(*t.it.in, hbm_bytes, chip_hbm_bytes, t.start, cycle, track_);
 }
 
 void DmaEngines::tick(uint64_t cycle) {

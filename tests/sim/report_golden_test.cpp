@@ -62,6 +62,34 @@ TEST_F(ReportGolden, SingleMatmulOnV3MatchesTheHandDerivedReport) {
 
 // A compiled model: the per-op profile accounts for the run's totals, and the
 // timeline has op slices on the sequencer, DMA-to-wait flows, and validates.
+// A data-parallel all-reduce on the 4 chips of a v3-8: its remote DMAs read and
+// write HBM on both chips (hw/dma/remote_hbm.h), and the ops still account for
+// every byte the chips' memories carried.
+TEST_F(ReportGolden, BoardProfileCountsRemoteTransfersHbmEnds) {
+  const std::string graph = dir_ + "/ar.graph", bundle = dir_ + "/ar.tpb";
+  {
+    std::ofstream g(graph);
+    g << "graph ar {\n  input %x : f32[8,1]\n"
+         "  %a = pad(%x) {pads=[0,0,0,65535], value=1.0} : f32[8,65536] #0\n"
+         "  %g = all_reduce(%a) : f32[8,65536] #1\n"
+         "  %o = slice(%g) {starts=[0,0], ends=[1,8], axes=[0,1], steps=[1,1]} : f32[1,8] #2\n"
+         "  output %o\n}\n";
+  }
+  Completed c = tpusim({"compile", graph, "--preset", "v3-8", "--replicas", "8", "-o", bundle});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  c = tpusim({"run", bundle, "--preset", "v3-8", "--random-inputs", "1", "--out", dir_ + "/run", "-q"});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const nlohmann::json s = tpusim::run::read_stats(dir_ + "/run/stats.json");
+  uint64_t hbm = 0, all_reduce = 0;
+  for (const auto& op : s["ops"]) {
+    hbm += op["hbm_bytes"].get<uint64_t>();
+    if (op["id"] == 1) all_reduce = op["hbm_bytes"].get<uint64_t>();
+  }
+  EXPECT_EQ(hbm, s["hbm"]["bytes_read"].get<uint64_t>() + s["hbm"]["bytes_written"].get<uint64_t>());
+  // Each replica at least reads its 256 KiB and writes the sum back.
+  EXPECT_GE(all_reduce, 8u * 2 * 65536 * 4);
+}
+
 TEST_F(ReportGolden, CompiledModelProfileAddsUpAndTimelineValidates) {
   const std::string bundle = dir_ + "/mlp.tpb";
   Completed c = tpusim({"compile", kSrc + "/tests/compiler/lower/data/mlp.ir", "--preset", "v3", "--cores", "2",
