@@ -6,7 +6,8 @@ Inputs: the chip-model rows of tests/compiler/dp/allreduce_bw.py --json (the
 compiled all_reduce, one buffer per replica = TensorCore, the hierarchical
 algorithm that auto picks on these boards) and the markdown table that
 build/bench/ici_allreduce prints (the torus schedule on the network alone, one
-buffer per chip). Each is drawn as points over its own closed-form curve.
+buffer per chip; the hierarchical schedule there, one buffer per core, if the
+table has it). Each is drawn as points over its own closed-form curve.
 
 usage: plot_allreduce.py --chip rows.json [--chip more.json] --network ici_allreduce.txt -o out.png"""
 import argparse
@@ -76,12 +77,16 @@ def main():
                     label="its bound on the lowering's slices (pipelined)")
             ax.plot([r["bytes"] for r in rows], [r["algbw_gbps"] for r in rows], "s", color="tab:red",
                     label=f"compiled all_reduce, {rows[0]['replicas']} replicas, chip model (fast)")
+        hier = [r for r in net if r[0] == preset and r[1] == "hierarchical"]
+        if hier:
+            ax.plot([r[2] for r in hier], [gb(r[2], r[3]) for r in hier], "o", color="tab:red", mfc="none",
+                    label="hierarchical schedule on the network alone (hw/ici, no core program)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(preset)
         ax.set_xlabel("bytes per replica / per chip")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="lower right")
     axes[0].set_ylabel("algorithm bandwidth, GB/s (bytes / time)")
     fig.suptitle("All-reduce: achieved bandwidth vs the alpha-beta closed form")
     fig.tight_layout()
