@@ -29,6 +29,9 @@ Chip::Chip(const CoreParams& p, exec::Machine& m, const isa::Bundle& b, uint32_t
                                                   remote, *host_));
   }
   for (auto& c : cores_) c->set_infeed_possible(host_reads);
+  // The HBM ends of transfers to or from other chips join the chip's HBM
+  // bandwidth counter (kept on its core 0 DMA track's process).
+  if (tl) remote_hbm_->set_timeline(tl, tl->track("chip" + std::to_string(chip), "core0.dma"));
 }
 
 // A core without a program never has an event, so its tick is a skip of one cycle

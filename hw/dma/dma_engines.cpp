@@ -358,16 +358,14 @@ void DmaEngines::finish(Transfer& t, uint64_t cycle) {
   uint64_t hbm_bytes = t.kind == Kind::kHbmRead || t.kind == Kind::kHbmWrite
                            ? t.it.plan->total_bytes() * (t.hbm_to_hbm ? 2 : 1)
                            : 0;
-  uint64_t chip_hbm_bytes = hbm_bytes;
-  if (t.kind == Kind::kRemote) {
-    // Its HBM ends (hw/dma/remote_hbm.h: a source read, a destination write) go
-    // through the memory of the chips they are on; the op that issued it owns both.
-    for (const isa::DmaEndpoint* e : {&t.it.in->src, &t.it.in->dst}) {
-      if (e->space != Space::kHbm) continue;
-      hbm_bytes += t.it.plan->total_bytes();
-      if (e->chip < 0 || static_cast<uint32_t>(e->chip) == env_.state->chip) chip_hbm_bytes += t.it.plan->total_bytes();
-    }
-  }
+  // The chip's HBM counter takes this core's local transfers here; the HBM ends of
+  // one to or from another chip (hw/dma/remote_hbm.h: a source read, a
+  // destination write) go through the memory of the chips they are on, whose
+  // RemoteHbm counts them there. The op that issued it owns both.
+  const uint64_t chip_hbm_bytes = hbm_bytes;
+  if (t.kind == Kind::kRemote)
+    for (const isa::DmaEndpoint* e : {&t.it.in->src, &t.it.in->dst})
+      if (e->space == Space::kHbm) hbm_bytes += t.it.plan->total_bytes();
   env_.profile.dma_done(*t.it.in, hbm_bytes, chip_hbm_bytes, t.start, cycle, track_);
 }
 

@@ -100,6 +100,7 @@ void RemoteHbm::tick(uint64_t cycle) {
   // Reads whose bytes are all back are done; landings retire in order.
   for (size_t i = 0; i < reads_.size();) {
     if (reads_[i]->landed == reads_[i]->beats.size()) {
+      count(*reads_[i], cycle);
       by_serial_.erase(reads_[i]->serial);
       reads_.erase(reads_.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
@@ -107,6 +108,7 @@ void RemoteHbm::tick(uint64_t cycle) {
     }
   }
   while (!landings_.empty() && landings_.front()->landed == landings_.front()->beats.size()) {
+    count(*landings_.front(), cycle);
     landings_.front()->retire(cycle);
     last_activity_ = std::max(last_activity_, cycle);
     by_serial_.erase(landings_.front()->serial);
@@ -119,6 +121,11 @@ void RemoteHbm::tick(uint64_t cycle) {
   for (auto& s : reads_)
     if (!backpressured_ && !issue(*s, cycle)) backpressured_ = true;
   if (backpressured_) ++stall_backpressure_cycles_;
+}
+
+void RemoteHbm::count(const Stream& s, uint64_t cycle) const {
+  if (tl_ && s.bytes_issued > 0)
+    tl_->rate(track_, "HBM bandwidth (GB/s)", s.first, std::max(cycle, s.first + 1), double(s.bytes_issued), 1e-9);
 }
 
 uint64_t RemoteHbm::next_event_cycle(uint64_t now) const {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "hw/dma/dma_engines.h"
+#include "hw/timeline/timeline.h"
 
 namespace tpusim::hw {
 
@@ -50,6 +51,12 @@ class RemoteHbm {
   void land(std::vector<Beat> beats, uint64_t now, uint64_t first, Retire retire);
 
   void tick(uint64_t cycle);
+  // Adds each transfer's bytes, once all its beats are back, to the chip's
+  // "HBM bandwidth (GB/s)" counter (the process of `track`) over its span.
+  void set_timeline(timeline::Timeline* tl, timeline::TrackId track) {
+    tl_ = tl;
+    track_ = track;
+  }
   uint64_t next_event_cycle(uint64_t now) const;
   bool idle() const { return reads_.empty() && landings_.empty(); }
   uint64_t last_activity_cycle() const { return last_activity_; }
@@ -78,8 +85,12 @@ class RemoteHbm {
   bool issue(Stream& s, uint64_t cycle);  // false on back-pressure
   Stream* add(std::unique_ptr<Stream> s, bool write);
 
+  void count(const Stream& s, uint64_t cycle) const;
+
   MemoryHub& hub_;
   DmaParams p_;
+  timeline::Timeline* tl_ = nullptr;
+  timeline::TrackId track_{};
   uint32_t source_;
   uint64_t next_serial_ = 1;
   std::vector<std::unique_ptr<Stream>> reads_;

@@ -63,8 +63,8 @@ TEST_F(ReportGolden, SingleMatmulOnV3MatchesTheHandDerivedReport) {
 // A compiled model: the per-op profile accounts for the run's totals, and the
 // timeline has op slices on the sequencer, DMA-to-wait flows, and validates.
 // A data-parallel all-reduce on the 4 chips of a v3-8: its remote DMAs read and
-// write HBM on both chips (hw/dma/remote_hbm.h), and the ops still account for
-// every byte the chips' memories carried.
+// write HBM on both chips (hw/dma/remote_hbm.h), and the ops, and the chips' HBM
+// bandwidth counters, still account for every byte the chips' memories carried.
 TEST_F(ReportGolden, BoardProfileCountsRemoteTransfersHbmEnds) {
   const std::string graph = dir_ + "/ar.graph", bundle = dir_ + "/ar.tpb";
   {
@@ -77,7 +77,8 @@ TEST_F(ReportGolden, BoardProfileCountsRemoteTransfersHbmEnds) {
   }
   Completed c = tpusim({"compile", graph, "--preset", "v3-8", "--replicas", "8", "-o", bundle});
   ASSERT_EQ(c.exit_code, 0) << c.err;
-  c = tpusim({"run", bundle, "--preset", "v3-8", "--random-inputs", "1", "--out", dir_ + "/run", "-q"});
+  const std::string tl = dir_ + "/t.json";
+  c = tpusim({"run", bundle, "--preset", "v3-8", "--random-inputs", "1", "--out", dir_ + "/run", "-q", "--timeline", tl});
   ASSERT_EQ(c.exit_code, 0) << c.err;
   const nlohmann::json s = tpusim::run::read_stats(dir_ + "/run/stats.json");
   uint64_t hbm = 0, all_reduce = 0;
@@ -88,6 +89,13 @@ TEST_F(ReportGolden, BoardProfileCountsRemoteTransfersHbmEnds) {
   EXPECT_EQ(hbm, s["hbm"]["bytes_read"].get<uint64_t>() + s["hbm"]["bytes_written"].get<uint64_t>());
   // Each replica at least reads its 256 KiB and writes the sum back.
   EXPECT_GE(all_reduce, 8u * 2 * 65536 * 4);
+  // The 4 chips' counters (GB/s per 256-cycle window) integrate to the same bytes.
+  const nlohmann::json doc = nlohmann::json::parse(slurp(tl));
+  double integrated = 0;
+  for (const auto& e : doc["traceEvents"])
+    if (e["ph"] == "C" && e["name"] == "HBM bandwidth (GB/s)")
+      integrated += e["args"]["value"].get<double>() * 1e9 * 256.0 / s["clock_hz"].get<double>();
+  EXPECT_NEAR(integrated, double(hbm), 1e-6 * double(hbm));
 }
 
 TEST_F(ReportGolden, CompiledModelProfileAddsUpAndTimelineValidates) {
