@@ -36,9 +36,10 @@ Row run_one(const config::Params& p, ici::Algorithm algo, uint64_t bytes) {
       ici::make_schedule(ici::CollectiveKind::kAllReduce, algo, net.topology(), elements, hier ? 2 : 1);
   const ici::CollectiveRun r = ici::simulate(net, s, 4);
   const auto ab = net.neighbour_alpha_beta();
-  const double closed = ici::closed_form_cycles(
-      ici::CollectiveKind::kAllReduce, algo, net.topology(), double(bytes), ab.alpha_cycles, ab.beta_cycles_per_byte,
-      p.get_double("core.dma.core_to_core.latency_cycles"), p.get_double("core.dma.core_to_core.cycles_per_kib") / 1024);
+  const double onchip_alpha = p.get_double("core.dma.core_to_core.latency_cycles");
+  const double onchip_beta = p.get_double("core.dma.core_to_core.cycles_per_kib") / 1024;
+  const double closed = ici::closed_form_cycles(ici::CollectiveKind::kAllReduce, algo, net.topology(), double(bytes),
+                                                ab.alpha_cycles, ab.beta_cycles_per_byte, onchip_alpha, onchip_beta);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return {r.cycles, closed, wall, r.messages};
 }
@@ -84,7 +85,9 @@ int main(int argc, char** argv) {
                  double(r.cycles) / r.closed, r.messages, r.wall);
       return 0;
     }
-    fmt::print("| preset | algorithm | bytes/chip (hierarchical: /core) | cycles | us | algbw GB/s | closed-form cycles | sim/closed | wall s |\n");
+    fmt::print(
+        "| preset | algorithm | bytes/chip (hierarchical: /core) | cycles | us | algbw GB/s | closed-form cycles "
+        "| sim/closed | wall s |\n");
     fmt::print("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const auto& name : presets) {
       const auto p = config::load_preset(name);

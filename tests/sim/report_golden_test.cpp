@@ -60,8 +60,6 @@ TEST_F(ReportGolden, SingleMatmulOnV3MatchesTheHandDerivedReport) {
   }
 }
 
-// A compiled model: the per-op profile accounts for the run's totals, and the
-// timeline has op slices on the sequencer, DMA-to-wait flows, and validates.
 // A data-parallel all-reduce on the 4 chips of a v3-8: its remote DMAs read and
 // write HBM on both chips (hw/dma/remote_hbm.h), and the ops, and the chips' HBM
 // bandwidth counters, still account for every byte the chips' memories carried.
@@ -78,7 +76,8 @@ TEST_F(ReportGolden, BoardProfileCountsRemoteTransfersHbmEnds) {
   Completed c = tpusim({"compile", graph, "--preset", "v3-8", "--replicas", "8", "-o", bundle});
   ASSERT_EQ(c.exit_code, 0) << c.err;
   const std::string tl = dir_ + "/t.json";
-  c = tpusim({"run", bundle, "--preset", "v3-8", "--random-inputs", "1", "--out", dir_ + "/run", "-q", "--timeline", tl});
+  c = tpusim(
+      {"run", bundle, "--preset", "v3-8", "--random-inputs", "1", "--out", dir_ + "/run", "-q", "--timeline", tl});
   ASSERT_EQ(c.exit_code, 0) << c.err;
   const nlohmann::json s = tpusim::run::read_stats(dir_ + "/run/stats.json");
   uint64_t hbm = 0, all_reduce = 0;
@@ -98,6 +97,8 @@ TEST_F(ReportGolden, BoardProfileCountsRemoteTransfersHbmEnds) {
   EXPECT_NEAR(integrated, double(hbm), 1e-6 * double(hbm));
 }
 
+// A compiled model: the per-op profile accounts for the run's totals, and the
+// timeline has op slices on the sequencer, DMA-to-wait flows, and validates.
 TEST_F(ReportGolden, CompiledModelProfileAddsUpAndTimelineValidates) {
   const std::string bundle = dir_ + "/mlp.tpb";
   Completed c = tpusim({"compile", kSrc + "/tests/compiler/lower/data/mlp.ir", "--preset", "v3", "--cores", "2",
