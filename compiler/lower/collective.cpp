@@ -842,19 +842,15 @@ void Emitter::lower_all_reduce(const Node& n) {
       // Stores of values to y: which flag holds the last store of an atom not yet waited for.
       std::map<int, int> store_pending;  // atom -> flag
       std::map<int, bool> flag_pending;  // flags with DMAs not yet waited for: stores, second sends from a send buffer
-      auto wait_store = [&](int a) {
-        auto it = store_pending.find(a);
-        if (it == store_pending.end()) return;
-        const int f = it->second;
-        wait_flag(f);
-        for (auto i = store_pending.begin(); i != store_pending.end();) i = i->second == f ? store_pending.erase(i) : std::next(i);
-        flag_pending[f] = false;
-      };
       auto wait_flag_if_pending = [&](int f) {
         if (!flag_pending[f]) return;
         wait_flag(f);
         for (auto i = store_pending.begin(); i != store_pending.end();) i = i->second == f ? store_pending.erase(i) : std::next(i);
         flag_pending[f] = false;
+      };
+      // A store still pending keeps its flag pending (both are cleared together).
+      auto wait_store = [&](int a) {
+        if (auto it = store_pending.find(a); it != store_pending.end()) wait_flag_if_pending(it->second);
       };
       const std::vector<StreamEvent>& prog = sp.prog[static_cast<size_t>(me)];
       // Partial sums kept in VMEM: a reducing consume whose local operand is an
