@@ -762,6 +762,13 @@ void Emitter::lower_all_reduce(const Node& n) {
       };
       const int64_t zero = place_hbm(4), TOK = place_hbm_pinned(static_cast<int64_t>(std::max<size_t>(1, most_dst)) * K * 4);
       check_addr(n, TOK + static_cast<int64_t>(most_dst) * K * 4 + s.cores_per_chip * opt_.replica_region);
+      // Credits (a slot's uses after the first) land in the sender's SMEM: entry
+      // tokens stay in HBM, pinned, since they may arrive while the sender is still
+      // in its previous node, whose credits use the same SMEM words.
+      const int64_t credits = static_cast<int64_t>(opt_.target.smem_bytes) - kCreditSmemBytes,
+                    credit_zero = static_cast<int64_t>(opt_.target.smem_bytes) - 4;
+      if (static_cast<int64_t>(most_dst) * K * 4 > kCreditSmemBytes - 4)
+        fail(n, "the streamed all-reduce needs more credit words than the SMEM reserve holds");
       check_addr(n, Y.addr + E * 4 + s.cores_per_chip * opt_.replica_region);
       int64_t& sent = coll_sent_;
       // Slot j of a stream: landing flag on the receiver, credit flag on the sender.
@@ -998,9 +1005,9 @@ void Emitter::lower_all_reduce(const Node& n) {
         auto give_credit = [&] {
           if (!credit) return;
           const int src = mv.src;
-          line("dma " + endpoint("hbm", src) + ":" +
-               at(there(src, TOK + (idx(sp.dests[static_cast<size_t>(src)], me) * K + slot_of(src, me, m)) * 4)) + ", " + hbm(zero) +
-               ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag(src, me, m)));
+          line("dma " + endpoint("smem", src) + ":" +
+               at(credits + (idx(sp.dests[static_cast<size_t>(src)], me) * K + slot_of(src, me, m)) * 4) + ", smem:" +
+               at(credit_zero) + ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag(src, me, m)));
           ++sent;
         };
         const bool copy_in_vmem = !mv.reduce && copy_to_vmem.count({me, e.step, e.move, e.atom});

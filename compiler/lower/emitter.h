@@ -23,6 +23,12 @@ namespace tpusim::compiler::lowering {
 constexpr const char* kDmaFlag = "f1";
 constexpr int64_t kTileElems = 8 * 128;
 constexpr int64_t kAlign = 4096;
+// The top of every core's SMEM belongs to the streamed all-reduce's credits
+// (compiler/lower/collective.cpp): 4-byte DMAs that only carry their rflag. SMEM
+// to SMEM they touch no HBM; from HBM to HBM each paid a read on one chip's memory
+// and a write on the other's, behind the landings queued there, on the path of
+// every slot's next piece.
+constexpr int64_t kCreditSmemBytes = 1024;
 
 inline int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 

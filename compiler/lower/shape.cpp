@@ -186,7 +186,7 @@ void Emitter::lower_gather(const Node& n) {
   const int64_t xbytes = num_elements(X.type.shape) * esz(X.type.dtype);
   const int64_t xbase = X.addr <= INT32_MAX ? 0 : std::min<int64_t>(X.addr, UINT32_MAX - xbytes);
   if (xbase < 0 || X.addr - xbase > INT32_MAX) fail(n, "the gathered tensor lies beyond what [s1 + imm] reaches");
-  const int64_t block = std::min<int64_t>(ni, std::min<int64_t>(1024, static_cast<int64_t>(opt_.target.smem_bytes) / 4));
+  const int64_t block = std::min<int64_t>(ni, std::min<int64_t>(1024, (static_cast<int64_t>(opt_.target.smem_bytes) - kCreditSmemBytes) / 4));
   if (block < 1) fail(n, "no SMEM for the indices");
   for (int64_t q0 = 0; q0 < ni; q0 += block) {
     const int64_t cnt = std::min(block, ni - q0);

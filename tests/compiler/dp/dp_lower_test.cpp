@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "compiler/compiler.h"
+#include "compiler/lower/emitter.h"
 #include "compiler/lower/lower.h"
 #include "isa/exec/interpreter.h"
 #include "isa/exec/tensors.h"
@@ -267,6 +268,40 @@ TEST(DpLower, AllReduceInSlicesOnV38) {
     return c;
   };
   EXPECT_GT(count(g_last_assembly, "vst v1"), count(g_last_assembly, "vadd v1"));
+}
+
+// A slot's credits after its entry token are 4-byte DMAs into the sender's SMEM
+// (the top kCreditSmemBytes), SMEM to SMEM: they carry only their rflag, and from
+// HBM to HBM each paid a memory read and a write on the path of the slot's next
+// piece. Every 4-byte DMA into HBM is an entry token, sent before the core's first
+// data move; bit-exact under the race checker on v3-8 in slices.
+TEST(DpLower, CreditsGoSmemToSmem) {
+  expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, "auto", true, 16ull << 20,
+                              [](LowerOptions& lo) {
+                                lo.stream_piece_elems = 1024;
+                                lo.stream_slice_elems = 8 * 1024;
+                              });
+  std::istringstream in(g_last_assembly);
+  std::string line;
+  bool moved = false;  // this core has issued a data DMA in this node
+  int credits = 0, late_hbm_tokens = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind(".core ", 0) == 0 || line.rfind("  op ", 0) == 0) moved = false;  // a node's first moves
+    if (line.find("  dma ") != 0) continue;
+    const bool word = line.find("bytes=4,") != std::string::npos;
+    if (!word) moved = true;
+    if (word && line.find("dma smem@chip") != std::string::npos) {
+      // Into the reserve at the top of the 16 KiB SMEM, from its last word.
+      const int64_t dst = std::stoll(line.substr(line.find("[s0 + ") + 6));
+      EXPECT_GE(dst, (16 << 10) - compiler::lowering::kCreditSmemBytes) << line;
+      EXPECT_LT(dst, (16 << 10) - 4) << line;
+      EXPECT_NE(line.find(", smem:[s0 + 16380]"), std::string::npos) << line;
+      ++credits;
+    }
+    late_hbm_tokens += word && moved && line.find("dma hbm@chip") != std::string::npos;
+  }
+  EXPECT_GT(credits, 0);
+  EXPECT_EQ(late_hbm_tokens, 0);
 }
 
 // A final value that lands as a copy during the torus all-gather goes to the
