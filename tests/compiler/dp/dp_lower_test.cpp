@@ -325,9 +325,30 @@ TEST(DpLower, FinalCopiesGoToTheOtherCoreFromVmem) {
                                 lo.stream_slice_elems = 8 * 1024;
                               });
   EXPECT_GT(late_sends(g_last_assembly), 0u);
-  expect_replicated_bit_exact(allreduce_only_ir(32, 32, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
-                              16ull << 20, [](LowerOptions& lo) { lo.stream_piece_elems = 1024; });
-  EXPECT_GT(late_sends(g_last_assembly), 0u);
+  // The on-chip all-gather cuts its pieces as the torus all-gather's copies landed
+  // (with pieces of 16 Ki elements a core's half is one piece otherwise, matching
+  // none), so only a core's own reduce-scatter results (a reduce, not a copy; 1 / 16
+  // of its half) go to the other core from y: at most 32 x 1031 / 2 / 16 elements
+  // and a tile of rounding for each of the core's 2 torus groups.
+  for (int64_t piece : {1024, 16384}) {
+    expect_replicated_bit_exact(allreduce_only_ir(32, 32, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
+                                16ull << 20, [piece](LowerOptions& lo) { lo.stream_piece_elems = piece; });
+    EXPECT_GT(late_sends(g_last_assembly), 0u);
+    std::istringstream in(g_last_assembly);
+    std::string line, core;
+    bool in_op = false;                     // in the all_reduce (op 1)
+    std::map<std::string, int64_t> from_y;  // per core: bytes copied y -> the other core's y
+    while (std::getline(in, line)) {
+      if (line.rfind(".core ", 0) == 0) core = line.substr(6);
+      if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
+      const std::string chip = core.substr(0, core.find('.'));
+      if (!in_op || line.find("  dma hbm@" + chip + ".c") != 0 || line.find(", hbm:") == std::string::npos) continue;
+      const int64_t bytes = std::stoll(line.substr(line.find("bytes=") + 6));
+      if (bytes > 4) from_y[core] += bytes;
+    }
+    EXPECT_EQ(from_y.size(), 32u) << "pieces of " << piece;
+    for (const auto& [c, b] : from_y) EXPECT_LE(b, (32 * 1031 / 2 / 16 + 2 * 1024) * 4) << c << ", pieces of " << piece;
+  }
 }
 
 // The on-chip reduce-scatter's pieces are cut where the torus groups' first chunks
