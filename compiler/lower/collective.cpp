@@ -598,8 +598,22 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
 constexpr size_t kStreamSliceLag = 2;
 
 ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int64_t piece, int pools,
-                             std::vector<std::vector<int>>& move_pool) {
+                             std::vector<std::vector<int>>& move_pool, const std::vector<int64_t>& blocks) {
   move_pool.clear();
+  if (blocks.size() > 1) {
+    // Contiguous blocks (all_reduce_blocks), already staggered by the schedule:
+    // with pools, block b takes pool b % pools.
+    if (pools > 1)
+      for (const auto& step : sch.steps) {
+        move_pool.emplace_back();
+        for (const ici::Move& m : step) {
+          const int64_t at = sch.chunks[static_cast<size_t>(m.src_chunk)].offset;
+          const auto b = std::upper_bound(blocks.begin(), blocks.end(), at) - blocks.begin() - 1;
+          move_pool.back().push_back(static_cast<int>(b % pools));
+        }
+      }
+    return sch;
+  }
   std::vector<int64_t> cuts{0, sch.elements};
   for (const auto& step : sch.steps)
     for (const ici::Move& m : step)
@@ -688,6 +702,7 @@ void Emitter::lower_all_reduce(const Node& n) {
   const int64_t E = num_elements(n.type.shape);
   const bool f32 = n.type.dtype == DType::kF32;
   const ici::Schedule sch = all_reduce_schedule(s, E);
+  const std::vector<int64_t> blocks = all_reduce_blocks(s, E);
   const int me = opt_.replica;
   const int64_t tile_bytes = kTileElems * 4;
   const int64_t kPieceElems =
@@ -707,6 +722,8 @@ void Emitter::lower_all_reduce(const Node& n) {
     //    large as the VMEM then allows;
     // 3. every sum through y (unfused), sliced as in 1 or not, whichever the ordering
     //    run expects to finish first.
+    // A blocked schedule (all_reduce_blocks, 16 chips or more) is already staggered:
+    // its blocks stand for the slices, block b in pool b % 2 in try 2.
     static std::mutex stream_mutex;
     static std::map<std::string, std::shared_ptr<const StreamPlan>> stream_cache;
     const std::string key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(piece) + "|" +
@@ -722,7 +739,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       auto attempt = [&](int pools, int64_t pc, bool fuse, bool late, int64_t slice_elems) -> std::shared_ptr<StreamPlan> {
         auto fresh = std::make_shared<StreamPlan>();
         std::vector<std::vector<int>> move_pool;
-        fresh->sched = slice_schedule(sch, slice_elems, pc, pools, move_pool);
+        fresh->sched = slice_schedule(sch, slice_elems, pc, pools, move_pool, blocks);
         if (pools > 1 && move_pool.empty()) return nullptr;  // not sliced: the same as try 1
         if (!plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, late, pc).empty()) return nullptr;
         return fresh;

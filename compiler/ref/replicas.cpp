@@ -87,10 +87,50 @@ ici::Algorithm choose_algorithm(const ReplicaSpec& s, int64_t elements) {
   return ici::Algorithm::kRing;
 }
 
+std::vector<int64_t> all_reduce_blocks(const ReplicaSpec& s, int64_t elements) {
+  if (s.block_elems <= 0 || elements <= s.block_elems || choose_algorithm(s, elements) != ici::Algorithm::kHierarchical ||
+      chip_topology(s).chips() < 16)
+    return {0};
+  const int64_t nb = (elements + s.block_elems - 1) / s.block_elems;
+  const int64_t tile = elements / nb >= 2 * 1024 ? 1024 : 1;  // whole 8 x 128 tiles where blocks hold two
+  std::vector<int64_t> starts;
+  for (int64_t b = 0; b < nb; ++b) starts.push_back(elements * b / nb / tile * tile);
+  return starts;
+}
+
 ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements) {
   const ici::Algorithm a = choose_algorithm(s, elements);
-  if (a == ici::Algorithm::kHierarchical)
-    return ici::make_schedule(ici::CollectiveKind::kAllReduce, a, chip_topology(s), elements, 2);
+  if (a == ici::Algorithm::kHierarchical) {
+    const std::vector<int64_t> starts = all_reduce_blocks(s, elements);
+    if (starts.size() == 1) return ici::make_schedule(ici::CollectiveKind::kAllReduce, a, chip_topology(s), elements, 2);
+    // Block b's schedule on its own range, its steps from step b * lag on.
+    ici::Schedule out;
+    for (size_t b = 0; b < starts.size(); ++b) {
+      const int64_t lo = starts[b], hi = b + 1 < starts.size() ? starts[b + 1] : elements;
+      const ici::Schedule one = ici::make_schedule(ici::CollectiveKind::kAllReduce, a, chip_topology(s), hi - lo, 2);
+      if (b == 0) {
+        out = one;
+        out.name += "|blocks=" + std::to_string(starts.size());
+        out.elements = elements;
+        out.chunks.clear();
+        out.steps.clear();
+      }
+      const size_t lag = (one.steps.size() + 1) / 2, t0 = b * lag;
+      const int base = static_cast<int>(out.chunks.size());
+      for (ici::Chunk c : one.chunks) {
+        c.offset += lo;
+        out.chunks.push_back(c);
+      }
+      if (out.steps.size() < t0 + one.steps.size()) out.steps.resize(t0 + one.steps.size());
+      for (size_t t = 0; t < one.steps.size(); ++t)
+        for (ici::Move m : one.steps[t]) {
+          m.src_chunk += base;
+          m.dst_chunk += base;
+          out.steps[t0 + t].push_back(m);
+        }
+    }
+    return out;
+  }
   return ici::make_schedule(ici::CollectiveKind::kAllReduce, a, replica_topology(s), elements);
 }
 

@@ -23,6 +23,9 @@ struct ReplicaSpec {
   ici::Topology board;               // the preset's chips (system.topology, system.dims)
   std::string algorithm = "auto";    // auto | ring | bidir-ring | torus | hierarchical
   std::vector<std::string> batched;  // inputs split along axis 0; empty = every input
+  // The hierarchical all-reduce on 16 chips or more runs buffers above this many
+  // elements per replica on contiguous blocks of at most this many (all_reduce_blocks).
+  int64_t block_elems = int64_t{2} << 20;
 };
 
 inline int replica_chip(const ReplicaSpec& s, int r) { return s.replicas <= s.cores_per_chip ? 0 : r / s.cores_per_chip; }
@@ -44,6 +47,13 @@ ici::Topology chip_topology(const ReplicaSpec& s);
 // The algorithm an all_reduce of `elements` uses (docs/codegen.md "Collectives").
 ici::Algorithm choose_algorithm(const ReplicaSpec& s, int64_t elements);
 ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements);
+// Where the contiguous blocks of an all-reduce of `elements` per replica start
+// (docs/codegen.md "Blocks"): ceil(elements / block_elems) blocks, cut on whole
+// tiles, for the hierarchical algorithm on a chip topology of 16 chips or more;
+// else one block, {0}. all_reduce_schedule runs each block's own schedule, block
+// b + 1's steps ceil(T / 2) after block b's (T: one block's steps), so every
+// element is added in the order of its block's schedule.
+std::vector<int64_t> all_reduce_blocks(const ReplicaSpec& s, int64_t elements);
 
 // Every replica's all_reduce result: the schedule run with num::add(received,
 // local) on fp32 values (bf16 operands are exact in fp32; the caller rounds the

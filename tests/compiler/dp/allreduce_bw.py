@@ -126,12 +126,20 @@ PIECE_BYTES = 256 << 10
 SLICE_BYTES = 4 << 20
 
 
+# compiler/ref/replicas.h, ReplicaSpec::block_elems (fp32 elements per replica)
+BLOCK_BYTES = (2 << 20) * 4
+
+
 def slices_hierarchical(chip_dims, n):
-    """S of the lowering: ceil(n / 4 MiB), but no more than a segment between two
-    chunk boundaries (n / (2 D P): 2 cores, D groups each, P chips) holds pieces."""
+    """S of the lowering: on 16 chips or more, the contiguous blocks of
+    all_reduce_blocks (ceil(n / 8 MiB) above 8 MiB); else ceil(n / 4 MiB), but no
+    more than a segment between two chunk boundaries (n / (2 D P): 2 cores, D groups
+    each, P chips) holds pieces."""
     D, P = len(chip_dims), 1
     for k in chip_dims:
         P *= k
+    if P >= 16:
+        return max(1, -(-n // BLOCK_BYTES))
     seg = n // (2 * D * P)
     return max(1, min(-(-n // SLICE_BYTES), seg // PIECE_BYTES))
 

@@ -304,6 +304,19 @@ TEST(DpLower, CreditsGoSmemToSmem) {
   EXPECT_EQ(late_hbm_tokens, 0);
 }
 
+// Blocks (all_reduce_blocks): on a v2-4x4 slice (16 chips) a buffer above
+// block_elems runs as contiguous blocks, each its own schedule, staggered; the
+// lowering streams them as they come (two slot pools: block b in pool b % 2 when
+// the shared slots stall). Bit-exact under the race checker with the replicated
+// reference, whose add order is the blocks' (3 blocks of ~5.5 Ki elements).
+TEST(DpLower, AllReduceInBlocksOnV2Slice4x4) {
+  expect_replicated_bit_exact(allreduce_only_ir(32, 16, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
+                              16ull << 20, [](LowerOptions& lo) {
+                                lo.stream_piece_elems = 4096;
+                                lo.replicas.block_elems = 8192;
+                              });
+}
+
 // A final value that lands as a copy during the torus all-gather goes to the
 // chip's other core (the on-chip all-gather) from its VMEM copy as it lands, on
 // its own flag f11 that the send buffer's next use waits for, instead of being

@@ -3,6 +3,7 @@
 // the batch split's definition, not from the schedule generator.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -192,6 +193,50 @@ TEST(DpRef, AutoIsHierarchicalOnBoardsOfTwoCoresPerChip) {
   const auto y = all_reduce_values(s, x);
   for (int r = 0; r < 8; ++r)
     for (int e = 0; e < 37; ++e) ASSERT_EQ(y[size_t(r)][size_t(e)], float(2800 + 8 * e));
+}
+
+// Above block_elems per replica the hierarchical all-reduce on 16 chips or more
+// runs on contiguous blocks cut on whole tiles (docs/codegen.md "Blocks"): every
+// element is added in the order of its own block's schedule, so each block of the
+// result equals, bit for bit, the all-reduce of that block alone; blocks are
+// staggered by ceil(T / 2) steps. A 2x2 board (4 chips) keeps one block.
+TEST(DpRef, LargeHierarchicalAllReducesRunOnBlocks) {
+  ReplicaSpec s;
+  s.cores_per_chip = 2;
+  s.board = ici::Topology(ici::TopologyKind::kTorus2d, {4, 4});
+  s.replicas = 32;
+  s.block_elems = 4096;
+  const int64_t E = 10000;
+  EXPECT_EQ(all_reduce_blocks(s, E), (std::vector<int64_t>{0, 3072, 6144}));  // 3333-element thirds, on tiles
+  EXPECT_EQ(all_reduce_blocks(s, 4096), (std::vector<int64_t>{0}));
+  const ici::Schedule one = all_reduce_schedule(s, 4096), three = all_reduce_schedule(s, E);
+  EXPECT_EQ(three.steps.size(), 2 * ((one.steps.size() + 1) / 2) + one.steps.size());
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::uniform_int_distribution<int> ex(-20, 20);
+  std::vector<std::vector<float>> x(32, std::vector<float>(E));
+  for (auto& row : x)
+    for (float& v : row) v = std::ldexp(mant(rng), ex(rng)) * (rng() % 2 ? 1.0f : -1.0f);
+  const auto y = all_reduce_values(s, x);
+  ReplicaSpec whole = s;
+  whole.block_elems = 0;  // no blocks
+  const std::vector<int64_t> cut{0, 3072, 6144, E};
+  size_t differ_from_whole = 0;
+  const auto y_whole = all_reduce_values(whole, x);
+  for (size_t b = 0; b + 1 < cut.size(); ++b) {
+    std::vector<std::vector<float>> xb(32);
+    for (size_t r = 0; r < 32; ++r) xb[r].assign(x[r].begin() + cut[b], x[r].begin() + cut[b + 1]);
+    const auto yb = all_reduce_values(whole, xb);
+    for (size_t r = 0; r < 32; ++r)
+      for (int64_t e = cut[b]; e < cut[b + 1]; ++e) {
+        ASSERT_EQ(bits(y[r][size_t(e)]), bits(yb[r][size_t(e - cut[b])])) << "replica " << r << " element " << e;
+        differ_from_whole += bits(y[r][size_t(e)]) != bits(y_whole[r][size_t(e)]);
+      }
+  }
+  EXPECT_GT(differ_from_whole, 0u);  // the add order is the blocks', not the whole buffer's
+  s.board = ici::Topology(ici::TopologyKind::kTorus2d, {2, 2});
+  s.replicas = 8;
+  EXPECT_EQ(all_reduce_blocks(s, E), (std::vector<int64_t>{0}));
 }
 
 // The replicated reference of a graph without all_reduce is the global graph's
