@@ -189,11 +189,12 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
         auto writer = none;
         if (final_copy)
           if (auto w = last_piece.find({m.src, a}); w != last_piece.end()) writer = w->second;
-        // Copies stay merged below piece / 64 (4 KiB by default) and go from y in
-        // one message: cut as written, v3-8 1 KiB (pieces of 64-128 B) took 12,019
-        // cycles instead of 10,739; the floor of the next step's cuts (a quarter
+        // A move of at most a piece goes as one message from y, and copies stay
+        // merged below piece / 64 (4 KiB by default): cut as written, v3-8 1 KiB
+        // (copies of 64-128 B) took 12,019 cycles instead of 10,739 and 64 KiB
+        // 12,344 instead of 11,275; the floor of the next step's cuts (a quarter
         // piece) would merge v4-4x4x4's copies up to 16 MiB (~43 KB each).
-        const bool by_writer = final_copy && writer != none;
+        const bool by_writer = final_copy && writer != none && sch.chunks[static_cast<size_t>(m.src_chunk)].elems > sp.piece;
         const bool cut_here = by_writer ? writer != prev_writer : next_cuts[t].count(at.first) > 0;
         const bool merge =
             at.second - start <= sp.piece && !(cut_here && at.first - start >= (by_writer ? sp.piece / 64 : min_cut));
