@@ -364,6 +364,32 @@ TEST(DpLower, FinalCopiesGoToTheOtherCoreFromVmem) {
   }
 }
 
+// A final on-chip copy move of at most a piece goes as one message from y: cut as
+// its copies landed (v3-8, 32 KiB per replica: pieces of 4 KiB, each with its slot
+// and credit), a small all-reduce paid a message per piece (1 KiB: 12,019 cycles
+// against 10,739).
+TEST(DpLower, SmallFinalCopiesGoAsOneMessage) {
+  expect_replicated_bit_exact(allreduce_only_ir(8, 8, 1024), PrecisionPolicy::kDefault, kV38, 8, "auto", true,
+                              16ull << 20);
+  std::istringstream in(g_last_assembly);
+  std::string line, core;
+  bool in_op = false;
+  std::map<std::string, std::vector<int64_t>> to_other;  // per core: data DMAs to the other core of its chip
+  while (std::getline(in, line)) {
+    if (line.rfind(".core ", 0) == 0) core = line.substr(6);
+    if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
+    const std::string chip = core.substr(0, core.find('.'));
+    if (!in_op || line.find("  dma hbm@" + chip + ".c") != 0) continue;
+    const int64_t bytes = std::stoll(line.substr(line.find("bytes=") + 6));
+    if (bytes > 4) to_other[core].push_back(bytes);
+  }
+  ASSERT_EQ(to_other.size(), 8u);
+  for (const auto& [c, v] : to_other) {
+    ASSERT_EQ(v.size(), 1u) << c;
+    EXPECT_EQ(v[0], 8 * 1024 / 2 * 4) << c;  // the core's half, from y
+  }
+}
+
 // The on-chip reduce-scatter's pieces are cut where the torus groups' first chunks
 // begin, so each group's first torus send goes straight from the VMEM sum (pieces
 // of 4096 elements against groups' chunks of 2062: a piece used to span two of
