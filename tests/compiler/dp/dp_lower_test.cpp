@@ -317,6 +317,29 @@ TEST(DpLower, AllReduceInBlocksOnV2Slice4x4) {
                               });
 }
 
+// The data DMAs of the all_reduce (op 1) into the HBM of the other core of the
+// sender's chip (the on-chip all-gather's copies; 4-byte tokens left out), per
+// sending core in program order: bytes, and whether they come from HBM (y).
+struct OnChipCopy {
+  int64_t bytes;
+  bool from_hbm;
+};
+std::map<std::string, std::vector<OnChipCopy>> copies_to_other_core(const std::string& assembly) {
+  std::istringstream in(assembly);
+  std::string line, core;
+  bool in_op = false;
+  std::map<std::string, std::vector<OnChipCopy>> out;
+  while (std::getline(in, line)) {
+    if (line.rfind(".core ", 0) == 0) core = line.substr(6);
+    if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
+    const std::string chip = core.substr(0, core.find('.'));
+    if (!in_op || line.find("  dma hbm@" + chip + ".c") != 0) continue;
+    const int64_t bytes = std::stoll(line.substr(line.find("bytes=") + 6));
+    if (bytes > 4) out[core].push_back({bytes, line.find(", hbm:") != std::string::npos});
+  }
+  return out;
+}
+
 // A final value that lands as a copy during the torus all-gather goes to the
 // chip's other core (the on-chip all-gather) from its VMEM copy as it lands, on
 // its own flag f11 that the send buffer's next use waits for, instead of being
@@ -347,18 +370,10 @@ TEST(DpLower, FinalCopiesGoToTheOtherCoreFromVmem) {
     expect_replicated_bit_exact(allreduce_only_ir(32, 32, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
                                 16ull << 20, [piece](LowerOptions& lo) { lo.stream_piece_elems = piece; });
     EXPECT_GT(late_sends(g_last_assembly), 0u);
-    std::istringstream in(g_last_assembly);
-    std::string line, core;
-    bool in_op = false;                     // in the all_reduce (op 1)
     std::map<std::string, int64_t> from_y;  // per core: bytes copied y -> the other core's y
-    while (std::getline(in, line)) {
-      if (line.rfind(".core ", 0) == 0) core = line.substr(6);
-      if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
-      const std::string chip = core.substr(0, core.find('.'));
-      if (!in_op || line.find("  dma hbm@" + chip + ".c") != 0 || line.find(", hbm:") == std::string::npos) continue;
-      const int64_t bytes = std::stoll(line.substr(line.find("bytes=") + 6));
-      if (bytes > 4) from_y[core] += bytes;
-    }
+    for (const auto& [c, v] : copies_to_other_core(g_last_assembly))
+      for (const OnChipCopy& x : v)
+        if (x.from_hbm) from_y[c] += x.bytes;
     EXPECT_EQ(from_y.size(), 32u) << "pieces of " << piece;
     for (const auto& [c, b] : from_y) EXPECT_LE(b, (32 * 1031 / 2 / 16 + 2 * 1024) * 4) << c << ", pieces of " << piece;
   }
@@ -371,22 +386,12 @@ TEST(DpLower, FinalCopiesGoToTheOtherCoreFromVmem) {
 TEST(DpLower, SmallFinalCopiesGoAsOneMessage) {
   expect_replicated_bit_exact(allreduce_only_ir(8, 8, 1024), PrecisionPolicy::kDefault, kV38, 8, "auto", true,
                               16ull << 20);
-  std::istringstream in(g_last_assembly);
-  std::string line, core;
-  bool in_op = false;
-  std::map<std::string, std::vector<int64_t>> to_other;  // per core: data DMAs to the other core of its chip
-  while (std::getline(in, line)) {
-    if (line.rfind(".core ", 0) == 0) core = line.substr(6);
-    if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
-    const std::string chip = core.substr(0, core.find('.'));
-    if (!in_op || line.find("  dma hbm@" + chip + ".c") != 0) continue;
-    const int64_t bytes = std::stoll(line.substr(line.find("bytes=") + 6));
-    if (bytes > 4) to_other[core].push_back(bytes);
-  }
+  const auto to_other = copies_to_other_core(g_last_assembly);
   ASSERT_EQ(to_other.size(), 8u);
   for (const auto& [c, v] : to_other) {
     ASSERT_EQ(v.size(), 1u) << c;
-    EXPECT_EQ(v[0], 8 * 1024 / 2 * 4) << c;  // the core's half, from y
+    EXPECT_EQ(v[0].bytes, 8 * 1024 / 2 * 4) << c;  // the core's half, from y
+    EXPECT_TRUE(v[0].from_hbm) << c;
   }
 }
 
