@@ -45,6 +45,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int cores = 1;
     int replicas = 1;
     std::string collective = "auto";
+    int block_lag = 0;
     std::vector<std::string> batched;
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
     bool infeed = false;
@@ -62,6 +63,10 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   "Data-parallel replicas over the cores of the board's chips (the batch split along axis 0)");
   cmd->add_option("--batched", opt->batched, "Inputs split over the replicas (default: every input)")->delimiter(',');
   cmd->add_option("--collective", opt->collective, "all_reduce algorithm: auto | ring | bidir-ring | torus | hierarchical");
+  cmd->add_option("--block-lag", opt->block_lag,
+                  "Steps between the starts of a blocked all-reduce's blocks (docs/codegen.md \"Blocks\"); "
+                  "0 = half a block's steps")
+      ->check(CLI::Range(0, 1000));
   cmd->add_option("--train", opt->train,
                   "Compile one training step instead: sgd:lr=X[,momentum=Y] (docs/training.md)");
   cmd->add_option("--loss", opt->loss, "Training loss: xent (one-hot labels) | xent-index | mse");
@@ -112,6 +117,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.replicas.cores_per_chip = per_chip;
       lo.replicas.board = ici::Topology::from_params(preset);
       lo.replicas.algorithm = opt->collective;
+      lo.replicas.block_lag = opt->block_lag;
       lo.replicas.batched = opt->batched;
       lo.inputs_from_host = opt->infeed;
       if (opt->replicas > 1) lo.target.chips = static_cast<uint32_t>(board_chips);

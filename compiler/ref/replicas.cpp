@@ -108,14 +108,15 @@ ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements) {
     for (size_t b = 0; b < starts.size(); ++b) {
       const int64_t lo = starts[b], hi = b + 1 < starts.size() ? starts[b + 1] : elements;
       const ici::Schedule one = ici::make_schedule(ici::CollectiveKind::kAllReduce, a, chip_topology(s), hi - lo, 2);
+      const size_t T = one.steps.size();
+      const size_t lag = s.block_lag > 0 ? std::min(T, static_cast<size_t>(s.block_lag)) : (T + 1) / 2, t0 = b * lag;
       if (b == 0) {
         out = one;
-        out.name += "|blocks=" + std::to_string(starts.size());
+        out.name += "|blocks=" + std::to_string(starts.size()) + "|lag=" + std::to_string(lag);
         out.elements = elements;
         out.chunks.clear();
         out.steps.clear();
       }
-      const size_t lag = (one.steps.size() + 1) / 2, t0 = b * lag;
       const int base = static_cast<int>(out.chunks.size());
       for (ici::Chunk c : one.chunks) {
         c.offset += lo;

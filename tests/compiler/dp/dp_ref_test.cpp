@@ -199,7 +199,8 @@ TEST(DpRef, AutoIsHierarchicalOnBoardsOfTwoCoresPerChip) {
 // runs on contiguous blocks cut on whole tiles (docs/codegen.md "Blocks"): every
 // element is added in the order of its own block's schedule, so each block of the
 // result equals, bit for bit, the all-reduce of that block alone; blocks are
-// staggered by ceil(T / 2) steps. A 2x2 board (4 chips) keeps one block.
+// staggered by ceil(T / 2) steps, or ReplicaSpec::block_lag (the same values). A
+// 2x2 board (4 chips) keeps one block.
 TEST(DpRef, LargeHierarchicalAllReducesRunOnBlocks) {
   ReplicaSpec s;
   s.cores_per_chip = 2;
@@ -234,6 +235,25 @@ TEST(DpRef, LargeHierarchicalAllReducesRunOnBlocks) {
       }
   }
   EXPECT_GT(differ_from_whole, 0u);  // the add order is the blocks', not the whole buffer's
+  // Another lag moves the blocks' steps, not their add order: the same bits; a lag
+  // above T runs the blocks one after the other, as T does.
+  const size_t T = one.steps.size();
+  for (const int lag : {1, 3, static_cast<int>(T), static_cast<int>(T) + 5}) {
+    ReplicaSpec lagged = s;
+    lagged.block_lag = lag;
+    const size_t eff = std::min(T, static_cast<size_t>(lag));
+    const ici::Schedule sch = all_reduce_schedule(lagged, E);
+    ASSERT_EQ(sch.steps.size(), 2 * eff + T) << "lag " << lag;
+    // block 1's first moves sit at step eff, not earlier
+    size_t first_of_block1 = sch.steps.size();
+    for (size_t t = 0; t < sch.steps.size() && first_of_block1 == sch.steps.size(); ++t)
+      for (const ici::Move& m : sch.steps[t])
+        if (sch.chunks[size_t(m.src_chunk)].offset >= 3072 && sch.chunks[size_t(m.src_chunk)].offset < 6144) first_of_block1 = t;
+    EXPECT_EQ(first_of_block1, eff) << "lag " << lag;
+    const auto yl = all_reduce_values(lagged, x);
+    for (size_t r = 0; r < 32; ++r)
+      for (int64_t e = 0; e < E; ++e) ASSERT_EQ(bits(yl[r][size_t(e)]), bits(y[r][size_t(e)])) << "lag " << lag;
+  }
   s.board = ici::Topology(ici::TopologyKind::kTorus2d, {2, 2});
   s.replicas = 8;
   EXPECT_EQ(all_reduce_blocks(s, E), (std::vector<int64_t>{0}));
