@@ -248,7 +248,7 @@ TEST(DpRef, LargeHierarchicalAllReducesRunOnBlocks) {
     size_t first_of_block1 = sch.steps.size();
     for (size_t t = 0; t < sch.steps.size() && first_of_block1 == sch.steps.size(); ++t)
       for (const ici::Move& m : sch.steps[t])
-        if (sch.chunks[size_t(m.src_chunk)].offset >= 3072 && sch.chunks[size_t(m.src_chunk)].offset < 6144) first_of_block1 = t;
+        if (sch.chunks[size_t(m.src_chunk)].offset >= cut[1] && sch.chunks[size_t(m.src_chunk)].offset < cut[2]) first_of_block1 = t;
     EXPECT_EQ(first_of_block1, eff) << "lag " << lag;
     const auto yl = all_reduce_values(lagged, x);
     for (size_t r = 0; r < 32; ++r)
