@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,6 +50,9 @@ struct RunArgs {
   std::string timeline;
   std::string wave;
   std::vector<std::string> wave_scopes;
+  std::vector<std::string> timeline_scopes;
+  uint64_t timeline_begin = 0;
+  uint64_t timeline_end = UINT64_MAX;
   uint64_t wave_begin = 0;
   uint64_t wave_end = UINT64_MAX;
   std::vector<std::string> sets;
@@ -121,6 +125,9 @@ int run_run(const RunArgs& a) {
     inputs = run::bind_inputs(bundle, a.bundle, a.inputs, a.random_seed);
     run::prepare_out_dir(a.out);
     if (!a.timeline.empty()) run::check_writable_file(a.timeline, "--timeline");
+    if (a.timeline_begin > a.timeline_end)
+      throw std::invalid_argument(fmt::format("--timeline-begin {} is after --timeline-end {}", a.timeline_begin,
+                                              a.timeline_end));
     if (!a.wave.empty()) run::check_writable_file(a.wave, "--wave");
     hw::mxu::set_matmul_threads(a.threads);
   } catch (const std::exception& e) {
@@ -134,6 +141,9 @@ int run_run(const RunArgs& a) {
   if (!a.timeline.empty()) {
     timeline::Options topt;
     topt.clock_hz = clock_hz;
+    topt.window_begin_cycle = a.timeline_begin;
+    topt.window_end_cycle = a.timeline_end;
+    topt.processes = a.timeline_scopes;
     tl = std::make_unique<timeline::Timeline>(topt);
   }
   hw::RunOptions ropt;
@@ -226,6 +236,10 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--random-inputs", a->random_seed, "Fill inputs not given with --input from SEED");
   cmd->add_option("--out", a->out, "Output directory for <output>.npy and stats.json")->capture_default_str();
   cmd->add_option("--timeline", a->timeline, "Write a Perfetto/Chrome trace-event JSON timeline");
+  cmd->add_option("--timeline-scope", a->timeline_scopes,
+                  "Glob on the timeline's processes to keep, e.g. chip0 (repeatable; default all)");
+  cmd->add_option("--timeline-begin", a->timeline_begin, "First cycle of the timeline window");
+  cmd->add_option("--timeline-end", a->timeline_end, "Last cycle of the timeline window");
   cmd->add_option("--wave", a->wave, "Write a waveform (.vcd or .fst)");
   cmd->add_option("--wave-scope", a->wave_scopes, "Glob on hierarchical names to trace (repeatable; default all)");
   cmd->add_option("--wave-begin", a->wave_begin, "First cycle of the waveform window");

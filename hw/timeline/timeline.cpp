@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fnmatch.h>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -30,7 +31,9 @@ TrackId Timeline::track(const std::string& process, const std::string& unit) {
   auto it = track_ids_.find(key);
   if (it != track_ids_.end()) return it->second;
   const TrackId id = static_cast<TrackId>(tracks_.size());
-  tracks_.push_back({process, unit});
+  bool kept = opt_.processes.empty();
+  for (const auto& glob : opt_.processes) kept = kept || fnmatch(glob.c_str(), process.c_str(), 0) == 0;
+  tracks_.push_back({process, unit, kept});
   track_ids_.emplace(std::move(key), id);
   return id;
 }
@@ -48,7 +51,7 @@ bool Timeline::admit(uint64_t begin, uint64_t end, uint64_t events) {
 void Timeline::slice(TrackId track, const std::string& name, uint64_t begin_cycle, uint64_t end_cycle,
                      std::vector<std::pair<std::string, std::string>> args) {
   if (end_cycle < begin_cycle) std::swap(begin_cycle, end_cycle);
-  if (!admit(begin_cycle, end_cycle, 1)) return;
+  if (!tracks_.at(track).kept || !admit(begin_cycle, end_cycle, 1)) return;
   slices_.push_back({track, name, begin_cycle, end_cycle, std::move(args)});
 }
 
@@ -60,12 +63,13 @@ std::vector<Timeline::SliceSpan> Timeline::slices_on(TrackId track) const {
 }
 
 void Timeline::counter(TrackId track, const std::string& name, uint64_t cycle, double value) {
-  if (!admit(cycle, cycle, 1)) return;
+  if (!tracks_.at(track).kept || !admit(cycle, cycle, 1)) return;
   counters_.push_back({track, name, cycle, value});
 }
 
 void Timeline::flow(TrackId from, uint64_t from_cycle, TrackId to, uint64_t to_cycle, const std::string& name) {
-  const bool inside = from_cycle >= opt_.window_begin_cycle && to_cycle <= opt_.window_end_cycle;
+  const bool inside = from_cycle >= opt_.window_begin_cycle && to_cycle <= opt_.window_end_cycle &&
+                      tracks_.at(from).kept && tracks_.at(to).kept;
   if (!inside || !admit(from_cycle, to_cycle, 2)) return;
   flows_.push_back({from, to, from_cycle, to_cycle, name});
 }
@@ -73,7 +77,7 @@ void Timeline::flow(TrackId from, uint64_t from_cycle, TrackId to, uint64_t to_c
 void Timeline::rate(TrackId track, const std::string& name, uint64_t begin_cycle, uint64_t end_cycle, double amount,
                     double scale) {
   if (end_cycle <= begin_cycle) end_cycle = begin_cycle + 1;
-  if (end_cycle <= opt_.window_begin_cycle || begin_cycle > opt_.window_end_cycle) return;
+  if (!tracks_.at(track).kept || end_cycle <= opt_.window_begin_cycle || begin_cycle > opt_.window_end_cycle) return;
   Rate& r = rates_[tracks_.at(track).process + "\n" + name];
   r.track = track;
   r.scale = scale;
@@ -96,10 +100,12 @@ std::string Timeline::timestamp(uint64_t cycle) const {
 }
 
 std::string Timeline::to_json() const {
-  // Process ids by first registration of a track in that process.
+  // Process ids by first registration of a track in that process; processes left
+  // out by Options::processes have no events and are not named.
   std::vector<std::string> processes;
   std::vector<int> pid_of(tracks_.size());
   for (size_t t = 0; t < tracks_.size(); ++t) {
+    if (!tracks_[t].kept) continue;
     auto it = std::find(processes.begin(), processes.end(), tracks_[t].process);
     if (it == processes.end()) it = processes.insert(processes.end(), tracks_[t].process);
     pid_of[t] = static_cast<int>(it - processes.begin()) + 1;
@@ -175,6 +181,7 @@ std::string Timeline::to_json() const {
     emit(fmt::format("{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"tid\":0,\"args\":{{\"name\":{}}}}}",
                      p + 1, json_string(processes[p])));
   for (size_t t = 0; t < tracks_.size(); ++t) {
+    if (!tracks_[t].kept) continue;
     for (int l = 0; l < lanes_per_track[t]; ++l) {
       const std::string name = l == 0 ? tracks_[t].unit : fmt::format("{} #{}", tracks_[t].unit, l + 1);
       const int tid = first_tid[t] + l;

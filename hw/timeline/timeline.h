@@ -9,8 +9,8 @@
 // each track's slices are spread over as many lanes ("core0.mxu0", "core0.mxu0 #2",
 // ...) as needed for every lane to nest properly.
 //
-// Big runs stay usable: a cycle window drops everything outside it, and an event
-// cap stops recording once reached (the file says how many events were dropped).
+// Big runs stay usable: a cycle window drops everything outside it, process globs
+// drop other chips, and an event cap stops recording once reached (the file says how many events were dropped).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +31,10 @@ struct Options {
   uint64_t window_end_cycle = std::numeric_limits<uint64_t>::max();
   uint64_t max_events = 4'000'000;  // ~400 MB of JSON at most; Perfetto's UI stays responsive
   uint64_t rate_window_cycles = 256;  // resolution of rate counters (HBM bandwidth)
+  // Globs on process names ("chip0", "chip[0-3]"); empty keeps every process. A
+  // 128-core board passes the event cap within a few microseconds; one chip of it
+  // does not.
+  std::vector<std::string> processes;
 };
 
 class Timeline {
@@ -84,6 +88,7 @@ class Timeline {
   struct Track {
     std::string process;
     std::string unit;
+    bool kept;  // its process matches Options::processes
   };
   struct Slice {
     TrackId track;

@@ -162,6 +162,14 @@ TEST_F(RunCli, BadModeAndMissingPresetAreUsageErrors) {
   EXPECT_FALSE(fs::exists(out() + "/stats.json"));
 }
 
+TEST_F(RunCli, TimelineWindowEndingBeforeItBeginsIsBadInput) {
+  const Completed c = tpusim({"run", bundle_, "--preset", "v4", "--random-inputs", "1", "--out", out(), "--timeline",
+                              dir_ + "/t.json", "--timeline-begin", "500", "--timeline-end", "100"});
+  expect_error(c, 2, {"--timeline-begin 500", "--timeline-end 100"});
+  EXPECT_FALSE(fs::exists(dir_ + "/t.json"));
+  EXPECT_FALSE(fs::exists(out() + "/stats.json"));
+}
+
 TEST_F(RunCli, ReportOfAMissingOrForeignFile) {
   expect_error(tpusim({"report", dir_ + "/absent.json"}), 2, {"absent.json"});
   std::ofstream(dir_ + "/other.json") << "{\"cycles\": 12}";

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -95,6 +96,41 @@ TEST_F(ReportGolden, BoardProfileCountsRemoteTransfersHbmEnds) {
     if (e["ph"] == "C" && e["name"] == "HBM bandwidth (GB/s)")
       integrated += e["args"]["value"].get<double>() * 1e9 * 256.0 / s["clock_hz"].get<double>();
   EXPECT_NEAR(integrated, double(hbm), 1e-6 * double(hbm));
+
+  // `--timeline-scope chip2`: only chip 2's process, and its counter integrates to
+  // chip 2's own HBM bytes; a window keeps only the events that reach into it.
+  const std::string tl2 = dir_ + "/t2.json";
+  c = tpusim({"run", bundle, "--preset", "v3-8", "--random-inputs", "1", "--out", dir_ + "/run2", "-q", "--timeline",
+              tl2, "--timeline-scope", "chip2"});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const nlohmann::json doc2 = nlohmann::json::parse(slurp(tl2));
+  std::set<std::string> processes;
+  double chip2 = 0;
+  for (const auto& e : doc2["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name") processes.insert(e["args"]["name"].get<std::string>());
+    if (e["ph"] == "C" && e["name"] == "HBM bandwidth (GB/s)")
+      chip2 += e["args"]["value"].get<double>() * 1e9 * 256.0 / s["clock_hz"].get<double>();
+  }
+  EXPECT_EQ(processes, std::set<std::string>{"chip2"});
+  const auto& unit = s["units"]["chip2.hbm"];
+  const double chip2_bytes = unit["bytes_read"].get<double>() + unit["bytes_written"].get<double>();
+  EXPECT_GT(chip2_bytes, 0.0);
+  EXPECT_NEAR(chip2, chip2_bytes, 1e-6 * chip2_bytes);
+  const uint64_t begin = s["cycles"].get<uint64_t>() / 2, end = begin + 1000;
+  const std::string tl3 = dir_ + "/t3.json";
+  c = tpusim({"run", bundle, "--preset", "v3-8", "--random-inputs", "1", "--out", dir_ + "/run3", "-q", "--timeline",
+              tl3, "--timeline-begin", std::to_string(begin), "--timeline-end", std::to_string(end)});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const double us_per_cycle = 1e6 / s["clock_hz"].get<double>();
+  size_t slices = 0;
+  const nlohmann::json doc3 = nlohmann::json::parse(slurp(tl3));
+  for (const auto& e : doc3["traceEvents"])
+    if (e["ph"] == "X") {
+      ++slices;
+      EXPECT_LE(e["ts"].get<double>(), double(end) * us_per_cycle + 1e-6);
+      EXPECT_GE(e["ts"].get<double>() + e["dur"].get<double>(), double(begin) * us_per_cycle - 1e-6);
+    }
+  EXPECT_GT(slices, 0u);
 }
 
 // A compiled model: the per-op profile accounts for the run's totals, and the

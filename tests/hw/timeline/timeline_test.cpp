@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "hw/timeline/timeline.h"
@@ -117,6 +119,47 @@ TEST(Timeline, FlowsHaveBothEndsAndWindowDropsWholeFlows) {
   }
   EXPECT_EQ(flow_events, 2);
   EXPECT_EQ(slices, 2);
+}
+
+// `tpusim run --timeline-scope`: only the processes a glob matches get events and
+// names; a flow to a dropped process is dropped whole; the cap counts only what
+// was kept, so one chip of a big board fits under it.
+TEST(Timeline, ProcessGlobsKeepOnlyTheirChips) {
+  Options opt = options(1e9);
+  opt.processes = {"chip1", "chip1?"};
+  Timeline tl(opt);
+  std::vector<TrackId> dma;
+  for (int c = 0; c < 12; ++c) dma.push_back(tl.track("chip" + std::to_string(c), "core0.dma0"));
+  for (int c = 0; c < 12; ++c) {
+    tl.slice(dma[c], "load", 10, 20);
+    tl.counter(dma[c], "depth", 15, 2.0);
+    tl.rate(dma[c], "HBM bandwidth (GB/s)", 10, 20, 4096.0);
+  }
+  tl.flow(dma[1], 15, dma[10], 20, "kept");
+  tl.flow(dma[1], 15, dma[2], 20, "dropped");
+  const std::string text = tl.to_json();
+  EXPECT_EQ(validate(text), std::vector<std::string>{});
+  std::set<std::string> named, with_events;
+  std::map<int, std::string> pid_name;
+  int flow_events = 0;
+  const json doc = json::parse(text);
+  for (const auto& e : doc["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "process_name") pid_name[e["pid"].get<int>()] = e["args"]["name"];
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "M") {
+      named.insert(pid_name.at(e["pid"].get<int>()));
+      continue;
+    }
+    flow_events += e["ph"] == "s" || e["ph"] == "f";
+    with_events.insert(pid_name.at(e["pid"].get<int>()));
+  }
+  const std::set<std::string> expect{"chip1", "chip10", "chip11"};
+  EXPECT_EQ(named, expect);
+  EXPECT_EQ(with_events, expect);
+  EXPECT_EQ(flow_events, 2);
+  // 3 chips x (slice + counter) + the kept flow's 2 ends; rates are written, not capped.
+  EXPECT_EQ(tl.recorded_events(), 8u);
+  EXPECT_EQ(tl.dropped_events(), 0u);
 }
 
 TEST(Timeline, EventCapCountsWhatItDrops) {
