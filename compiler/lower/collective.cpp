@@ -57,8 +57,13 @@ constexpr int kLoadFlag = 2, kStoreFlag = 6;
 // m - K (credit 0 is the entry token). So the uses of a slot and its flags are
 // sequential, a landing count names the piece whatever the delivery order, and the
 // receiver may use different slots' pieces in any order.
-// The streams' landing flags (sources x K) and credit flags (destinations x K): f64..f254.
-constexpr int kStreamFirstFlag = 64, kStreamFlags = isa::kSyncFlags - kStreamFirstFlag;
+// The streams' landing flags (sources x K) and credit flags (destinations x K): f64..f191.
+// The send buffers' own DMAs (stores to y, second sends): f192..f255, one flag per
+// buffer while there are as many flags, never a landing or credit flag, so a wait
+// there counts only this core's DMAs (an entry token may land on a credit flag
+// while its receiver is still in its previous node).
+constexpr int kSendBufFirstFlag = 192, kSendBufFlags = isa::kSyncFlags - kSendBufFirstFlag;
+constexpr int kStreamFirstFlag = 64, kStreamFlags = kSendBufFirstFlag - kStreamFirstFlag;
 
 // Slots per stream with two pools: 16 (8 a pool, twice the 4 pieces a first torus
 // step of a slice sends on a stream), fewer if the flags run out.
@@ -79,8 +84,6 @@ int64_t most_peers(const ici::Schedule& sch) {
 }
 constexpr int kStreamLoads = 4;    // local operands fetched ahead, on flags kLoadFlag..+3 (f2..f5)
 constexpr int kStreamScratch = 4;  // sums only stored, on flags kStoreFlag..+3 (f6..f9)
-constexpr int kSendBufStoreFlag = 10;  // stores of sums that are also sent from VMEM
-constexpr int kSendBufSendFlag = 11;   // late fused sends from a send buffer (to the chip's other core)
 
 // Pieces of VMEM the streams take: the operand loads, the scratch sums, then K
 // receive slots per source and K send buffers per destination (in that order).
@@ -1010,7 +1013,6 @@ void Emitter::lower_all_reduce(const Node& n) {
         ++loads_issued;
         return true;
       };
-      std::map<int64_t, bool> sendbuf_stored, sendbuf_sent;
       size_t scratch = 0, load_j = 0;
       for (size_t i = 0; i < prog.size(); ++i) {
         const StreamEvent& e = prog[i];
@@ -1064,16 +1066,14 @@ void Emitter::lower_all_reduce(const Node& n) {
           const int d = ssch.steps[t][k].dst;
           const int64_t m2 = sp.index.at({me, t, k, e.atom});
           wait_credit(d, m2);
-          out = SEND + (idx(dsts, d) * K + slot_of(me, d, m2)) * PzB;
-          if (sendbuf_stored[out]) {
-            wait_flag_if_pending(kSendBufStoreFlag);
-            sendbuf_stored[out] = false;
-          }
-          if (sendbuf_sent[out]) {
-            wait_flag_if_pending(kSendBufSendFlag);
-            sendbuf_sent[out] = false;
-          }
-          store_flag = kSendBufStoreFlag;
+          const int buffer = idx(dsts, d) * K + slot_of(me, d, m2);
+          out = SEND + buffer * PzB;
+          // The buffer's own flag: its store to y and its second send, both from
+          // its last use. One flag for every buffer made each use wait for the
+          // stores of the one before (~1 K cycles a piece); the core then fell
+          // behind the three links it feeds (v4-4x4x4 64 MiB).
+          store_flag = kSendBufFirstFlag + buffer % kSendBufFlags;
+          wait_flag_if_pending(store_flag);
         } else {
           store_flag = kStoreFlag + static_cast<int>(scratch % kStreamScratch);
           out = SCR + static_cast<int64_t>(scratch % kStreamScratch) * PzB;
@@ -1095,8 +1095,8 @@ void Emitter::lower_all_reduce(const Node& n) {
         }
         give_credit();
         for (size_t q = 0; q < e.fused.size(); ++q) {
-          send(e.fused[q].first, e.fused[q].second, e.atom, e.atom_end, vmem(out), q == 0 ? -1 : kSendBufSendFlag);
-          if (q > 0) sendbuf_sent[out] = flag_pending[kSendBufSendFlag] = true;
+          send(e.fused[q].first, e.fused[q].second, e.atom, e.atom_end, vmem(out), q == 0 ? -1 : store_flag);
+          if (q > 0) flag_pending[store_flag] = true;
         }
         std::vector<std::pair<int, int>> stores;  // the runs read again from y
         if (copy_in_vmem) {  // the final value: y holds it
@@ -1116,13 +1116,11 @@ void Emitter::lower_all_reduce(const Node& n) {
           dma_on(store_flag, hbm(Y.addr + s0 * 4), vmem(out + (s0 - lo) * 4), (s1 - s0) * 4, "");
           for (int b = b0; b < b1; ++b) store_pending[b] = store_flag;
           flag_pending[store_flag] = true;
-          if (!e.fused.empty()) sendbuf_stored[out] = true;
         }
       }
       line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
       for (int f = kStoreFlag; f < kStoreFlag + kStreamScratch; ++f) wait_flag_if_pending(f);
-      wait_flag_if_pending(kSendBufStoreFlag);
-      wait_flag_if_pending(kSendBufSendFlag);
+      for (int f = kSendBufFirstFlag; f < isa::kSyncFlags; ++f) wait_flag_if_pending(f);
       for (int src : srcs)
         for (int j = 0; j < K; ++j) coll_landed_[land_flag_of(me, src, j)] = base[land_flag_of(me, src, j)] + uses(src, me, j);
       for (int d : dsts)

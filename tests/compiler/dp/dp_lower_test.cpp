@@ -342,7 +342,7 @@ std::map<std::string, std::vector<OnChipCopy>> copies_to_other_core(const std::s
 
 // A final value that lands as a copy during the torus all-gather goes to the
 // chip's other core (the on-chip all-gather) from its VMEM copy as it lands, on
-// its own flag f11 that the send buffer's next use waits for, instead of being
+// the send buffer's own flag (f192..f255) that its next use waits for, instead of being
 // stored to y, waited for and read back. Bit-exact under the race checker, on
 // v3-8 in slices and on a v2-4x4 slice, where every such send follows the send
 // of the same buffer to the next chip.
@@ -351,7 +351,8 @@ TEST(DpLower, FinalCopiesGoToTheOtherCoreFromVmem) {
     size_t c = 0;
     for (size_t at = text.find("\n  dma hbm@chip"); at != std::string::npos; at = text.find("\n  dma hbm@chip", at + 1)) {
       const std::string l = text.substr(at, text.find('\n', at + 1) - at);
-      c += l.find(", vmem:") != std::string::npos && l.find("flag=f11,") != std::string::npos;
+      const size_t f = l.find("flag=f");
+      c += l.find(", vmem:") != std::string::npos && f != std::string::npos && std::stoi(l.substr(f + 6)) >= 192;
     }
     return c;
   };
@@ -456,7 +457,31 @@ TEST(DpLower, PooledSlicesOnV2Slice4x4) {
                                 });
     if (slice_elems == 16384) {
       EXPECT_GE(max_flag(g_last_assembly), 64 + 2 * 3 * 6) << "pooled: more than 6 slots per stream";
+      EXPECT_LT(max_flag(g_last_assembly), 192) << "landings and credits stay below the send buffers' flags";
       EXPECT_GT(fused_sends(g_last_assembly), 0u);
+      // Each send buffer's own DMAs (its stores to y, its second sends) count on a
+      // flag of its own (3 x 16 buffers, f192..f255): a buffer's next use waits
+      // for them and not for the other buffers' (one shared flag made every use
+      // wait for the stores of the one before).
+      std::istringstream in(g_last_assembly);
+      std::string line, core;
+      bool in_op = false;
+      std::map<std::pair<std::string, int>, std::set<std::string>> sources;  // (core, flag) -> VMEM sources
+      int reuse_waits = 0;
+      while (std::getline(in, line)) {
+        if (line.rfind(".core ", 0) == 0) core = line.substr(6);
+        if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
+        if (!in_op) continue;
+        if (line.rfind("  wait f", 0) == 0 && std::stoi(line.substr(8)) >= 192) ++reuse_waits;
+        const size_t f = line.find("flag=f"), v = line.find(", vmem:[");
+        if (line.rfind("  dma ", 0) != 0 || f == std::string::npos || line[f - 1] == 'r' || std::stoi(line.substr(f + 6)) < 192)
+          continue;
+        ASSERT_NE(v, std::string::npos) << line;
+        sources[{core, std::stoi(line.substr(f + 6))}].insert(line.substr(v + 7, line.find(']', v) - v - 7));
+      }
+      EXPECT_FALSE(sources.empty());
+      EXPECT_GT(reuse_waits, 0);
+      for (const auto& [key, from] : sources) EXPECT_EQ(from.size(), 1u) << key.first << " f" << key.second;
     } else {
       EXPECT_LT(max_flag(g_last_assembly), 64 + 2 * 3 * 6);
     }
