@@ -342,7 +342,7 @@ std::map<std::string, std::vector<OnChipCopy>> copies_to_other_core(const std::s
 
 // A final value that lands as a copy during the torus all-gather goes to the
 // chip's other core (the on-chip all-gather) from its VMEM copy as it lands, on
-// the send buffer's own flag (f192..f255) that its next use waits for, instead of being
+// the send buffer's own flag (f192..f254) that its next use waits for, instead of being
 // stored to y, waited for and read back. Bit-exact under the race checker, on
 // v3-8 in slices and on a v2-4x4 slice, where every such send follows the send
 // of the same buffer to the next chip.
@@ -460,7 +460,7 @@ TEST(DpLower, PooledSlicesOnV2Slice4x4) {
       EXPECT_LT(max_flag(g_last_assembly), 192) << "landings and credits stay below the send buffers' flags";
       EXPECT_GT(fused_sends(g_last_assembly), 0u);
       // Each send buffer's own DMAs (its stores to y, its second sends) count on a
-      // flag of its own (3 x 16 buffers, f192..f255): a buffer's next use waits
+      // flag of its own (3 x 16 buffers, f192..f254): a buffer's next use waits
       // for them and not for the other buffers' (one shared flag made every use
       // wait for the stores of the one before).
       std::istringstream in(g_last_assembly);
