@@ -133,6 +133,11 @@ nlohmann::json OpProfile::to_json() const {
     j["mxu_busy_cycles"] = o.mxu_busy_cycles;
     j["vpu_busy_cycles"] = o.vpu_busy_cycles;
     j["dma_busy_cycles"] = o.dma_busy_cycles;
+    if (!o.wait_by_flag.empty()) {
+      nlohmann::json w = nlohmann::json::object();
+      for (const auto& [f, n] : o.wait_by_flag) w["f" + std::to_string(f)] = n;
+      j["wait_cycles_by_flag"] = std::move(w);
+    }
     for (int c = 0; c < kCauses; ++c) {
       j[std::string("stall_") + cause_name(static_cast<Cause>(c)) + "_cycles"] = o.stall[static_cast<size_t>(c)];
       total[static_cast<size_t>(c)] += o.stall[static_cast<size_t>(c)];

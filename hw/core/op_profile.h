@@ -28,6 +28,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,6 +54,9 @@ class OpProfile {
     uint64_t mxu_busy_cycles = 0;  // union of its matmuls' row streams, per MXU, summed over MXUs
     uint64_t vpu_busy_cycles = 0;  // union of its vector instructions' latencies
     uint64_t dma_busy_cycles = 0;  // engine-cycles of its transfers (engines overlap)
+    // Stalled cycles at its `wait`s, per flag (sparse): which wait holds the op up,
+    // e.g. one flag shared by many buffers where each should have its own.
+    std::map<int, uint64_t> wait_by_flag;
     // to_json adds the drain after the sequencer halted to the last op's cycles.
     bool seen = false;
   };
@@ -85,6 +89,7 @@ class OpProfile {
     if (flag >= 0 && flag < isa::kSyncFlags) {
       const size_t f = static_cast<size_t>(flag);
       c = infeed_pending_[f] > 0 ? kInfeed : flag_cause_[f];
+      o.wait_by_flag[flag] += n;
     }
     o.stall[c] += n;
   }

@@ -58,6 +58,11 @@ json fold_profiles(json& units, uint64_t run_cycles, const std::map<int32_t, std
       for (const char* k : kSum) f[k] = f[k].get<uint64_t>() + u(op, k);
       for (const char* c : kCauses)
         f["stall_cycles"][c] = f["stall_cycles"][c].get<uint64_t>() + u(op, ("stall_" + std::string(c) + "_cycles").c_str());
+      const json waits = op.value("wait_cycles_by_flag", json::object());
+      for (const auto& [flag, n] : waits.items()) {
+        json& w = f["wait_cycles_by_flag"];
+        w[flag] = (w.contains(flag) ? w[flag].get<uint64_t>() : 0) + n.get<uint64_t>();
+      }
     }
 
     // Where this core's run went.

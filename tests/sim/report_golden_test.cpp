@@ -89,6 +89,22 @@ TEST_F(ReportGolden, BoardProfileCountsRemoteTransfersHbmEnds) {
   EXPECT_EQ(hbm, s["hbm"]["bytes_read"].get<uint64_t>() + s["hbm"]["bytes_written"].get<uint64_t>());
   // Each replica at least reads its 256 KiB and writes the sum back.
   EXPECT_GE(all_reduce, 8u * 2 * 65536 * 4);
+  // Without barriers every stalled cycle but a full queue's is a wait on a flag:
+  // the per-flag waits add up to the op's hbm + infeed + sync stalls, and the
+  // all-reduce waits on its streams' landing flags (f64 and up).
+  for (const auto& op : s["ops"]) {
+    uint64_t by_flag = 0, landings = 0;
+    for (const auto& [flag, n] : op["wait_cycles_by_flag"].items()) {
+      by_flag += n.get<uint64_t>();
+      if (std::stoi(flag.substr(1)) >= 64) landings += n.get<uint64_t>();
+    }
+    const auto& st = op["stall_cycles"];
+    EXPECT_EQ(by_flag, st["hbm"].get<uint64_t>() + st["infeed"].get<uint64_t>() + st["sync"].get<uint64_t>())
+        << op["name"];
+    if (op["id"] == 1) {
+      EXPECT_GT(landings, 0u);
+    }
+  }
   // The 4 chips' counters (GB/s per 256-cycle window) integrate to the same bytes.
   const nlohmann::json doc = nlohmann::json::parse(slurp(tl));
   double integrated = 0;
