@@ -130,7 +130,7 @@ struct StreamPlan {
 // Plans every replica's program. Returns an empty message, or why the schedule
 // does not stream (then the caller lowers it the other way).
 std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<int>>& move_pool, int pools, StreamPlan& sp,
-                        bool fuse, bool late, int64_t piece) {
+                        bool fuse, bool late, int64_t piece, const std::vector<std::vector<int64_t>>& move_gate) {
   const size_t P = static_cast<size_t>(sch.chips), T = sch.steps.size();
   auto pool_of = [&](size_t t, size_t k) { return move_pool.empty() ? 0 : move_pool[t][k]; };
   // The hierarchical schedule numbers a chip's two cores' replicas 2c, 2c + 1.
@@ -503,9 +503,20 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     lf = std::max(lf, at + (oc ? 414 : 1243)) + bytes_of(a, a_end) / (oc ? 512 : 64);
     land_at[{src, t, k, a}] = lf + (oc ? 0 : 698);
   };
+  // move_gate[t][k] >= 0: the move's events wait until the replica has done all its
+  // events of steps up to that one (lowest[r]: its first step with events left).
+  std::vector<std::vector<int64_t>> step_left(P, std::vector<int64_t>(T, 0));
+  std::vector<size_t> lowest(P, 0);
+  for (size_t r = 0; r < P; ++r)
+    for (const Cand& c : cands[r]) ++step_left[r][c.e.step];
+  auto advance_lowest = [&](size_t r) {
+    while (lowest[r] < T && step_left[r][lowest[r]] == 0) ++lowest[r];
+  };
+  for (size_t r = 0; r < P; ++r) advance_lowest(r);
   // When a candidate of replica r could start, or -1 if it cannot yet.
   auto start_of = [&](size_t r, const Cand& c) -> int64_t {
     const StreamEvent& e = c.e;
+    if (!move_gate.empty() && move_gate[e.step][e.move] >= static_cast<int64_t>(lowest[r])) return -1;
     const ici::Move& mv = sch.steps[e.step][e.move];
     int64_t t = clock[r], stored = 0;
     for (int b = e.atom; b < e.atom_end; ++b) {
@@ -552,6 +563,8 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
       clock[r] = end;
     }
     sp.prog[r].push_back(e);
+    --step_left[r][e.step];
+    advance_lowest(r);
   };
   // Each replica's earliest startable candidate in its window, kept in a set by
   // start; an event changes only its replica's and its peers' candidates.
@@ -744,6 +757,41 @@ void Emitter::lower_all_reduce(const Node& n) {
       auto it = stream_cache.find(key);
       if (it != stream_cache.end()) plan = it->second;
     }
+    // Blocks: block b + 1's first step (its on-chip reduce-scatter) waits, in the
+    // ordering run and so in every program, until the replica has done its events
+    // of the steps up to block b's reduce-scatter over the first torus dimension
+    // (steps 0..k-1, k the smallest torus dimension). Left to the greedy run,
+    // blocks b and b + 1 started together (b + 2 waits for b's last step in their
+    // pool's slots), so each pair did its link-bound steps at the same time and its
+    // latency-bound ones (the small deep-dimension steps) at the same time: the
+    // links idled ~40% (v4-4x4x4 64 MiB, ~106 K cycles a block against 66.6 K of
+    // link time). v4-4x4x4 32 MiB: 407,597 cycles ungated; gated after block b's
+    // steps 0 / 0..1 / 0..2 / 0..3 (this) / 0..6: 377,845 / 382,015 / 378,854 /
+    // 384,874 / 405,315 (only 0..3 measured at 64 MiB too).
+    std::vector<std::vector<int64_t>> block_gate;
+    if (blocks.size() > 1) {
+      int kmin = INT32_MAX;
+      const ici::Topology chips = chip_topology(s);
+      for (int d : chips.dims())
+        if (d > 1) kmin = std::min(kmin, d);
+      auto block_of = [&](const ici::Move& m) {
+        const int64_t at = sch.chunks[static_cast<size_t>(m.src_chunk)].offset;
+        return static_cast<int64_t>(std::upper_bound(blocks.begin(), blocks.end(), at) - blocks.begin()) - 1;
+      };
+      int64_t lag = -1;  // block 1's first step
+      for (size_t t = 0; t < sch.steps.size() && lag < 0; ++t)
+        for (const ici::Move& m : sch.steps[t])
+          if (block_of(m) == 1) lag = static_cast<int64_t>(t);
+      for (size_t t = 0; t < sch.steps.size(); ++t) {
+        block_gate.emplace_back();
+        for (const ici::Move& m : sch.steps[t]) {
+          const int64_t b = block_of(m);
+          block_gate.back().push_back(b >= 1 && static_cast<int64_t>(t) == b * lag && kmin != INT32_MAX
+                                          ? (b - 1) * lag + kmin - 1
+                                          : -1);
+        }
+      }
+    }
     if (!plan) {
       // slice_elems: LowerOptions::stream_slice_elems, or E for the whole buffer.
       auto attempt = [&](int pools, int64_t pc, bool fuse, bool late, int64_t slice_elems) -> std::shared_ptr<StreamPlan> {
@@ -751,7 +799,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         std::vector<std::vector<int>> move_pool;
         fresh->sched = slice_schedule(sch, slice_elems, pc, pools, move_pool, blocks);
         if (pools > 1 && move_pool.empty()) return nullptr;  // not sliced: the same as try 1
-        if (!plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, late, pc).empty()) return nullptr;
+        if (!plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, late, pc, block_gate).empty()) return nullptr;
         return fresh;
       };
       const int64_t sliced = opt_.stream_slice_elems, no_slices = sch.elements;  // ceil(E / E) = 1 slice

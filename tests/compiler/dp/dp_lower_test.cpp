@@ -315,6 +315,46 @@ TEST(DpLower, AllReduceInBlocksOnV2Slice4x4) {
                                 lo.stream_piece_elems = 4096;
                                 lo.replicas.block_elems = 8192;
                               });
+  // Block b + 1 starts (its on-chip reduce-scatter sends x to the other core) only
+  // after block b's reduce-scatter over the first torus dimension: in every core's
+  // program, each torus group's k - 1 = 3 sends of block 0 to the next chip come
+  // before block 1's first send of x to the other core (ungated: none did). Blocks
+  // 0 and 1 are told apart by the address of x each send reads (3 blocks: the two
+  // widest gaps).
+  std::istringstream in(g_last_assembly);
+  std::string line, core;
+  bool in_op = false;
+  std::map<std::string, std::vector<std::pair<int64_t, int>>> x_sends;  // core -> (address, chip sends before it)
+  std::map<std::string, int> chip_sends;
+  while (std::getline(in, line)) {
+    if (line.rfind(".core ", 0) == 0) core = line.substr(6);
+    if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
+    if (!in_op || line.rfind("  dma vmem@chip", 0) != 0) continue;
+    const std::string chip = core.substr(0, core.find('.'));
+    const size_t h = line.find(", hbm:[s0 + ");
+    if (line.rfind("  dma vmem@" + chip + ".c", 0) == 0) {
+      if (h != std::string::npos) x_sends[core].emplace_back(std::stoll(line.substr(h + 12)), chip_sends[core]);
+    } else {
+      ++chip_sends[core];
+    }
+  }
+  ASSERT_EQ(x_sends.size(), 32u);
+  for (const auto& [c, v] : x_sends) {
+    std::vector<int64_t> at;
+    for (const auto& p : v) at.push_back(p.first);
+    std::sort(at.begin(), at.end());
+    at.erase(std::unique(at.begin(), at.end()), at.end());
+    ASSERT_GE(at.size(), 3u) << c;
+    std::vector<std::pair<int64_t, int64_t>> gaps;  // (gap, address after it)
+    for (size_t q = 1; q < at.size(); ++q) gaps.emplace_back(at[q] - at[q - 1], at[q]);
+    std::sort(gaps.rbegin(), gaps.rend());
+    const int64_t block1 = std::min(gaps[0].second, gaps[1].second);
+    for (const auto& [addr, before] : v)
+      if (addr >= block1) {
+        EXPECT_GE(before, 2 * 3) << c << ": block 1's first x send after only " << before << " sends to other chips";
+        break;
+      }
+  }
 }
 
 // The data DMAs of the all_reduce (op 1) into the HBM of the other core of the
