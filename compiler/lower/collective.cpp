@@ -60,9 +60,9 @@ constexpr int kLoadFlag = 2, kStoreFlag = 6;
 // The streams' landing flags (sources x K) and credit flags (destinations x K): f64..f191.
 // The send buffers' own DMAs (stores to y, second sends): f192..f254, one flag per
 // buffer while there are as many flags (63: v4-4x4x4's 4 x 16 buffers share one
-// pair), never a landing or credit flag, so a wait
-// there counts only this core's DMAs (an entry token may land on a credit flag
-// while its receiver is still in its previous node).
+// pair), never a landing or credit flag, so a wait there counts only this core's
+// DMAs (an entry token may land on a credit flag while its receiver is still in
+// its previous node).
 constexpr int kSendBufFirstFlag = 192, kSendBufFlags = isa::kSyncFlags - kSendBufFirstFlag;
 constexpr int kStreamFirstFlag = 64, kStreamFlags = kSendBufFirstFlag - kStreamFirstFlag;
 
