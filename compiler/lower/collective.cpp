@@ -620,6 +620,12 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
 // run, and every sum is sent from y instead.
 constexpr size_t kStreamSliceLag = 2;
 
+// The block (all_reduce_blocks' starts) a move of a blocked schedule belongs to.
+int64_t block_of(const ici::Schedule& sch, const std::vector<int64_t>& blocks, const ici::Move& m) {
+  const int64_t at = sch.chunks[static_cast<size_t>(m.src_chunk)].offset;
+  return static_cast<int64_t>(std::upper_bound(blocks.begin(), blocks.end(), at) - blocks.begin()) - 1;
+}
+
 ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int64_t piece, int pools,
                              std::vector<std::vector<int>>& move_pool, const std::vector<int64_t>& blocks) {
   move_pool.clear();
@@ -629,11 +635,7 @@ ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int6
     if (pools > 1)
       for (const auto& step : sch.steps) {
         move_pool.emplace_back();
-        for (const ici::Move& m : step) {
-          const int64_t at = sch.chunks[static_cast<size_t>(m.src_chunk)].offset;
-          const auto b = std::upper_bound(blocks.begin(), blocks.end(), at) - blocks.begin() - 1;
-          move_pool.back().push_back(static_cast<int>(b % pools));
-        }
+        for (const ici::Move& m : step) move_pool.back().push_back(static_cast<int>(block_of(sch, blocks, m) % pools));
       }
     return sch;
   }
@@ -698,6 +700,36 @@ ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int6
 }
 }  // namespace
 
+// Blocks: block b + 1's first step (its on-chip reduce-scatter) waits, in the
+// ordering run and so in every program, until the replica has done its events of
+// the steps up to block b's reduce-scatter over the first torus dimension (steps
+// 0..kmin-1, kmin the smallest torus dimension). Left to the greedy run, blocks b
+// and b + 1 started together (b + 2 waits for b's last step in their pool's
+// slots), so each pair did its link-bound steps at the same time and its
+// latency-bound ones (the small deep-dimension steps) at the same time: the links
+// idled ~40% (v4-4x4x4 64 MiB, ~106 K cycles a block against 66.6 K of link time).
+// v4-4x4x4 32 MiB: 407,597 cycles ungated; gated after block b's steps 0 / 0..1 /
+// 0..2 / 0..3 (this) / 0..6: 377,845 / 382,015 / 378,854 / 384,874 / 405,315 (only
+// 0..3 measured at 64 MiB too). Per move, the step plan_stream's gate waits for, or
+// -1; empty for an unblocked schedule.
+std::vector<std::vector<int64_t>> block_start_gates(const ici::Schedule& sch, const std::vector<int64_t>& blocks,
+                                                    int kmin) {
+  std::vector<std::vector<int64_t>> gate;
+  if (blocks.size() <= 1) return gate;
+  int64_t lag = -1;  // block 1's first step
+  for (size_t t = 0; t < sch.steps.size() && lag < 0; ++t)
+    for (const ici::Move& m : sch.steps[t])
+      if (block_of(sch, blocks, m) == 1) lag = static_cast<int64_t>(t);
+  for (size_t t = 0; t < sch.steps.size(); ++t) {
+    gate.emplace_back();
+    for (const ici::Move& m : sch.steps[t]) {
+      const int64_t b = block_of(sch, blocks, m);
+      gate.back().push_back(b >= 1 && static_cast<int64_t>(t) == b * lag ? (b - 1) * lag + kmin - 1 : -1);
+    }
+  }
+  return gate;
+}
+
 // all_reduce(x): with one replica the identity; otherwise every replica holds an
 // fp32 work buffer W and runs the schedule's steps: the chunks it sends go by DMA
 // into receive slots of the destination replica (rflag there), and each move it
@@ -757,42 +789,13 @@ void Emitter::lower_all_reduce(const Node& n) {
       auto it = stream_cache.find(key);
       if (it != stream_cache.end()) plan = it->second;
     }
-    // Blocks: block b + 1's first step (its on-chip reduce-scatter) waits, in the
-    // ordering run and so in every program, until the replica has done its events
-    // of the steps up to block b's reduce-scatter over the first torus dimension
-    // (steps 0..k-1, k the smallest torus dimension). Left to the greedy run,
-    // blocks b and b + 1 started together (b + 2 waits for b's last step in their
-    // pool's slots), so each pair did its link-bound steps at the same time and its
-    // latency-bound ones (the small deep-dimension steps) at the same time: the
-    // links idled ~40% (v4-4x4x4 64 MiB, ~106 K cycles a block against 66.6 K of
-    // link time). v4-4x4x4 32 MiB: 407,597 cycles ungated; gated after block b's
-    // steps 0 / 0..1 / 0..2 / 0..3 (this) / 0..6: 377,845 / 382,015 / 378,854 /
-    // 384,874 / 405,315 (only 0..3 measured at 64 MiB too).
-    std::vector<std::vector<int64_t>> block_gate;
-    if (blocks.size() > 1) {
+    if (!plan) {
       int kmin = INT32_MAX;
       const ici::Topology chips = chip_topology(s);
       for (int d : chips.dims())
         if (d > 1) kmin = std::min(kmin, d);
-      auto block_of = [&](const ici::Move& m) {
-        const int64_t at = sch.chunks[static_cast<size_t>(m.src_chunk)].offset;
-        return static_cast<int64_t>(std::upper_bound(blocks.begin(), blocks.end(), at) - blocks.begin()) - 1;
-      };
-      int64_t lag = -1;  // block 1's first step
-      for (size_t t = 0; t < sch.steps.size() && lag < 0; ++t)
-        for (const ici::Move& m : sch.steps[t])
-          if (block_of(m) == 1) lag = static_cast<int64_t>(t);
-      for (size_t t = 0; t < sch.steps.size(); ++t) {
-        block_gate.emplace_back();
-        for (const ici::Move& m : sch.steps[t]) {
-          const int64_t b = block_of(m);
-          block_gate.back().push_back(b >= 1 && static_cast<int64_t>(t) == b * lag && kmin != INT32_MAX
-                                          ? (b - 1) * lag + kmin - 1
-                                          : -1);
-        }
-      }
-    }
-    if (!plan) {
+      const std::vector<std::vector<int64_t>> block_gate =
+          kmin == INT32_MAX ? std::vector<std::vector<int64_t>>{} : block_start_gates(sch, blocks, kmin);
       // slice_elems: LowerOptions::stream_slice_elems, or E for the whole buffer.
       auto attempt = [&](int pools, int64_t pc, bool fuse, bool late, int64_t slice_elems) -> std::shared_ptr<StreamPlan> {
         auto fresh = std::make_shared<StreamPlan>();

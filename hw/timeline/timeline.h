@@ -10,7 +10,8 @@
 // ...) as needed for every lane to nest properly.
 //
 // Big runs stay usable: a cycle window drops everything outside it, process globs
-// drop other chips, and an event cap stops recording once reached (the file says how many events were dropped).
+// drop other chips, and an event cap stops recording once reached (the file says
+// how many events were dropped).
 #pragma once
 
 #include <cstdint>
