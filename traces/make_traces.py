@@ -167,9 +167,19 @@ def infeed(rng):
     tolerance("infeed", 2)
 
 
+def streams(rng):
+    x0 = rng.uniform(-3, 3, (8, 128)).astype(np.float32)
+    x1 = rng.uniform(-3, 3, (8, 128)).astype(np.float32)
+    save("streams", "x0", x0)
+    save("streams", "x1", x1)
+    save("streams", "y0", (x0 * x0).astype(np.float32), expected=True)
+    save("streams", "y1", ((x1 * x1).astype(np.float32) + x0).astype(np.float32), expected=True)
+    tolerance("streams", 0)
+
+
 def main():
     rng = np.random.RandomState(20261123)
-    for fn in (matmul, softmax, layernorm, gather, exchange, infeed):
+    for fn in (matmul, softmax, layernorm, gather, exchange, infeed, streams):
         fn(rng)
 
 

@@ -42,6 +42,11 @@ constexpr size_t kMaxPlanEvents = 20000;
 // HBM mode's double buffers: loads of piece i on kLoadFlag + i%2, its write-back on
 // kStoreFlag + i%2 (the emitter's per-flag running counts, shared with matrix.cpp).
 constexpr int kLoadFlag = 2, kStoreFlag = 6;
+// The streamed all-reduce's second instruction stream (Streams in lower_all_reduce):
+// its operand loads f10..f13, scratch stores f14..f17 and sends f18 (counts the
+// emitter keeps, like the node lowerings' own), and its reports to stream 0, f19
+// (its block-start gates, then its end); stream 0's gates for stream 1 on f0.
+constexpr int kStream1LoadFlag = 10, kStream1StoreFlag = 14, kStream1SendFlag = 18, kJoinFlag = 19, kStream0GateFlag = 0;
 
 // ---- Streamed lowering (the hierarchical algorithm, fp32): docs/codegen.md
 // "Collectives". The buffer is cut at every chunk boundary of the schedule (and
@@ -122,6 +127,8 @@ struct StreamPlan {
   // (src, dst) -> per piece m: its slot and how many pieces used that slot before it
   std::map<std::pair<int, int>, std::vector<std::pair<int, int64_t>>> slot_use;
   int K = 0, most = 0;
+  int pools = 1;           // slot pools: a piece of pool p takes slots [p K / pools, (p + 1) K / pools)
+  std::vector<std::vector<int64_t>> gates;  // block_start_gates, as planned with
   ici::Schedule sched;     // the schedule planned: the collective's, or its slices
   int64_t max_piece = 0;  // elements of the largest piece, whole tiles: the size of a slot
   int64_t makespan = 0;   // the ordering run's estimate of the collective's cycles
@@ -137,6 +144,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   const bool hier = sch.algorithm == ici::Algorithm::kHierarchical;
   auto on_chip = [&](int x, int y) { return hier && x / 2 == y / 2; };
   if (move_pool.empty()) pools = 1;
+  sp.pools = pools;
   sp.piece = piece;
   std::vector<int64_t> cuts{0, sch.elements};
   for (const auto& step : sch.steps)
@@ -782,7 +790,8 @@ void Emitter::lower_all_reduce(const Node& n) {
     static std::mutex stream_mutex;
     static std::map<std::string, std::shared_ptr<const StreamPlan>> stream_cache;
     const std::string key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(piece) + "|" +
-                            std::to_string(opt_.stream_slice_elems) + "|" + std::to_string(opt_.target.vmem_bytes);
+                            std::to_string(opt_.stream_slice_elems) + "|" + std::to_string(opt_.target.vmem_bytes) +
+                            (opt_.stream_two_pools ? "|pools=2" : "");
     std::shared_ptr<const StreamPlan> plan;
     {
       std::lock_guard<std::mutex> lock(stream_mutex);
@@ -803,6 +812,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         fresh->sched = slice_schedule(sch, slice_elems, pc, pools, move_pool, blocks);
         if (pools > 1 && move_pool.empty()) return nullptr;  // not sliced: the same as try 1
         if (!plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, late, pc, block_gate).empty()) return nullptr;
+        fresh->gates = block_gate;
         return fresh;
       };
       const int64_t sliced = opt_.stream_slice_elems, no_slices = sch.elements;  // ceil(E / E) = 1 slice
@@ -812,7 +822,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         auto p = attempt(pools, pc, true, true, sliced);
         return p ? p : attempt(pools, pc, true, false, sliced);
       };
-      std::shared_ptr<StreamPlan> fresh = fused_attempt(1, piece);
+      std::shared_ptr<StreamPlan> fresh = opt_.stream_two_pools ? nullptr : fused_attempt(1, piece);
       if (!fresh) {
         const int64_t most = most_peers(sch);
         const int64_t per_piece = stream_vmem_pieces(most, most, pooled_slots(most)) * 4;
@@ -926,19 +936,27 @@ void Emitter::lower_all_reduce(const Node& n) {
                  at(SLOTS + (idx(sp.sources[static_cast<size_t>(d)], me) * K + slot_of(me, d, m)) * PzB);
         return endpoint("hbm", d) + ":" + at(there(d, Y.addr + sp.atoms[static_cast<size_t>(a)].first * 4));
       };
-      // A send counts on f58, or (buffer_flag) on its own flag: a second send from a
-      // send buffer, which the buffer's next use waits for (its credit covers only
-      // the first).
+      // The flag the sends and credits of the stream being emitted count on: f58
+      // (coll_sent_ its count) in stream 0, one of its own in stream 1.
+      int send_flag = -1;
+      auto send_flag_text = [&] { return send_flag < 0 ? std::string(kSendFlag) : "f" + std::to_string(send_flag); };
+      auto count_send = [&] {
+        if (send_flag < 0) ++sent;
+        else ++flag_dmas_[cur_][send_flag];
+      };
+      // A send counts on send_flag, or (buffer_flag) on its own flag: a second send
+      // from a send buffer, which the buffer's next use waits for (its credit covers
+      // only the first).
       auto send = [&](size_t t, size_t k, int a, int a_end, const std::string& from, int buffer_flag = -1) {
         const ici::Move& mv = ssch.steps[t][k];
         const int64_t m = sp.index.at({me, t, k, a});
         wait_credit(mv.dst, m);
         const int64_t bytes = (sp.atoms[static_cast<size_t>(a_end - 1)].second - sp.atoms[static_cast<size_t>(a)].first) * 4;
         line("dma " + target(t, k, a, m) + ", " + from + ", bytes=" + std::to_string(bytes) + ", flag=" +
-             (buffer_flag < 0 ? std::string(kSendFlag) : "f" + std::to_string(buffer_flag)) +
+             (buffer_flag < 0 ? send_flag_text() : "f" + std::to_string(buffer_flag)) +
              ", rflag=f" + std::to_string(land_flag(mv.dst, me, m)));
         if (buffer_flag < 0)
-          ++sent;
+          count_send();
         else
           ++flag_dmas_[cur_][buffer_flag];
       };
@@ -955,7 +973,16 @@ void Emitter::lower_all_reduce(const Node& n) {
       auto wait_store = [&](int a) {
         if (auto it = store_pending.find(a); it != store_pending.end()) wait_flag_if_pending(it->second);
       };
-      const std::vector<StreamEvent>& prog = sp.prog[static_cast<size_t>(me)];
+      // What one instruction stream's events use on their own (Streams below).
+      struct StreamRes {
+        int64_t load, scr;         // VMEM: kStreamLoads operand buffers, kStreamScratch sums
+        int64_t keep, keep_end;    // VMEM for kept partial sums
+        int load_flag, store_flag; // the first of kStreamLoads / kStreamScratch flags
+        int buf_flag, buf_flags;   // the send buffers' own flags
+        std::string va, vb;        // vector registers of the adds
+        std::map<size_t, std::string> before, after;  // lines to emit around the stream's event i
+      };
+      auto emit_events = [&](const std::vector<StreamEvent>& prog, const StreamRes& res) {
       // Partial sums kept in VMEM: a reducing consume whose local operand is an
       // earlier consume's sum reads it from a copy of that sum's tiles in the VMEM
       // above the slots (written by one more vst as the sum is made) instead of
@@ -966,8 +993,8 @@ void Emitter::lower_all_reduce(const Node& n) {
       // program order, so they need no flags; a tile is free again once read.
       // Without it every partial sum is stored to y and loaded back (HBM the chip's
       // cores share).
-      const int64_t KEEP = TOP;
-      const int64_t keep_tiles = (static_cast<int64_t>(opt_.target.vmem_bytes) - KEEP) / tile_bytes;
+      const int64_t KEEP = res.keep;
+      const int64_t keep_tiles = (res.keep_end - KEEP) / tile_bytes;
       std::map<std::pair<size_t, int64_t>, int64_t> keep_put;  // (producer event, its tile) -> VMEM address
       std::map<std::pair<size_t, int64_t>, int64_t> keep_get;  // (reader event, its tile) -> VMEM address
       std::vector<bool> kept_reader(prog.size(), false);
@@ -1060,7 +1087,7 @@ void Emitter::lower_all_reduce(const Node& n) {
             wait_store(b);
           }
         const int64_t lo = sp.atoms[static_cast<size_t>(e.atom)].first, hi = sp.atoms[static_cast<size_t>(e.atom_end - 1)].second;
-        dma_on(kLoadFlag + static_cast<int>(j % kStreamLoads), vmem(LOAD + static_cast<int64_t>(j % kStreamLoads) * PzB),
+        dma_on(res.load_flag + static_cast<int>(j % kStreamLoads), vmem(res.load + static_cast<int64_t>(j % kStreamLoads) * PzB),
                hbm((e.local_from_x ? X.addr : Y.addr) + lo * 4), (hi - lo) * 4, "");
         ++loads_issued;
         return true;
@@ -1068,6 +1095,12 @@ void Emitter::lower_all_reduce(const Node& n) {
       size_t scratch = 0, load_j = 0;
       for (size_t i = 0; i < prog.size(); ++i) {
         const StreamEvent& e = prog[i];
+        if (auto b = res.before.find(i); b != res.before.end()) line(b->second);
+        struct After {  // the line to emit once event i is, whichever way its body ends
+          Emitter* em;
+          const std::string* text;
+          ~After() { if (text) em->line(*text); }
+        } after{this, res.after.count(i) ? &res.after.at(i) : nullptr};
         const int64_t lo = sp.atoms[static_cast<size_t>(e.atom)].first, hi = sp.atoms[static_cast<size_t>(e.atom_end - 1)].second;
         const int64_t elems = hi - lo;
         if (e.send) {
@@ -1102,8 +1135,8 @@ void Emitter::lower_all_reduce(const Node& n) {
           const int src = mv.src;
           line("dma " + endpoint("smem", src) + ":" +
                at(credits + (idx(sp.dests[static_cast<size_t>(src)], me) * K + slot_of(src, me, m)) * 4) + ", smem:" +
-               at(credit_zero) + ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag(src, me, m)));
-          ++sent;
+               at(credit_zero) + ", bytes=4, flag=" + send_flag_text() + ", rflag=f" + std::to_string(credit_flag(src, me, m)));
+          count_send();
         };
         const bool copy_in_vmem = !mv.reduce && copy_to_vmem.count({me, e.step, e.move, e.atom});
         if (!mv.reduce && !copy_in_vmem) {  // landed in y: forward it from there
@@ -1124,26 +1157,28 @@ void Emitter::lower_all_reduce(const Node& n) {
           // its last use. One flag for every buffer made each use wait for the
           // stores of the one before (~1 K cycles a piece); the core then fell
           // behind the three links it feeds (v4-4x4x4 64 MiB).
-          store_flag = kSendBufFirstFlag + buffer % kSendBufFlags;
+          const int Kp = K / sp.pools;  // the stream's own buffers: those of its pool's slots when it has one
+          store_flag = res.buf_flag + (res.buf_flags < kSendBufFlags ? idx(dsts, d) * Kp + slot_of(me, d, m2) % Kp : buffer) %
+                                          res.buf_flags;
           wait_flag_if_pending(store_flag);
         } else {
-          store_flag = kStoreFlag + static_cast<int>(scratch % kStreamScratch);
-          out = SCR + static_cast<int64_t>(scratch % kStreamScratch) * PzB;
+          store_flag = res.store_flag + static_cast<int>(scratch % kStreamScratch);
+          out = res.scr + static_cast<int64_t>(scratch % kStreamScratch) * PzB;
           ++scratch;
           wait_flag_if_pending(store_flag);
         }
-        if (j != SIZE_MAX) wait_flag(kLoadFlag + static_cast<int>(j % kStreamLoads));
+        if (j != SIZE_MAX) wait_flag(res.load_flag + static_cast<int>(j % kStreamLoads));
         const int64_t slot = SLOTS + (idx(srcs, mv.src) * K + slot_of(mv.src, me, m)) * PzB;
-        const int64_t local = j != SIZE_MAX ? LOAD + static_cast<int64_t>(j % kStreamLoads) * PzB : -1;
+        const int64_t local = j != SIZE_MAX ? res.load + static_cast<int64_t>(j % kStreamLoads) * PzB : -1;
         for (int64_t t = 0; t * kTileElems < elems; ++t) {
-          line("vld v1, " + at(slot + t * tile_bytes));
+          line("vld " + res.va + ", " + at(slot + t * tile_bytes));
           if (mv.reduce) {
-            line("vld v2, " + at(j != SIZE_MAX ? local + t * tile_bytes : keep_get.at({i, t})));
-            line("vadd v1, v1, v2");
+            line("vld " + res.vb + ", " + at(j != SIZE_MAX ? local + t * tile_bytes : keep_get.at({i, t})));
+            line("vadd " + res.va + ", " + res.va + ", " + res.vb);
           }
-          line("vst v1, " + at(out + t * tile_bytes));
+          line("vst " + res.va + ", " + at(out + t * tile_bytes));
           auto put = keep_put.find({i, t});
-          if (put != keep_put.end()) line("vst v1, " + at(put->second));
+          if (put != keep_put.end()) line("vst " + res.va + ", " + at(put->second));
         }
         give_credit();
         for (size_t q = 0; q < e.fused.size(); ++q) {
@@ -1170,9 +1205,71 @@ void Emitter::lower_all_reduce(const Node& n) {
           flag_pending[store_flag] = true;
         }
       }
-      line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
-      for (int f = kStoreFlag; f < kStoreFlag + kStreamScratch; ++f) wait_flag_if_pending(f);
-      for (int f = kSendBufFirstFlag; f < isa::kSyncFlags; ++f) wait_flag_if_pending(f);
+      line("wait " + send_flag_text() + ", " + std::to_string(send_flag < 0 ? sent : flag_dmas_[cur_][send_flag]));
+      for (int f = res.store_flag; f < res.store_flag + kStreamScratch; ++f) wait_flag_if_pending(f);
+      for (int f = res.buf_flag; f < res.buf_flag + res.buf_flags; ++f) wait_flag_if_pending(f);
+      };
+      // Streams (docs/codegen.md "Two streams"): blocks of both pools in one
+      // program order made a landing of one block wait behind the other's flags;
+      // with the second instruction stream each pool's blocks go in their own
+      // order, every resource a stream waits on its own (flags, operand and
+      // scratch VMEM, kept sums, vector registers), the slots and send buffers
+      // already apart by pool. Stream 1 reports to stream 0 on kJoinFlag.
+      const int64_t vmem_end = static_cast<int64_t>(opt_.target.vmem_bytes);
+      const int64_t TOP2 = TOP + (kStreamLoads + kStreamScratch) * PzB;  // stream 1's loads and scratch above TOP
+      const std::vector<StreamEvent>& all = sp.prog[static_cast<size_t>(me)];
+      if (blocks.size() < 2 || sp.pools != 2 || TOP2 + 2 * tile_bytes > vmem_end) {
+        emit_events(all, StreamRes{LOAD, SCR, TOP, vmem_end, kLoadFlag, kStoreFlag, kSendBufFirstFlag, kSendBufFlags, "v1", "v2", {}, {}});
+      } else {
+        std::vector<StreamEvent> mine[2];
+        for (const StreamEvent& e : all) mine[block_of(ssch, blocks, ssch.steps[e.step][e.move]) % 2].push_back(e);
+        const int64_t mid = TOP2 + (vmem_end - TOP2) / 2 / tile_bytes * tile_bytes;
+        StreamRes res[2] = {
+            StreamRes{LOAD, SCR, TOP2, mid, kLoadFlag, kStoreFlag, kSendBufFirstFlag, kSendBufFlags / 2, "v1", "v2", {}, {}},
+            StreamRes{TOP, TOP + kStreamLoads * PzB, mid, vmem_end, kStream1LoadFlag, kStream1StoreFlag,
+                      kSendBufFirstFlag + kSendBufFlags / 2, kSendBufFlags - kSendBufFlags / 2, "v3", "v4", {}, {}}};
+        // Block starts across the streams (block_start_gates): block b's first
+        // event waits until the other stream has done its events of the steps up
+        // to the gate; that stream raises its gate flag once past them.
+        const std::vector<std::vector<int64_t>>& gates = sp.gates;
+        const int gate_flag[2] = {kStream0GateFlag, kJoinFlag};
+        int64_t raised[2] = {flag_dmas_[cur_][kStream0GateFlag], flag_dmas_[cur_][kJoinFlag]};
+        for (int64_t b = 1; b < static_cast<int64_t>(blocks.size()) && !gates.empty(); ++b) {
+          const int q = static_cast<int>(b % 2), p = 1 - q;
+          int64_t g = -1;
+          size_t first = SIZE_MAX;
+          for (size_t i = 0; i < mine[q].size() && first == SIZE_MAX; ++i) {
+            const StreamEvent& e = mine[q][i];
+            if (block_of(ssch, blocks, ssch.steps[e.step][e.move]) == b) {
+              first = i;
+              g = gates[e.step][e.move];
+            }
+          }
+          if (first == SIZE_MAX || g < 0) continue;
+          size_t last = SIZE_MAX;  // the other stream's last event of a step up to g
+          for (size_t i = 0; i < mine[p].size(); ++i)
+            if (static_cast<int64_t>(mine[p][i].step) <= g) last = i;
+          if (last == SIZE_MAX) continue;
+          const std::string up = "fadd f" + std::to_string(gate_flag[p]) + ", 1";
+          res[p].after[last] = res[p].after.count(last) ? res[p].after[last] + "\n  " + up : up;
+          res[q].before[first] = "wait f" + std::to_string(gate_flag[p]) + ", " + std::to_string(++raised[p]);
+        }
+        flag_dmas_[cur_][kStream0GateFlag] = raised[0];
+        const std::string label = "stream1_" + std::to_string(labels_++);
+        line("fork " + label);
+        emit_events(mine[0], res[0]);
+        std::ostringstream stream0;
+        std::swap(stream0, cs_[static_cast<size_t>(cur_)]);
+        send_flag = kStream1SendFlag;
+        emit_events(mine[1], res[1]);
+        send_flag = -1;
+        line("fadd f" + std::to_string(kJoinFlag) + ", 1");
+        flag_dmas_[cur_][kJoinFlag] = raised[1] + 1;
+        line("halt");
+        tail_[static_cast<size_t>(cur_)] << label << ":\n  op " << n.id << "\n" << cs_[static_cast<size_t>(cur_)].str();
+        std::swap(stream0, cs_[static_cast<size_t>(cur_)]);
+        wait_flag(kJoinFlag);
+      }
       for (int src : srcs)
         for (int j = 0; j < K; ++j) coll_landed_[land_flag_of(me, src, j)] = base[land_flag_of(me, src, j)] + uses(src, me, j);
       for (int d : dsts)

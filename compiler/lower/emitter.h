@@ -56,7 +56,7 @@ struct Placed {
 class Emitter {
  public:
   Emitter(const Graph& g, const LowerOptions& o)
-      : g_(g), opt_(o), cores_(std::max(1, o.cores)), cs_(static_cast<size_t>(cores_)),
+      : g_(g), opt_(o), cores_(std::max(1, o.cores)), cs_(static_cast<size_t>(cores_)), tail_(static_cast<size_t>(cores_)),
         dmas_(static_cast<size_t>(cores_)), flag_dmas_(static_cast<size_t>(cores_)),
         drained_dmas_(static_cast<size_t>(cores_)), drained_flags_(static_cast<size_t>(cores_)) { hbm_top_ = o.hbm_base; }
 
@@ -244,6 +244,7 @@ class Emitter {
   int cores_ = 1;
   int cur_ = 0;  // the core whose program the code goes to
   std::vector<std::ostringstream> cs_;
+  std::vector<std::ostringstream> tail_;  // per core: code placed after its halt (forked streams)
   std::map<std::string, Placed> t_;
   int64_t hbm_top_ = 0;                        // high-water mark: nothing at or above it was ever placed
   std::map<int64_t, int64_t> hbm_free_;        // free blocks below hbm_top_: start -> bytes, coalesced

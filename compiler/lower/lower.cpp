@@ -203,9 +203,9 @@ LowerResult Emitter::run() {
     given_back.clear();
   }
   for (int c = 0; c < cores_; ++c) {
-    const std::string code = cs_[static_cast<size_t>(c)].str();
+    const std::string code = cs_[static_cast<size_t>(c)].str() + "  halt\n" + tail_[static_cast<size_t>(c)].str();
     const bool windows = code.find("[s31 + ") != std::string::npos || code.find("[s30 + ") != std::string::npos;
-    out_ << ".core chip0.core" << c << "\n" << (windows ? window_setup() : "") << code << "  halt\n";
+    out_ << ".core chip0.core" << c << "\n" << (windows ? window_setup() : "") << code;
   }
   for (auto& e : extra_consts_) io.push_back(std::move(e));  // laid out by the lowering (conv weights)
   for (const auto& o : g_.outputs) {

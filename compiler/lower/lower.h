@@ -49,6 +49,10 @@ struct LowerOptions {
   // to reach those code paths with buffers the race checker gets through quickly.
   int64_t stream_piece_elems = 64 * 1024;
   int64_t stream_slice_elems = 1 << 20;
+  // Skip the one-pool try and plan with two slot pools (so a blocked schedule runs
+  // as two instruction streams): tests reach that path with small buffers, where
+  // one pool would plan.
+  bool stream_two_pools = false;
 };
 
 struct LowerResult {

@@ -1,5 +1,7 @@
 #include "hw/core/sequencer.h"
 
+#include <algorithm>
+
 namespace tpusim::hw {
 
 using isa::Op;
@@ -9,21 +11,29 @@ Sequencer::Sequencer(CoreEnv& env, Barrier& barrier, Sinks sinks, const Sequence
     : env_(env), barrier_(barrier), sinks_(std::move(sinks)), p_(p) {
   if (!env_.prog) halted_ = true;  // a core without a program idles from the start
   else decode_program();
+  running_[0] = !halted_;
   if (env_.timeline) env_.profile.attach_timeline(env_.timeline, env_.name.substr(0, env_.name.find('.')),
                                                   env_.name.substr(env_.name.find('.') + 1) + ".sequencer");
 }
 
-Sequencer::Stall Sequencer::blocked(uint64_t cycle) const {
-  if (at_barrier_) return barrier_.release_cycle(barrier_generation_) <= cycle ? Stall::kNone : Stall::kBarrier;
+Sequencer::Stall Sequencer::blocked(int s, uint64_t cycle) const {
+  if (s == 0 && at_barrier_) return barrier_.release_cycle(barrier_generation_) <= cycle ? Stall::kNone : Stall::kBarrier;
   const auto& code = env_.prog->code;
-  if (pc_ >= code.size()) return Stall::kNone;
-  const isa::Instr& in = code[pc_];
-  const Unit u = decoded_[pc_].unit;
+  const uint32_t pc = pc_of(s);
+  if (pc >= code.size()) return Stall::kNone;
+  const isa::Instr& in = code[pc];
+  const Unit u = decoded_[pc].unit;
   if (u == Unit::kVector || u == Unit::kMatrix || u == Unit::kDma)
     return sinks_.queue_full(u, in) ? Stall::kQueueFull : Stall::kNone;
   if (in.op == Op::kWait || in.op == Op::kWaitSub) return exec::sync_ready(*env_.state, in) ? Stall::kNone : Stall::kFlag;
   if (in.op == Op::kBarrier) return sinks_.vector_matrix_drained() ? Stall::kNone : Stall::kFence;
   return Stall::kNone;
+}
+
+int Sequencer::first_running() const {
+  for (int s = 0; s < isa::kStreams; ++s)
+    if (running_[static_cast<size_t>(s)]) return s;
+  return 0;
 }
 
 void Sequencer::count(Stall s, uint64_t n) {
@@ -153,16 +163,26 @@ void Sequencer::tick(uint64_t cycle) {
   last_cycle_ = cycle;
   if (halted_ || !env_.fault.empty()) return;
   counters_["active_cycles"]++;
-  stall_ = blocked(cycle);
+  // The first running stream, in turn from next_, that can issue; if none, the
+  // cycle is counted as a stall of the lowest running stream.
+  int pick = -1;
+  for (int k = 0; k < isa::kStreams && pick < 0; ++k) {
+    const int s = (next_ + k) % isa::kStreams;
+    if (running_[static_cast<size_t>(s)] && blocked(s, cycle) == Stall::kNone) pick = s;
+  }
+  select(pick >= 0 ? pick : first_running());
+  stall_ = pick >= 0 ? Stall::kNone : blocked(cycle);
   stall_reason_ = static_cast<int>(stall_);
   pc_now_ = static_cast<int>(pc_);
   if (stall_ != Stall::kNone) {
     count(stall_, 1);
     return;
   }
+  next_ = (cur_ + 1) % isa::kStreams;
   env_.note_activity(cycle);
-  env_.profile.issue_cycle(at_barrier_ || pc_ >= env_.prog->code.size() ? nullptr : &env_.prog->code[pc_], cycle);
-  if (at_barrier_) {  // released: the barrier instruction retires (its cycle alone)
+  env_.profile.issue_cycle((cur_ == 0 && at_barrier_) || pc_ >= env_.prog->code.size() ? nullptr : &env_.prog->code[pc_],
+                           cycle);
+  if (cur_ == 0 && at_barrier_) {  // released: the barrier instruction retires (its cycle alone)
     at_barrier_ = false;
     ++pc_;
     return;
@@ -185,9 +205,12 @@ void Sequencer::tick(uint64_t cycle) {
 bool Sequencer::issue(uint64_t cycle) {
   const auto& code = env_.prog->code;
   if (pc_ >= code.size() || code[pc_].op == Op::kHalt) {  // running off the end halts, as in the reference
-    halted_ = true;
-    halt_cycle_ = cycle;
+    running_[static_cast<size_t>(cur_)] = false;
     counters_["instructions"]++;
+    if (std::find(running_.begin(), running_.end(), true) == running_.end()) {  // the core halts with its last stream
+      halted_ = true;
+      halt_cycle_ = cycle;
+    }
     return false;
   }
   const isa::Instr& in = code[pc_];
@@ -221,7 +244,17 @@ bool Sequencer::issue(uint64_t cycle) {
         return true;
       }
       case Unit::kSync:
+        if (in.op == Op::kFork) {  // the reference's checks, same words
+          if (cur_ != 0) throw exec::Fault("fork from stream " + std::to_string(cur_) + " (only stream 0 forks)");
+          if (running_[1]) throw exec::Fault("fork while stream 1 still runs (at instruction " + std::to_string(pcs_[1]) + ")");
+          running_[1] = true;
+          pcs_[1] = static_cast<uint32_t>(in.imm);
+          counters_["forks"]++;
+          ++pc_;
+          return false;
+        }
         if (in.op == Op::kBarrier) {
+          if (cur_ != 0) throw exec::Fault("barrier in stream " + std::to_string(cur_) + " (only stream 0 takes part)");
           at_barrier_ = true;
           barrier_generation_ = barrier_.arrive(cycle);
           return false;  // retires when released
@@ -243,28 +276,45 @@ void Sequencer::skip(uint64_t n) {
   counters_["active_cycles"] += n;
   // Nothing changes between events, so every skipped cycle stalls for the reason
   // a tick would find at the first of them.
+  select(first_running());
   count(blocked(first), n);
 }
 
 uint64_t Sequencer::next_event_cycle(uint64_t now) const {
   if (halted_ || !env_.fault.empty()) return kNever;
-  if (at_barrier_) {
-    const uint64_t r = barrier_.release_cycle(barrier_generation_);
-    return r == kNever ? kNever : std::max(now + 1, r);
+  uint64_t next = kNever;
+  for (int s = 0; s < isa::kStreams; ++s) {
+    if (!running_[static_cast<size_t>(s)]) continue;
+    if (s == 0 && at_barrier_) {
+      const uint64_t r = barrier_.release_cycle(barrier_generation_);
+      if (r != kNever) next = std::min(next, std::max(now + 1, r));
+    } else if (blocked(s, now + 1) == Stall::kNone) {
+      return now + 1;
+    }
   }
-  return blocked(now + 1) == Stall::kNone ? now + 1 : kNever;
+  return next;
 }
 
 std::string Sequencer::blocked_on() const {
   if (halted_) return "halted";
-  if (at_barrier_)
-    return env_.where(pc_) + " waits at barrier (" + std::to_string(barrier_.arrived()) + " of " +
-           std::to_string(barrier_.participants()) + " cores arrived)";
-  const isa::Instr& in = env_.prog->code[pc_];
-  if (in.op == Op::kWait || in.op == Op::kWaitSub)
-    return env_.where(pc_) + " waits for f" + std::to_string(in.a) + " >= " + std::to_string(in.imm) + " (is " +
-           std::to_string(env_.state->flags[in.a]) + ")";
-  return env_.where(pc_) + " is stalled";
+  std::string out;
+  for (int s = 0; s < isa::kStreams; ++s) {
+    if (!running_[static_cast<size_t>(s)]) continue;
+    const uint32_t pc = pc_of(s);
+    std::string w = env_.where(pc);
+    if (s > 0) w = "stream " + std::to_string(s) + ": " + w;
+    if (!out.empty()) out += "; ";
+    const isa::Instr* in = pc < env_.prog->code.size() ? &env_.prog->code[pc] : nullptr;
+    if (s == 0 && at_barrier_)
+      out += w + " waits at barrier (" + std::to_string(barrier_.arrived()) + " of " +
+             std::to_string(barrier_.participants()) + " cores arrived)";
+    else if (in && (in->op == Op::kWait || in->op == Op::kWaitSub))
+      out += w + " waits for f" + std::to_string(in->a) + " >= " + std::to_string(in->imm) + " (is " +
+             std::to_string(env_.state->flags[in->a]) + ")";
+    else
+      out += w + " is stalled";
+  }
+  return out;
 }
 
 }  // namespace tpusim::hw

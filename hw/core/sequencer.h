@@ -6,6 +6,9 @@
 // wait.sub stall until the flag is high enough, fset/fadd change it, barrier
 // waits (after the core's vector and matrix work has finished) until every core
 // with a program has arrived. Every stalled cycle is counted under its reason.
+// Streams (docs/isa.md, "Streams"): `fork` starts the core's stream 1; each cycle
+// the bundle comes from one stream that can issue, the streams taking turns, so a
+// stream blocked on a flag no longer holds up the other's work.
 #pragma once
 
 #include <array>
@@ -78,7 +81,7 @@ class Sequencer {
   uint64_t halt_cycle() const { return halt_cycle_; }
   uint64_t vmem_ops_issued() const { return vmem_ops_issued_; }
   uint64_t instructions() const { return instructions_; }
-  uint32_t pc() const { return pc_; }
+  uint32_t pc() const { return pc_; }  // the stream issued or stalled last
   Stall stall() const { return stall_; }
   // One line on what the sequencer waits for (deadlock reports).
   std::string blocked_on() const;
@@ -92,8 +95,17 @@ class Sequencer {
   int pc_now_ = 0;
 
  private:
-  Stall blocked(uint64_t cycle) const;  // why the instruction at pc cannot go now
-  void count(Stall s, uint64_t n);
+  // Why stream s's instruction cannot go now.
+  Stall blocked(int s, uint64_t cycle) const;
+  Stall blocked(uint64_t cycle) const { return blocked(cur_, cycle); }
+  uint32_t pc_of(int s) const { return s == cur_ ? pc_ : pcs_[static_cast<size_t>(s)]; }
+  void select(int s) {  // pc_ becomes stream s's
+    pcs_[static_cast<size_t>(cur_)] = pc_;
+    cur_ = s;
+    pc_ = pcs_[static_cast<size_t>(s)];
+  }
+  int first_running() const;
+  void count(Stall s, uint64_t n);  // at the selected stream's pc
   // Issues the instruction at pc; false when the bundle must end after it
   // (control flow, barrier, halt, a fault).
   bool issue(uint64_t cycle);
@@ -122,7 +134,11 @@ class Sequencer {
   Barrier& barrier_;
   Sinks sinks_;
   SequencerParams p_;
-  uint32_t pc_ = 0;
+  uint32_t pc_ = 0;  // the selected stream's; the others' in pcs_
+  std::array<uint32_t, isa::kStreams> pcs_{};
+  std::array<bool, isa::kStreams> running_{};
+  int cur_ = 0;   // the selected stream
+  int next_ = 0;  // the stream that goes first next cycle (turns)
   uint64_t seq_ = 0;
   bool halted_ = false;
   uint64_t halt_cycle_ = 0;

@@ -122,7 +122,8 @@ enum OpFlags : uint32_t {
   X(kFset, "fset", "FI", kSync, 0)                                     \
   X(kFadd, "fadd", "FI", kSync, 0)                                     \
   X(kBarrier, "barrier", "", kSync, 0)                                 \
-  X(kOpMark, "op", "I", kSync, 0)
+  X(kOpMark, "op", "I", kSync, 0)                                      \
+  X(kFork, "fork", "L", kSync, 0)
 
 enum class Op : uint8_t {
 #define TPUSIM_X(e, m, s, u, f) e,
@@ -146,7 +147,10 @@ inline int op_count() { return static_cast<int>(Op::kCount); }
 inline constexpr int kScalarRegs = 32;
 inline constexpr int kVectorRegs = 32;
 inline constexpr int kMaskRegs = 8;
-inline constexpr int kSyncFlags = 255;  // a DMA names a flag in 8 bits as flag + 1 (0: none)
+inline constexpr int kSyncFlags = 255;
+// Instruction streams per core: stream 0 starts at instruction 0, `fork` starts
+// stream 1 (docs/isa.md, "Streams").
+inline constexpr int kStreams = 2;  // a DMA names a flag in 8 bits as flag + 1 (0: none)
 inline constexpr int kSublanes = 8;
 inline constexpr int kLanes = 128;
 inline constexpr int kMaxDmaDims = 3;

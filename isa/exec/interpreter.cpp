@@ -14,14 +14,22 @@ using isa::Unit;
 
 Interpreter::Interpreter(const isa::Bundle& b) : machine_(b.target) {
   load_constants(machine_, b);
-  for (const auto& p : b.cores) cores_.push_back(Context{&p, &machine_.core(p.chip, p.core)});
-  std::sort(cores_.begin(), cores_.end(), [](const Context& x, const Context& y) {
-    return std::make_pair(x.prog->chip, x.prog->core) < std::make_pair(y.prog->chip, y.prog->core);
+  std::vector<const isa::CoreProgram*> progs;
+  for (const auto& p : b.cores) progs.push_back(&p);
+  std::sort(progs.begin(), progs.end(), [](const isa::CoreProgram* x, const isa::CoreProgram* y) {
+    return std::make_pair(x->chip, x->core) < std::make_pair(y->chip, y->core);
   });
+  programs_ = progs.size();
+  for (const isa::CoreProgram* p : progs)
+    for (int s = 0; s < isa::kStreams; ++s) {
+      cores_.push_back(Context{p, &machine_.core(p->chip, p->core), s});
+      if (s > 0) cores_.back().status = CoreStatus::kHalted;
+    }
 }
 
 std::string Interpreter::where(const Context& c) const {
-  std::string s = c.state->name() + " instruction " + std::to_string(c.pc);
+  std::string s = c.state->name() + (c.stream ? " stream " + std::to_string(c.stream) : "") + " instruction " +
+                  std::to_string(c.pc);
   if (c.pc < c.prog->code.size()) {
     const isa::Instr& in = c.prog->code[c.pc];
     s += " (";
@@ -65,17 +73,20 @@ void check_access(const RaceChecker& rc, size_t who, CoreState& st, const isa::I
 RunResult Interpreter::run(const RunOptions& opts) {
   RunResult res;
   const size_t n = cores_.size();
+  // The race checker's agents are the cores: a core's streams share its memories
+  // and flags (the compiler keeps their data apart).
   std::unique_ptr<RaceChecker> races;
-  if (opts.check_races) races = std::make_unique<RaceChecker>(n);
+  if (opts.check_races) races = std::make_unique<RaceChecker>(programs_);
   auto index_of = [&](const CoreState* s) {
-    for (size_t i = 0; i < n; ++i)
-      if (cores_[i].state == s) return i;
+    for (size_t i = 0; i < n; i += isa::kStreams)
+      if (cores_[i].state == s) return i / isa::kStreams;
     return RaceChecker::kNoCore;
   };
   for (;;) {
     bool progress = false, all_halted = true;
-    for (size_t ci = 0; ci < n; ++ci) {
-      Context& c = cores_[ci];
+    for (size_t k = 0; k < n; ++k) {
+      Context& c = cores_[k];
+      const size_t ci = k / isa::kStreams;
       if (c.status == CoreStatus::kHalted) continue;
       if (c.status == CoreStatus::kBarrier) {
         if (c.barrier_generation == barrier_generation_) continue;
@@ -112,8 +123,18 @@ RunResult Interpreter::run(const RunOptions& opts) {
             c.status = CoreStatus::kHalted;
             break;
           }
+          if (in.op == Op::kFork) {
+            if (c.stream != 0) throw Fault("fork from stream " + std::to_string(c.stream) + " (only stream 0 forks)");
+            Context& t = cores_[k + 1];
+            if (t.status != CoreStatus::kHalted) throw Fault("fork while stream 1 still runs (at " + where(t) + ")");
+            t.status = CoreStatus::kReady;
+            t.pc = static_cast<uint32_t>(in.imm);
+            ++c.pc;
+            continue;
+          }
           if (in.op == Op::kBarrier) {
-            if (++barrier_arrived_ == n) {
+            if (c.stream != 0) throw Fault("barrier in stream " + std::to_string(c.stream) + " (only stream 0 takes part)");
+            if (++barrier_arrived_ == programs_) {
               barrier_arrived_ = 0;
               ++barrier_generation_;
               if (races) races->barrier_released();
@@ -166,7 +187,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
           res.message += " waits for f" + std::to_string(in.a) + " >= " + std::to_string(in.imm) + " (is " +
                          std::to_string(c.state->flags[in.a]) + ");";
         else
-          res.message += " waits at barrier (" + std::to_string(barrier_arrived_) + " of " + std::to_string(n) +
+          res.message += " waits at barrier (" + std::to_string(barrier_arrived_) + " of " + std::to_string(programs_) +
                          " cores arrived);";
       }
       return res;

@@ -1,7 +1,8 @@
 // The functional reference: a deterministic scheduler over the semantic functions
 // of semantics.h. Cores run round robin in (chip, core) order, each until it
-// blocks (wait, barrier) or halts; every instruction is atomic; a DMA copies its
-// data and moves its flags at issue. docs/isa.md, "Reference semantics".
+// blocks (wait, barrier) or halts, a core's stream 0 before its stream 1 (once
+// `fork` started it); every instruction is atomic; a DMA copies its data and moves
+// its flags at issue. docs/isa.md, "Reference semantics".
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,7 @@ class Interpreter {
   struct Context {
     const isa::CoreProgram* prog;
     CoreState* state;
+    int stream = 0;  // stream 1 is halted until its core's stream 0 forks it
     uint32_t pc = 0;
     CoreStatus status = CoreStatus::kReady;
     uint64_t barrier_generation = 0;
@@ -46,7 +48,8 @@ class Interpreter {
   std::string where(const Context& c) const;
 
   Machine machine_;
-  std::vector<Context> cores_;
+  std::vector<Context> cores_;  // (chip, core) order, each core's streams in turn
+  size_t programs_ = 0;         // cores with a program: the barrier's participants
   uint64_t barrier_generation_ = 0;
   size_t barrier_arrived_ = 0;
 };

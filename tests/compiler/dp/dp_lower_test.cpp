@@ -357,6 +357,50 @@ TEST(DpLower, AllReduceInBlocksOnV2Slice4x4) {
   }
 }
 
+// Two streams (docs/codegen.md "Two streams"): with two slot pools a blocked
+// all-reduce runs even blocks in stream 0 and odd ones in a forked stream 1, each
+// in its own order. The same 3 blocks as above, bit-exact under the race checker
+// (which sees a core's streams as one agent) with the blocks' add order. Block 1's
+// start gate crosses the streams: stream 0 raises f0 only after its 2 x 3 sends of
+// block 0 to the next chips, and stream 1 waits for f0 before its first send.
+TEST(DpLower, BlockedAllReduceRunsOnTwoStreams) {
+  expect_replicated_bit_exact(allreduce_only_ir(32, 16, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
+                              16ull << 20, [](LowerOptions& lo) {
+                                lo.stream_piece_elems = 4096;
+                                lo.replicas.block_elems = 8192;
+                                lo.stream_two_pools = true;
+                              });
+  std::istringstream in(g_last_assembly);
+  std::string line, core;
+  int stream = 0;
+  std::map<std::string, int> forks, chip_sends, raised_after, sends_before_wait;
+  std::map<std::string, bool> waited;
+  while (std::getline(in, line)) {
+    if (line.rfind(".core ", 0) == 0) {
+      core = line.substr(6);
+      stream = 0;
+    }
+    if (line.rfind("stream1_", 0) == 0) stream = 1;
+    if (line.rfind("  fork stream1_", 0) == 0) ++forks[core];
+    const bool send = line.rfind("  dma vmem@chip", 0) == 0;
+    if (stream == 0) {
+      const std::string chip = core.substr(0, core.find('.'));
+      if (send && line.rfind("  dma vmem@" + chip + ".c", 0) != 0) ++chip_sends[core];
+      if (line == "  fadd f0, 1") raised_after[core] = chip_sends[core];
+    } else {
+      if (line == "  wait f0, 1") waited[core] = true;
+      if (send && !waited[core]) ++sends_before_wait[core];
+    }
+  }
+  ASSERT_EQ(forks.size(), 32u);
+  for (const auto& [c, n] : forks) {
+    EXPECT_EQ(n, 1) << c;
+    EXPECT_GE(raised_after[c], 2 * 3) << c << ": f0 raised after " << raised_after[c] << " sends to other chips";
+    EXPECT_TRUE(waited[c]) << c;
+    EXPECT_EQ(sends_before_wait[c], 0) << c;
+  }
+}
+
 // The data DMAs of the all_reduce (op 1) into the HBM of the other core of the
 // sender's chip (the on-chip all-gather's copies; 4-byte tokens left out), per
 // sending core in program order: bytes, and whether they come from HBM (y).

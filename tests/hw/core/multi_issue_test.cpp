@@ -211,6 +211,41 @@ TEST(MultiIssue, AFullQueueStopsTheBundleInOrder) {
   EXPECT_EQ(h.seq().counters().get("stall_queue_full_cycles"), 2u);  // cycles 1 and 2
 }
 
+// Streams: after `fork`, a cycle's bundle comes from the first stream, in turns
+// starting after the one that issued last, that can issue. Single issue: cycle 0
+// fork (stream 0); 1 stream 1's vadd (its turn); 2 stream 0 is blocked on f3, so
+// stream 1's fadd; 3 stream 0's wait goes (f3 = 1); 4 stream 1's halt (stream 1
+// stops, the core does not); 5 vld; 6 halt, the core's last stream.
+TEST(MultiIssue, AForkedStreamIssuesWhileTheOtherWaits) {
+  Harness h("  fork s1\n  wait f3, 1\n  vld v0, [s0 + 0]\n  halt\ns1:\n  vadd v8, v20, v21\n  fadd f3, 1\n  halt\n",
+            hw::SequencerParams{});
+  const Trace& t = h.run();
+  EXPECT_EQ(t.issued.at(4), 1u);  // vadd
+  EXPECT_EQ(t.issued.at(2), 5u);  // vld
+  EXPECT_EQ(t.halt_cycle, 6u);
+  EXPECT_EQ(h.seq().counters().get("forks"), 1u);
+  EXPECT_EQ(h.seq().counters().get("stall_flag_cycles"), 0u);  // stream 1 issued in the cycle stream 0 was blocked
+  EXPECT_EQ(h.env().state->flags[3], 1);
+}
+
+// The reference's rules, in the same words: only stream 0 forks, and not while
+// stream 1 runs; a barrier in stream 1 faults.
+TEST(MultiIssue, ForkFaultsLikeTheReference) {
+  const char* bad[] = {"  fork a\n  fork a\n  halt\na:\n  wait f1, 1\n  halt\n",
+                       "  fork a\n  halt\na:\n  fork b\nb:\n  halt\n", "  fork a\n  halt\na:\n  barrier\n  halt\n"};
+  const char* why[] = {"fork while stream 1 still runs", "fork from stream 1", "barrier in stream 1"};
+  for (int i = 0; i < 3; ++i) {
+    Harness h(bad[i], hw::SequencerParams{});
+    for (uint64_t c = 0; c < 20 && h.env().fault.empty(); ++c) h.seq().tick(c);
+    EXPECT_NE(h.env().fault.find(why[i]), std::string::npos) << h.env().fault;
+    const isa::Bundle b = isa::assemble(std::string(".core chip0.core0\n") + bad[i], "r.s");
+    exec::Interpreter ref(b);
+    const exec::RunResult r = ref.run();
+    EXPECT_EQ(r.status, exec::RunResult::Status::kFault);
+    EXPECT_NE(r.message.find(why[i]), std::string::npos) << r.message;
+  }
+}
+
 // The presets' values reach the sequencer, and --set overrides them.
 TEST(MultiIssue, PresetParametersAndOverrides) {
   const hw::SequencerParams v3 = hw::SequencerParams::from_config(config::load_preset("v3"));
