@@ -46,6 +46,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int replicas = 1;
     std::string collective = "auto";
     int block_lag = 0;
+    int all_reduce_streams = 1;
     std::vector<std::string> batched;
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
     bool infeed = false;
@@ -67,6 +68,10 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   "Steps between the starts of a blocked all-reduce's blocks (docs/codegen.md \"Blocks\"); "
                   "0 = half a block's steps")
       ->check(CLI::Range(0, 1000));
+  cmd->add_option("--all-reduce-streams", opt->all_reduce_streams,
+                  "Instruction streams of a blocked all-reduce: 1, or 2 (each slot pool's blocks in its own "
+                  "stream; docs/codegen.md \"Two streams\")")
+      ->check(CLI::Range(1, 2));
   cmd->add_option("--train", opt->train,
                   "Compile one training step instead: sgd:lr=X[,momentum=Y] (docs/training.md)");
   cmd->add_option("--loss", opt->loss, "Training loss: xent (one-hot labels) | xent-index | mse");
@@ -118,6 +123,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.replicas.board = ici::Topology::from_params(preset);
       lo.replicas.algorithm = opt->collective;
       lo.replicas.block_lag = opt->block_lag;
+      lo.all_reduce_streams = opt->all_reduce_streams;
       lo.replicas.batched = opt->batched;
       lo.inputs_from_host = opt->infeed;
       if (opt->replicas > 1) lo.target.chips = static_cast<uint32_t>(board_chips);

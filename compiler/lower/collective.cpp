@@ -791,7 +791,7 @@ void Emitter::lower_all_reduce(const Node& n) {
     static std::map<std::string, std::shared_ptr<const StreamPlan>> stream_cache;
     const std::string key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(piece) + "|" +
                             std::to_string(opt_.stream_slice_elems) + "|" + std::to_string(opt_.target.vmem_bytes) +
-                            (opt_.stream_two_pools ? "|pools=2" : "");
+                            (opt_.all_reduce_streams == 2 ? "|streams=2" : "");
     std::shared_ptr<const StreamPlan> plan;
     {
       std::lock_guard<std::mutex> lock(stream_mutex);
@@ -822,7 +822,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         auto p = attempt(pools, pc, true, true, sliced);
         return p ? p : attempt(pools, pc, true, false, sliced);
       };
-      std::shared_ptr<StreamPlan> fresh = opt_.stream_two_pools ? nullptr : fused_attempt(1, piece);
+      std::shared_ptr<StreamPlan> fresh = opt_.all_reduce_streams == 2 && blocks.size() > 1 ? nullptr : fused_attempt(1, piece);
       if (!fresh) {
         const int64_t most = most_peers(sch);
         const int64_t per_piece = stream_vmem_pieces(most, most, pooled_slots(most)) * 4;
@@ -1218,7 +1218,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       const int64_t vmem_end = static_cast<int64_t>(opt_.target.vmem_bytes);
       const int64_t TOP2 = TOP + (kStreamLoads + kStreamScratch) * PzB;  // stream 1's loads and scratch above TOP
       const std::vector<StreamEvent>& all = sp.prog[static_cast<size_t>(me)];
-      if (blocks.size() < 2 || sp.pools != 2 || TOP2 + 2 * tile_bytes > vmem_end) {
+      if (opt_.all_reduce_streams != 2 || blocks.size() < 2 || sp.pools != 2 || TOP2 + 2 * tile_bytes > vmem_end) {
         emit_events(all, StreamRes{LOAD, SCR, TOP, vmem_end, kLoadFlag, kStoreFlag, kSendBufFirstFlag, kSendBufFlags, "v1", "v2", {}, {}});
       } else {
         std::vector<StreamEvent> mine[2];

@@ -49,10 +49,10 @@ struct LowerOptions {
   // to reach those code paths with buffers the race checker gets through quickly.
   int64_t stream_piece_elems = 64 * 1024;
   int64_t stream_slice_elems = 1 << 20;
-  // Skip the one-pool try and plan with two slot pools (so a blocked schedule runs
-  // as two instruction streams): tests reach that path with small buffers, where
-  // one pool would plan.
-  bool stream_two_pools = false;
+  // Instruction streams of a blocked streamed all-reduce (docs/codegen.md "Two
+  // streams"): 2 plans with two slot pools only and runs each pool's blocks in
+  // its own stream (fork); 1, the default, one program order.
+  int all_reduce_streams = 1;
 };
 
 struct LowerResult {

@@ -368,7 +368,7 @@ TEST(DpLower, BlockedAllReduceRunsOnTwoStreams) {
                               16ull << 20, [](LowerOptions& lo) {
                                 lo.stream_piece_elems = 4096;
                                 lo.replicas.block_elems = 8192;
-                                lo.stream_two_pools = true;
+                                lo.all_reduce_streams = 2;
                               });
   std::istringstream in(g_last_assembly);
   std::string line, core;
