@@ -588,7 +588,7 @@ void exec_sync(CoreState& c, const Instr& in) {
       f = static_cast<int32_t>(in.op == Op::kFset ? v : in.op == Op::kFadd ? u + v : u - v);
       return;
     }
-    default: fault(std::string("'") + isa::op_info(in.op).mnemonic + "' is not a sync instruction");  // fork: the scheduler's
+    default: fault(std::string("'") + isa::op_info(in.op).mnemonic + "' is not a sync instruction");  // fork: the scheduler's (interpreter, sequencer)
   }
 }
 
