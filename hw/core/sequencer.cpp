@@ -244,9 +244,8 @@ bool Sequencer::issue(uint64_t cycle) {
         return true;
       }
       case Unit::kSync:
-        if (in.op == Op::kFork) {  // the reference's checks, same words
-          if (cur_ != 0) throw exec::Fault("fork from stream " + std::to_string(cur_) + " (only stream 0 forks)");
-          if (running_[1]) throw exec::Fault("fork while stream 1 still runs (at instruction " + std::to_string(pcs_[1]) + ")");
+        if (in.op == Op::kFork) {
+          exec::check_fork(cur_, running_[1]);
           running_[1] = true;
           pcs_[1] = static_cast<uint32_t>(in.imm);
           counters_["forks"]++;
@@ -254,7 +253,7 @@ bool Sequencer::issue(uint64_t cycle) {
           return false;
         }
         if (in.op == Op::kBarrier) {
-          if (cur_ != 0) throw exec::Fault("barrier in stream " + std::to_string(cur_) + " (only stream 0 takes part)");
+          exec::check_barrier(cur_);
           at_barrier_ = true;
           barrier_generation_ = barrier_.arrive(cycle);
           return false;  // retires when released

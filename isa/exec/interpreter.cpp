@@ -124,16 +124,15 @@ RunResult Interpreter::run(const RunOptions& opts) {
             break;
           }
           if (in.op == Op::kFork) {
-            if (c.stream != 0) throw Fault("fork from stream " + std::to_string(c.stream) + " (only stream 0 forks)");
+            check_fork(c.stream, c.stream == 0 && cores_[k + 1].status != CoreStatus::kHalted);
             Context& t = cores_[k + 1];
-            if (t.status != CoreStatus::kHalted) throw Fault("fork while stream 1 still runs (at " + where(t) + ")");
             t.status = CoreStatus::kReady;
             t.pc = static_cast<uint32_t>(in.imm);
             ++c.pc;
             continue;
           }
           if (in.op == Op::kBarrier) {
-            if (c.stream != 0) throw Fault("barrier in stream " + std::to_string(c.stream) + " (only stream 0 takes part)");
+            check_barrier(c.stream);
             if (++barrier_arrived_ == programs_) {
               barrier_arrived_ = 0;
               ++barrier_generation_;

@@ -592,4 +592,13 @@ void exec_sync(CoreState& c, const Instr& in) {
   }
 }
 
+void check_fork(int stream, bool stream1_runs) {
+  if (stream != 0) fault("fork from stream " + std::to_string(stream) + " (only stream 0 forks)");
+  if (stream1_runs) fault("fork while stream 1 still runs");
+}
+
+void check_barrier(int stream) {
+  if (stream != 0) fault("barrier in stream " + std::to_string(stream) + " (only stream 0 takes part)");
+}
+
 }  // namespace tpusim::exec

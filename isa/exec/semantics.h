@@ -71,6 +71,11 @@ void dma_signal_destination(const DmaPlan& p);
 bool sync_ready(const CoreState& c, const isa::Instr& in);
 // Retires wait.sub (subtracts), fset, fadd; wait and op markers change nothing.
 void exec_sync(CoreState& c, const isa::Instr& in);
+// The streams' rules (docs/isa.md "Streams"), for the schedulers that run fork and
+// barrier (the reference and the sequencer): fault unless stream `stream` may fork
+// now / may take part in a barrier.
+void check_fork(int stream, bool stream1_runs);
+void check_barrier(int stream);
 
 // Conversions of vcvt.s32.f32 (fp32 -> int32: RNE, saturating, NaN -> 0).
 int32_t fp32_to_int32(float f);
