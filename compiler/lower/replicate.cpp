@@ -19,13 +19,14 @@ constexpr const char* kOutLanded = "f62"; // on replica 0: the replicas' output 
 constexpr const char* kInfeed = "f63";     // host infeed: this chip's infeed DMAs are done (lower.cpp's too)
 
 // The code of a one-core program the emitter assembled: between its `.core` line and
-// the closing `halt`.
-std::string core_code(const std::string& assembly) {
+// the closing `halt` of stream 0, and after it the forked streams' code (which ends
+// in halts of its own), so the replica's epilogue goes in stream 0, not after them.
+std::pair<std::string, std::string> core_code(const std::string& assembly) {
   const size_t core = assembly.find("\n.core ");
   const size_t start = assembly.find('\n', core + 1) + 1;
   const std::string halt = "  halt\n";
-  const size_t end = assembly.rfind(halt);
-  return assembly.substr(start, end - start);
+  size_t end = assembly.find("\n" + halt, start - 1) + 1;
+  return {assembly.substr(start, end - start), assembly.substr(end + halt.size())};
 }
 // Host infeed (docs/training.md "Inputs from the host"): every chip's host feeds
 // that chip over its own PCIe link: the chip's core 0 issues one infeed DMA per
@@ -215,7 +216,8 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
       }
     }
     if (!infeed) text << "  wait " << kInLanded << ", " << g.inputs.size() << "\n";
-    text << core_code(mine.assembly);
+    const auto [code, streams] = core_code(mine.assembly);
+    text << code;
     text << "  op " << last_op << "\n";
     int gathered = 0;
     for (const auto& o : g.outputs) {
@@ -228,7 +230,7 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
     }
     if (issued) text << "  wait " << kIoIssue << ", " << issued << "\n";
     if (r == 0 && gathered) text << "  wait " << kOutLanded << ", " << gathered * R << "\n";
-    text << "  halt\n";
+    text << "  halt\n" << streams;
     if (r == 0)
       for (const auto& o : g.outputs)
         if (!rg.batched_outputs.count(o)) {

@@ -401,6 +401,39 @@ TEST(DpLower, BlockedAllReduceRunsOnTwoStreams) {
   }
 }
 
+// The replica's epilogue (the gather of batched outputs to chip 0) belongs to
+// stream 0, after the nodes that follow the all-reduce: it used to land after the
+// forked stream's code (the last `halt` of the core's assembly), so stream 1 ran
+// it as soon as its own blocks were done, while stream 0 had yet to compute %d.
+TEST(DpLower, TwoStreamsLeaveTheOutputGatherToStreamZero) {
+  std::ostringstream ir;
+  ir << "graph ar {\n  input %x : f32[32,16,1031]\n"
+     << "  %s = reduce_sum(%x) {axes=[0], keepdims=0} : f32[16,1031] #0\n"
+     << "  %g = all_reduce(%s) : f32[16,1031] #1\n"
+     << "  %d = add(%x, %x) : f32[32,16,1031] #2\n  output %g\n  output %d\n}\n";
+  expect_replicated_bit_exact(ir.str(), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true, 16ull << 20,
+                              [](LowerOptions& lo) {
+                                lo.stream_piece_elems = 4096;
+                                lo.replicas.block_elems = 8192;
+                                lo.all_reduce_streams = 2;
+                              });
+  std::istringstream in(g_last_assembly);
+  std::string line, core;
+  int stream = 0;
+  std::map<std::string, int> gathers_in_stream0, gathers_in_stream1;
+  while (std::getline(in, line)) {
+    if (line.rfind(".core ", 0) == 0) {
+      core = line.substr(6);
+      stream = 0;
+    }
+    if (line.rfind("stream1_", 0) == 0) stream = 1;
+    if (line.rfind("  dma hbm@chip0.c0:", 0) == 0 && line.find("rflag=f62") != std::string::npos)
+      ++(stream == 0 ? gathers_in_stream0 : gathers_in_stream1)[core];
+  }
+  EXPECT_EQ(gathers_in_stream0.size(), 32u);
+  EXPECT_TRUE(gathers_in_stream1.empty()) << gathers_in_stream1.begin()->first << " gathers in stream 1";
+}
+
 // The data DMAs of the all_reduce (op 1) into the HBM of the other core of the
 // sender's chip (the on-chip all-gather's copies; 4-byte tokens left out), per
 // sending core in program order: bytes, and whether they come from HBM (y).
