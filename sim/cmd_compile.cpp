@@ -46,7 +46,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int replicas = 1;
     std::string collective = "auto";
     int block_lag = 0;
-    int all_reduce_streams = 1;
+    int all_reduce_streams = 0;
     std::vector<std::string> batched;
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
     bool infeed = false;
@@ -69,9 +69,9 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   "0 = half a block's steps")
       ->check(CLI::Range(0, 1000));
   cmd->add_option("--all-reduce-streams", opt->all_reduce_streams,
-                  "Instruction streams of a blocked all-reduce: 1, or 2 (each slot pool's blocks in its own "
-                  "stream; docs/codegen.md \"Two streams\")")
-      ->check(CLI::Range(1, 2));
+                  "Instruction streams of a blocked all-reduce: 1, 2 (each slot pool's blocks in its own "
+                  "stream; docs/codegen.md \"Two streams\"), or 0 = 2 where the chips form a 3-D torus, else 1")
+      ->check(CLI::Range(0, 2));
   cmd->add_option("--train", opt->train,
                   "Compile one training step instead: sgd:lr=X[,momentum=Y] (docs/training.md)");
   cmd->add_option("--loss", opt->loss, "Training loss: xent (one-hot labels) | xent-index | mse");

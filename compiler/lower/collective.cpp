@@ -791,11 +791,19 @@ void Emitter::lower_all_reduce(const Node& n) {
     //    run expects to finish first.
     // A blocked schedule (all_reduce_blocks, 16 chips or more) is already staggered:
     // its blocks stand for the slices, block b in pool b % 2 in try 2.
+    // Instruction streams (docs/codegen.md "Two streams"): LowerOptions::
+    // all_reduce_streams, or by default two where the chips form a 3-D torus (a
+    // core forwards three rings; v4-4x4x4 32 / 64 MiB 384,874 / 783,331 -> 368,140 /
+    // 742,241 cycles) and one on a 2-D one (v2-4x4 16 MiB 141,326 -> 149,339 with
+    // two: there half the kept-sum VMEM a stream costs more HBM than the order gains).
+    const ici::Topology chips = chip_topology(s);
+    const int torus_dims = static_cast<int>(std::count_if(chips.dims().begin(), chips.dims().end(), [](int d) { return d > 1; }));
+    const int streams = opt_.all_reduce_streams > 0 ? opt_.all_reduce_streams : torus_dims >= 3 ? 2 : 1;
     static std::mutex stream_mutex;
     static std::map<std::string, std::shared_ptr<const StreamPlan>> stream_cache;
     const std::string key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(piece) + "|" +
                             std::to_string(opt_.stream_slice_elems) + "|" + std::to_string(opt_.target.vmem_bytes) +
-                            (opt_.all_reduce_streams == 2 ? "|streams=2" : "");
+                            (streams == 2 ? "|streams=2" : "");
     std::shared_ptr<const StreamPlan> plan;
     {
       std::lock_guard<std::mutex> lock(stream_mutex);
@@ -804,7 +812,6 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
     if (!plan) {
       int kmin = INT32_MAX;
-      const ici::Topology chips = chip_topology(s);
       for (int d : chips.dims())
         if (d > 1) kmin = std::min(kmin, d);
       const std::vector<std::vector<int64_t>> block_gate =
@@ -826,7 +833,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         auto p = attempt(pools, pc, true, true, sliced);
         return p ? p : attempt(pools, pc, true, false, sliced);
       };
-      std::shared_ptr<StreamPlan> fresh = opt_.all_reduce_streams == 2 && blocks.size() > 1 ? nullptr : fused_attempt(1, piece);
+      std::shared_ptr<StreamPlan> fresh = streams == 2 && blocks.size() > 1 ? nullptr : fused_attempt(1, piece);
       if (!fresh) {
         const int64_t most = most_peers(sch);
         const int64_t per_piece = stream_vmem_pieces(most, most, pooled_slots(most)) * 4;
@@ -1222,7 +1229,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       // already apart by pool. Stream 1 reports to stream 0 on kJoinFlag.
       const int64_t vmem_end = static_cast<int64_t>(opt_.target.vmem_bytes);
       const std::vector<StreamEvent>& all = sp.prog[static_cast<size_t>(me)];
-      if (opt_.all_reduce_streams != 2 || blocks.size() < 2 || sp.pools != 2 || TOP + 2 * tile_bytes > vmem_end) {
+      if (streams != 2 || blocks.size() < 2 || sp.pools != 2 || TOP + 2 * tile_bytes > vmem_end) {
         emit_events(all, StreamRes{LOAD, SCR, TOP, vmem_end, kLoadFlag, kStoreFlag, kSendBufFirstFlag, kSendBufFlags, "v1", "v2", {}, {}});
       } else {
         std::vector<StreamEvent> mine[2];

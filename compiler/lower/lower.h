@@ -51,8 +51,9 @@ struct LowerOptions {
   int64_t stream_slice_elems = 1 << 20;
   // Instruction streams of a blocked streamed all-reduce (docs/codegen.md "Two
   // streams"): 2 plans with two slot pools only and runs each pool's blocks in
-  // its own stream (fork); 1, the default, one program order.
-  int all_reduce_streams = 1;
+  // its own stream (fork); 1, one program order; 0, the default: 2 where the
+  // chips form a 3-D torus, else 1.
+  int all_reduce_streams = 0;
 };
 
 struct LowerResult {

@@ -184,7 +184,8 @@ def main():
     ap.add_argument("--dims", default="2,2", help="the board's chip dims (v3-8: 2,2)")
     ap.add_argument("--collective", default="auto")
     ap.add_argument("--block-lag", default="0", help="tpusim compile --block-lag (0: the default lag)")
-    ap.add_argument("--all-reduce-streams", default="1", help="tpusim compile --all-reduce-streams (1 or 2)")
+    ap.add_argument("--all-reduce-streams", default="0",
+                    help="tpusim compile --all-reduce-streams (0 = the compiler's choice, 1 or 2)")
     ap.add_argument("--sizes", default="1K,4K,16K,64K,256K,1M,4M,16M,64M")
     ap.add_argument("--work", default="/tmp/allreduce_bw")
     ap.add_argument("--clock", type=float, default=940e6)

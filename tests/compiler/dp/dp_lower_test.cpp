@@ -401,6 +401,28 @@ TEST(DpLower, BlockedAllReduceRunsOnTwoStreams) {
   }
 }
 
+// Which boards fork by default (LowerOptions::all_reduce_streams = 0): a blocked
+// all-reduce on a 3-D chip torus runs on two streams, every core forking once,
+// bit-exact; on a 2-D one (the v2-4x4 test above) on one.
+TEST(DpLower, BlockedAllReduceOnA3DTorusForksByDefault) {
+  expect_replicated_bit_exact(allreduce_only_ir(128, 16, 1031), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", false,
+                              16ull << 20, [](LowerOptions& lo) {
+                                lo.stream_piece_elems = 4096;
+                                lo.replicas.block_elems = 8192;
+                              });
+  size_t forks = 0;
+  for (size_t at = g_last_assembly.find("  fork stream1_"); at != std::string::npos;
+       at = g_last_assembly.find("  fork stream1_", at + 1))
+    ++forks;
+  EXPECT_EQ(forks, 128u);
+  expect_replicated_bit_exact(allreduce_only_ir(32, 16, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false,
+                              16ull << 20, [](LowerOptions& lo) {
+                                lo.stream_piece_elems = 4096;
+                                lo.replicas.block_elems = 8192;
+                              });
+  EXPECT_EQ(g_last_assembly.find("fork"), std::string::npos);
+}
+
 // The replica's epilogue (the gather of batched outputs to chip 0) belongs to
 // stream 0, after the nodes that follow the all-reduce: it used to land after the
 // forked stream's code (the last `halt` of the core's assembly), so stream 1 ran
