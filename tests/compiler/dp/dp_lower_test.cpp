@@ -402,8 +402,8 @@ TEST(DpLower, BlockedAllReduceRunsOnTwoStreams) {
 }
 
 // Which boards fork by default (LowerOptions::all_reduce_streams = 0): a blocked
-// all-reduce on a 3-D chip torus runs on two streams, every core forking once,
-// bit-exact; on a 2-D one (the v2-4x4 test above) on one.
+// all-reduce on a 3-D chip torus (v4-4x4x4) runs on two streams, every core
+// forking once, bit-exact; on a 2-D one (v2-4x4) on one.
 TEST(DpLower, BlockedAllReduceOnA3DTorusForksByDefault) {
   expect_replicated_bit_exact(allreduce_only_ir(128, 16, 1031), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", false,
                               16ull << 20, [](LowerOptions& lo) {
