@@ -37,8 +37,10 @@ int Sequencer::first_running() const {
 }
 
 void Sequencer::count(Stall s, uint64_t n) {
-  if (s != Stall::kNone)
-    env_.profile.stall(env_.prog->code[pc_], s == Stall::kFlag ? env_.prog->code[pc_].a : -1, s == Stall::kBarrier, n);
+  if (s != Stall::kNone) {
+    const isa::Instr& in = env_.prog->code[at_pc()];
+    env_.profile.stall(in, s == Stall::kFlag ? in.a : -1, s == Stall::kBarrier, n);
+  }
   switch (s) {
     case Stall::kFlag: counters_["stall_flag_cycles"] += n; break;
     case Stall::kQueueFull: counters_["stall_queue_full_cycles"] += n; break;
@@ -170,32 +172,32 @@ void Sequencer::tick(uint64_t cycle) {
     const int s = (next_ + k) % isa::kStreams;
     if (running_[static_cast<size_t>(s)] && blocked(s, cycle) == Stall::kNone) pick = s;
   }
-  select(pick >= 0 ? pick : first_running());
+  cur_ = pick >= 0 ? pick : first_running();
   stall_ = pick >= 0 ? Stall::kNone : blocked(cycle);
   stall_reason_ = static_cast<int>(stall_);
-  pc_now_ = static_cast<int>(pc_);
+  pc_now_ = static_cast<int>(at_pc());
   if (stall_ != Stall::kNone) {
     count(stall_, 1);
     return;
   }
   next_ = (cur_ + 1) % isa::kStreams;
   env_.note_activity(cycle);
-  env_.profile.issue_cycle((cur_ == 0 && at_barrier_) || pc_ >= env_.prog->code.size() ? nullptr : &env_.prog->code[pc_],
-                           cycle);
-  if (cur_ == 0 && at_barrier_) {  // released: the barrier instruction retires (its cycle alone)
+  const bool retiring_barrier = cur_ == 0 && at_barrier_;
+  const auto& code = env_.prog->code;
+  env_.profile.issue_cycle(retiring_barrier || at_pc() >= code.size() ? nullptr : &code[at_pc()], cycle);
+  if (retiring_barrier) {  // released: the barrier instruction retires (its cycle alone)
     at_barrier_ = false;
-    ++pc_;
+    ++at_pc();
     return;
   }
-  const auto& code = env_.prog->code;
   Bundle b;
-  if (pc_ < code.size()) add(b, pc_);
+  if (at_pc() < code.size()) add(b, at_pc());
   counters_["bundles"]++;
   if (!issue(cycle)) return;
   // The rest of the bundle: stops at the first instruction that cannot go now.
-  while (pc_ < code.size() && joins(b, pc_) && blocked(cycle) == Stall::kNone) {
-    const isa::Instr& in = code[pc_];
-    add(b, pc_);
+  while (at_pc() < code.size() && joins(b, at_pc()) && blocked(cycle) == Stall::kNone) {
+    const isa::Instr& in = code[at_pc()];
+    add(b, at_pc());
     env_.profile.issue_bundled(in, cycle);
     if (!issue(cycle)) break;
   }
@@ -204,7 +206,7 @@ void Sequencer::tick(uint64_t cycle) {
 
 bool Sequencer::issue(uint64_t cycle) {
   const auto& code = env_.prog->code;
-  if (pc_ >= code.size() || code[pc_].op == Op::kHalt) {  // running off the end halts, as in the reference
+  if (at_pc() >= code.size() || code[at_pc()].op == Op::kHalt) {  // running off the end halts, as in the reference
     running_[static_cast<size_t>(cur_)] = false;
     counters_["instructions"]++;
     if (std::find(running_.begin(), running_.end(), true) == running_.end()) {  // the core halts with its last stream
@@ -213,22 +215,22 @@ bool Sequencer::issue(uint64_t cycle) {
     }
     return false;
   }
-  const isa::Instr& in = code[pc_];
+  const isa::Instr& in = code[at_pc()];
   counters_["instructions"]++;
   ++instructions_;
   try {
-    const Unit u = decoded_[pc_].unit;
+    const Unit u = decoded_[at_pc()].unit;
     switch (u) {
-      case Unit::kScalar: pc_ = exec::exec_scalar(*env_.state, in, pc_); return !control_flow(in.op);
+      case Unit::kScalar: at_pc() = exec::exec_scalar(*env_.state, in, at_pc()); return !control_flow(in.op);
       case Unit::kVector:
       case Unit::kMatrix:
       case Unit::kDma: {
         Issued it;
         it.in = &in;
-        it.pc = pc_;
+        it.pc = at_pc();
         it.seq = seq_++;
         it.issue_cycle = cycle;
-        it.use = decoded_[pc_].use;
+        it.use = decoded_[at_pc()].use;
         if (u != Unit::kMatrix) it.s = env_.state->s;  // addresses: the MXU ops have none
         if (u == Unit::kDma) {
           it.vmem_ops_before = vmem_ops_issued_;
@@ -240,7 +242,7 @@ bool Sequencer::issue(uint64_t cycle) {
             ++vmem_ops_issued_;
         }
         sinks_.push(u, std::move(it));
-        ++pc_;
+        ++at_pc();
         return true;
       }
       case Unit::kSync:
@@ -249,7 +251,7 @@ bool Sequencer::issue(uint64_t cycle) {
           running_[1] = true;
           pcs_[1] = static_cast<uint32_t>(in.imm);
           counters_["forks"]++;
-          ++pc_;
+          ++at_pc();
           return false;
         }
         if (in.op == Op::kBarrier) {
@@ -259,11 +261,11 @@ bool Sequencer::issue(uint64_t cycle) {
           return false;  // retires when released
         }
         exec::exec_sync(*env_.state, in);
-        ++pc_;
+        ++at_pc();
         return true;
     }
   } catch (const exec::Fault& e) {
-    env_.raise(pc_, e.what());
+    env_.raise(at_pc(), e.what());
   }
   return false;
 }
@@ -275,7 +277,7 @@ void Sequencer::skip(uint64_t n) {
   counters_["active_cycles"] += n;
   // Nothing changes between events, so every skipped cycle stalls for the reason
   // a tick would find at the first of them.
-  select(first_running());
+  cur_ = first_running();
   count(blocked(first), n);
 }
 

@@ -81,7 +81,7 @@ class Sequencer {
   uint64_t halt_cycle() const { return halt_cycle_; }
   uint64_t vmem_ops_issued() const { return vmem_ops_issued_; }
   uint64_t instructions() const { return instructions_; }
-  uint32_t pc() const { return pc_; }  // the stream issued or stalled last
+  uint32_t pc() const { return pcs_[static_cast<size_t>(cur_)]; }  // the stream issued or stalled last
   Stall stall() const { return stall_; }
   // One line on what the sequencer waits for (deadlock reports).
   std::string blocked_on() const;
@@ -98,12 +98,8 @@ class Sequencer {
   // Why stream s's instruction cannot go now.
   Stall blocked(int s, uint64_t cycle) const;
   Stall blocked(uint64_t cycle) const { return blocked(cur_, cycle); }
-  uint32_t pc_of(int s) const { return s == cur_ ? pc_ : pcs_[static_cast<size_t>(s)]; }
-  void select(int s) {  // pc_ becomes stream s's
-    pcs_[static_cast<size_t>(cur_)] = pc_;
-    cur_ = s;
-    pc_ = pcs_[static_cast<size_t>(s)];
-  }
+  uint32_t pc_of(int s) const { return pcs_[static_cast<size_t>(s)]; }
+  uint32_t& at_pc() { return pcs_[static_cast<size_t>(cur_)]; }  // the selected stream's
   int first_running() const;
   void count(Stall s, uint64_t n);  // at the selected stream's pc
   // Issues the instruction at pc; false when the bundle must end after it
@@ -134,8 +130,7 @@ class Sequencer {
   Barrier& barrier_;
   Sinks sinks_;
   SequencerParams p_;
-  uint32_t pc_ = 0;  // the selected stream's; the others' in pcs_
-  std::array<uint32_t, isa::kStreams> pcs_{};
+  std::array<uint32_t, isa::kStreams> pcs_{};  // each stream's pc
   std::array<bool, isa::kStreams> running_{};
   int cur_ = 0;   // the selected stream
   int next_ = 0;  // the stream that goes first next cycle (turns)
