@@ -304,6 +304,34 @@ TEST(DpLower, CreditsGoSmemToSmem) {
   EXPECT_EQ(late_hbm_tokens, 0);
 }
 
+// Pieces of 4096 elements and blocks of 8192, so a 16 x 1031 buffer runs as 3
+// blocks (the block tests below); on one or (two_streams) two instruction streams.
+void small_blocks(LowerOptions& lo) {
+  lo.stream_piece_elems = 4096;
+  lo.replicas.block_elems = 8192;
+}
+void small_blocks_two_streams(LowerOptions& lo) {
+  small_blocks(lo);
+  lo.all_reduce_streams = 2;
+}
+
+// Calls f(core, stream, line) for every line of an assembly: the core of its
+// `.core` section, and its stream there (1 from a `stream1_` label on, else 0).
+void for_each_stream_line(const std::string& assembly,
+                          const std::function<void(const std::string&, int, const std::string&)>& f) {
+  std::istringstream in(assembly);
+  std::string line, core;
+  int stream = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind(".core ", 0) == 0) {
+      core = line.substr(6);
+      stream = 0;
+    }
+    if (line.rfind("stream1_", 0) == 0) stream = 1;
+    f(core, stream, line);
+  }
+}
+
 // Blocks (all_reduce_blocks): on a v2-4x4 slice (16 chips) a buffer above
 // block_elems runs as contiguous blocks, each its own schedule, staggered; the
 // lowering streams them as they come (two slot pools: block b in pool b % 2 when
@@ -311,10 +339,7 @@ TEST(DpLower, CreditsGoSmemToSmem) {
 // reference, whose add order is the blocks' (3 blocks of ~5.5 Ki elements).
 TEST(DpLower, AllReduceInBlocksOnV2Slice4x4) {
   expect_replicated_bit_exact(allreduce_only_ir(32, 16, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
-                              16ull << 20, [](LowerOptions& lo) {
-                                lo.stream_piece_elems = 4096;
-                                lo.replicas.block_elems = 8192;
-                              });
+                              16ull << 20, small_blocks);
   // Block b + 1 starts (its on-chip reduce-scatter sends x to the other core) only
   // after block b's reduce-scatter over the first torus dimension: in every core's
   // program, each torus group's k - 1 = 3 sends of block 0 to the next chip come
@@ -365,22 +390,10 @@ TEST(DpLower, AllReduceInBlocksOnV2Slice4x4) {
 // block 0 to the next chips, and stream 1 waits for f0 before its first send.
 TEST(DpLower, BlockedAllReduceRunsOnTwoStreams) {
   expect_replicated_bit_exact(allreduce_only_ir(32, 16, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
-                              16ull << 20, [](LowerOptions& lo) {
-                                lo.stream_piece_elems = 4096;
-                                lo.replicas.block_elems = 8192;
-                                lo.all_reduce_streams = 2;
-                              });
-  std::istringstream in(g_last_assembly);
-  std::string line, core;
-  int stream = 0;
+                              16ull << 20, small_blocks_two_streams);
   std::map<std::string, int> forks, chip_sends, raised_after, sends_before_wait;
   std::map<std::string, bool> waited;
-  while (std::getline(in, line)) {
-    if (line.rfind(".core ", 0) == 0) {
-      core = line.substr(6);
-      stream = 0;
-    }
-    if (line.rfind("stream1_", 0) == 0) stream = 1;
+  for_each_stream_line(g_last_assembly, [&](const std::string& core, int stream, const std::string& line) {
     if (line.rfind("  fork stream1_", 0) == 0) ++forks[core];
     const bool send = line.rfind("  dma vmem@chip", 0) == 0;
     if (stream == 0) {
@@ -391,7 +404,7 @@ TEST(DpLower, BlockedAllReduceRunsOnTwoStreams) {
       if (line == "  wait f0, 1") waited[core] = true;
       if (send && !waited[core]) ++sends_before_wait[core];
     }
-  }
+  });
   ASSERT_EQ(forks.size(), 32u);
   for (const auto& [c, n] : forks) {
     EXPECT_EQ(n, 1) << c;
@@ -406,20 +419,14 @@ TEST(DpLower, BlockedAllReduceRunsOnTwoStreams) {
 // forking once, bit-exact; on a 2-D one (v2-4x4) on one.
 TEST(DpLower, BlockedAllReduceOnA3DTorusForksByDefault) {
   expect_replicated_bit_exact(allreduce_only_ir(128, 16, 1031), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", false,
-                              16ull << 20, [](LowerOptions& lo) {
-                                lo.stream_piece_elems = 4096;
-                                lo.replicas.block_elems = 8192;
-                              });
+                              16ull << 20, small_blocks);
   size_t forks = 0;
   for (size_t at = g_last_assembly.find("  fork stream1_"); at != std::string::npos;
        at = g_last_assembly.find("  fork stream1_", at + 1))
     ++forks;
   EXPECT_EQ(forks, 128u);
   expect_replicated_bit_exact(allreduce_only_ir(32, 16, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false,
-                              16ull << 20, [](LowerOptions& lo) {
-                                lo.stream_piece_elems = 4096;
-                                lo.replicas.block_elems = 8192;
-                              });
+                              16ull << 20, small_blocks);
   EXPECT_EQ(g_last_assembly.find("fork"), std::string::npos);
 }
 
@@ -434,24 +441,12 @@ TEST(DpLower, TwoStreamsLeaveTheOutputGatherToStreamZero) {
      << "  %g = all_reduce(%s) : f32[16,1031] #1\n"
      << "  %d = add(%x, %x) : f32[32,16,1031] #2\n  output %g\n  output %d\n}\n";
   expect_replicated_bit_exact(ir.str(), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true, 16ull << 20,
-                              [](LowerOptions& lo) {
-                                lo.stream_piece_elems = 4096;
-                                lo.replicas.block_elems = 8192;
-                                lo.all_reduce_streams = 2;
-                              });
-  std::istringstream in(g_last_assembly);
-  std::string line, core;
-  int stream = 0;
+                              small_blocks_two_streams);
   std::map<std::string, int> gathers_in_stream0, gathers_in_stream1;
-  while (std::getline(in, line)) {
-    if (line.rfind(".core ", 0) == 0) {
-      core = line.substr(6);
-      stream = 0;
-    }
-    if (line.rfind("stream1_", 0) == 0) stream = 1;
+  for_each_stream_line(g_last_assembly, [&](const std::string& core, int stream, const std::string& line) {
     if (line.rfind("  dma hbm@chip0.c0:", 0) == 0 && line.find("rflag=f62") != std::string::npos)
       ++(stream == 0 ? gathers_in_stream0 : gathers_in_stream1)[core];
-  }
+  });
   EXPECT_EQ(gathers_in_stream0.size(), 32u);
   EXPECT_TRUE(gathers_in_stream1.empty()) << gathers_in_stream1.begin()->first << " gathers in stream 1";
 }
