@@ -796,8 +796,13 @@ void Emitter::lower_all_reduce(const Node& n) {
     // core forwards three rings; v4-4x4x4 32 / 64 MiB 384,874 / 783,331 -> 368,140 /
     // 742,241 cycles) and one on a 2-D one (v2-4x4 16 MiB 141,326 -> 149,339 with
     // two: there half the kept-sum VMEM a stream costs more HBM than the order gains).
+    int torus_dims = 0, kmin = INT32_MAX;  // the chip torus's dimensions of 2 or more, the smallest of them
     const ici::Topology chips = chip_topology(s);
-    const int torus_dims = static_cast<int>(std::count_if(chips.dims().begin(), chips.dims().end(), [](int d) { return d > 1; }));
+    for (int d : chips.dims())
+      if (d > 1) {
+        ++torus_dims;
+        kmin = std::min(kmin, d);
+      }
     const int streams = opt_.all_reduce_streams > 0 ? opt_.all_reduce_streams : torus_dims >= 3 ? 2 : 1;
     static std::mutex stream_mutex;
     static std::map<std::string, std::shared_ptr<const StreamPlan>> stream_cache;
@@ -811,9 +816,6 @@ void Emitter::lower_all_reduce(const Node& n) {
       if (it != stream_cache.end()) plan = it->second;
     }
     if (!plan) {
-      int kmin = INT32_MAX;
-      for (int d : chips.dims())
-        if (d > 1) kmin = std::min(kmin, d);
       const std::vector<std::vector<int64_t>> block_gate =
           kmin == INT32_MAX ? std::vector<std::vector<int64_t>>{} : block_start_gates(sch, blocks, kmin);
       // slice_elems: LowerOptions::stream_slice_elems, or E for the whole buffer.
