@@ -46,6 +46,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int replicas = 1;
     std::string collective = "auto";
     int block_lag = 0;
+    int64_t block_bytes = 0;
     int all_reduce_streams = 0;
     std::vector<std::string> batched;
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
@@ -68,6 +69,10 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   "Steps between the starts of a blocked all-reduce's blocks (docs/codegen.md \"Blocks\"); "
                   "0 = half a block's steps")
       ->check(CLI::Range(0, 1000));
+  cmd->add_option("--block-bytes", opt->block_bytes,
+                  "Per-replica bytes of fp32 in each block of a blocked all-reduce (docs/codegen.md \"Blocks\"); "
+                  "0 = 8 MiB")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--all-reduce-streams", opt->all_reduce_streams,
                   "Instruction streams of a blocked all-reduce: 1, 2 (each slot pool's blocks in its own "
                   "stream; docs/codegen.md \"Two streams\"), or 0 = 2 where the chips form a 3-D torus, else 1")
@@ -123,6 +128,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.replicas.board = ici::Topology::from_params(preset);
       lo.replicas.algorithm = opt->collective;
       lo.replicas.block_lag = opt->block_lag;
+      if (opt->block_bytes > 0) lo.replicas.block_elems = std::max<int64_t>(1, opt->block_bytes / 4);
       lo.all_reduce_streams = opt->all_reduce_streams;
       lo.replicas.batched = opt->batched;
       lo.inputs_from_host = opt->infeed;
