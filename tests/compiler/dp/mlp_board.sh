@@ -15,39 +15,33 @@ rm -rf "$W" && mkdir -p "$W"
 "$T" run "$W/mlp.tpb" --preset v3-8 --random-inputs 3 --out "$W/run" > "$W/report.txt"
 "$T" diff "$W/graph" "$W/ref"
 "$T" diff "$W/graph" "$W/run"
-# An all_reduce (per-replica column sums of the batch, summed over the 8 replicas,
-# torus algorithm) on the SystemC model against the same bundle on the functional
-# reference: landings that complete out of order must not change a bit.
-cat > "$W/ar.graph" <<'GRAPH'
-graph ar {
-  input %x : f32[64,37,29]
-  %s = reduce_sum(%x) {axes=[0], keepdims=0} : f32[37,29] #0
-  %g = all_reduce(%s) : f32[37,29] #1
-  output %g
+# An all_reduce graph: per-replica column sums of a [batch, rows, cols] input,
+# summed over the replicas. Usage: ar_graph FILE BATCH ROWS COLS
+ar_graph() {
+  printf 'graph ar {\n  input %%x : f32[%s,%s,%s]\n' "$2" "$3" "$4" > "$1"
+  printf '  %%s = reduce_sum(%%x) {axes=[0], keepdims=0} : f32[%s,%s] #0\n' "$3" "$4" >> "$1"
+  printf '  %%g = all_reduce(%%s) : f32[%s,%s] #1\n  output %%g\n}\n' "$3" "$4" >> "$1"
 }
-GRAPH
+# A bundle on the SystemC model against the same bundle on the functional
+# reference (races checked): landings that complete out of order must not change
+# a bit. Usage: run_equals_ref NAME PRESET SEED (the bundle is $W/NAME.tpb)
+run_equals_ref() {
+  "$T" ref "$W/$1.tpb" --random-inputs "$3" --check-races --out "$W/$1_ref"
+  "$T" run "$W/$1.tpb" --preset "$2" --random-inputs "$3" --out "$W/$1_run" > "$W/$1_report.txt"
+  "$T" diff "$W/$1_ref" "$W/$1_run"
+}
+# Over the 8 replicas of a v3-8 (torus algorithm).
+ar_graph "$W/ar.graph" 64 37 29
 "$T" compile "$W/ar.graph" --preset v3-8 --replicas 8 -o "$W/ar.tpb"
-"$T" ref "$W/ar.tpb" --random-inputs 5 --check-races --out "$W/ar_ref"
-"$T" run "$W/ar.tpb" --preset v3-8 --random-inputs 5 --out "$W/ar_run" > "$W/ar_report.txt"
-"$T" diff "$W/ar_ref" "$W/ar_run"
+run_equals_ref ar v3-8 5
 # `tpusim compile --block-bytes`: a 16 x 1031 all_reduce on the 16 chips of a
 # v2-4x4 in blocks of 8192 fp32 elements (3 blocks, docs/codegen.md "Blocks")
-# instead of one. Another bundle, and the SystemC model still equals the
-# functional reference of it (races checked).
-cat > "$W/ar32.graph" <<'GRAPH'
-graph ar {
-  input %x : f32[32,16,1031]
-  %s = reduce_sum(%x) {axes=[0], keepdims=0} : f32[16,1031] #0
-  %g = all_reduce(%s) : f32[16,1031] #1
-  output %g
-}
-GRAPH
+# instead of one: another bundle, and the model still equals the reference of it.
+ar_graph "$W/ar32.graph" 32 16 1031
 "$T" compile "$W/ar32.graph" --preset v2-4x4 --replicas 32 -o "$W/ar32_one.tpb"
-"$T" compile "$W/ar32.graph" --preset v2-4x4 --replicas 32 --block-bytes 32768 -o "$W/ar32_blocks.tpb"
-if cmp -s "$W/ar32_one.tpb" "$W/ar32_blocks.tpb"; then
+"$T" compile "$W/ar32.graph" --preset v2-4x4 --replicas 32 --block-bytes 32768 -o "$W/ar32.tpb"
+if cmp -s "$W/ar32_one.tpb" "$W/ar32.tpb"; then
   echo "--block-bytes 32768 did not change the bundle" >&2
   exit 1
 fi
-"$T" ref "$W/ar32_blocks.tpb" --random-inputs 7 --check-races --out "$W/ar32_ref"
-"$T" run "$W/ar32_blocks.tpb" --preset v2-4x4 --random-inputs 7 --out "$W/ar32_run" > "$W/ar32_report.txt"
-"$T" diff "$W/ar32_ref" "$W/ar32_run"
+run_equals_ref ar32 v2-4x4 7
