@@ -206,7 +206,8 @@ void Sequencer::tick(uint64_t cycle) {
 
 bool Sequencer::issue(uint64_t cycle) {
   const auto& code = env_.prog->code;
-  if (at_pc() >= code.size() || code[at_pc()].op == Op::kHalt) {  // running off the end halts, as in the reference
+  uint32_t& pc = at_pc();  // the selected stream's; issue never switches streams
+  if (pc >= code.size() || code[pc].op == Op::kHalt) {  // running off the end halts, as in the reference
     running_[static_cast<size_t>(cur_)] = false;
     counters_["instructions"]++;
     if (std::find(running_.begin(), running_.end(), true) == running_.end()) {  // the core halts with its last stream
@@ -215,22 +216,22 @@ bool Sequencer::issue(uint64_t cycle) {
     }
     return false;
   }
-  const isa::Instr& in = code[at_pc()];
+  const isa::Instr& in = code[pc];
   counters_["instructions"]++;
   ++instructions_;
   try {
-    const Unit u = decoded_[at_pc()].unit;
+    const Unit u = decoded_[pc].unit;
     switch (u) {
-      case Unit::kScalar: at_pc() = exec::exec_scalar(*env_.state, in, at_pc()); return !control_flow(in.op);
+      case Unit::kScalar: pc = exec::exec_scalar(*env_.state, in, pc); return !control_flow(in.op);
       case Unit::kVector:
       case Unit::kMatrix:
       case Unit::kDma: {
         Issued it;
         it.in = &in;
-        it.pc = at_pc();
+        it.pc = pc;
         it.seq = seq_++;
         it.issue_cycle = cycle;
-        it.use = decoded_[at_pc()].use;
+        it.use = decoded_[pc].use;
         if (u != Unit::kMatrix) it.s = env_.state->s;  // addresses: the MXU ops have none
         if (u == Unit::kDma) {
           it.vmem_ops_before = vmem_ops_issued_;
@@ -242,7 +243,7 @@ bool Sequencer::issue(uint64_t cycle) {
             ++vmem_ops_issued_;
         }
         sinks_.push(u, std::move(it));
-        ++at_pc();
+        ++pc;
         return true;
       }
       case Unit::kSync:
@@ -251,7 +252,7 @@ bool Sequencer::issue(uint64_t cycle) {
           running_[1] = true;
           pcs_[1] = static_cast<uint32_t>(in.imm);
           counters_["forks"]++;
-          ++at_pc();
+          ++pc;
           return false;
         }
         if (in.op == Op::kBarrier) {
@@ -261,11 +262,11 @@ bool Sequencer::issue(uint64_t cycle) {
           return false;  // retires when released
         }
         exec::exec_sync(*env_.state, in);
-        ++at_pc();
+        ++pc;
         return true;
     }
   } catch (const exec::Fault& e) {
-    env_.raise(at_pc(), e.what());
+    env_.raise(pc, e.what());
   }
   return false;
 }

@@ -81,7 +81,7 @@ class Sequencer {
   uint64_t halt_cycle() const { return halt_cycle_; }
   uint64_t vmem_ops_issued() const { return vmem_ops_issued_; }
   uint64_t instructions() const { return instructions_; }
-  uint32_t pc() const { return pcs_[static_cast<size_t>(cur_)]; }  // the stream issued or stalled last
+  uint32_t pc() const { return pc_of(cur_); }  // the stream issued or stalled last
   Stall stall() const { return stall_; }
   // One line on what the sequencer waits for (deadlock reports).
   std::string blocked_on() const;
