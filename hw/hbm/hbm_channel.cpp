@@ -359,6 +359,8 @@ void HbmChannel::evaluate(uint64_t c, std::vector<BurstDone>& done) {
     done.push_back({e.slot, end});
     latency_cycles_.add(end - e.arrival_cycle);
     ++(e.is_write ? counters_.writes : counters_.reads);
+    if (last_col_was_read_ == e.is_write && counters_.reads + counters_.writes > 1) ++counters_.turnarounds;
+    last_col_was_read_ = !e.is_write;
     account_occupancy(c);
     unlink(ch.col_entry, ch.col_prev);
     --hit_count_[e.bank];
@@ -405,6 +407,7 @@ nlohmann::json HbmChannel::stats_json(uint64_t elapsed_cycles) const {
       {"activates", counters_.activates},
       {"precharges", counters_.precharges},
       {"refreshes", counters_.refreshes},
+      {"read_write_turnarounds", counters_.turnarounds},
       {"queue_occupancy",
        {{"mean", double(counters_.occupancy_integral +
                         queued_ * (elapsed_cycles - std::min(elapsed_cycles, occupancy_since_))) /

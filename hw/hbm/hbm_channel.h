@@ -55,6 +55,7 @@ struct ChannelCounters {
   uint64_t row_conflicts = 0;  // another row was open and had to be closed first
   uint64_t occupancy_integral = 0;  // sum over cycles of queued bursts
   uint64_t occupancy_max = 0;
+  uint64_t turnarounds = 0;  // RD after WR or WR after RD on the column bus
 };
 
 struct ChannelSample {
@@ -164,7 +165,7 @@ class HbmChannel {
   std::vector<uint64_t> last_act_;
   std::vector<uint32_t> address_rank_;
   uint64_t all_banks_mask_ = 0;
-  bool last_col_was_read_ = true;
+  bool last_col_was_read_ = true;  // for counting turnarounds
 
   ChannelCounters counters_;
   uint64_t occupancy_since_ = 0;

@@ -219,7 +219,7 @@ nlohmann::json HbmMemory::stats_json() const {
     per_channel.push_back(ch.stats_json(cycles));
     const auto& c = ch.counters();
     sum.reads += c.reads, sum.writes += c.writes, sum.activates += c.activates, sum.refreshes += c.refreshes;
-    sum.row_misses += c.row_misses, sum.row_conflicts += c.row_conflicts;
+    sum.row_misses += c.row_misses, sum.row_conflicts += c.row_conflicts, sum.turnarounds += c.turnarounds;
     hits += ch.row_hits();
     burst_latency.merge(ch.latency_cycles());
   }
@@ -239,6 +239,7 @@ nlohmann::json HbmMemory::stats_json() const {
       {"row_misses", sum.row_misses},
       {"row_conflicts", sum.row_conflicts},
       {"activates", sum.activates},
+      {"read_write_turnarounds", sum.turnarounds},
       {"refreshes", sum.refreshes},
       {"request_latency_ps", request_latency_ps_.to_json()},
       {"burst_latency_cycles", burst_latency.to_json()},

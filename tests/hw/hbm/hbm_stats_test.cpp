@@ -48,6 +48,33 @@ TEST(HbmStats, PerChannelCountersAddUpForASequentialStream) {
   }
 }
 
+// read_write_turnarounds counts the column commands whose kind differs from the
+// one before, as read off each channel's command log; a read-only stream has none.
+TEST(HbmStats, TurnaroundsAreTheChangesOfKindInTheCommandStream) {
+  const HbmConfig cfg = load_hbm_preset("hbm2_v3", {"hbm.stacks=1"});
+  for (Pattern p : {Pattern::kMix, Pattern::kSequential}) {
+    HbmMemory mem(cfg);
+    for (uint32_t ch = 0; ch < mem.channel_count(); ++ch) mem.channel(ch).record_commands(true);
+    run_traffic(mem, TrafficSpec::defaults(p, 400), cfg.capacity_bytes());
+    const auto j = mem.stats_json();
+    uint64_t total = 0;
+    for (uint32_t ch = 0; ch < mem.channel_count(); ++ch) {
+      uint64_t changes = 0;
+      Command last = Command::kCount;
+      for (const auto& c : mem.channel(ch).command_log()) {
+        if (c.cmd != Command::kRd && c.cmd != Command::kWr) continue;
+        changes += last != Command::kCount && c.cmd != last;
+        last = c.cmd;
+      }
+      EXPECT_EQ(j["channels"][ch]["read_write_turnarounds"].get<uint64_t>(), changes) << ch;
+      total += changes;
+    }
+    EXPECT_EQ(j["read_write_turnarounds"].get<uint64_t>(), total);
+    if (p == Pattern::kMix) EXPECT_GT(total, 0u);
+    else EXPECT_EQ(total, 0u);
+  }
+}
+
 // The timeline's per-channel counters follow the channel samples taken at the same
 // boundaries: bandwidth = bursts in the interval x 32 B / interval, queued = queue.
 TEST(HbmStats, TimelineCountersFollowTheChannelSamples) {
