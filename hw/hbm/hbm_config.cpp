@@ -178,6 +178,12 @@ HbmConfig hbm_config_from_yaml(const YAML::Node& hbm, const std::string& source)
   if (policy == "open") c.page_policy = PagePolicy::kOpen;
   else if (policy == "closed") c.page_policy = PagePolicy::kClosed;
   else fail(source, "page_policy", "expected open or closed, got '" + policy + "'");
+  if (hbm["bank_hash"]) {  // optional; none keeps the mapping's bank bits as they are
+    const auto hash = get<std::string>(hbm, source, "bank_hash", "a string");
+    if (hash == "none") c.bank_hash = BankHash::kNone;
+    else if (hash == "xor_row") c.bank_hash = BankHash::kXorRow;
+    else fail(source, "bank_hash", "expected none or xor_row, got '" + hash + "'");
+  }
   const auto refresh = get<std::string>(hbm, source, "refresh_mode", "a string");
   if (refresh == "per_bank") c.refresh_mode = RefreshMode::kPerBank;
   else if (refresh == "all_bank") c.refresh_mode = RefreshMode::kAllBank;
@@ -203,7 +209,7 @@ HbmConfig hbm_config_from_yaml(const YAML::Node& hbm, const std::string& source)
   // Anything else under hbm: is a typo; saying so beats ignoring it.
   static const char* kOther[] = {"name", "standard", "clock_hz", "stacks", "channels_per_stack",
                                  "pseudo_channels_per_channel", "pseudo_channel_width_bits", "bank_groups",
-                                 "banks_per_group", "rows", "row_bytes", "queue_entries", "page_policy",
+                                 "banks_per_group", "rows", "row_bytes", "queue_entries", "page_policy", "bank_hash",
                                  "refresh_mode", "sample_interval_cycles", "address_mapping", "model", "simple",
                                  "bytes", "peak_bytes_per_s"};
   for (const auto& kv : hbm) {
@@ -243,6 +249,23 @@ HbmConfig load_hbm_preset(const std::string& name_or_path, const std::vector<std
   return hbm_config_from_yaml(p.node("hbm"), path);
 }
 
+namespace {
+// BankHash::kXorRow: `row` folded into `bits`-wide chunks XORed together. Linear
+// over GF(2), like the mapping itself, so BurstDecoder may combine decodes with
+// XOR; and, since the hash leaves the row alone, its own inverse given the row.
+uint32_t fold(uint32_t row, uint32_t bits) {
+  const uint32_t mask = (uint32_t(1) << bits) - 1;
+  uint32_t f = 0;
+  for (; row && bits; row >>= bits) f ^= row & mask;
+  return f;
+}
+void apply_bank_xor(const HbmConfig& cfg, DecodedAddress& d) {
+  if (cfg.bank_hash == BankHash::kNone) return;
+  d.bank ^= fold(d.row, log2u(cfg.banks_per_group));
+  d.bank_group ^= fold(d.row, log2u(cfg.bank_groups));
+}
+}  // namespace
+
 DecodedAddress decode_address(const HbmConfig& cfg, uint64_t addr) {
   std::array<uint32_t, size_t(Field::kCount)> v{};
   for (const auto& s : cfg.mapping.slices)
@@ -255,6 +278,7 @@ DecodedAddress decode_address(const HbmConfig& cfg, uint64_t addr) {
   d.bank = v[size_t(Field::kBank)];
   d.row = v[size_t(Field::kRow)];
   d.column = v[size_t(Field::kColumn)];
+  apply_bank_xor(cfg, d);
   return d;
 }
 
@@ -270,14 +294,18 @@ void BurstDecoder::decode(uint64_t addr, uint64_t bytes, std::vector<DecodedAddr
   }
   for (uint64_t k = offsets_.size(); k < span; ++k) offsets_.push_back(decode_address(*cfg_, k << shift));
   const DecodedAddress base = decode_address(*cfg_, first << shift);
+  // Fields are XORs of address bits (OR for the unhashed mapping: base and offset
+  // bits are disjoint), so the decode of base + k is the field-wise XOR.
   for (uint64_t k = 0; k < n; ++k) {
     const DecodedAddress& o = offsets_[k];
-    out.push_back({base.channel | o.channel, base.bank_group | o.bank_group, base.bank | o.bank, base.row | o.row,
-                   base.column | o.column});
+    out.push_back({base.channel ^ o.channel, base.bank_group ^ o.bank_group, base.bank ^ o.bank, base.row ^ o.row,
+                   base.column ^ o.column});
   }
 }
 
-uint64_t encode_address(const HbmConfig& cfg, const DecodedAddress& d) {
+uint64_t encode_address(const HbmConfig& cfg, const DecodedAddress& hashed) {
+  DecodedAddress d = hashed;
+  apply_bank_xor(cfg, d);  // its own inverse
   std::array<uint32_t, size_t(Field::kCount)> v{};
   v[size_t(Field::kPseudoChannel)] = d.channel % cfg.pseudo_channels_per_channel;
   const uint32_t ch = d.channel / cfg.pseudo_channels_per_channel;

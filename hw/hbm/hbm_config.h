@@ -53,6 +53,14 @@ struct TimingTable {
 
 enum class PagePolicy { kOpen, kClosed };
 enum class RefreshMode { kAllBank, kPerBank };
+// kXorRow: the bank and the bank group the mapping gives are each XORed with the
+// row folded to their width (log2 banks_per_group, log2 bank_groups bits; a form of
+// permutation-based page interleaving, Zhang, Zhu and Zhang, MICRO 2000), so two
+// buffers a power of two rows apart (an all-reduce's x and y, a copy's source and
+// destination) use other banks instead of taking turns at one bank's row buffer.
+// A 256 KiB piece keeps one bank index in every bank group, so the hash has to
+// change the bank, not only the bank group, to keep two such pieces apart.
+enum class BankHash { kNone, kXorRow };
 
 // Which address bits select what. Written most significant field first, like
 // Ramulator's "RoBaBgCoCh": "row bank column bank_group stack channel
@@ -99,6 +107,7 @@ struct HbmConfig {
   uint32_t queue_entries = 0;         // bursts each pseudo-channel queue holds
   PagePolicy page_policy = PagePolicy::kOpen;
   RefreshMode refresh_mode = RefreshMode::kPerBank;
+  BankHash bank_hash = BankHash::kNone;
   uint64_t sample_interval_cycles = 0;  // per-channel counter samples; 0 = none
   TimingTable timing;
   AddressMapping mapping;

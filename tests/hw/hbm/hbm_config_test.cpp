@@ -77,6 +77,7 @@ TEST(HbmOverrides, BadKeysAndValuesFailClearly) {
   expect_error({"hbm.tCL=fast"}, "hbm.tCL");
   expect_error({"hbm.page_policy=sometimes"}, "expected open or closed");
   expect_error({"hbm.refresh_mode=never"}, "expected per_bank or all_bank");
+  expect_error({"hbm.bank_hash=xor"}, "expected none or xor_row");
   expect_error({"hbm.stacks=3"}, "power of two");
   expect_error({"hbm.queue_entries=0"}, "positive");
   expect_error({"hbm.tRC=10"}, "at least tRAS + tRP");
@@ -89,8 +90,10 @@ TEST(HbmOverrides, BadKeysAndValuesFailClearly) {
 }
 
 TEST(HbmMapping, DecodeAndEncodeAreInverse) {
-  for (const char* preset : {"hbm2_v3", "hbm2e_v5e"}) {
-    const HbmConfig c = load_hbm_preset(preset);
+  for (const char* preset : {"hbm2_v3", "hbm2e_v5e"})
+  for (const char* hash : {"hbm.bank_hash=none", "hbm.bank_hash=xor_row"}) {
+    SCOPED_TRACE(std::string(preset) + " " + hash);
+    const HbmConfig c = load_hbm_preset(preset, {hash});
     std::mt19937_64 rng(7);
     for (int i = 0; i < 20000; ++i) {
       const uint64_t addr = (rng() % c.capacity_bytes()) & ~uint64_t(c.burst_bytes() - 1);
@@ -136,8 +139,9 @@ TEST(HbmAddressMapping, BurstDecoderEqualsDecodingEveryBurst) {
   for (const char* mapping : {"row bank column bank_group stack channel pseudo_channel column:1",
                               "row column bank bank_group stack channel pseudo_channel",
                               "row:4 bank column:2 row bank_group stack column:1 channel pseudo_channel column:2"}) {
-    SCOPED_TRACE(mapping);
-    const HbmConfig c = load_hbm_preset("hbm2_v3", {std::string("hbm.address_mapping=") + mapping});
+  for (const char* hash : {"hbm.bank_hash=none", "hbm.bank_hash=xor_row"}) {
+    SCOPED_TRACE(std::string(mapping) + " " + hash);
+    const HbmConfig c = load_hbm_preset("hbm2_v3", {std::string("hbm.address_mapping=") + mapping, hash});
     BurstDecoder dec(c);
     std::mt19937_64 rng(7);
     std::vector<DecodedAddress> got;
@@ -155,6 +159,45 @@ TEST(HbmAddressMapping, BurstDecoderEqualsDecodingEveryBurst) {
             << "addr " << addr << " bytes " << bytes << " burst " << b;
       }
     }
+  }
+  }
+}
+
+TEST(HbmMapping, XorRowHashPutsBuffersAPowerOfTwoRowsApartInOtherBanks) {
+  // Without the hash, an address and the one a power of two rows above it (the x
+  // and y of an all-reduce, a copy's source and destination) fall in the same bank
+  // and bank group and take turns at its row buffer. With it, both the bank and the
+  // bank group differ (each is XORed with the row folded to its width), for every
+  // distance from one row up, and channel, row and column are left as they were.
+  const HbmConfig plain = load_hbm_preset("hbm2_v4", {"hbm.bank_hash=none"}),
+                  hashed = load_hbm_preset("hbm2_v4", {"hbm.bank_hash=xor_row"});
+  DecodedAddress one_row;
+  one_row.row = 1;
+  const uint64_t row_stride = encode_address(plain, one_row);
+  auto same_but_banks = [](const DecodedAddress& p, const DecodedAddress& h) {
+    return p.channel == h.channel && p.row == h.row && p.column == h.column;
+  };
+  std::mt19937_64 rng(11);
+  for (uint32_t k = 0; (uint32_t(1) << k) < plain.rows; ++k) {
+    SCOPED_TRACE(k);
+    const uint64_t d = row_stride << k;
+    for (int i = 0; i < 200; ++i) {
+      // A base whose row has bit k clear, so base + d is the row with that bit set.
+      uint64_t base = (rng() % (plain.capacity_bytes() - d)) & ~uint64_t(31);
+      base &= ~d;
+      const DecodedAddress p0 = decode_address(plain, base), p1 = decode_address(plain, base + d);
+      const DecodedAddress h0 = decode_address(hashed, base), h1 = decode_address(hashed, base + d);
+      ASSERT_EQ(p1.row, p0.row + (uint32_t(1) << k));
+      ASSERT_TRUE(p0.bank == p1.bank && p0.bank_group == p1.bank_group);
+      EXPECT_NE(h0.bank, h1.bank) << base;
+      EXPECT_NE(h0.bank_group, h1.bank_group) << base;
+      ASSERT_TRUE(same_but_banks(p0, h0) && same_but_banks(p1, h1)) << base;
+    }
+  }
+  // Row 0 is left alone, so the first row-stride of memory maps as without the hash.
+  for (uint64_t a = 0; a < row_stride; a += 1056) {
+    const DecodedAddress p = decode_address(plain, a), h = decode_address(hashed, a);
+    EXPECT_TRUE(p.bank == h.bank && p.bank_group == h.bank_group) << a;
   }
 }
 
