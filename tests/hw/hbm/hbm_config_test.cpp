@@ -133,12 +133,13 @@ TEST(HbmFactory, BuildsEitherModelFromThePreset) {
 }
 
 TEST(HbmAddressMapping, BurstDecoderEqualsDecodingEveryBurst) {
-  // Aligned requests take the OR-of-decodes path, unaligned ones the plain one;
-  // both must give decode_address of each burst, for the default mapping, one with
-  // the column split differently, and one with a field in three pieces.
+  // Aligned requests take the combined-decodes path (field-wise XOR), unaligned
+  // ones the plain one; both must give decode_address of each burst, for the
+  // default mapping, one with the column split differently, and one with a field
+  // in three pieces, with and without the bank hash.
   for (const char* mapping : {"row bank column bank_group stack channel pseudo_channel column:1",
                               "row column bank bank_group stack channel pseudo_channel",
-                              "row:4 bank column:2 row bank_group stack column:1 channel pseudo_channel column:2"}) {
+                              "row:4 bank column:2 row bank_group stack column:1 channel pseudo_channel column:2"})
   for (const char* hash : {"hbm.bank_hash=none", "hbm.bank_hash=xor_row"}) {
     SCOPED_TRACE(std::string(mapping) + " " + hash);
     const HbmConfig c = load_hbm_preset("hbm2_v3", {std::string("hbm.address_mapping=") + mapping, hash});
@@ -159,7 +160,6 @@ TEST(HbmAddressMapping, BurstDecoderEqualsDecodingEveryBurst) {
             << "addr " << addr << " bytes " << bytes << " burst " << b;
       }
     }
-  }
   }
 }
 
