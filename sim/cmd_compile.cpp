@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -48,6 +49,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int block_lag = 0;
     int64_t block_bytes = 0;
     int all_reduce_streams = 0;
+    int urgent = 0;
     std::vector<std::string> batched;
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
     bool infeed = false;
@@ -77,6 +79,11 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   "Instruction streams of a blocked all-reduce: 1, 2 (each slot pool's blocks in its own "
                   "stream; docs/codegen.md \"Two streams\"), or 0 = 2 where the chips form a 3-D torus, else 1")
       ->check(CLI::Range(0, 2));
+  cmd->add_option("--urgent", opt->urgent,
+                  "A streamed all-reduce's inner-dimension sends, credits and entry tokens as urgent ICI traffic "
+                  "(tc=1, docs/codegen.md \"Urgent messages\"): on, off, or auto = on where the chips form a "
+                  "3-D torus")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"auto", 0}, {"on", 1}, {"off", 2}}));
   cmd->add_option("--train", opt->train,
                   "Compile one training step instead: sgd:lr=X[,momentum=Y] (docs/training.md)");
   cmd->add_option("--loss", opt->loss, "Training loss: xent (one-hot labels) | xent-index | mse");
@@ -130,6 +137,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.replicas.block_lag = opt->block_lag;
       if (opt->block_bytes > 0) lo.replicas.block_elems = std::max<int64_t>(1, opt->block_bytes / 4);
       lo.all_reduce_streams = opt->all_reduce_streams;
+      lo.urgent_sends = opt->urgent;
       lo.replicas.batched = opt->batched;
       lo.inputs_from_host = opt->infeed;
       if (opt->replicas > 1) lo.target.chips = static_cast<uint32_t>(board_chips);

@@ -870,6 +870,21 @@ void Emitter::lower_all_reduce(const Node& n) {
       const StreamPlan& sp = *plan;
       const ici::Schedule& ssch = sp.sched;
       const int K = sp.K;
+      // Traffic classes (docs/codegen.md "Urgent messages"): a step whose chunks are
+      // at most half the widest chip-to-chip chunk (a torus schedule's inner
+      // dimensions) is latency-bound, and its sends share links with another
+      // group's (or block's) wide steps; they, the credits and the entry tokens go
+      // as urgent (tc=1), ahead of the wide steps' queued packets.
+      int64_t widest = 0;
+      for (const auto& step : ssch.steps)
+        for (const ici::Move& mv : step)
+          if (replica_chip(s, mv.src) != replica_chip(s, mv.dst))
+            widest = std::max(widest, ssch.chunks[static_cast<size_t>(mv.src_chunk)].elems);
+      const bool urgent_on = opt_.urgent_sends == 1 || (opt_.urgent_sends == 0 && torus_dims >= 3);
+      const std::string urgent = urgent_on ? ", tc=1" : "";
+      auto tc_of = [&](const ici::Move& mv) {
+        return 2 * ssch.chunks[static_cast<size_t>(mv.src_chunk)].elems <= widest ? urgent : "";
+      };
       const std::vector<int>& srcs = sp.sources[static_cast<size_t>(me)];
       const std::vector<int>& dsts = sp.dests[static_cast<size_t>(me)];
       auto idx = [](const std::vector<int>& v, int x) { return static_cast<int>(std::find(v.begin(), v.end(), x) - v.begin()); };
@@ -921,7 +936,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           if (uses(src, me, j) == 0) continue;
           line("dma " + endpoint("hbm", src) + ":" +
                at(there(src, TOK + (idx(sp.dests[static_cast<size_t>(src)], me) * K + j) * 4)) + ", " + hbm(zero) +
-               ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag_of(src, me, j)));
+               ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag_of(src, me, j)) + urgent);
           ++sent;
         }
       std::map<int, int64_t> credits_seen;
@@ -967,7 +982,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         const int64_t bytes = (sp.atoms[static_cast<size_t>(a_end - 1)].second - sp.atoms[static_cast<size_t>(a)].first) * 4;
         line("dma " + target(t, k, a, m) + ", " + from + ", bytes=" + std::to_string(bytes) + ", flag=" +
              (buffer_flag < 0 ? send_flag_text() : "f" + std::to_string(buffer_flag)) +
-             ", rflag=f" + std::to_string(land_flag(mv.dst, me, m)));
+             ", rflag=f" + std::to_string(land_flag(mv.dst, me, m)) + tc_of(mv));
         if (buffer_flag < 0)
           count_send();
         else
@@ -1149,7 +1164,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           const int src = mv.src;
           line("dma " + endpoint("smem", src) + ":" +
                at(credits + (idx(sp.dests[static_cast<size_t>(src)], me) * K + slot_of(src, me, m)) * 4) + ", smem:" +
-               at(credit_zero) + ", bytes=4, flag=" + send_flag_text() + ", rflag=f" + std::to_string(credit_flag(src, me, m)));
+               at(credit_zero) + ", bytes=4, flag=" + send_flag_text() + ", rflag=f" + std::to_string(credit_flag(src, me, m)) + urgent);
           count_send();
         };
         const bool copy_in_vmem = !mv.reduce && copy_to_vmem.count({me, e.step, e.move, e.atom});

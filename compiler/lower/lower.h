@@ -54,6 +54,10 @@ struct LowerOptions {
   // its own stream (fork); 1, one program order; 0, the default: 2 where the
   // chips form a 3-D torus, else 1.
   int all_reduce_streams = 0;
+  // The streamed all-reduce's inner-dimension sends, credits and entry tokens as
+  // urgent ICI traffic (tc=1; docs/codegen.md "Urgent messages"): 1 on, 2 off
+  // (everything bulk), 0 the default: on where the chips form a 3-D torus.
+  int urgent_sends = 0;
 };
 
 struct LowerResult {

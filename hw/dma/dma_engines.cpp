@@ -287,6 +287,7 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
     rt.src_hbm = in.src.space == Space::kHbm;
     rt.dst_hbm = in.dst.space == Space::kHbm;
     rt.tie_direction = core % 2 ? -1 : +1;
+    rt.traffic_class = in.tc;
     Transfer* tp = t.get();
     rt.complete = [tp](uint64_t c) { tp->done = c; };
     try {

@@ -86,6 +86,7 @@ struct RemoteTransfer {
   // cores of a chip take one link each (core 0 +, core 1 -, ..., by parity), which
   // spreads a chip's traffic to a 2-wide neighbour over both links.
   int tie_direction = +1;
+  uint8_t traffic_class = 0;  // the DMA's tc= (docs/isa.md "Traffic class")
   std::function<void(uint64_t)> complete;
 };
 using RemotePort = std::function<void(RemoteTransfer&&)>;  // throws on a request it cannot carry

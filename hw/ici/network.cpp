@@ -115,10 +115,12 @@ void Network::build() {
   for (auto& l : links_) {
     if (l.kind == LinkKind::kInject) continue;
     const auto& inputs = router_inputs_[l.chip];
-    l.slots.resize(inputs.size() * 2);  // two VCs: before and after the dateline
+    // Per input, four buffers: two VCs (before and after the dateline) for each
+    // traffic class, so an urgent packet never queues behind bulk ones.
+    l.slots.resize(inputs.size() * kBuffersPerInput);
     l.busy_slots.assign((l.slots.size() + 63) / 64, 0);
     for (size_t s = 0; s < l.slots.size(); ++s) {
-      l.slots[s].input_link = inputs[s / 2];
+      l.slots[s].input_link = inputs[s / kBuffersPerInput];
       l.slots[s].credits.ring.assign(size_t(prm_.buffer_packets), 0);
       l.slots[s].credits.count = size_t(prm_.buffer_packets);
     }
@@ -186,7 +188,7 @@ void Network::check_send(Endpoint src, Endpoint dst, uint64_t bytes) const {
 }
 
 MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at, DeliveryCallback on_delivery,
-                        int tie_direction, bool gated) {
+                        int tie_direction, bool gated, uint8_t traffic_class) {
   check_send(src, dst, bytes);
   if (at < now_)
     throw IciError("ici send: issue cycle " + std::to_string(at) + " is before the current cycle " +
@@ -196,6 +198,8 @@ MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at,
   m.src_ep = endpoint_id(src);
   m.dst_ep = endpoint_id(dst);
   m.bytes = bytes;
+  if (traffic_class > 1) throw IciError("traffic class " + std::to_string(traffic_class) + " (expected 0 or 1)");
+  m.urgent = traffic_class == 1;
   const uint64_t P = uint64_t(prm_.packet_bytes);
   m.packets = uint32_t(std::max<uint64_t>(1, (bytes + P - 1) / P));  // an empty message still carries a header
   if (gated) m.released = 0;
@@ -207,7 +211,7 @@ MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at,
   auto slot_of = [&](int at_chip, uint32_t in_link, int v) {
     const auto& in = router_inputs_[at_chip];
     const auto it = std::find(in.begin(), in.end(), in_link);
-    return uint32_t((it - in.begin()) * 2 + v);
+    return uint32_t((it - in.begin()) * kBuffersPerInput + (m.urgent ? 2 : 0) + v);
   };
   for (int port : topo_.route_ports(src.chip, dst.chip, tie_direction)) {
     const uint32_t link = uint32_t(chip_port_link_[chip][port]);
@@ -403,7 +407,7 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
     int best = -1;  // slot index, or index into active_ for inject links
     uint64_t best_order = 0, best_ready = 0, best_credit = 0, next_try = kNever;
     uint32_t best_msg = 0, best_idx = 0;
-    int best_src = 0;
+    int best_src = 0, best_cls = 0;
     bool any = false;
     // `order` is the packet's age at a router; at a core's inject link it is when
     // the message was last served, so concurrent DMAs interleave packet by packet
@@ -420,7 +424,11 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
           return;
         }
       }
-      if (best < 0 || std::tie(order, m.src_ep, msg, idx) < std::tie(best_order, best_src, best_msg, best_idx)) {
+      // Urgent (traffic class 1) before bulk, then by `order`.
+      const int cls = m.urgent ? 0 : 1;
+      if (best < 0 ||
+          std::tie(cls, order, m.src_ep, msg, idx) < std::tie(best_cls, best_order, best_src, best_msg, best_idx)) {
+        best_cls = cls;
         best = cand;
         best_order = order;
         best_ready = ready;

@@ -97,9 +97,11 @@ class Network {
   // A `gated` message's packets may leave the source core only as far as
   // release() has made its bytes available (a DMA streaming its source out of HBM:
   // the packets follow the memory reads); an ungated one has all its bytes from
-  // the start.
+  // the start. `traffic_class` 1 (urgent; a DMA's tc=1) goes ahead of class 0
+  // (bulk) at every inject port and router output, in router buffers of its own
+  // (docs/ici.md "Traffic classes").
   MessageId send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at, DeliveryCallback on_delivery = {},
-                 int tie_direction = +1, bool gated = false);
+                 int tie_direction = +1, bool gated = false, uint8_t traffic_class = 0);
   // The first `bytes` of gated message `id` are available from cycle `at` (>=
   // now()); releases only grow. A packet leaves once all its bytes are.
   void release(MessageId id, uint64_t bytes, uint64_t at);
@@ -178,7 +180,9 @@ class Network {
     void pop() { head = (head + 1) % ring.size(); --count; }
     void push(uint64_t t) { ring[(head + count) % ring.size()] = t; ++count; }
   };
-  struct Slot {  // one virtual output queue: (input link, VC) of this output link's router
+  // Router buffers per input link: (VC before / after the dateline) x (bulk / urgent).
+  static constexpr size_t kBuffersPerInput = 4;
+  struct Slot {  // one virtual output queue: (input link, traffic class, VC) of this output link's router
     std::deque<Packet> queue;
     Credits credits;   // held by the input link's sender for this queue
     uint32_t input_link = 0;
@@ -209,6 +213,7 @@ class Network {
   struct Message {
     int src_ep = 0, dst_ep = 0;
     uint64_t bytes = 0;
+    bool urgent = false;  // traffic class 1: ahead of bulk at every arbitration, own buffers
     uint64_t issued = 0;
     uint64_t active = kNever;
     uint64_t last_served_q16 = 0;  // when its last packet left the core; 0 = never

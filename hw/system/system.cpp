@@ -125,7 +125,7 @@ class Board {
                                 uint64_t(net->params().link_latency_cycles);
           t->complete(std::max(landed + 1, landed + back));
         }
-      }, t->tie_direction, gated, id);
+      }, t->tie_direction, gated, id, t->traffic_class);
       if (gated) {
         // A push reads from the issuing core's tick on (the chip's RemoteHbm ticks
         // after its cores); a pull from the cycle after its request arrived.
@@ -143,7 +143,8 @@ class Board {
     } else {
       // A read of another chip's memory: a header-only request travels there first.
       send(t->issuer_chip, {int(t->issuer_chip), int(t->issuer_core)}, src, 0, t->cycle,
-           [data_leg](ici::MessageId, uint64_t arrived) { data_leg(arrived, false); });
+           [data_leg](ici::MessageId, uint64_t arrived) { data_leg(arrived, false); }, +1, false, nullptr,
+           t->traffic_class);
     }
   }
   // net->send, or, from a chip ticking on a worker thread, queued per chip and sent
@@ -152,15 +153,15 @@ class Board {
   // message's id once it is sent.
   void send(uint32_t issuer, ici::Endpoint src, ici::Endpoint dst, uint64_t bytes, uint64_t at,
             ici::Network::DeliveryCallback cb, int tie = +1, bool gated = false,
-            std::shared_ptr<ici::MessageId> id = nullptr) {
+            std::shared_ptr<ici::MessageId> id = nullptr, uint8_t tc = 0) {
     if (!threaded_window) {
-      const ici::MessageId m = net->send(src, dst, bytes, at, std::move(cb), tie, gated);
+      const ici::MessageId m = net->send(src, dst, bytes, at, std::move(cb), tie, gated, tc);
       if (id) *id = m;
       return;
     }
     net->check_send(src, dst, bytes);
-    deferred_sends[issuer].push_back([this, src, dst, bytes, at, cb = std::move(cb), tie, gated, id]() mutable {
-      const ici::MessageId m = net->send(src, dst, bytes, at, std::move(cb), tie, gated);
+    deferred_sends[issuer].push_back([this, src, dst, bytes, at, cb = std::move(cb), tie, gated, id, tc]() mutable {
+      const ici::MessageId m = net->send(src, dst, bytes, at, std::move(cb), tie, gated, tc);
       if (id) *id = m;
     });
   }

@@ -490,6 +490,10 @@ void Assembler::parse_with(const OpInfo& info, const std::vector<Token>& t, cons
       d.count = static_cast<uint32_t>(count);
       d.src_stride = imm32(t, parts[1]);
       d.dst_stride = imm32(t, parts[2]);
+    } else if (info.op == Op::kDma && key == "tc") {
+      const int64_t c = full_expr(t, v);
+      if (c < 0 || c >= kTrafficClasses) error(t[v.first], "expected tc=0 (bulk) or tc=1 (urgent)");
+      in.tc = static_cast<uint8_t>(c);
     } else if (info.op == Op::kDma && (key == "flag" || key == "rflag")) {
       (key == "flag" ? in.flag : in.rflag) = static_cast<int16_t>(flag_operand(t, v));
     } else {
@@ -933,6 +937,7 @@ std::string print_instr(const Instr& in, const CoreProgram& prog) {
                     std::to_string(in.dims[d].dst_stride));
     if (in.flag >= 0) ops.push_back("flag=f" + std::to_string(in.flag));
     if (in.rflag >= 0) ops.push_back("rflag=f" + std::to_string(in.rflag));
+    if (in.tc) ops.push_back("tc=" + std::to_string(in.tc));
   } else {
     for (const char* c = info.signature; *c; ++c) {
       switch (*c) {

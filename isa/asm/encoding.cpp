@@ -72,7 +72,8 @@ void encode_instr(const Instr& in, std::vector<uint64_t>& out) {
   if (in.op == Op::kDma) {
     out.push_back(op | static_cast<uint64_t>(static_cast<uint8_t>(in.flag + 1)) << 8 |
                   static_cast<uint64_t>(static_cast<uint8_t>(in.rflag + 1)) << 16 |
-                  static_cast<uint64_t>(in.ndims) << 24 | u32(in.imm) << 32);
+                  static_cast<uint64_t>(in.ndims & 0xF) << 24 | static_cast<uint64_t>(in.tc & 0xF) << 28 |
+                  u32(in.imm) << 32);
     out.push_back(encode_endpoint(in.dst));
     out.push_back(encode_endpoint(in.src));
     for (int i = 0; i < in.ndims && i < kMaxDmaDims; ++i) {
@@ -104,7 +105,9 @@ std::vector<Instr> decode(const uint64_t* w, size_t n) {
     if (in.op == Op::kDma) {
       in.flag = static_cast<int16_t>(static_cast<int>((w0 >> 8) & 0xFF) - 1);
       in.rflag = static_cast<int16_t>(static_cast<int>((w0 >> 16) & 0xFF) - 1);
-      in.ndims = static_cast<uint8_t>(w0 >> 24);
+      in.ndims = static_cast<uint8_t>((w0 >> 24) & 0xF);
+      in.tc = static_cast<uint8_t>((w0 >> 28) & 0xF);
+      if (in.tc >= kTrafficClasses) bad(at, "DMA traffic class out of range");
       in.imm = s32(w0 >> 32);
       if (((w0 >> 8) & 0xFF) > kSyncFlags || ((w0 >> 16) & 0xFF) > kSyncFlags) bad(at, "DMA flag out of range");
       if (in.ndims > kMaxDmaDims) bad(at, "more than 3 DMA dimensions");

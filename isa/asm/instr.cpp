@@ -76,6 +76,7 @@ std::string check_instr(const Target& t, const CoreProgram& p, size_t i) {
       break;
     case Op::kDma: {
       if (in.ndims > kMaxDmaDims) return where(p, i) + ": more than 3 outer DMA dimensions";
+      if (in.tc >= kTrafficClasses) return where(p, i) + ": DMA traffic class must be 0 or 1";
       if (in.flag < -1 || in.flag >= kSyncFlags || in.rflag < -1 || in.rflag >= kSyncFlags)
         return where(p, i) + ": DMA flag out of range";
       for (const DmaEndpoint* e : {&in.dst, &in.src}) {
@@ -132,7 +133,8 @@ const char* io_kind_name(IoKind k) {
 bool Instr::same_encoding(const Instr& o) const {
   if (op != o.op || a != o.a || b != o.b || c != o.c || d != o.d || imm != o.imm || imm2 != o.imm2) return false;
   if (op != Op::kDma) return true;
-  if (!(dst == o.dst) || !(src == o.src) || ndims != o.ndims || flag != o.flag || rflag != o.rflag) return false;
+  if (!(dst == o.dst) || !(src == o.src) || ndims != o.ndims || flag != o.flag || rflag != o.rflag || tc != o.tc)
+    return false;
   for (int i = 0; i < ndims && i < kMaxDmaDims; ++i)
     if (!(dims[i] == o.dims[i])) return false;
   return true;

@@ -154,6 +154,7 @@ inline constexpr int kStreams = 2;
 inline constexpr int kSublanes = 8;
 inline constexpr int kLanes = 128;
 inline constexpr int kMaxDmaDims = 3;
+inline constexpr int kTrafficClasses = 2;
 
 enum class Space : uint8_t { kHbm, kVmem, kSmem, kHost };
 const char* space_name(Space s);
@@ -195,6 +196,10 @@ struct Instr {
   DmaDim dims[kMaxDmaDims];
   int16_t flag = -1;   // issuing core's flag incremented on completion (-1 none)
   int16_t rflag = -1;  // destination core's flag incremented when the data has landed
+  // Traffic class of a transfer over the ICI network (docs/isa.md "Traffic class"):
+  // 0 bulk, 1 urgent (its packets go ahead of bulk ones at every inject port and
+  // router output, on buffers of their own). No effect on local transfers.
+  uint8_t tc = 0;
   // Not part of the encoding: where the instruction came from.
   uint32_t line = 0;   // source line in the .s file (0 unknown)
   int32_t op_id = -1;  // graph op id from the latest `op N` marker (-1 none)

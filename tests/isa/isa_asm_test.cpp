@@ -85,6 +85,7 @@ Instr random_instr(std::mt19937& g, Op op, uint32_t code_size, int mxus) {
     for (int d = 0; d < in.ndims; ++d) in.dims[d] = DmaDim{static_cast<uint32_t>(g()), imm(), imm()};
     in.flag = static_cast<int16_t>(u(isa::kSyncFlags + 1) - 1);
     in.rflag = static_cast<int16_t>(u(isa::kSyncFlags + 1) - 1);
+    in.tc = static_cast<uint8_t>(u(isa::kTrafficClasses));
     return in;
   }
   uint8_t* regs[4] = {&in.a, &in.b, &in.c, &in.d};
@@ -213,6 +214,7 @@ TEST(IsaAsmErrors, EachClassNamesFileLineColumn) {
       {"  vxpose v0, v20\n", "vxpose needs 16 consecutive registers"},
       {"  wait f255, 1\n", "t.s:1:8: error: sync flag 'f255' out of range"},
       {"  li s1, (3\n", "t.s:1:"},
+      {"  dma vmem:[s0], hbm:[s0], bytes=4, tc=2\n", "t.s:1:40: error: expected tc=0 (bulk) or tc=1 (urgent)"},
   };
   for (const auto& c : cases) {
     const std::string msg = asm_error(c.text);
@@ -274,6 +276,11 @@ TEST(IsaBundleErrors, BadEncoding) {
   EXPECT_THROW(decode(words.data(), words.size()), DecodeError);
   words[0] = 0xFE;  // unknown opcode
   EXPECT_THROW(decode(words.data(), words.size()), DecodeError);
+  // A DMA's traffic class (bits 28..31 of its first word) is 0 or 1.
+  auto dma = encode(assemble("  dma vmem:[s0], hbm:[s0], bytes=4, tc=1\n  halt\n", "d.s").cores[0].code);
+  EXPECT_EQ(decode(dma.data(), dma.size())[0].tc, 1);
+  dma[0] = (dma[0] & ~(0xFull << 28)) | 2ull << 28;
+  EXPECT_THROW(decode(dma.data(), dma.size()), DecodeError);
 }
 
 // ---- .npy --------------------------------------------------------------------

@@ -186,6 +186,8 @@ def main():
     ap.add_argument("--block-lag", default="0", help="tpusim compile --block-lag (0: the default lag)")
     ap.add_argument("--all-reduce-streams", default="0",
                     help="tpusim compile --all-reduce-streams (0 = the compiler's choice, 1 or 2)")
+    ap.add_argument("--urgent", default="auto",
+                    help="tpusim compile --urgent: auto, on or off (inner steps, credits and tokens as urgent ICI traffic)")
     ap.add_argument("--sizes", default="1K,4K,16K,64K,256K,1M,4M,16M,64M")
     ap.add_argument("--work", default="/tmp/allreduce_bw")
     ap.add_argument("--clock", type=float, default=940e6)
@@ -230,7 +232,7 @@ def main():
         tpb, out = g + ".tpb", os.path.join(a.work, f"out_{s}")
         subprocess.run([a.tpusim, "compile", g, "--preset", a.preset, "--replicas", str(R), "--collective",
                         a.collective, "--block-lag", a.block_lag,
-                        "--all-reduce-streams", a.all_reduce_streams, "-o", tpb], check=True, stdout=subprocess.DEVNULL)
+                        "--all-reduce-streams", a.all_reduce_streams, "--urgent", a.urgent, "-o", tpb], check=True, stdout=subprocess.DEVNULL)
         big = n > parse_size(a.timeline_max)
         subprocess.run([a.tpusim, "run", tpb, "--preset", a.preset, "--random-inputs", "1", "--out", out] +
                        ([] if big else ["--timeline", os.path.join(out, "t.json")]), check=True,

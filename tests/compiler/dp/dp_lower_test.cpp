@@ -3,6 +3,7 @@
 // reference with the race checker, and every output must equal bit for bit the
 // replicated graph reference (compiler/ref/replicas.h), which for a graph without
 // all_reduce is the whole-batch reference of the global graph.
+#include <array>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -237,6 +238,7 @@ TEST(DpLower, AllReduceOnAV2Slice4x4) {
 TEST(DpLower, AllReduceOnAV4Slice4x4x4) {
   expect_replicated_bit_exact(allreduce_only_ir(128, 3, 700), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", false);
   EXPECT_NE(g_last_assembly.find("vmem@chip63.c1"), std::string::npos);  // streamed: reducing atoms land in VMEM
+  EXPECT_NE(g_last_assembly.find(", tc=1"), std::string::npos);  // a 3-D torus: urgent inner steps by default
 }
 
 // From a slice's worth per replica the streamed lowering runs the schedule on
@@ -379,6 +381,55 @@ TEST(DpLower, AllReduceInBlocksOnV2Slice4x4) {
         EXPECT_GE(before, 2 * 3) << c << ": block 1's first x send after only " << before << " sends to other chips";
         break;
       }
+  }
+}
+
+// Traffic classes (docs/codegen.md "Urgent messages"): on the 4 x 4 chip torus
+// each group sends k - 1 = 3 first-dimension chunks of n / (G k1) and 3
+// second-dimension ones of n / (G k1 k2) each way (reduce-scatter and
+// all-gather). The second dimension's go urgent (tc=1) and the first's bulk, so
+// each core's urgent bytes to other chips are 1 / k1 = 1/4 of its bulk ones
+// (n = 16 x 4096 elements: every chunk whole tiles); every credit and entry
+// token (4 bytes) is urgent; with urgent_sends off nothing is, nor by default on
+// a 2-D torus.
+TEST(DpLower, InnerDimensionStepsCreditsAndTokensGoUrgent) {
+  for (int mode : {1, 2, 0}) {
+    SCOPED_TRACE(mode);
+    const bool urgent = mode == 1;
+    expect_replicated_bit_exact(allreduce_only_ir(32, 16, 4096), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false,
+                                16ull << 20, [&](LowerOptions& lo) { lo.urgent_sends = mode; });
+    std::map<std::string, std::array<int64_t, 2>> data;  // core -> bytes to other chips: bulk, urgent
+    int64_t control = 0, urgent_control = 0;
+    std::istringstream in(g_last_assembly);
+    std::string line, core;
+    bool in_op = false;
+    while (std::getline(in, line)) {
+      if (line.rfind(".core ", 0) == 0) core = line.substr(6);
+      if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
+      const size_t at = line.find("@chip");
+      if (!in_op || line.rfind("  dma ", 0) != 0 || at == std::string::npos || at > line.find(',')) continue;
+      if (std::stoi(line.substr(at + 5)) == std::stoi(core.substr(4))) continue;  // the other core of the chip
+      int64_t bytes = std::stoll(line.substr(line.find("bytes=") + 6));
+      const size_t dim = line.find("dim=");
+      if (dim != std::string::npos) bytes *= std::stoll(line.substr(dim + 4));
+      const bool tc = line.find(", tc=1") != std::string::npos;
+      if (bytes == 4) {
+        ++control;
+        urgent_control += tc;
+      } else {
+        data[core][tc] += bytes;
+      }
+    }
+    ASSERT_EQ(data.size(), 32u);
+    EXPECT_GT(control, 0);
+    EXPECT_EQ(urgent_control, urgent ? control : 0);
+    for (const auto& [c, b] : data) {
+      EXPECT_GT(b[0], 0) << c;
+      if (urgent)
+        EXPECT_EQ(4 * b[1], b[0]) << c;
+      else
+        EXPECT_EQ(b[1], 0) << c;
+    }
   }
 }
 

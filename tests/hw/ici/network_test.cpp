@@ -221,6 +221,44 @@ TEST(FlowControl, TwoStreamsShareALinkFairlyEnough) {
     }
 }
 
+// Traffic classes (docs/ici.md "Traffic classes"): a short message sent while a
+// long one from the same core to the same neighbour has filled its router buffer.
+// As bulk it queues behind that buffer's packets; as urgent it waits at most for
+// the bulk packet on each link as it arrives, and the link stays work-conserving:
+// the bulk message ends later by the urgent one's serialisation, no more.
+TEST(TrafficClass, UrgentMessageOvertakesQueuedBulkPackets) {
+  const auto p = config::load_preset("v4-8");
+  const uint64_t bulk = 4 << 20, at = 20000;
+  struct Run {
+    uint64_t urgent_latency, bulk_delivery;
+  };
+  auto run = [&](uint8_t tc, uint64_t short_bytes) {
+    Network net = Network::from_params(p);
+    const MessageId b = net.send({0, 0}, {1, 0}, bulk, 0);
+    const MessageId u = short_bytes ? net.send({0, 0}, {1, 0}, short_bytes, at, {}, +1, false, tc) : b;
+    net.run();
+    return Run{net.delivery_cycle(u) - at, net.delivery_cycle(b)};
+  };
+  Network probe = Network::from_params(p);
+  const auto ab = probe.neighbour_alpha_beta();
+  const auto& prm = probe.params();
+  const double P = double(prm.packet_bytes), ser = P / prm.link_payload_bytes_per_cycle();
+  const double inject_ser = P / prm.onchip_bytes_per_cycle;
+  const uint64_t n = 16 * uint64_t(prm.packet_bytes);
+  const double alone = ab.alpha_cycles + double(n) * ab.beta_cycles_per_byte;
+  const Run urgent = run(1, n), bulk_class = run(0, n), bulk_alone = run(0, 0);
+  // Urgent: its own latency plus at most the one bulk packet on the inject link
+  // and the one on the chip link when it arrives (and whole-cycle rounding).
+  EXPECT_GE(double(urgent.urgent_latency), alone - 4.0);
+  EXPECT_LE(double(urgent.urgent_latency), alone + ser + inject_ser + 4.0);
+  // Bulk: behind the router buffer's packets of the long message.
+  EXPECT_GT(double(bulk_class.urgent_latency), alone + 0.5 * double(prm.buffer_packets) * ser);
+  // Either way the link carries both messages back to back.
+  EXPECT_NEAR(double(urgent.bulk_delivery), double(bulk_alone.bulk_delivery) + double(n) * ab.beta_cycles_per_byte, 4.0);
+  EXPECT_NEAR(double(bulk_class.bulk_delivery), double(urgent.bulk_delivery), 4.0);
+  EXPECT_THROW(probe.send({0, 0}, {1, 0}, 10, 0, {}, +1, false, 2), IciError);
+}
+
 TEST(Counters, StatsJsonKeyedByHierarchicalName) {
   Network net = Network::from_params(config::load_preset("v3-8"));
   net.send({0, 1}, {1, 0}, 10000, 0);  // chip 0 -> chip 1 is +x
