@@ -352,10 +352,11 @@ void Network::process_cycle(uint64_t t) {
             const int cores = prm_.cores_per_chip;
             const timeline::TrackId tr = timeline_->track("chip" + std::to_string(m.src_ep / cores),
                                                           "core" + std::to_string(m.src_ep % cores) + ".ici");
-            timeline_->slice(tr, "dma " + std::to_string(m.bytes) + " B", m.issued, t,
-                             {{"to", "chip" + std::to_string(m.dst_ep / cores) + ".core" +
-                                         std::to_string(m.dst_ep % cores)},
-                              {"message", std::to_string(e.target)}});
+            std::vector<std::pair<std::string, std::string>> args = {
+                {"to", "chip" + std::to_string(m.dst_ep / cores) + ".core" + std::to_string(m.dst_ep % cores)},
+                {"message", std::to_string(e.target)}};
+            if (m.urgent) args.emplace_back("class", "urgent");
+            timeline_->slice(tr, "dma " + std::to_string(m.bytes) + " B", m.issued, t, std::move(args));
           }
           m.route = {};  // a long run issues millions of DMAs; keep only the delivery cycle
           if (m.callback) {

@@ -282,7 +282,7 @@ TEST(Counters, MessagesBecomeTimelineSlices) {
   timeline::Timeline tl(opt);
   net.set_timeline(&tl);
   const MessageId a = net.send({0, 1}, {3, 0}, 5000, 10);
-  const MessageId b = net.send({0, 1}, {1, 1}, 100, 20);
+  const MessageId b = net.send({0, 1}, {1, 1}, 100, 20, {}, +1, false, 1);  // urgent
   net.run();
   EXPECT_EQ(tl.recorded_events(), 2u);
   const auto j = nlohmann::json::parse(tl.to_json());
@@ -295,6 +295,7 @@ TEST(Counters, MessagesBecomeTimelineSlices) {
       EXPECT_NEAR(ev["ts"].get<double>(), (big ? 10 : 20) * us_per_cycle, 1e-6);
       EXPECT_NEAR(ev["dur"].get<double>(),
                   double(net.delivery_cycle(big ? a : b) - (big ? 10 : 20)) * us_per_cycle, 1e-6);
+      EXPECT_EQ(ev["args"].value("class", "bulk"), big ? "bulk" : "urgent");
     }
   EXPECT_EQ(found, 2);
 }
