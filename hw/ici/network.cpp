@@ -211,7 +211,7 @@ MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at,
   auto slot_of = [&](int at_chip, uint32_t in_link, int v) {
     const auto& in = router_inputs_[at_chip];
     const auto it = std::find(in.begin(), in.end(), in_link);
-    return uint32_t((it - in.begin()) * kBuffersPerInput + (m.urgent ? 2 : 0) + v);
+    return uint32_t((it - in.begin()) * kBuffersPerInput + (m.urgent ? kVcs : 0) + v);
   };
   for (int port : topo_.route_ports(src.chip, dst.chip, tie_direction)) {
     const uint32_t link = uint32_t(chip_port_link_[chip][port]);

@@ -180,8 +180,8 @@ class Network {
     void pop() { head = (head + 1) % ring.size(); --count; }
     void push(uint64_t t) { ring[(head + count) % ring.size()] = t; ++count; }
   };
-  // Router buffers per input link: (VC before / after the dateline) x (bulk / urgent).
-  static constexpr size_t kBuffersPerInput = 4;
+  // Router buffers per input link: (bulk / urgent) x (VC before / after the dateline).
+  static constexpr size_t kVcs = 2, kBuffersPerInput = 2 * kVcs;
   struct Slot {  // one virtual output queue: (input link, traffic class, VC) of this output link's router
     std::deque<Packet> queue;
     Credits credits;   // held by the input link's sender for this queue

@@ -3,9 +3,9 @@
 // reference with the race checker, and every output must equal bit for bit the
 // replicated graph reference (compiler/ref/replicas.h), which for a graph without
 // all_reduce is the whole-batch reference of the global graph.
-#include <array>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -400,15 +400,12 @@ TEST(DpLower, InnerDimensionStepsCreditsAndTokensGoUrgent) {
                                 16ull << 20, [&](LowerOptions& lo) { lo.urgent_sends = mode; });
     std::map<std::string, std::array<int64_t, 2>> data;  // core -> bytes to other chips: bulk, urgent
     int64_t control = 0, urgent_control = 0;
-    std::istringstream in(g_last_assembly);
-    std::string line, core;
     bool in_op = false;
-    while (std::getline(in, line)) {
-      if (line.rfind(".core ", 0) == 0) core = line.substr(6);
+    for_each_stream_line(g_last_assembly, [&](const std::string& core, int, const std::string& line) {
       if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
       const size_t at = line.find("@chip");
-      if (!in_op || line.rfind("  dma ", 0) != 0 || at == std::string::npos || at > line.find(',')) continue;
-      if (std::stoi(line.substr(at + 5)) == std::stoi(core.substr(4))) continue;  // the other core of the chip
+      if (!in_op || line.rfind("  dma ", 0) != 0 || at == std::string::npos || at > line.find(',')) return;
+      if (std::stoi(line.substr(at + 5)) == std::stoi(core.substr(4))) return;  // the other core of the chip
       int64_t bytes = std::stoll(line.substr(line.find("bytes=") + 6));
       const size_t dim = line.find("dim=");
       if (dim != std::string::npos) bytes *= std::stoll(line.substr(dim + 4));
@@ -419,7 +416,7 @@ TEST(DpLower, InnerDimensionStepsCreditsAndTokensGoUrgent) {
       } else {
         data[core][tc] += bytes;
       }
-    }
+    });
     ASSERT_EQ(data.size(), 32u);
     EXPECT_GT(control, 0);
     EXPECT_EQ(urgent_control, urgent ? control : 0);
