@@ -28,6 +28,10 @@ DmaParams DmaParams::from_config(const config::Params& c) {
   p.hbm_to_vmem = path(c, "core.dma.hbm_to_vmem");
   p.vmem_to_hbm = path(c, "core.dma.vmem_to_hbm");
   p.core_to_core = path(c, "core.dma.core_to_core");
+  const std::string q = c.get_string("core.dma.remote_queue");
+  if (q != "shared" && q != "own")
+    throw config::ConfigError(c.source() + ": core.dma.remote_queue must be shared or own, not '" + q + "'");
+  p.remote_own_queue = q == "own";
   return p;
 }
 
@@ -226,6 +230,22 @@ bool DmaEngines::quiet(uint64_t cycle) const {
   for (const auto& t : handed_off_)
     if (t->done <= cycle) return false;
   return true;
+}
+
+size_t DmaEngines::startable(bool engine_free) const {
+  const uint64_t retired = vmem_ops_retired_ ? vmem_ops_retired_() : ~0ull;
+  for (size_t i = 0; i < queue_.size(); ++i) {
+    // Later DMAs were issued after even more vld/vst.
+    if (retired < queue_[i].vmem_ops_before) break;
+    if (engine_free) return i;
+    if (!p_.remote_own_queue) break;
+    // core.dma.remote_queue: own. A transfer with an endpoint on another chip holds
+    // no engine (start() hands it to the ICI interface), so it need not wait behind
+    // local transfers waiting for one.
+    bool dst_local = false, src_local = false;
+    if (classify(queue_[i], dst_local, src_local) == Kind::kRemote) return i;
+  }
+  return queue_.size();
 }
 
 DmaEngines::Kind DmaEngines::classify(const Issued& it, bool& dst_local_vmem, bool& src_local_vmem) const {
@@ -438,14 +458,19 @@ void DmaEngines::tick(uint64_t cycle) {
   for (int e = 0; e < p_.engines && free_engine < 0; ++e)
     if (!active_[static_cast<size_t>(e)]) free_engine = e;
   if (!queue_.empty()) {
-    if (free_engine < 0) {
-      ++stall_no_engine_cycles_;
-    } else if (vmem_ops_retired_ && vmem_ops_retired_() < queue_.front().vmem_ops_before) {
-      ordering_stall_ = true;
-      ++stall_ordering_cycles_;
-    } else {
-      start(std::move(queue_.front()), free_engine, cycle);
-      queue_.pop_front();
+    const size_t pick = startable(free_engine >= 0);
+    if (pick == queue_.size() || pick > 0) {
+      if (free_engine < 0) {
+        ++stall_no_engine_cycles_;
+      } else {
+        ordering_stall_ = true;
+        ++stall_ordering_cycles_;
+      }
+    }
+    if (pick < queue_.size()) {
+      // A remote transfer started with every engine busy is counted on engine 0.
+      start(std::move(queue_[pick]), free_engine >= 0 ? free_engine : 0, cycle);
+      queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(pick));
       env_.note_activity(cycle);
     }
   }
@@ -492,9 +517,7 @@ uint64_t DmaEngines::next_event_cycle(uint64_t now) const {
       next = std::min(next, backpressured_ ? now + 1 : std::max(now + 1, next_issue_cycle(*slot)));
     if (!slot->writes_due.empty()) next = std::min(next, now + 1);  // writes refused by back-pressure
   }
-  if (!queue_.empty() && free_engine &&
-      (!vmem_ops_retired_ || vmem_ops_retired_() >= queue_.front().vmem_ops_before))
-    next = std::min(next, now + 1);
+  if (!queue_.empty() && startable(free_engine) < queue_.size()) next = std::min(next, now + 1);
   return next;
 }
 

@@ -38,6 +38,9 @@ struct DmaPath {
 struct DmaParams {
   int engines = 4;
   uint32_t chunk_bytes = 512;
+  // core.dma.remote_queue: "own" lets a transfer to or from another chip start
+  // ahead of queued local transfers waiting for an engine ("shared": in order).
+  bool remote_own_queue = false;
   DmaPath hbm_to_vmem, vmem_to_hbm, core_to_core;
   static DmaParams from_config(const config::Params& p);
 };
@@ -166,6 +169,9 @@ class DmaEngines {
   bool is_infeed(const Issued& it) const;
   void mark_infeed(const Issued& it, int delta);
   void start(Issued&& it, int engine, uint64_t cycle);
+  // The first queued transfer that may start now (queue_.size() if none): the
+  // front once an engine is free, or with remote_own_queue a remote one behind it.
+  size_t startable(bool engine_free) const;
   void finish(Transfer& t, uint64_t cycle);
   uint64_t next_issue_cycle(const Transfer& t) const;
 

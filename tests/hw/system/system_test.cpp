@@ -340,6 +340,38 @@ TEST(MultiChip, NeighbourPushLandsAtThePublishedFigure) {
   }
 }
 
+// core.dma.remote_queue (docs/tensorcore.md "DMA"): a push queued behind four 1 MiB
+// HBM loads, which hold all four engines for >= 483.6 + 1.105 x 1024 cycles. Shared
+// (the default), it starts only when the first load is done, so it lands at least
+// that much later than the published neighbour figure; own, it holds no engine and
+// lands at that figure (1941 + 24.77 K cycles) within 1%. Values equal the
+// reference and both modes agree either way.
+TEST(MultiChip, RemoteQueueOwnLetsAPushPassLoadsWaitingForEngines) {
+  std::string text = ".target chips=2 cores=1 mxus=1\n.input x f32 [1024] vmem@chip0.c0:0x0\n"
+                     ".output y f32 [1024] vmem@chip1.c0:0x0\n.core chip0.core0\n";
+  for (int i = 0; i < 4; ++i)
+    text += "  dma vmem:[s0 + " + std::to_string(0x100000 * (i + 1)) + "], hbm:[s0 + " + std::to_string(0x100000 * i) +
+            "], bytes=1048576, flag=f1\n";
+  text += "  dma vmem@chip1.c0:[s0 + 0], vmem:[s0 + 0], bytes=4096, rflag=f3\n  wait.sub f1, 4\n  halt\n"
+          ".core chip1.core0\n  wait.sub f3, 1\n  halt\n";
+  const std::string p = temp_program("remote_queue", text);
+  const double published = 1941 + 24.77 * 4, load = 483.6 + 1.105 * 1024;
+  for (const std::string q : {"shared", "own"}) {
+    const RunOut fast = core_run(p, "fast", {"--set", "core.dma.remote_queue=" + q}, "v4-8");
+    const RunOut det = core_run(p, "detailed", {"--set", "core.dma.remote_queue=" + q}, "v4-8");
+    ASSERT_NO_FATAL_FAILURE(expect_clean_and_modes_agree(fast, det));
+    const double landed = double(fast.j["units"]["chip1.core0.sequencer"]["active_cycles"].get<uint64_t>()) - 2;
+    if (q == "own")
+      EXPECT_NEAR(landed, published, 0.01 * published);
+    else
+      EXPECT_GE(landed, published + load);
+  }
+  // A value other than shared or own is refused.
+  const RunOut bad = core_run(p, "fast", {"--set", "core.dma.remote_queue=fifo"}, "v4-8");
+  fs::remove(p);
+  EXPECT_NE(bad.status, 0);
+}
+
 // Reads of another chip's memory (a request goes there, the data comes back), a
 // DMA between two other chips, and a push, all at once on v3-8: values equal the
 // reference, both modes agree (cycles and every counter, per-link ones included),
