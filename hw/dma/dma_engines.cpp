@@ -459,7 +459,7 @@ void DmaEngines::tick(uint64_t cycle) {
     if (!active_[static_cast<size_t>(e)]) free_engine = e;
   if (!queue_.empty()) {
     const size_t pick = startable(free_engine >= 0);
-    if (pick == queue_.size() || pick > 0) {
+    if (pick != 0) {  // the front waits: for an engine, or for the vld/vst before it
       if (free_engine < 0) {
         ++stall_no_engine_cycles_;
       } else {
