@@ -248,9 +248,9 @@ bool Sequencer::issue(uint64_t cycle) {
       }
       case Unit::kSync:
         if (in.op == Op::kFork) {
-          exec::check_fork(cur_, running_[1]);
-          running_[1] = true;
-          pcs_[1] = static_cast<uint32_t>(in.imm);
+          const size_t t = static_cast<size_t>(exec::fork_target(cur_, running_.data()));
+          running_[t] = true;
+          pcs_[t] = static_cast<uint32_t>(in.imm);
           counters_["forks"]++;
           ++pc;
           return false;

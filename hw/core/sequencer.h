@@ -6,9 +6,9 @@
 // wait.sub stall until the flag is high enough, fset/fadd change it, barrier
 // waits (after the core's vector and matrix work has finished) until every core
 // with a program has arrived. Every stalled cycle is counted under its reason.
-// Streams (docs/isa.md, "Streams"): `fork` starts the core's stream 1; each cycle
-// the bundle comes from one stream that can issue, the streams taking turns, so a
-// stream blocked on a flag no longer holds up the other's work.
+// Streams (docs/isa.md, "Streams"): `fork` starts the core's lowest idle stream
+// after 0; each cycle the bundle comes from one stream that can issue, the streams
+// taking turns, so a stream blocked on a flag no longer holds up the others' work.
 #pragma once
 
 #include <array>

@@ -149,8 +149,8 @@ inline constexpr int kVectorRegs = 32;
 inline constexpr int kMaskRegs = 8;
 inline constexpr int kSyncFlags = 255;  // a DMA names a flag in 8 bits as flag + 1 (0: none)
 // Instruction streams per core: stream 0 starts at instruction 0, `fork` starts
-// stream 1 (docs/isa.md, "Streams").
-inline constexpr int kStreams = 2;
+// the lowest-numbered idle one of the others (docs/isa.md, "Streams").
+inline constexpr int kStreams = 4;
 inline constexpr int kSublanes = 8;
 inline constexpr int kLanes = 128;
 inline constexpr int kMaxDmaDims = 3;

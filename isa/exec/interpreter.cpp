@@ -124,8 +124,11 @@ RunResult Interpreter::run(const RunOptions& opts) {
             break;
           }
           if (in.op == Op::kFork) {
-            check_fork(c.stream, c.stream == 0 && cores_[k + 1].status != CoreStatus::kHalted);
-            Context& t = cores_[k + 1];
+            const size_t first = k - static_cast<size_t>(c.stream);  // the core's stream 0
+            bool runs[isa::kStreams];
+            for (int s = 0; s < isa::kStreams; ++s)
+              runs[s] = cores_[first + static_cast<size_t>(s)].status != CoreStatus::kHalted;
+            Context& t = cores_[first + static_cast<size_t>(fork_target(c.stream, runs))];
             t.status = CoreStatus::kReady;
             t.pc = static_cast<uint32_t>(in.imm);
             ++c.pc;

@@ -1,8 +1,8 @@
 // The functional reference: a deterministic scheduler over the semantic functions
 // of semantics.h. Cores run round robin in (chip, core) order, each until it
-// blocks (wait, barrier) or halts, a core's stream 0 before its stream 1 (once
-// `fork` started it); every instruction is atomic; a DMA copies its data and moves
-// its flags at issue. docs/isa.md, "Reference semantics".
+// blocks (wait, barrier) or halts, a core's streams in number order (stream 0,
+// then those `fork` started); every instruction is atomic; a DMA copies its data
+// and moves its flags at issue. docs/isa.md, "Reference semantics".
 #pragma once
 
 #include <cstdint>
@@ -40,7 +40,7 @@ class Interpreter {
   struct Context {
     const isa::CoreProgram* prog;
     CoreState* state;
-    int stream = 0;  // stream 1 is halted until its core's stream 0 forks it
+    int stream = 0;  // streams 1.. are halted until their core's stream 0 forks them
     uint32_t pc = 0;
     CoreStatus status = CoreStatus::kReady;
     uint64_t barrier_generation = 0;

@@ -592,9 +592,11 @@ void exec_sync(CoreState& c, const Instr& in) {
   }
 }
 
-void check_fork(int stream, bool stream1_runs) {
+int fork_target(int stream, const bool* runs) {
   if (stream != 0) fault("fork from stream " + std::to_string(stream) + " (only stream 0 forks)");
-  if (stream1_runs) fault("fork while stream 1 still runs");
+  for (int s = 1; s < isa::kStreams; ++s)
+    if (!runs[s]) return s;
+  fault("fork while streams 1.." + std::to_string(isa::kStreams - 1) + " all run");
 }
 
 void check_barrier(int stream) {

@@ -72,9 +72,11 @@ bool sync_ready(const CoreState& c, const isa::Instr& in);
 // Retires wait.sub (subtracts), fset, fadd; wait and op markers change nothing.
 void exec_sync(CoreState& c, const isa::Instr& in);
 // The streams' rules (docs/isa.md "Streams"), for the schedulers that run fork and
-// barrier (the reference and the sequencer): fault unless stream `stream` may fork
-// now / may take part in a barrier.
-void check_fork(int stream, bool stream1_runs);
+// barrier (the reference and the sequencer). fork_target: the stream that a `fork`
+// in stream `stream` starts, given which of the core's isa::kStreams streams run
+// (the lowest-numbered idle one after 0); faults unless stream 0 forks and one is
+// idle. check_barrier: faults unless the stream may take part in a barrier.
+int fork_target(int stream, const bool* runs);
 void check_barrier(int stream);
 
 // Conversions of vcvt.s32.f32 (fp32 -> int32: RNE, saturating, NaN -> 0).

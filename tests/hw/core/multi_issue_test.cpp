@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -229,11 +230,11 @@ TEST(MultiIssue, AForkedStreamIssuesWhileTheOtherWaits) {
 }
 
 // The reference's rules, in the same words: only stream 0 forks, and not while
-// stream 1 runs; a barrier in stream 1 faults.
+// every other stream runs; a barrier in a forked stream faults.
 TEST(MultiIssue, ForkFaultsLikeTheReference) {
-  const char* bad[] = {"  fork a\n  fork a\n  halt\na:\n  wait f1, 1\n  halt\n",
+  const char* bad[] = {"  fork a\n  fork a\n  fork a\n  fork a\n  halt\na:\n  wait f1, 1\n  halt\n",
                        "  fork a\n  halt\na:\n  fork b\nb:\n  halt\n", "  fork a\n  halt\na:\n  barrier\n  halt\n"};
-  const char* why[] = {"fork while stream 1 still runs", "fork from stream 1", "barrier in stream 1"};
+  const char* why[] = {"fork while streams 1..3 all run", "fork from stream 1", "barrier in stream 1"};
   for (int i = 0; i < 3; ++i) {
     Harness h(bad[i], hw::SequencerParams{});
     for (uint64_t c = 0; c < 20 && h.env().fault.empty(); ++c) h.seq().tick(c);
@@ -244,6 +245,49 @@ TEST(MultiIssue, ForkFaultsLikeTheReference) {
     EXPECT_EQ(r.status, exec::RunResult::Status::kFault);
     EXPECT_NE(r.message.find(why[i]), std::string::npos) << r.message;
   }
+}
+
+// Each fork starts the lowest idle stream: fork a -> 1, fork b -> 2; a halts,
+// then fork c -> 1 again, fork d -> 3. b, c and d then wait forever, and both the
+// sequencer's blocked-core report and the reference's deadlock report name the
+// stream each waits in.
+TEST(MultiIssue, ForksStartTheLowestIdleStream) {
+  const char* prog =
+      "  fork a\n  fork b\n  wait f1, 1\n  fork c\n  fork d\n  wait f9, 1\n  halt\n"
+      "a:\n  fadd f1, 1\n  halt\nb:\n  wait f7, 1\n  halt\nc:\n  wait f6, 1\n  halt\nd:\n  wait f5, 1\n  halt\n";
+  Harness h(prog, hw::SequencerParams{});
+  for (uint64_t c = 0; c < 40 && h.env().fault.empty(); ++c) h.seq().tick(c);
+  EXPECT_TRUE(h.env().fault.empty()) << h.env().fault;
+  EXPECT_EQ(h.seq().counters().get("forks"), 4u);
+  const std::string seq = h.seq().blocked_on();
+  const isa::Bundle bundle = isa::assemble(std::string(".core chip0.core0\n") + prog, "r.s");
+  exec::Interpreter ref(bundle);
+  const exec::RunResult r = ref.run();
+  EXPECT_EQ(r.status, exec::RunResult::Status::kDeadlock);
+  for (const auto& [stream, flag] : {std::pair<int, int>{1, 6}, {2, 7}, {3, 5}}) {
+    const std::regex in_seq("stream " + std::to_string(stream) + ": [^;]* waits for f" + std::to_string(flag) + " ");
+    EXPECT_TRUE(std::regex_search(seq, in_seq)) << seq;
+    const std::regex in_ref("stream " + std::to_string(stream) + " instruction [^\\n]* waits for f" + std::to_string(flag) + " ");
+    EXPECT_TRUE(std::regex_search(r.message, in_ref)) << r.message;
+  }
+}
+
+// Four streams at once: stream 0 forks three that each wait for a flag the next
+// one raises, so they can only finish if all three run together (a fourth fork
+// while they run faults, above).
+TEST(MultiIssue, ThreeForkedStreamsRunTogether) {
+  const char* prog =
+      "  fork a\n  fork b\n  fork c\n  fadd f5, 1\n  wait f1, 1\n  halt\n"
+      "a:\n  wait f2, 1\n  fadd f1, 1\n  halt\nb:\n  wait f3, 1\n  fadd f2, 1\n  halt\n"
+      "c:\n  wait f5, 1\n  fadd f3, 1\n  halt\n";
+  Harness h(prog, hw::SequencerParams{});
+  h.run();
+  EXPECT_TRUE(h.env().fault.empty()) << h.env().fault;
+  EXPECT_EQ(h.env().state->flags[1], 1);
+  const isa::Bundle b = isa::assemble(std::string(".core chip0.core0\n") + prog, "r.s");
+  exec::Interpreter ref(b);
+  ASSERT_TRUE(ref.run().ok());
+  EXPECT_EQ(ref.machine().core(0, 0).flags[1], 1);
 }
 
 // The presets' values reach the sequencer, and --set overrides them.
