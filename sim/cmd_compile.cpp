@@ -76,9 +76,10 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   "0 = 8 MiB")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--all-reduce-streams", opt->all_reduce_streams,
-                  "Instruction streams of a blocked all-reduce: 1, 2 (each slot pool's blocks in its own "
-                  "stream; docs/codegen.md \"Two streams\"), or 0 = 2 where the chips form a 3-D torus, else 1")
-      ->check(CLI::Range(0, 2));
+                  "Instruction streams of a blocked all-reduce: 1, 2 or 3 (as many slot pools, each pool's blocks "
+                  "in its own stream; docs/codegen.md \"Two streams\"), or 0 = 2 where the chips form a 3-D torus, "
+                  "else 1")
+      ->check(CLI::Range(0, 3));
   cmd->add_option("--urgent", opt->urgent,
                   "A streamed all-reduce's inner-dimension sends, credits and entry tokens as urgent ICI traffic "
                   "(tc=1, docs/codegen.md \"Urgent messages\"): on, off, or auto = on where the chips form a "

@@ -42,11 +42,17 @@ constexpr size_t kMaxPlanEvents = 20000;
 // HBM mode's double buffers: loads of piece i on kLoadFlag + i%2, its write-back on
 // kStoreFlag + i%2 (the emitter's per-flag running counts, shared with matrix.cpp).
 constexpr int kLoadFlag = 2, kStoreFlag = 6;
-// The streamed all-reduce's second instruction stream (Streams in lower_all_reduce):
-// its operand loads f10..f12, scratch stores f14 and sends f18 (counts the
-// emitter keeps, like the node lowerings' own), and its reports to stream 0, f19
-// (its block-start gates, then its end); stream 0's gates for stream 1 on f0.
-constexpr int kStream1LoadFlag = 10, kStream1StoreFlag = 14, kStream1SendFlag = 18, kJoinFlag = 19, kStream0GateFlag = 0;
+// The streamed all-reduce's instruction streams (Streams in lower_all_reduce), each
+// stream's flags: its operand loads (3 from `load`), scratch stores, sends (-1:
+// stream 0's, f58, coll_sent_ its count; else counts the emitter keeps, like the
+// node lowerings' own) and the gate it raises for the next block's stream (the
+// streams after 0 also report their end to stream 0 there).
+struct StreamFlags {
+  int load, store, send, gate;
+};
+constexpr StreamFlags kStreamFlagSets[] = {{kLoadFlag, kStoreFlag, -1, 0}, {10, 14, 18, 19}, {7, 13, 15, 17}};
+constexpr int kMaxAllReduceStreams = static_cast<int>(sizeof(kStreamFlagSets) / sizeof(kStreamFlagSets[0]));
+static_assert(kMaxAllReduceStreams <= isa::kStreams);
 
 // ---- Streamed lowering (the hierarchical algorithm, fp32): docs/codegen.md
 // "Collectives". The buffer is cut at every chunk boundary of the schedule (and
@@ -276,10 +282,13 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   sp.most = static_cast<int>(most);
   if (sp.K / pools < 1) return "fewer slots per stream than pools";
   const int Kp = sp.K / pools;
-  if (pools > 1) {
+  if (pools == 2) {
     // A ring's consumes all wait for a slot downstream once a stream's pieces of
     // two consecutive steps outnumber its pool's slots (each replica sends all of
     // a step before the next): check the chip-to-chip streams before the run.
+    // Three pools (three instruction streams) have 5 slots each, fewer than twice
+    // a first torus step's 4 pieces, yet with 4 MiB blocks on v4-4x4x4 the
+    // ordering run plans them: there it alone decides.
     std::map<std::tuple<int, int, size_t, int>, size_t> per_step;
     for (size_t t = 0; t < T; ++t)
       for (size_t k = 0; k < sch.steps[t].size(); ++k) {
@@ -803,12 +812,13 @@ void Emitter::lower_all_reduce(const Node& n) {
         ++torus_dims;
         kmin = std::min(kmin, d);
       }
-    const int streams = opt_.all_reduce_streams > 0 ? opt_.all_reduce_streams : torus_dims >= 3 ? 2 : 1;
+    const int streams =
+        std::min(kMaxAllReduceStreams, opt_.all_reduce_streams > 0 ? opt_.all_reduce_streams : torus_dims >= 3 ? 2 : 1);
     static std::mutex stream_mutex;
     static std::map<std::string, std::shared_ptr<const StreamPlan>> stream_cache;
     const std::string key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(piece) + "|" +
                             std::to_string(opt_.stream_slice_elems) + "|" + std::to_string(opt_.target.vmem_bytes) +
-                            (streams == 2 ? "|streams=2" : "");
+                            (streams >= 2 ? "|streams=" + std::to_string(streams) : "");
     std::shared_ptr<const StreamPlan> plan;
     {
       std::lock_guard<std::mutex> lock(stream_mutex);
@@ -835,12 +845,13 @@ void Emitter::lower_all_reduce(const Node& n) {
         auto p = attempt(pools, pc, true, true, sliced);
         return p ? p : attempt(pools, pc, true, false, sliced);
       };
-      std::shared_ptr<StreamPlan> fresh = streams == 2 && blocks.size() > 1 ? nullptr : fused_attempt(1, piece);
+      std::shared_ptr<StreamPlan> fresh = streams >= 2 && blocks.size() > 1 ? nullptr : fused_attempt(1, piece);
       if (!fresh) {
         const int64_t most = most_peers(sch);
         const int64_t per_piece = stream_vmem_pieces(most, most, pooled_slots(most)) * 4;
         const int64_t cap = static_cast<int64_t>(opt_.target.vmem_bytes) * 7 / 8 / per_piece / kTileElems * kTileElems;
-        if (cap >= kTileElems) fresh = fused_attempt(2, std::min(piece, cap));
+        // A pool a stream (three streams: three pools of 5 slots), else two.
+        if (cap >= kTileElems) fresh = fused_attempt(std::max(2, streams), std::min(piece, cap));
       }
       if (!fresh) {
         // Unfused, slices only hold the ring up (a sum is stored and read back
@@ -1240,40 +1251,46 @@ void Emitter::lower_all_reduce(const Node& n) {
       };
       // Streams (docs/codegen.md "Two streams"): blocks of both pools in one
       // program order made a landing of one block wait behind the other's flags;
-      // with the second instruction stream each pool's blocks go in their own
+      // with an instruction stream per pool each pool's blocks go in their own
       // order, every resource a stream waits on its own (flags, operand and
       // scratch VMEM, kept sums, vector registers), the slots and send buffers
-      // already apart by pool. Stream 1 reports to stream 0 on kJoinFlag.
+      // already apart by pool. Streams 1.. report to stream 0 on their join flags.
       const int64_t vmem_end = static_cast<int64_t>(opt_.target.vmem_bytes);
       const std::vector<StreamEvent>& all = sp.prog[static_cast<size_t>(me)];
-      if (streams != 2 || blocks.size() < 2 || sp.pools != 2 || TOP + 2 * tile_bytes > vmem_end) {
+      const int P = sp.pools;  // streams: one a pool
+      const int64_t per = (kTwoStreamLoads + kTwoStreamScratch) * PzB;  // a stream's operand and scratch pieces
+      if (streams < 2 || P != streams || blocks.size() < 2 ||
+          TOP + (P - 2) * per + static_cast<int64_t>(P) * tile_bytes > vmem_end) {
         emit_events(all, StreamRes{LOAD, SCR, TOP, vmem_end, kLoadFlag, kStoreFlag, kSendBufFirstFlag, kSendBufFlags, "v1", "v2", {}, {}});
       } else {
-        std::vector<StreamEvent> mine[2];
-        for (const StreamEvent& e : all) mine[block_of(ssch, blocks, ssch.steps[e.step][e.move]) % 2].push_back(e);
-        // Both streams' operand loads and scratch sums in the one stream's pieces
-        // below the slots, so the kept sums keep all the VMEM above TOP, half each:
+        std::vector<std::vector<StreamEvent>> mine(static_cast<size_t>(P));
+        for (const StreamEvent& e : all) mine[static_cast<size_t>(block_of(ssch, blocks, ssch.steps[e.step][e.move]) % P)].push_back(e);
+        // Streams 0 and 1's operand loads and scratch sums in the one stream's
+        // pieces below the slots, so the kept sums keep all the VMEM above TOP, a
+        // share each (streams 2.. take theirs from the start of their share):
         // with a stream's own 4 + 4 pieces above TOP, v2-4x4's kept sums fell from
         // 3 to 1 MiB a stream, the op's HBM bytes rose 18% and the cycles 8%.
-        const int64_t mid = TOP + (vmem_end - TOP) / 2 / tile_bytes * tile_bytes;
-        const int64_t per = (kTwoStreamLoads + kTwoStreamScratch) * PzB;
-        StreamRes res[2] = {
-            StreamRes{LOAD, LOAD + kTwoStreamLoads * PzB, TOP, mid, kLoadFlag, kStoreFlag, kSendBufFirstFlag, kSendBufFlags / 2,
-                      "v1", "v2", {}, {}},
-            StreamRes{LOAD + per, LOAD + per + kTwoStreamLoads * PzB, mid, vmem_end, kStream1LoadFlag, kStream1StoreFlag,
-                      kSendBufFirstFlag + kSendBufFlags / 2, kSendBufFlags - kSendBufFlags / 2, "v3", "v4", {}, {}}};
-        for (StreamRes& r : res) {
-          r.loads = kTwoStreamLoads;
-          r.scratches = kTwoStreamScratch;
+        const int64_t share = (vmem_end - TOP) / P / tile_bytes * tile_bytes;
+        const int buf_each = kSendBufFlags / P;
+        std::vector<StreamRes> res;
+        for (int q = 0; q < P; ++q) {
+          const StreamFlags& f = kStreamFlagSets[q];
+          const int64_t keep = TOP + q * share, keep_end = q + 1 == P ? vmem_end : keep + share;
+          const int64_t load = q < 2 ? LOAD + q * per : keep;
+          res.push_back(StreamRes{load, load + kTwoStreamLoads * PzB, q < 2 ? keep : keep + per, keep_end, f.load, f.store,
+                                  kSendBufFirstFlag + q * buf_each, q + 1 == P ? kSendBufFlags - q * buf_each : buf_each,
+                                  "v" + std::to_string(2 * q + 1), "v" + std::to_string(2 * q + 2), {}, {}});
+          res.back().loads = kTwoStreamLoads;
+          res.back().scratches = kTwoStreamScratch;
         }
         // Block starts across the streams (block_start_gates): block b's first
-        // event waits until the other stream has done its events of the steps up
-        // to the gate; that stream raises its gate flag once past them.
+        // event waits until block b - 1's stream has done its events of the steps
+        // up to the gate; that stream raises its gate flag once past them.
         const std::vector<std::vector<int64_t>>& gates = sp.gates;
-        const int gate_flag[2] = {kStream0GateFlag, kJoinFlag};
-        int64_t raised[2] = {flag_dmas_[cur_][kStream0GateFlag], flag_dmas_[cur_][kJoinFlag]};
+        std::vector<int64_t> raised;
+        for (int q = 0; q < P; ++q) raised.push_back(flag_dmas_[cur_][kStreamFlagSets[q].gate]);
         for (int64_t b = 1; b < static_cast<int64_t>(blocks.size()) && !gates.empty(); ++b) {
-          const int q = static_cast<int>(b % 2), p = 1 - q;
+          const size_t q = static_cast<size_t>(b % P), p = static_cast<size_t>((b - 1) % P);
           int64_t g = -1;
           size_t first = SIZE_MAX;
           for (size_t i = 0; i < mine[q].size() && first == SIZE_MAX; ++i) {
@@ -1288,25 +1305,34 @@ void Emitter::lower_all_reduce(const Node& n) {
           for (size_t i = 0; i < mine[p].size(); ++i)
             if (static_cast<int64_t>(mine[p][i].step) <= g) last = i;
           if (last == SIZE_MAX) continue;
-          const std::string up = "fadd f" + std::to_string(gate_flag[p]) + ", 1";
+          const int flag = kStreamFlagSets[p].gate;
+          const std::string up = "fadd f" + std::to_string(flag) + ", 1";
           res[p].after[last] = res[p].after.count(last) ? res[p].after[last] + "\n  " + up : up;
-          res[q].before[first] = "wait f" + std::to_string(gate_flag[p]) + ", " + std::to_string(++raised[p]);
+          const std::string wait = "wait f" + std::to_string(flag) + ", " + std::to_string(++raised[p]);
+          res[q].before[first] = res[q].before.count(first) ? res[q].before[first] + "\n  " + wait : wait;
         }
-        flag_dmas_[cur_][kStream0GateFlag] = raised[0];
-        const std::string label = "stream1_" + std::to_string(labels_++);
-        line("fork " + label);
+        flag_dmas_[cur_][kStreamFlagSets[0].gate] = raised[0];
+        std::vector<std::string> labels;
+        for (int q = 1; q < P; ++q) {
+          labels.push_back("stream" + std::to_string(q) + "_" + std::to_string(labels_++));
+          line("fork " + labels.back());
+        }
         emit_events(mine[0], res[0]);
-        std::ostringstream stream0;
-        std::swap(stream0, cs_[static_cast<size_t>(cur_)]);
-        send_flag = kStream1SendFlag;
-        emit_events(mine[1], res[1]);
-        send_flag = -1;
-        line("fadd f" + std::to_string(kJoinFlag) + ", 1");
-        flag_dmas_[cur_][kJoinFlag] = raised[1] + 1;
-        line("halt");
-        tail_[static_cast<size_t>(cur_)] << label << ":\n  op " << n.id << "\n" << cs_[static_cast<size_t>(cur_)].str();
-        std::swap(stream0, cs_[static_cast<size_t>(cur_)]);
-        wait_flag(kJoinFlag);
+        for (int q = 1; q < P; ++q) {
+          const StreamFlags& f = kStreamFlagSets[q];
+          std::ostringstream stream0;
+          std::swap(stream0, cs_[static_cast<size_t>(cur_)]);
+          send_flag = f.send;
+          emit_events(mine[static_cast<size_t>(q)], res[static_cast<size_t>(q)]);
+          send_flag = -1;
+          line("fadd f" + std::to_string(f.gate) + ", 1");  // the join
+          flag_dmas_[cur_][f.gate] = raised[static_cast<size_t>(q)] + 1;
+          line("halt");
+          tail_[static_cast<size_t>(cur_)] << labels[static_cast<size_t>(q - 1)] << ":\n  op " << n.id << "\n"
+                                           << cs_[static_cast<size_t>(cur_)].str();
+          std::swap(stream0, cs_[static_cast<size_t>(cur_)]);
+        }
+        for (int q = 1; q < P; ++q) wait_flag(kStreamFlagSets[q].gate);
       }
       for (int src : srcs)
         for (int j = 0; j < K; ++j) coll_landed_[land_flag_of(me, src, j)] = base[land_flag_of(me, src, j)] + uses(src, me, j);

@@ -50,9 +50,9 @@ struct LowerOptions {
   int64_t stream_piece_elems = 64 * 1024;
   int64_t stream_slice_elems = 1 << 20;
   // Instruction streams of a blocked streamed all-reduce (docs/codegen.md "Two
-  // streams"): 2 plans with two slot pools only and runs each pool's blocks in
-  // its own stream (fork); 1, one program order; 0, the default: 2 where the
-  // chips form a 3-D torus, else 1.
+  // streams"): 2 or 3 plans with as many slot pools only and runs each pool's
+  // blocks in its own stream (fork); 1, one program order; 0, the default: 2
+  // where the chips form a 3-D torus, else 1.
   int all_reduce_streams = 0;
   // The streamed all-reduce's inner-dimension sends, credits and entry tokens as
   // urgent ICI traffic (tc=1; docs/codegen.md "Urgent messages"): 1 on, 2 off

@@ -316,9 +316,13 @@ void small_blocks_two_streams(LowerOptions& lo) {
   small_blocks(lo);
   lo.all_reduce_streams = 2;
 }
+void small_blocks_three_streams(LowerOptions& lo) {
+  small_blocks(lo);
+  lo.all_reduce_streams = 3;
+}
 
 // Calls f(core, stream, line) for every line of an assembly: the core of its
-// `.core` section, and its stream there (1 from a `stream1_` label on, else 0).
+// `.core` section, and its stream there (q from a `streamq_` label on, else 0).
 void for_each_stream_line(const std::string& assembly,
                           const std::function<void(const std::string&, int, const std::string&)>& f) {
   std::istringstream in(assembly);
@@ -329,7 +333,7 @@ void for_each_stream_line(const std::string& assembly,
       core = line.substr(6);
       stream = 0;
     }
-    if (line.rfind("stream1_", 0) == 0) stream = 1;
+    if (line.rfind("stream", 0) == 0 && line.size() > 7 && line[7] == '_') stream = line[6] - '0';
     f(core, stream, line);
   }
 }
@@ -459,6 +463,45 @@ TEST(DpLower, BlockedAllReduceRunsOnTwoStreams) {
     EXPECT_GE(raised_after[c], 2 * 3) << c << ": f0 raised after " << raised_after[c] << " sends to other chips";
     EXPECT_TRUE(waited[c]) << c;
     EXPECT_EQ(sends_before_wait[c], 0) << c;
+  }
+}
+
+// Three streams (LowerOptions::all_reduce_streams = 3): three slot pools, block b
+// in pool and stream b % 3, streams 1 and 2 forked. 5 blocks of 8192 elements on
+// v2-4x4, so streams 0 and 1 each run two blocks, bit-exact under the race
+// checker. Block b's start gate waits on block b - 1's stream: stream 1 waits for
+// stream 0's f0, stream 2 for stream 1's f19 and stream 0 (block 3) for stream 2's
+// f17, each before its block's first send; stream 0 waits for both joins (f19,
+// f17) after its own events.
+TEST(DpLower, BlockedAllReduceRunsOnThreeStreams) {
+  expect_replicated_bit_exact(allreduce_only_ir(32, 16, 2560), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
+                              16ull << 20, small_blocks_three_streams);
+  std::map<std::string, std::array<int, 3>> forks;                 // core -> forks of stream1_, stream2_
+  std::map<std::string, std::array<bool, 3>> gate_waited;          // core, stream -> saw its gate wait
+  std::map<std::string, std::array<int, 3>> sends_before_gate;     // core, stream -> sends before it (streams 1, 2)
+  std::map<std::string, std::array<int, 3>> sends;
+  const char* gate_wait[] = {"  wait f17, ", "  wait f0, ", "  wait f19, "};  // f17 counts on from the reduce_sum's
+  bool in_op = false;  // the all-reduce's lines (the reduce_sum before it has its own f17)
+  for_each_stream_line(g_last_assembly, [&](const std::string& core, int stream, const std::string& line) {
+    if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
+    if (line.rfind("  fork stream1_", 0) == 0) ++forks[core][1];
+    if (line.rfind("  fork stream2_", 0) == 0) ++forks[core][2];
+    if (!in_op || stream < 0 || stream > 2) return;
+    const size_t q = static_cast<size_t>(stream);
+    if (line.rfind(gate_wait[q], 0) == 0 && !gate_waited[core][q]) {
+      gate_waited[core][q] = true;
+      sends_before_gate[core][q] = sends[core][q];
+    }
+    if (line.rfind("  dma vmem@chip", 0) == 0) ++sends[core][q];
+  });
+  ASSERT_EQ(forks.size(), 32u);
+  for (const auto& [c, n] : forks) {
+    EXPECT_EQ(n[1], 1) << c;
+    EXPECT_EQ(n[2], 1) << c;
+    for (int q = 0; q < 3; ++q) EXPECT_TRUE(gate_waited[c][static_cast<size_t>(q)]) << c << " stream " << q;
+    EXPECT_EQ(sends_before_gate[c][1], 0) << c;
+    EXPECT_EQ(sends_before_gate[c][2], 0) << c;
+    EXPECT_GT(sends_before_gate[c][0], 0) << c << ": stream 0's block 3 gate comes after its block 0";
   }
 }
 
