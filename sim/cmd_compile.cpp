@@ -143,6 +143,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.inputs_from_host = opt->infeed;
       if (opt->replicas > 1) lo.target.chips = static_cast<uint32_t>(board_chips);
       const compiler::LowerResult r = compiler::lower_graph(g, lo);
+      for (const std::string& note : r.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
       isa::write_bundle(opt->output, r.bundle);
       size_t n = 0;
       for (const auto& c : r.bundle.cores) n += c.code.size();

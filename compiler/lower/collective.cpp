@@ -814,6 +814,14 @@ void Emitter::lower_all_reduce(const Node& n) {
       }
     const int streams =
         std::min(kMaxAllReduceStreams, opt_.all_reduce_streams > 0 ? opt_.all_reduce_streams : torus_dims >= 3 ? 2 : 1);
+    // What the lowering did instead of the streams asked for (LowerResult::notes).
+    auto streams_note = [&](const std::string& why) {
+      if (opt_.all_reduce_streams < 2 || blocks.size() < 2) return;
+      const std::string note = "all_reduce %" + n.output + " (op " + std::to_string(n.id) + "): " +
+                               std::to_string(streams) + " instruction streams asked for, but " + why +
+                               "; lowered on one (docs/codegen.md \"Three streams\")";
+      if (std::find(notes_.begin(), notes_.end(), note) == notes_.end()) notes_.push_back(note);
+    };
     static std::mutex stream_mutex;
     static std::map<std::string, std::shared_ptr<const StreamPlan>> stream_cache;
     const std::string key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(piece) + "|" +
@@ -1261,6 +1269,10 @@ void Emitter::lower_all_reduce(const Node& n) {
       const int64_t per = (kTwoStreamLoads + kTwoStreamScratch) * PzB;  // a stream's operand and scratch pieces
       if (streams < 2 || P != streams || blocks.size() < 2 ||
           TOP + (P - 2) * per + static_cast<int64_t>(P) * tile_bytes > vmem_end) {
+        streams_note(P != streams ? "no plan with " + std::to_string(streams) +
+                                        " slot pools was found (its ordering run stalls, or a step's pieces outnumber "
+                                        "the slots)"
+                                  : "VMEM has no room for their operand buffers");
         emit_events(all, StreamRes{LOAD, SCR, TOP, vmem_end, kLoadFlag, kStoreFlag, kSendBufFirstFlag, kSendBufFlags, "v1", "v2", {}, {}});
       } else {
         std::vector<std::vector<StreamEvent>> mine(static_cast<size_t>(P));
@@ -1341,6 +1353,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           if (const int64_t u = uses(me, d, j); u > 0) coll_landed_[credit_flag_of(me, d, j)] = base[credit_flag_of(me, d, j)] + u;
       return;
     }
+    streams_note("no streamed plan was found that fits VMEM");
   }
 
   // Receive slots: per step, the moves into a replica grouped by source (then in

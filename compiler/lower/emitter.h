@@ -237,6 +237,7 @@ class Emitter {
   void lower_column_reduce(const Node& n, int64_t outer, int64_t len, int64_t inner, Reduce& reduce);
   void lower_avgpool_exclude_pad(const Node& n);
   int labels_ = 0;  // unique branch labels (gather's index checks)
+  std::vector<std::string> notes_;  // LowerResult::notes
 
   const Graph& g_;
   const LowerOptions& opt_;

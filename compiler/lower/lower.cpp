@@ -219,6 +219,7 @@ LowerResult Emitter::run() {
   LowerResult r;
   r.assembly = out_.str();
   r.hbm_end = hbm_top_;
+  r.notes = notes_;
   r.hbm_unplanned = opt_.hbm_base + hbm_sum_;
   try {
     r.bundle = isa::assemble(r.assembly, g_.name + ".s");

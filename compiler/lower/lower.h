@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "compiler/ir/graph.h"
 #include "compiler/ref/replicas.h"
@@ -65,6 +66,9 @@ struct LowerResult {
   std::string assembly;  // the program text that was assembled (without constants' data)
   int64_t hbm_end = 0;   // end of the HBM placement (chip 0's, for replicas): the peak of the plan
   int64_t hbm_unplanned = 0;  // what the same placements take without reuse (one replica's, for replicas)
+  // What the lowering could not do as asked and did instead (an option it fell
+  // back from), once each; `tpusim compile` prints them as "note: ...".
+  std::vector<std::string> notes;
 };
 
 // Throws CompileError naming the node for an op (or operand kind) the lowering

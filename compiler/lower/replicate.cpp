@@ -1,6 +1,7 @@
 // Data-parallel lowering (docs/codegen.md "Replicas"): the per-replica graph lowered
 // once per replica onto the cores of the board's chips, the global batch scattered
 // from chip 0 and the batched outputs gathered back to it.
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -175,6 +176,7 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
   };
 
   std::ostringstream text;
+  std::vector<std::string> notes;  // every replica's, once
   const isa::Target& t = options.target;
   text << ".target chips=" << chips << " cores=" << cores << " mxus=" << t.mxus_per_core << " mxu_rows=" << t.mxu_rows
        << " mxu_cols=" << t.mxu_cols << " fifo_rows=" << t.fifo_rows << " vmem=" << t.vmem_bytes
@@ -184,6 +186,8 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
     lo.hbm_base = replica_core(s, r) * region;
     lo.replica_region = region;
     const LowerResult mine = lowering::Emitter(rg.graph, lo).run();
+    for (const std::string& note : mine.notes)
+      if (std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
     // The collectives address other replicas' tensors at their offset in this one.
     if (mine.hbm_end - lo.hbm_base != first.hbm_end)
       throw CompileError(g.name + ": internal lowering error: replica " + std::to_string(r) + "'s HBM plan differs from replica 0's");
@@ -250,6 +254,7 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
   res.bundle.io = std::move(io);
   res.hbm_end = top;
   res.hbm_unplanned = first.hbm_unplanned;
+  res.notes = notes;
   const std::string bad = isa::check_bundle(res.bundle);
   if (!bad.empty()) throw CompileError(g.name + ": internal lowering error: " + bad);
   return res;

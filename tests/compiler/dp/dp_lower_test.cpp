@@ -60,8 +60,9 @@ const Board kV38{"v3-8", ici::Topology(ici::TopologyKind::kTorus2d, {2, 2}), 2};
 const Board kV2x4x4{"v2-4x4", ici::Topology(ici::TopologyKind::kTorus2d, {4, 4}), 2};
 const Board kV4x4x4{"v4-4x4x4", ici::Topology(ici::TopologyKind::kTorus3d, {4, 4, 4}), 2};
 
-// Assembly of the last bundle expect_replicated_bit_exact compiled.
+// Assembly and notes (LowerResult::notes) of the last bundle expect_replicated_bit_exact compiled.
 std::string g_last_assembly;
+std::vector<std::string> g_last_notes;
 
 void expect_replicated_bit_exact(const std::string& ir, PrecisionPolicy policy, const Board& board, int replicas,
                                  const std::string& algorithm = "auto", bool check_races = true,
@@ -98,6 +99,7 @@ void expect_replicated_bit_exact(const std::string& ir, PrecisionPolicy policy, 
 
   const LowerResult lr = lower_graph(g, lo);
   g_last_assembly = lr.assembly;
+  g_last_notes = lr.notes;
   ASSERT_EQ(lr.bundle.cores.size(), static_cast<size_t>(replicas));
   for (const auto& core : lr.bundle.cores)
     for (const auto& ins : core.code) ASSERT_GE(ins.op_id, 0) << "an instruction without an op id";
@@ -476,6 +478,7 @@ TEST(DpLower, BlockedAllReduceRunsOnTwoStreams) {
 TEST(DpLower, BlockedAllReduceRunsOnThreeStreams) {
   expect_replicated_bit_exact(allreduce_only_ir(32, 16, 2560), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
                               16ull << 20, small_blocks_three_streams);
+  EXPECT_TRUE(g_last_notes.empty()) << g_last_notes.front();
   std::map<std::string, std::array<int, 3>> forks;                 // core -> forks of stream1_, stream2_
   std::map<std::string, std::array<bool, 3>> gate_waited;          // core, stream -> saw its gate wait
   std::map<std::string, std::array<int, 3>> sends_before_gate;     // core, stream -> sends before it (streams 1, 2)
@@ -503,6 +506,34 @@ TEST(DpLower, BlockedAllReduceRunsOnThreeStreams) {
     EXPECT_EQ(sends_before_gate[c][2], 0) << c;
     EXPECT_GT(sends_before_gate[c][0], 0) << c << ": stream 0's block 3 gate comes after its block 0";
   }
+}
+
+// Streams asked for that the lowering cannot give leave a note (LowerResult::
+// notes, printed by `tpusim compile`) instead of a silent fallback: on v4-4x4x4
+// with 2 blocks of 131072 elements and pieces of one tile, a first torus step
+// sends at least 6 pieces (5461 elements) on a stream, more than three pools' 5
+// slots hold, so the
+// three-pool plan stalls in the ordering run and the all-reduce runs on one stream.
+TEST(DpLower, StreamsThatDoNotPlanLeaveANote) {
+  const Graph g = parse_graph(allreduce_only_ir(128, 16, 2 * 131072 / 16), "test.ir");
+  LowerOptions lo;
+  lo.target.mxu_rows = 32;
+  lo.target.mxu_cols = 32;
+  lo.target.fifo_rows = 64;
+  lo.target.hbm_bytes = 256ull << 20;
+  lo.target.vmem_bytes = 16ull << 20;
+  lo.target.chips = 64;
+  lo.replicas.replicas = 128;
+  lo.replicas.cores_per_chip = 2;
+  lo.replicas.board = kV4x4x4.topology;
+  lo.replicas.block_elems = 131072;
+  lo.stream_piece_elems = 1024;
+  lo.all_reduce_streams = 3;
+  const LowerResult lr = lower_graph(g, lo);
+  ASSERT_EQ(lr.notes.size(), 1u);  // once, not once per replica
+  EXPECT_NE(lr.notes[0].find("all_reduce %g (op 1): 3 instruction streams asked for"), std::string::npos) << lr.notes[0];
+  EXPECT_NE(lr.notes[0].find("ordering run stalls"), std::string::npos) << lr.notes[0];
+  EXPECT_EQ(lr.assembly.find("fork"), std::string::npos);
 }
 
 // Which boards fork by default (LowerOptions::all_reduce_streams = 0): a blocked
