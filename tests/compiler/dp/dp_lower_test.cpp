@@ -512,8 +512,8 @@ TEST(DpLower, BlockedAllReduceRunsOnThreeStreams) {
 // notes, printed by `tpusim compile`) instead of a silent fallback: on v4-4x4x4
 // with 2 blocks of 131072 elements and pieces of one tile, a first torus step
 // sends at least 6 pieces (5461 elements) on a stream, more than three pools' 5
-// slots hold, so the
-// three-pool plan stalls in the ordering run and the all-reduce runs on one stream.
+// slots hold, so the three-pool plan stalls in the ordering run and the
+// all-reduce runs on one stream.
 TEST(DpLower, StreamsThatDoNotPlanLeaveANote) {
   const Graph g = parse_graph(allreduce_only_ir(128, 16, 2 * 131072 / 16), "test.ir");
   LowerOptions lo;
