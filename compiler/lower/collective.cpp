@@ -1299,6 +1299,10 @@ void Emitter::lower_all_reduce(const Node& n) {
         // event waits until block b - 1's stream has done its events of the steps
         // up to the gate; that stream raises its gate flag once past them.
         const std::vector<std::vector<int64_t>>& gates = sp.gates;
+        auto add_line = [](std::map<size_t, std::string>& at, size_t i, const std::string& text) {
+          auto [it, fresh] = at.emplace(i, text);
+          if (!fresh) it->second += "\n  " + text;
+        };
         std::vector<int64_t> raised;
         for (int q = 0; q < P; ++q) raised.push_back(flag_dmas_[cur_][kStreamFlagSets[q].gate]);
         for (int64_t b = 1; b < static_cast<int64_t>(blocks.size()) && !gates.empty(); ++b) {
@@ -1318,10 +1322,8 @@ void Emitter::lower_all_reduce(const Node& n) {
             if (static_cast<int64_t>(mine[p][i].step) <= g) last = i;
           if (last == SIZE_MAX) continue;
           const int flag = kStreamFlagSets[p].gate;
-          const std::string up = "fadd f" + std::to_string(flag) + ", 1";
-          res[p].after[last] = res[p].after.count(last) ? res[p].after[last] + "\n  " + up : up;
-          const std::string wait = "wait f" + std::to_string(flag) + ", " + std::to_string(++raised[p]);
-          res[q].before[first] = res[q].before.count(first) ? res[q].before[first] + "\n  " + wait : wait;
+          add_line(res[p].after, last, "fadd f" + std::to_string(flag) + ", 1");
+          add_line(res[q].before, first, "wait f" + std::to_string(flag) + ", " + std::to_string(++raised[p]));
         }
         flag_dmas_[cur_][kStreamFlagSets[0].gate] = raised[0];
         std::vector<std::string> labels;
