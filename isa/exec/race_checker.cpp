@@ -109,66 +109,118 @@ bool BytePattern::overlaps(const BytePattern& o) const {
   return runs_of(*this) <= runs_of(o) ? runs_meet(*this, 0, base, o, budget) : runs_meet(o, 0, o.base, *this, budget);
 }
 
+RaceChecker::RaceChecker(size_t cores) : cores_(cores), log_(cores), merged_(cores * cores, 0) {}
+
+const RaceChecker::Record* RaceChecker::find(uint64_t id) const {
+  if (id < first_id_ || id - first_id_ >= records_.size()) return nullptr;
+  const Record& r = records_[static_cast<size_t>(id - first_id_)];
+  return r.live ? &r : nullptr;
+}
+
+RaceChecker::Record* RaceChecker::find(uint64_t id) {
+  return const_cast<Record*>(static_cast<const RaceChecker*>(this)->find(id));
+}
+
 void RaceChecker::access(size_t who, const Memory* mem, const BytePattern& bytes, bool write) const {
   if (bytes.empty()) return;
-  for (const Record& r : records_) {
-    if (r.observed[who]) continue;
+  const auto it = by_memory_.find(mem);
+  if (it == by_memory_.end()) return;
+  for (uint64_t id : it->second.ids) {  // oldest first, so a fault names the oldest DMA it races with
+    const Record* r = find(id);
+    if (!r || r->observed[who]) continue;
     const std::string range = "bytes [" + std::to_string(bytes.lo) + ", " + std::to_string(bytes.hi) + ") of ";
-    if (r.dst == mem && bytes.overlaps(r.dst_bytes))
+    if (r->dst == mem && bytes.overlaps(r->dst_bytes))
       throw Fault(std::string("race: ") + (write ? "writes " : "reads ") + range + mem->name() + " that the DMA at " +
-                  r.where + " writes, before waiting on its completion flag");
-    if (write && r.src == mem && bytes.overlaps(r.src_bytes))
-      throw Fault("race: overwrites " + range + mem->name() + " that the DMA at " + r.where +
+                  r->where + " writes, before waiting on its completion flag");
+    if (write && r->src == mem && bytes.overlaps(r->src_bytes))
+      throw Fault("race: overwrites " + range + mem->name() + " that the DMA at " + r->where +
                   " reads, before waiting on its completion flag");
   }
 }
 
 void RaceChecker::dma_issued(size_t who, const DmaPlan& p, size_t dest, const std::string& where) {
   if (p.total_bytes() == 0) return;
-  Record r;
-  r.id = next_id_++;
+  const uint64_t id = first_id_ + records_.size();
+  records_.emplace_back();
+  Record& r = records_.back();
+  r.live = true;
   r.src = p.src;
   r.dst = p.dst;
   r.src_bytes = BytePattern::dma_src(p);
   r.dst_bytes = BytePattern::dma_dst(p);
   r.issuer = who;
-  r.dest = dest;
-  r.flag = p.flag;
-  r.rflag = p.rflag;
+  r.epoch = epoch_;
+  r.known = log_[who].size();
   r.observed.assign(cores_, false);
-  for (const Record& o : records_)
-    if (o.observed[who]) r.inherited.push_back(o.id);
   r.where = where;
-  records_.push_back(std::move(r));
+  ++live_;
+  by_memory_[p.src].ids.push_back(id);
+  if (p.dst != p.src) by_memory_[p.dst].ids.push_back(id);
+  if (p.flag >= 0) pending_[{who, p.flag}].push_back(id);
+  if (p.rflag >= 0 && dest != kNoCore) pending_[{dest, p.rflag}].push_back(id);
 }
 
-void RaceChecker::observe(size_t who, Record& r) {
-  if (r.observed[who]) return;
-  r.observed[who] = true;
-  for (uint64_t id : r.inherited)
-    for (Record& o : records_)
-      if (o.id == id) o.observed[who] = true;
+// Core `who` now knows DMA `id` is done (no knowledge passed on).
+void RaceChecker::mark(size_t who, uint64_t id) {
+  Record* r = find(id);
+  if (!r || r->observed[who]) return;
+  r->observed[who] = true;
+  log_[who].push_back(id);
+  if (++r->seen == cores_) retire(id);
+}
+
+// Core `who` waited for DMA `id`: it knows that DMA, and all its issuer knew when
+// issuing it (the part of the issuer's log `who` has not taken over already).
+void RaceChecker::observe(size_t who, uint64_t id) {
+  const Record* r = find(id);
+  if (!r || r->observed[who]) return;
+  const size_t issuer = r->issuer, known = r->known;
+  const bool inherits = r->epoch == epoch_ && issuer != who;
+  mark(who, id);
+  if (!inherits) return;
+  size_t& done = merged_[who * cores_ + issuer];
+  for (; done < known; ++done) mark(who, log_[issuer][done]);
+}
+
+// Every core has observed DMA `id`: forget it.
+void RaceChecker::retire(uint64_t id) {
+  Record& r = records_[static_cast<size_t>(id - first_id_)];
+  r.live = false;
+  r.observed = {};
+  r.where = {};
+  --live_;
+  auto prune = [&](const Memory* m) {
+    MemoryIndex& mi = by_memory_[m];
+    if (++mi.dead * 2 <= mi.ids.size()) return;
+    mi.ids.erase(std::remove_if(mi.ids.begin(), mi.ids.end(), [&](uint64_t k) { return !find(k); }), mi.ids.end());
+    mi.dead = 0;
+  };
+  prune(r.src);
+  if (r.dst != r.src) prune(r.dst);
+  while (!records_.empty() && !records_.front().live) {
+    records_.pop_front();
+    ++first_id_;
+  }
 }
 
 void RaceChecker::wait_satisfied(size_t who, int flag) {
-  for (Record& r : records_)
-    if ((r.issuer == who && r.flag == flag) || (r.dest == who && r.rflag == flag)) observe(who, r);
-  collect();
+  const auto it = pending_.find({who, flag});
+  if (it == pending_.end()) return;
+  const std::vector<uint64_t> ids = std::move(it->second);
+  pending_.erase(it);
+  for (uint64_t id : ids) observe(who, id);
 }
 
+// What one core has observed, all know afterwards: every DMA some core observed
+// is forgotten; those no core has waited for yet stay in flight for all.
 void RaceChecker::barrier_released() {
-  for (Record& r : records_)
-    if (std::find(r.observed.begin(), r.observed.end(), true) != r.observed.end())
-      std::fill(r.observed.begin(), r.observed.end(), true);
-  collect();
-}
-
-void RaceChecker::collect() {
-  records_.erase(std::remove_if(records_.begin(), records_.end(),
-                                [](const Record& r) {
-                                  return std::find(r.observed.begin(), r.observed.end(), false) == r.observed.end();
-                                }),
-                 records_.end());
+  std::vector<uint64_t> known;
+  for (size_t i = 0; i < records_.size(); ++i)
+    if (records_[i].live && records_[i].seen > 0) known.push_back(first_id_ + i);
+  for (uint64_t id : known) retire(id);
+  for (auto& l : log_) l.clear();
+  std::fill(merged_.begin(), merged_.end(), 0);
+  ++epoch_;
 }
 
 }  // namespace tpusim::exec

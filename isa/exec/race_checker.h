@@ -7,11 +7,20 @@
 // from a core that had already waited. Accesses are compared byte for byte: a
 // strided transfer's gaps are not part of it, so two interleaved strided DMAs (the
 // column bands of a matmul) do not collide.
+// Between barriers (an all-reduce has none) a DMA is remembered until every core
+// has observed it, so on 128 cores thousands are; the checker therefore finds an
+// access's DMAs by memory, a wait's by flag, and passes knowledge on as prefixes
+// of per-core logs instead of copies of it (a 128-core 256 KiB all-reduce checks
+// in seconds; it took 23 minutes when every access scanned every DMA).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "isa/exec/semantics.h"
@@ -41,7 +50,7 @@ struct BytePattern {
 class RaceChecker {
  public:
   static constexpr size_t kNoCore = static_cast<size_t>(-1);
-  explicit RaceChecker(size_t cores) : cores_(cores) {}
+  explicit RaceChecker(size_t cores);
 
   // Core `who` reads or writes `bytes` of `mem`; throws Fault on a race.
   void access(size_t who, const Memory* mem, const BytePattern& bytes, bool write) const;
@@ -50,25 +59,49 @@ class RaceChecker {
   void wait_satisfied(size_t who, int flag);
   void barrier_released();
 
+  // DMAs still remembered (not yet observed by every core), for tests.
+  size_t live_records() const { return live_; }
+
  private:
+  // One DMA in flight for some core. What its issuer had observed when it issued
+  // it is the first `known` entries of the issuer's log (in the same epoch), so a
+  // core that observes this DMA observes those too without a copy of them.
   struct Record {
-    uint64_t id;
-    const Memory* src;
+    bool live = false;
+    const Memory* src = nullptr;
     BytePattern src_bytes;
-    const Memory* dst;
+    const Memory* dst = nullptr;
     BytePattern dst_bytes;
-    size_t issuer, dest;
-    int flag, rflag;
+    size_t issuer = 0, seen = 0;  // seen: how many cores observed it
+    uint64_t epoch = 0;
+    size_t known = 0;
     std::vector<bool> observed;
-    std::vector<uint64_t> inherited;  // records the issuer had observed at issue
     std::string where;
   };
-  void observe(size_t who, Record& r);
-  void collect();
+  Record* find(uint64_t id);
+  const Record* find(uint64_t id) const;
+  void mark(size_t who, uint64_t id);
+  void observe(size_t who, uint64_t id);
+  void retire(uint64_t id);
 
   size_t cores_;
-  uint64_t next_id_ = 0;
-  std::vector<Record> records_;
+  uint64_t first_id_ = 0;      // records_[i] is DMA first_id_ + i
+  std::deque<Record> records_;  // dead records are dropped from the front
+  size_t live_ = 0;
+  // Per memory, the DMAs that read or write it (ids ascending; dead ones pruned
+  // when they outnumber the live), so an access scans only the DMAs of its memory.
+  struct MemoryIndex {
+    std::vector<uint64_t> ids;
+    size_t dead = 0;
+  };
+  std::unordered_map<const Memory*, MemoryIndex> by_memory_;
+  // (core, flag) -> the DMAs a wait on that flag by that core observes.
+  std::map<std::pair<size_t, int>, std::vector<uint64_t>> pending_;
+  // Per core, the DMAs it observed since the last barrier, in order; merged_[w *
+  // cores + i]: how much of core i's log core w has already taken over.
+  std::vector<std::vector<uint64_t>> log_;
+  std::vector<size_t> merged_;
+  uint64_t epoch_ = 0;  // barriers so far
 };
 
 }  // namespace tpusim::exec

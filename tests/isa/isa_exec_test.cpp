@@ -644,3 +644,146 @@ TEST(IsaExecRaces, BytePatternOverlapMatchesByteSets) {
   EXPECT_GT(overlapping, 2000);
   EXPECT_LT(overlapping, 18000);
 }
+
+// The race checker against the rule written the plain way (every DMA a record
+// with, per core, whether that core observed it; a DMA inherits the records its
+// issuer had observed; a barrier spreads each record someone observed to all;
+// every access scans all records), over random event sequences on 5 cores: the
+// same faults with the same messages, and the same DMAs remembered after each
+// event. The checker's indexes (by memory, by waited flag, per-core logs shared
+// by prefix) must not change an answer.
+TEST(IsaExecRaces, CheckerMatchesThePlainRuleOnRandomEvents) {
+  using tpusim::exec::BytePattern;
+  using tpusim::exec::DmaPlan;
+  using tpusim::exec::Fault;
+  using tpusim::exec::Memory;
+  using tpusim::exec::RaceChecker;
+  struct Plain {
+    struct Rec {
+      uint64_t id;
+      const Memory *src, *dst;
+      BytePattern src_bytes, dst_bytes;
+      size_t issuer, dest;
+      int flag, rflag;
+      std::vector<bool> observed;
+      std::vector<uint64_t> inherited;
+      std::string where;
+    };
+    size_t cores;
+    uint64_t next = 0;
+    std::vector<Rec> recs;
+    std::string access(size_t who, const Memory* mem, const BytePattern& b, bool write) const {
+      for (const Rec& r : recs) {
+        if (r.observed[who]) continue;
+        if (r.dst == mem && b.overlaps(r.dst_bytes)) return (write ? "w " : "r ") + r.where;
+        if (write && r.src == mem && b.overlaps(r.src_bytes)) return "o " + r.where;
+      }
+      return "";
+    }
+    void issue(size_t who, const DmaPlan& p, size_t dest, const std::string& where) {
+      Rec r{next++, p.src, p.dst, BytePattern::dma_src(p), BytePattern::dma_dst(p), who, dest, p.flag, p.rflag,
+            std::vector<bool>(cores, false), {}, where};
+      for (const Rec& o : recs)
+        if (o.observed[who]) r.inherited.push_back(o.id);
+      recs.push_back(r);
+    }
+    void observe(size_t who, Rec& r) {
+      if (r.observed[who]) return;
+      r.observed[who] = true;
+      for (uint64_t id : r.inherited)
+        for (Rec& o : recs)
+          if (o.id == id) o.observed[who] = true;
+    }
+    void collect() {
+      recs.erase(std::remove_if(recs.begin(), recs.end(),
+                                [](const Rec& r) { return std::find(r.observed.begin(), r.observed.end(), false) == r.observed.end(); }),
+                 recs.end());
+    }
+    void wait(size_t who, int flag) {
+      for (Rec& r : recs)
+        if ((r.issuer == who && r.flag == flag) || (r.dest == who && r.rflag == flag)) observe(who, r);
+      collect();
+    }
+    void barrier() {
+      for (Rec& r : recs)
+        if (std::find(r.observed.begin(), r.observed.end(), true) != r.observed.end())
+          std::fill(r.observed.begin(), r.observed.end(), true);
+      collect();
+    }
+  };
+  constexpr size_t kCores = 5;
+  std::vector<std::unique_ptr<Memory>> mems;
+  for (int m = 0; m < 4; ++m) mems.push_back(std::make_unique<Memory>("m" + std::to_string(m), 4096));
+  int faults = 0, waits_that_forgot = 0;
+  for (unsigned seed = 1; seed <= 40; ++seed) {
+    std::mt19937 rng(seed);
+    auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    auto bytes = [&](int64_t& base, int64_t count[1], int64_t stride[1]) {
+      base = pick(0, 15) * 16;
+      count[0] = pick(1, 3);
+      stride[0] = pick(1, 4) * 16;
+      return static_cast<int64_t>(pick(1, 4) * 8);
+    };
+    RaceChecker rc(kCores);
+    Plain plain{kCores, 0, {}};
+    for (int e = 0; e < 600; ++e) {
+      const size_t who = static_cast<size_t>(pick(0, kCores - 1));
+      const int kind = pick(0, 99);
+      if (kind < 35) {
+        int64_t base, count[1], stride[1];
+        const int64_t run = bytes(base, count, stride);
+        const BytePattern b = BytePattern::strided(base, run, pick(0, 1), count, stride);
+        const Memory* mem = mems[static_cast<size_t>(pick(0, 3))].get();
+        const bool write = pick(0, 1) == 1;
+        const std::string expect = plain.access(who, mem, b, write);
+        std::string got;
+        try {
+          rc.access(who, mem, b, write);
+        } catch (const Fault& f) {
+          got = f.what();
+        }
+        ASSERT_EQ(got.empty(), expect.empty()) << "seed " << seed << " event " << e << ": " << got;
+        if (!expect.empty()) {
+          ++faults;
+          // The same DMA named, and the same kind of race.
+          const std::string kind_word = expect[0] == 'w' ? "race: writes" : expect[0] == 'r' ? "race: reads" : "race: overwrites";
+          EXPECT_EQ(got.rfind(kind_word, 0), 0u) << got;
+          EXPECT_NE(got.find("the DMA at " + expect.substr(2) + " "), std::string::npos) << got << " / " << expect;
+        }
+      } else if (kind < 60) {
+        DmaPlan p;
+        int64_t base, count[1], stride[1];
+        p.bytes = static_cast<uint64_t>(bytes(base, count, stride));
+        p.dst_addr = base;
+        p.src_addr = pick(0, 255) * 8;
+        p.ndims = pick(0, 1);
+        p.dims[0].count = static_cast<uint32_t>(count[0]);
+        p.dims[0].src_stride = static_cast<int32_t>(stride[0]);
+        p.dims[0].dst_stride = static_cast<int32_t>(stride[0]);
+        p.src = mems[static_cast<size_t>(pick(0, 3))].get();
+        p.dst = mems[static_cast<size_t>(pick(0, 3))].get();
+        p.flag = pick(-1, 2);
+        p.rflag = pick(-1, 2);
+        const size_t dest = p.rflag < 0 || pick(0, 5) == 0 ? RaceChecker::kNoCore : static_cast<size_t>(pick(0, kCores - 1));
+        const std::string where = "dma" + std::to_string(e);
+        rc.dma_issued(who, p, dest, where);
+        plain.issue(who, p, dest, where);
+      } else if (kind < 98) {
+        const int flag = pick(0, 2);
+        const size_t before = plain.recs.size();
+        rc.wait_satisfied(who, flag);
+        plain.wait(who, flag);
+        waits_that_forgot += plain.recs.size() < before;
+      } else {
+        rc.barrier_released();
+        plain.barrier();
+      }
+      ASSERT_EQ(rc.live_records(), plain.recs.size()) << "seed " << seed << " event " << e;
+    }
+  }
+  // Both outcomes, and knowledge reaching every core, happen often.
+  EXPECT_GT(faults, 1000);
+  EXPECT_LT(faults, 7000);
+  EXPECT_GT(waits_that_forgot, 50);
+  std::printf("%d faults, %d waits that let the checker forget a DMA\n", faults, waits_that_forgot);
+}
