@@ -2,8 +2,8 @@
 """A compiled all_reduce of 1 MiB per replica on v3-8 (8 replicas, the hierarchical
 algorithm: on chip, then the torus algorithm over the 2x2 chips)
 on the SystemC model (fast mode): the result equals the same bundle on the
-functional reference bit for bit (dp_lower_test checks the lowering's races at small
-sizes), two runs give identical outputs and stats.json (but for the host's wall
+functional reference (`--check-races`: the lowered program is well synchronised)
+bit for bit, two runs give identical outputs and stats.json (but for the host's wall
 time), and the all_reduce's cycles (allreduce_bw.py's timeline span)
 lie between the algorithm's alpha-beta closed form (allreduce_bw.py,
 docs/validation.md "Compiled all-reduce against its closed form") and 1.45 times it.
@@ -56,7 +56,7 @@ def main():
                 f"  %g = all_reduce(%s) : f32[{E}] #1\n  output %g\n}}\n")
     tpb = os.path.join(w, "ar.tpb")
     run(t, "compile", g, "--preset", "v3-8", "--replicas", str(R), "-o", tpb)
-    run(t, "ref", tpb, "--random-inputs", "7", "--out", os.path.join(w, "ref"))
+    run(t, "ref", tpb, "--random-inputs", "7", "--check-races", "--out", os.path.join(w, "ref"))
     stats = []
     for k in (1, 2):
         out = os.path.join(w, f"run{k}")
@@ -90,7 +90,7 @@ def main():
                 f"  %o = reduce_sum(%g) {{axes=[2], keepdims=0}} : f32[{R},4096] #2\n  output %o\n}}\n")
     tpb = os.path.join(w, "ar16.tpb")
     run(t, "compile", g, "--preset", "v3-8", "--replicas", str(R), "-o", tpb)
-    run(t, "ref", tpb, "--random-inputs", "7", "--out", os.path.join(w, "ref16"))
+    run(t, "ref", tpb, "--random-inputs", "7", "--check-races", "--out", os.path.join(w, "ref16"))
     out = os.path.join(w, "run16")
     run(t, "run", tpb, "--preset", "v3-8", "--random-inputs", "7", "--out", out, "--timeline", os.path.join(out, "t.json"))
     run(t, "diff", os.path.join(w, "ref16"), out)

@@ -229,16 +229,16 @@ TEST(DpLower, AllReduceSendSlotRingWraps) {
 }
 
 TEST(DpLower, AllReduceOnAV2Slice4x4) {
-  expect_replicated_bit_exact(allreduce_ir(32, 16, 24), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false);
-  expect_replicated_bit_exact(allreduce_ir(32, 5, 7), PrecisionPolicy::kDefault, kV2x4x4, 32, "bidir-ring", false);
+  expect_replicated_bit_exact(allreduce_ir(32, 16, 24), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true);
+  expect_replicated_bit_exact(allreduce_ir(32, 5, 7), PrecisionPolicy::kDefault, kV2x4x4, 32, "bidir-ring", true);
 }
 
 // 128 replicas (64 chips x 2 cores): auto is the hierarchical algorithm over the
 // 4x4x4 chip torus, lowered streamed (the replica topology [2, 4, 4, 4] used to
-// become a ring of 128 whose lowering took over 10 minutes to plan). Without the
-// race checker (its cost grows with cores x in-flight DMAs); the v3-8 cases run it.
+// become a ring of 128 whose lowering took over 10 minutes to plan), under the
+// race checker like every case here.
 TEST(DpLower, AllReduceOnAV4Slice4x4x4) {
-  expect_replicated_bit_exact(allreduce_only_ir(128, 3, 700), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", false);
+  expect_replicated_bit_exact(allreduce_only_ir(128, 3, 700), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", true);
   EXPECT_NE(g_last_assembly.find("vmem@chip63.c1"), std::string::npos);  // streamed: reducing atoms land in VMEM
   EXPECT_NE(g_last_assembly.find(", tc=1"), std::string::npos);  // a 3-D torus: urgent inner steps by default
 }
@@ -402,7 +402,7 @@ TEST(DpLower, InnerDimensionStepsCreditsAndTokensGoUrgent) {
   for (int mode : {1, 2, 0}) {
     SCOPED_TRACE(mode);
     const bool urgent = mode == 1;
-    expect_replicated_bit_exact(allreduce_only_ir(32, 16, 4096), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false,
+    expect_replicated_bit_exact(allreduce_only_ir(32, 16, 4096), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
                                 16ull << 20, [&](LowerOptions& lo) { lo.urgent_sends = mode; });
     std::map<std::string, std::array<int64_t, 2>> data;  // core -> bytes to other chips: bulk, urgent
     int64_t control = 0, urgent_control = 0;
@@ -540,14 +540,14 @@ TEST(DpLower, StreamsThatDoNotPlanLeaveANote) {
 // all-reduce on a 3-D chip torus (v4-4x4x4) runs on two streams, every core
 // forking once, bit-exact; on a 2-D one (v2-4x4) on one.
 TEST(DpLower, BlockedAllReduceOnA3DTorusForksByDefault) {
-  expect_replicated_bit_exact(allreduce_only_ir(128, 16, 1031), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", false,
+  expect_replicated_bit_exact(allreduce_only_ir(128, 16, 1031), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", true,
                               16ull << 20, small_blocks);
   size_t forks = 0;
   for (size_t at = g_last_assembly.find("  fork stream1_"); at != std::string::npos;
        at = g_last_assembly.find("  fork stream1_", at + 1))
     ++forks;
   EXPECT_EQ(forks, 128u);
-  expect_replicated_bit_exact(allreduce_only_ir(32, 16, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false,
+  expect_replicated_bit_exact(allreduce_only_ir(32, 16, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
                               16ull << 20, small_blocks);
   EXPECT_EQ(g_last_assembly.find("fork"), std::string::npos);
 }
@@ -659,7 +659,7 @@ TEST(DpLower, SmallFinalCopiesGoAsOneMessage) {
 // chunks are below a quarter of a piece and stay merged (one message, not four).
 TEST(DpLower, FirstTorusSendsGoFromVmem) {
   for (int64_t piece : {4096, 16384}) {
-    expect_replicated_bit_exact(allreduce_only_ir(32, 32, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false,
+    expect_replicated_bit_exact(allreduce_only_ir(32, 32, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
                                 16ull << 20, [piece](LowerOptions& lo) { lo.stream_piece_elems = piece; });
     std::istringstream in(g_last_assembly);
     std::string line, core;
@@ -706,7 +706,7 @@ TEST(DpLower, PooledSlicesOnV2Slice4x4) {
     return c;
   };
   for (int64_t slice_elems : {int64_t{16384}, int64_t{1} << 40}) {
-    expect_replicated_bit_exact(allreduce_only_ir(32, 256, 1024), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", false,
+    expect_replicated_bit_exact(allreduce_only_ir(32, 256, 1024), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
                                 16ull << 20, [slice_elems](LowerOptions& lo) {
                                   lo.stream_piece_elems = 1024;
                                   lo.stream_slice_elems = slice_elems;
