@@ -117,11 +117,9 @@ nlohmann::json OpProfile::to_json() const {
   std::array<uint64_t, kCauses> total{};
   uint64_t active = 0;
   const uint64_t drain = units_end_ > seq_end_ && seq_end_ > 0 ? units_end_ - seq_end_ : 0;
-  for (size_t i = 0; i < ops_.size(); ++i) {
-    const Op& o = ops_[i];
+  for (const auto& [id, o] : ops_) {
     if (!o.seen) continue;
     nlohmann::json j;
-    const int32_t id = static_cast<int32_t>(i) - 1;
     const uint64_t tail = id == cur_op_ ? drain : 0;
     j["id"] = id;
     j["cycles"] = o.cycles + tail;

@@ -61,6 +61,10 @@ class OpProfile {
     bool seen = false;
   };
 
+  OpProfile() = default;
+  OpProfile(const OpProfile&) = delete;  // at()'s cached pointer is into this object's map
+  OpProfile& operator=(const OpProfile&) = delete;
+
   // Sequencer: a cycle it was active and not stalled, at `in` (null: ran off the end).
   void issue_cycle(const isa::Instr* in, uint64_t cycle) {
     progress_cycle.store(cycle, std::memory_order_relaxed);
@@ -109,8 +113,8 @@ class OpProfile {
   // The sequencer's timeline track (slices per op span, flow ends).
   void attach_timeline(timeline::Timeline* tl, const std::string& process, const std::string& unit);
 
-  // Ops in id order; index 0 is id -1 (instructions before any op marker).
-  const std::vector<Op>& ops() const { return ops_; }
+  // Ops by id (-1: instructions before any op marker).
+  const std::map<int32_t, Op>& ops() const { return ops_; }
   // {"ops": [{"id": N, "cycles": .., ...}], "stall": {"hbm": .., ...}}; ops never seen are left out.
   nlohmann::json to_json() const;
 
@@ -121,11 +125,15 @@ class OpProfile {
   inline static std::atomic<uint64_t> progress_cycle{0};
 
  private:
+  // Op ids are whatever the bundle's markers say (any 32-bit value), so the ops
+  // live in a map; the current op is cached, as nearly every call is for it.
   Op& at(int32_t op_id) {
-    const size_t i = static_cast<size_t>(op_id + 1);
-    if (i >= ops_.size()) ops_.resize(i + 1);
-    ops_[i].seen = true;
-    return ops_[i];
+    if (!last_ || last_id_ != op_id) {
+      last_ = &ops_[op_id];
+      last_id_ = op_id;
+    }
+    last_->seen = true;
+    return *last_;
   }
   void timeline_issue(const isa::Instr& in, uint64_t cycle);
   static std::array<Cause, isa::kSyncFlags> all_sync() {
@@ -134,7 +142,9 @@ class OpProfile {
     return a;
   }
 
-  std::vector<Op> ops_;
+  std::map<int32_t, Op> ops_;
+  Op* last_ = nullptr;  // ops_[last_id_] (map nodes stay put)
+  int32_t last_id_ = 0;
   int32_t cur_op_ = -1;
   // Cause of a wait on each flag; kSync until this core issues a DMA on it.
   std::array<Cause, isa::kSyncFlags> flag_cause_ = all_sync();

@@ -57,7 +57,12 @@ std::string check_instr(const Target& t, const CoreProgram& p, size_t i) {
     }
   }
   if ((info.flags & kOpOptMask) && in.c >= kMaskRegs) return where(p, i) + ": mask register out of range";
+  // -1: before any `op` marker; markers name graph ops 0 and up.
+  if (in.op_id < -1) return where(p, i) + ": op id " + std::to_string(in.op_id) + " is negative";
   switch (in.op) {
+    case Op::kOpMark:
+      if (in.imm < 0) return where(p, i) + ": op id " + std::to_string(in.imm) + " is negative";
+      break;
     case Op::kVxpose:
       if (in.a > kVectorRegs - 16 || in.b > kVectorRegs - 16)
         return where(p, i) + ": vxpose needs 16 consecutive registers (v0..v16 as the first)";

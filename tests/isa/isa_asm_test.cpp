@@ -215,6 +215,7 @@ TEST(IsaAsmErrors, EachClassNamesFileLineColumn) {
       {"  wait f255, 1\n", "t.s:1:8: error: sync flag 'f255' out of range"},
       {"  li s1, (3\n", "t.s:1:"},
       {"  dma vmem:[s0], hbm:[s0], bytes=4, tc=2\n", "t.s:1:40: error: expected tc=0 (bulk) or tc=1 (urgent)"},
+      {"  op 3\n  op -2\n", "t.s:2: error: chip0.core0 instruction 1 (line 2): op id -2 is negative"},
   };
   for (const auto& c : cases) {
     const std::string msg = asm_error(c.text);
@@ -266,6 +267,14 @@ TEST(IsaBundleErrors, InconsistentTables) {
   d.io[0].data.pop_back();
   msg = load_error(serialize_bundle(d));
   EXPECT_NE(msg.find("constant data size does not match its shape"), std::string::npos) << msg;
+  // An op id table entry below -1 (the simulator's per-op profile used to size a
+  // vector by it and died in the SystemC kernel).
+  Bundle e = assemble("  op 2\n  halt\n", "s.s");
+  e.cores[0].code[1].op_id = -2147483647 - 1;
+  msg = load_error(serialize_bundle(e));
+  EXPECT_NE(msg.find("inconsistent bundle: chip0.core0 instruction 1 (line 2): op id -2147483648 is negative"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(IsaBundleErrors, BadEncoding) {

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "isa/io/npy.h"
 #include "sim/run/stats.h"
 #include "tests/sim/cli_fixture.h"
@@ -232,6 +234,36 @@ TEST_F(RunCli, DeadlockExitsOne) {
   const Completed c = tpusim({"run", bad, "--preset", "v4", "--out", out()});
   if (chip_model_missing(c)) GTEST_SKIP() << c.err;
   expect_error(c, 1, {"f3"});
+}
+
+// Op ids are any non-negative 32-bit value: the largest runs and is profiled under
+// its own id (the per-op profile used to be a vector sized by the id, and a run
+// died in the SystemC kernel); a negative one is refused when assembling.
+TEST_F(RunCli, OpIdsAtTheEndsOfTheirRange) {
+  const std::string big = assemble("big_op", R"(.target chips=1 cores=1 mxus=1
+.output y f32 [8, 128] vmem:0x0
+.core chip0.core0
+  op 2147483647
+  vbcast v1, 2.0
+  vst v1, [s0 + 0]
+  op 0
+  halt
+)");
+  const Completed c = tpusim({"run", big, "--preset", "v4", "--out", out()});
+  if (chip_model_missing(c)) GTEST_SKIP() << c.err;
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  const nlohmann::json s = nlohmann::json::parse(testing::slurp(out() + "/stats.json"));
+  std::vector<int64_t> ids;
+  for (const auto& op : s.at("ops")) ids.push_back(op.at("id").get<int64_t>());
+  EXPECT_EQ(ids, (std::vector<int64_t>{0, 2147483647}));
+  const std::string src = dir_ + "/neg.s";
+  std::ofstream(src) << "  op -3\n  halt\n";
+  const Completed a = tpusim({"asm", src, "-o", dir_ + "/neg.tpu"});
+  EXPECT_EQ(a.exit_code, 2);
+  EXPECT_EQ(testing::count_lines(a.err), 1) << a.err;
+  EXPECT_NE(a.err.find("neg.s:1: error: chip0.core0 instruction 0 (line 1): op id -3 is negative"), std::string::npos)
+      << a.err;
+  EXPECT_FALSE(fs::exists(dir_ + "/neg.tpu"));
 }
 
 }  // namespace
