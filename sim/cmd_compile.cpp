@@ -150,6 +150,12 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       std::printf("%s: %zu instructions, %zu I/O entries -> %s\n", opt->model.c_str(), n, r.bundle.io.size(),
                   opt->output.c_str());
       exit_code = kExitOk;
+    } catch (const compiler::CompileError& e) {
+      // The lowering and the training-graph builder name the graph and node; the
+      // user also needs the file (the loader and verifier name it already).
+      const std::string what = e.what();
+      std::fprintf(stderr, "%s%s\n", what.rfind(opt->model + ":", 0) == 0 ? "" : (opt->model + ": ").c_str(), what.c_str());
+      exit_code = kExitBadInput;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
       exit_code = kExitBadInput;

@@ -161,5 +161,18 @@ TEST(BadModelCli, CycleAndShapeErrorsInIrText) {
                         {"shape.ir", "relu"});
 }
 
+// A valid graph the lowering cannot place (a softmax row longer than VMEM): the
+// one line names the file as well as the graph's node (it used to start with the
+// graph's name only).
+TEST(BadModelCli, LoweringErrorsNameTheFile) {
+  Scratch s;
+  const std::string file = s.write("long.ir", "graph g {\n  input %x : f32[2,300000]\n"
+                                              "  %y = softmax(%x) {axis=1} : f32[2,300000] #0\n  output %y\n}\n");
+  const auto r = testing::spawn({TPUSIM_BIN, "compile", file, "--preset", "v4", "-o", s.path + "/m.tpb"}, s.path, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err, file + ": g: node 'y' (#0, softmax): rows too long for VMEM\n");
+  EXPECT_FALSE(fs::exists(s.path + "/m.tpb"));
+}
+
 }  // namespace
 }  // namespace tpusim
