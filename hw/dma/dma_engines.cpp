@@ -13,7 +13,10 @@ constexpr uint64_t kWriteToken = 1ull << 39;
 
 DmaPath path(const config::Params& c, const std::string& key) {
   DmaPath p{c.get_double(key + ".latency_cycles"), c.get_double(key + ".cycles_per_kib")};
-  if (p.latency_cycles < 0 || p.cycles_per_kib < 0) throw config::ConfigError(c.source() + ": " + key + ": negative figure");
+  // Bounded so that a transfer's cycles fit in 64 bits (1e30 cycles/KiB used to
+  // overflow into a shorter run than the preset's own).
+  if (!(p.latency_cycles >= 0 && p.latency_cycles <= 1e9 && p.cycles_per_kib >= 0 && p.cycles_per_kib <= 1e9))
+    throw config::ConfigError(c.source() + ": " + key + ": latency_cycles and cycles_per_kib must be in 0..1e9");
   return p;
 }
 }  // namespace

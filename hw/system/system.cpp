@@ -8,6 +8,7 @@
 #include <functional>
 #include <systemc>
 #include <thread>
+#include <tuple>
 
 #include "hw/chip/chip.h"
 #include "hw/ici/network.h"
@@ -561,6 +562,18 @@ System::System(const config::Params& preset, const isa::Bundle& bundle)
            t.mxu_cols == static_cast<uint64_t>(preset.get_int("core.mxu.cols")),
        "MXU " + std::to_string(t.mxu_rows) + "x" + std::to_string(t.mxu_cols) + ", the preset's is " +
            std::to_string(preset.get_int("core.mxu.rows")) + "x" + std::to_string(preset.get_int("core.mxu.cols")));
+  // Memories: the bundle's target sizes the simulated ones, so a preset (or a
+  // --set) with less than the program was written for cannot host it.
+  const auto bytes = [&](const char* key) {
+    const int64_t v = preset.get_int(key);
+    if (v < 1) throw config::ConfigError(preset.source() + ": " + key + " must be at least 1, is " + std::to_string(v));
+    return static_cast<uint64_t>(v);
+  };
+  for (const auto& [key, want, what] : {std::tuple<const char*, uint64_t, const char*>{"core.vmem.bytes", t.vmem_bytes, "VMEM per core"},
+                                        {"core.smem.bytes", t.smem_bytes, "SMEM per core"},
+                                        {"hbm.bytes", t.hbm_bytes, "HBM per chip"}})
+    need(want <= bytes(key), std::to_string(want) + " bytes of " + what + ", the preset has " +
+                                 std::to_string(bytes(key)) + " (" + key + ")");
   // The bundle's FIFO depth decides when an mmul faults (as in the reference), the
   // preset's when one stalls: a program written for a deeper FIFO than the
   // hardware has would stall forever or fault in the timing model only.

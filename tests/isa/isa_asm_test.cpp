@@ -114,6 +114,7 @@ Instr random_instr(std::mt19937& g, Op op, uint32_t code_size, int mxus) {
     in.imm = u(9);
     in.imm2 = u(129);
   }
+  if (op == Op::kOpMark) in.imm = static_cast<int32_t>(g() >> 1);  // op ids are 0 and up
   return in;
 }
 

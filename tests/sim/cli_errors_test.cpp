@@ -103,6 +103,26 @@ TEST_F(RunCli, BadSetValueNamesTheKey) {
                2, {"clock_hz"});
 }
 
+// The bundle's target sizes the memories (16 MiB of VMEM by default): a preset
+// with less cannot host it, and a size below 1 byte is no size; neither used to
+// be read by `run`, so a --set of them changed nothing.
+TEST_F(RunCli, MemorySizesBelowTheBundlesAreBadInput) {
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--set", "core.vmem.bytes=8388608", "--input",
+                       input_arg(good_input_), "--out", out()}),
+               2, {"16777216 bytes of VMEM per core, the preset has 8388608 (core.vmem.bytes)"});
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--set", "hbm.bytes=-1", "--input", input_arg(good_input_),
+                       "--out", out()}),
+               2, {"hbm.bytes must be at least 1, is -1"});
+}
+
+// A DMA path's figures must keep a transfer's cycles in 64 bits (1e30 cycles per
+// KiB overflowed into a run shorter than the preset's).
+TEST_F(RunCli, DmaFiguresOutOfRangeAreBadInput) {
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--set", "core.dma.hbm_to_vmem.cycles_per_kib=1e30",
+                       "--input", input_arg(good_input_), "--out", out()}),
+               2, {"core.dma.hbm_to_vmem", "0..1e9"});
+}
+
 TEST_F(RunCli, MissingInputNamesIt) {
   expect_error(tpusim({"run", bundle_, "--preset", "v4", "--out", out()}), 2, {"'x'", "--random-inputs"});
 }
