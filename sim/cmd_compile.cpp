@@ -154,7 +154,8 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       // The lowering and the training-graph builder name the graph and node; the
       // user also needs the file (the loader and verifier name it already).
       const std::string what = e.what();
-      std::fprintf(stderr, "%s%s\n", what.rfind(opt->model + ":", 0) == 0 ? "" : (opt->model + ": ").c_str(), what.c_str());
+      const std::string file = what.rfind(opt->model + ":", 0) == 0 ? "" : opt->model + ": ";
+      std::fprintf(stderr, "%s%s\n", file.c_str(), what.c_str());
       exit_code = kExitBadInput;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());

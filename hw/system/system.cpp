@@ -569,11 +569,12 @@ System::System(const config::Params& preset, const isa::Bundle& bundle)
     if (v < 1) throw config::ConfigError(preset.source() + ": " + key + " must be at least 1, is " + std::to_string(v));
     return static_cast<uint64_t>(v);
   };
-  for (const auto& [key, want, what] : {std::tuple<const char*, uint64_t, const char*>{"core.vmem.bytes", t.vmem_bytes, "VMEM per core"},
-                                        {"core.smem.bytes", t.smem_bytes, "SMEM per core"},
-                                        {"hbm.bytes", t.hbm_bytes, "HBM per chip"}})
-    need(want <= bytes(key), std::to_string(want) + " bytes of " + what + ", the preset has " +
-                                 std::to_string(bytes(key)) + " (" + key + ")");
+  using MemorySize = std::tuple<const char*, uint64_t, const char*>;  // preset key, the bundle's size, what
+  for (const auto& [key, want, what] : {MemorySize{"core.vmem.bytes", t.vmem_bytes, "VMEM per core"},
+                                        MemorySize{"core.smem.bytes", t.smem_bytes, "SMEM per core"},
+                                        MemorySize{"hbm.bytes", t.hbm_bytes, "HBM per chip"}})
+    need(want <= bytes(key),
+         std::to_string(want) + " bytes of " + what + ", the preset has " + std::to_string(bytes(key)) + " (" + key + ")");
   // The bundle's FIFO depth decides when an mmul faults (as in the reference), the
   // preset's when one stalls: a program written for a deeper FIFO than the
   // hardware has would stall forever or fault in the timing model only.
