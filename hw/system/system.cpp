@@ -659,7 +659,10 @@ RunResult System::run(const RunOptions& opt) {
   try {
     sc_core::sc_start();
   } catch (const std::exception& e) {
-    if (tf) sc_core::sc_close_vcd_trace_file(tf);
+    if (tf) {  // no waveform of a run the model itself gave up on, and no stray raw file
+      sc_core::sc_close_vcd_trace_file(tf);
+      std::remove((raw_vcd + ".vcd").c_str());
+    }
     throw SystemError(std::string("simulation error: ") + e.what());
   }
   if (tf) {
