@@ -174,5 +174,17 @@ TEST(BadModelCli, LoweringErrorsNameTheFile) {
   EXPECT_FALSE(fs::exists(s.path + "/m.tpb"));
 }
 
+// The graph reference's run-time errors (here a gather index past the axis) name
+// the file too.
+TEST(BadModelCli, GraphReferenceErrorsNameTheFile) {
+  Scratch s;
+  const std::string file = s.write("gather.ir", "graph g {\n  input %x : f32[3,4]\n  const %i : i64[1] = [7]\n"
+                                                "  %y = gather(%x, %i) {axis=0} : f32[1,4] #0\n  output %y\n}\n");
+  const auto r = testing::spawn({TPUSIM_BIN, "ref", file, "--random-inputs", "1", "--out", s.path + "/out"}, s.path, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err, "tpusim ref: error: " + file + ": node #0 (gather): index 7 out of range [0,3)\n");
+  EXPECT_FALSE(fs::exists(s.path + "/out/y.npy"));
+}
+
 }  // namespace
 }  // namespace tpusim
