@@ -136,6 +136,11 @@ nlohmann::json OpProfile::to_json() const {
       for (const auto& [f, n] : o.wait_by_flag) w["f" + std::to_string(f)] = n;
       j["wait_cycles_by_flag"] = std::move(w);
     }
+    if (!o.stream_wait.empty()) {
+      nlohmann::json w = nlohmann::json::object();
+      for (const auto& [sf, n] : o.stream_wait) w["s" + std::to_string(sf.first) + ".f" + std::to_string(sf.second)] = n;
+      j["wait_cycles_by_stream_flag"] = std::move(w);
+    }
     for (int c = 0; c < kCauses; ++c) {
       j[std::string("stall_") + cause_name(static_cast<Cause>(c)) + "_cycles"] = o.stall[static_cast<size_t>(c)];
       total[static_cast<size_t>(c)] += o.stall[static_cast<size_t>(c)];

@@ -57,6 +57,10 @@ class OpProfile {
     // Stalled cycles at its `wait`s, per flag (sparse): which wait holds the op up,
     // e.g. one flag shared by many buffers where each should have its own.
     std::map<int, uint64_t> wait_by_flag;
+    // While more than one instruction stream runs: per (stream, flag), the cycles
+    // that stream waited there, whether or not another stream issued meanwhile
+    // (wait_by_flag sees only cycles the whole core stalled, charged to one stream).
+    std::map<std::pair<int, int>, uint64_t> stream_wait;
     // to_json adds the drain after the sequencer halted to the last op's cycles.
     bool seen = false;
   };
@@ -97,6 +101,9 @@ class OpProfile {
     }
     o.stall[c] += n;
   }
+  // Sequencer: stream `stream`, one of several running, waited n cycles at `in`
+  // (a wait on a flag).
+  void stream_wait(const isa::Instr& in, int stream, uint64_t n) { at(in.op_id).stream_wait[{stream, in.a}] += n; }
   // Sequencer: a DMA instruction issued by this core (on chip `chip`).
   void dma_issued(const isa::Instr& in, uint32_t chip);
   // MXU `mxu`: a matmul of `macs` streaming rows over [begin, end).

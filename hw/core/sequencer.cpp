@@ -36,6 +36,15 @@ int Sequencer::first_running() const {
   return 0;
 }
 
+void Sequencer::count_stream_waits(int issued, uint64_t cycle, uint64_t n) {
+  int running = 0;
+  for (int s = 0; s < isa::kStreams; ++s) running += running_[static_cast<size_t>(s)];
+  if (running < 2) return;
+  for (int s = 0; s < isa::kStreams; ++s)
+    if (s != issued && running_[static_cast<size_t>(s)] && blocked(s, cycle) == Stall::kFlag)
+      env_.profile.stream_wait(env_.prog->code[pc_of(s)], s, n);
+}
+
 void Sequencer::count(Stall s, uint64_t n) {
   if (s != Stall::kNone) {
     const isa::Instr& in = env_.prog->code[at_pc()];
@@ -176,6 +185,7 @@ void Sequencer::tick(uint64_t cycle) {
   stall_ = pick >= 0 ? Stall::kNone : blocked(cycle);
   stall_reason_ = static_cast<int>(stall_);
   pc_now_ = static_cast<int>(at_pc());
+  count_stream_waits(pick, cycle, 1);
   if (stall_ != Stall::kNone) {
     count(stall_, 1);
     return;
@@ -280,6 +290,7 @@ void Sequencer::skip(uint64_t n) {
   // a tick would find at the first of them.
   cur_ = first_running();
   count(blocked(first), n);
+  count_stream_waits(-1, first, n);
 }
 
 uint64_t Sequencer::next_event_cycle(uint64_t now) const {

@@ -102,6 +102,8 @@ class Sequencer {
   uint32_t& at_pc() { return pcs_[static_cast<size_t>(cur_)]; }  // the selected stream's
   int first_running() const;
   void count(Stall s, uint64_t n);  // at the selected stream's pc
+  // With several streams running: n cycles of each one (but `issued`) waiting on a flag.
+  void count_stream_waits(int issued, uint64_t cycle, uint64_t n);
   // Issues the instruction at pc; false when the bundle must end after it
   // (control flow, barrier, halt, a fault).
   bool issue(uint64_t cycle);

@@ -58,10 +58,12 @@ json fold_profiles(json& units, uint64_t run_cycles, const std::map<int32_t, std
       for (const char* k : kSum) f[k] = f[k].get<uint64_t>() + u(op, k);
       for (const char* c : kCauses)
         f["stall_cycles"][c] = f["stall_cycles"][c].get<uint64_t>() + u(op, ("stall_" + std::string(c) + "_cycles").c_str());
-      const json waits = op.value("wait_cycles_by_flag", json::object());
-      for (const auto& [flag, n] : waits.items()) {
-        json& w = f["wait_cycles_by_flag"];
-        w[flag] = (w.contains(flag) ? w[flag].get<uint64_t>() : 0) + n.get<uint64_t>();
+      for (const char* key : {"wait_cycles_by_flag", "wait_cycles_by_stream_flag"}) {
+        const json waits = op.value(key, json::object());  // a named copy: items() does not keep it alive
+        for (const auto& [flag, n] : waits.items()) {
+          json& w = f[key];
+          w[flag] = (w.contains(flag) ? w[flag].get<uint64_t>() : 0) + n.get<uint64_t>();
+        }
       }
     }
 

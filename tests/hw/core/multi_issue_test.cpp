@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "hw/config/params.h"
 #include "hw/core/sequencer.h"
 #include "isa/asm/assembler.h"
@@ -288,6 +290,26 @@ TEST(MultiIssue, ThreeForkedStreamsRunTogether) {
   exec::Interpreter ref(b);
   ASSERT_TRUE(ref.run().ok());
   EXPECT_EQ(ref.machine().core(0, 0).flags[1], 1);
+}
+
+// Per-stream waits: stream 0 waits on f1 while stream 1 issues one vadd a cycle
+// (one vector ALU slot a bundle) and then sets f1, so the core never stalls and
+// its per-flag waits show nothing, while stream 0's own wait covers stream 1's
+// K vadd cycles, from the cycle after the fork (stream 0 reaches its wait) to
+// the fadd's cycle: K + 1 cycles (the fadd issues in the bundle after the last
+// vadd, and the wait is checked before it in that cycle).
+TEST(MultiIssue, EachStreamsFlagWaitsWhileAnotherIssues) {
+  constexpr int kVadds = 20;
+  std::string prog = "  fork a\n  wait f1, 1\n  halt\na:\n";
+  for (int i = 0; i < kVadds; ++i) prog += "  vadd v1, v1, v1\n";
+  prog += "  fadd f1, 1\n  halt\n";
+  Harness h(prog, hw::SequencerParams{});
+  h.run();
+  const nlohmann::json ops = h.env().profile.to_json()["ops"];
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_FALSE(ops[0].contains("wait_cycles_by_flag")) << ops[0].dump();
+  ASSERT_TRUE(ops[0].contains("wait_cycles_by_stream_flag")) << ops[0].dump();
+  EXPECT_EQ(ops[0]["wait_cycles_by_stream_flag"], (nlohmann::json{{"s0.f1", kVadds + 1}})) << ops[0].dump();
 }
 
 // The presets' values reach the sequencer, and --set overrides them.
