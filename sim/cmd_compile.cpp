@@ -118,7 +118,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
         compiler::TrainOptions to;
         compiler::parse_train_spec(opt->train, opt->loss, &to);
         to.replicas = opt->replicas;
-        g = compiler::build_training_graph(g, to);
+        g = naming_file<compiler::CompileError>(opt->model, [&] { return compiler::build_training_graph(g, to); });
       }
       if (!opt->emit_graph.empty()) {
         std::FILE* f = std::fopen(opt->emit_graph.c_str(), "w");
@@ -142,7 +142,8 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.replicas.batched = opt->batched;
       lo.inputs_from_host = opt->infeed;
       if (opt->replicas > 1) lo.target.chips = static_cast<uint32_t>(board_chips);
-      const compiler::LowerResult r = compiler::lower_graph(g, lo);
+      const compiler::LowerResult r =
+          naming_file<compiler::CompileError>(opt->model, [&] { return compiler::lower_graph(g, lo); });
       for (const std::string& note : r.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
       isa::write_bundle(opt->output, r.bundle);
       size_t n = 0;
@@ -150,13 +151,6 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       std::printf("%s: %zu instructions, %zu I/O entries -> %s\n", opt->model.c_str(), n, r.bundle.io.size(),
                   opt->output.c_str());
       exit_code = kExitOk;
-    } catch (const compiler::CompileError& e) {
-      // The lowering and the training-graph builder name the graph and node; the
-      // user also needs the file (the loader and verifier name it already).
-      const std::string what = e.what();
-      const std::string file = what.rfind(opt->model + ":", 0) == 0 ? "" : opt->model + ": ";
-      std::fprintf(stderr, "%s%s\n", file.c_str(), what.c_str());
-      exit_code = kExitBadInput;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
       exit_code = kExitBadInput;

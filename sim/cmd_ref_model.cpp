@@ -107,11 +107,7 @@ int run_model_reference(const ModelRefArgs& o) {
     }
     const auto policy = num::parse_precision_policy(o.precision);
     if (!policy) throw std::runtime_error("--precision must be default or bf16, not '" + o.precision + "'");
-    try {
-      outputs = compiler::evaluate(g, inputs, *policy);
-    } catch (const compiler::CompileError& e) {  // names the node; the user also needs the file
-      throw std::runtime_error(o.model + ": " + e.what());
-    }
+    outputs = naming_file<compiler::CompileError>(o.model, [&] { return compiler::evaluate(g, inputs, *policy); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tpusim ref: error: %s\n", e.what());
     return kExitBadInput;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,18 @@ class App;
 }
 
 namespace tpusim::cli {
+
+// Runs step() and returns its result. An `Error` it throws (the compiler's errors
+// from a graph already loaded name its node, not the file) is rethrown as one
+// line with the model file in front.
+template <class Error, class Step>
+auto naming_file(const std::string& file, Step&& step) {
+  try {
+    return step();
+  } catch (const Error& e) {
+    throw std::runtime_error(file + ": " + e.what());
+  }
+}
 
 // Exit codes of shared/spec/cli.md.
 inline constexpr int kExitOk = 0;

@@ -572,9 +572,11 @@ System::System(const config::Params& preset, const isa::Bundle& bundle)
   using MemorySize = std::tuple<const char*, uint64_t, const char*>;  // preset key, the bundle's size, what
   for (const auto& [key, want, what] : {MemorySize{"core.vmem.bytes", t.vmem_bytes, "VMEM per core"},
                                         MemorySize{"core.smem.bytes", t.smem_bytes, "SMEM per core"},
-                                        MemorySize{"hbm.bytes", t.hbm_bytes, "HBM per chip"}})
-    need(want <= bytes(key),
-         std::to_string(want) + " bytes of " + what + ", the preset has " + std::to_string(bytes(key)) + " (" + key + ")");
+                                        MemorySize{"hbm.bytes", t.hbm_bytes, "HBM per chip"}}) {
+    const uint64_t have = bytes(key);
+    need(want <= have, std::to_string(want) + " bytes of " + what + ", the preset has " + std::to_string(have) + " (" +
+                           key + ")");
+  }
   // The bundle's FIFO depth decides when an mmul faults (as in the reference), the
   // preset's when one stalls: a program written for a deeper FIFO than the
   // hardware has would stall forever or fault in the timing model only.
