@@ -22,6 +22,14 @@ HostParams HostParams::from_config(const config::Params& c) {
        "host.infeed_bytes_per_s must be 0 (bytes ready from the start) or in 1..1e15");
   need(p.batch_prep_us >= 0 && p.batch_prep_us <= 1e9, "host.batch_prep_us must be in 0..1e9");
   need(p.clock_hz > 0, "clock_hz must be positive");
+  // Shown by `tpusim presets` beside the rate the transfers are timed at; no
+  // transfer reads it, but a nonsense value must not pass for a setting.
+  if (c.has("host.pcie_bytes_per_s")) {
+    const double pcie = c.get_double("host.pcie_bytes_per_s");
+    need(pcie >= 1 && pcie <= 1e15,
+         "host.pcie_bytes_per_s must be in 1..1e15 (the link's nominal rate; transfers are timed by "
+         "host.hbm_to_host)");
+  }
   return p;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "hw/config/params.h"
 #include "hw/host/host_link.h"
 
 namespace {
@@ -73,6 +74,36 @@ TEST(HostLink, InfeedPendingFlagsCountTransfers) {
   EXPECT_FALSE(h.infeed_pending(1, 3));
   h.infeed_pending(1, -1, +1);  // no flag: nothing to wait on
   EXPECT_FALSE(h.infeed_pending(1, -1));
+}
+
+// The presets' host path is the one published measurement (TPU v4, architecture.md:
+// HBM -> host ~ 131,718 + 72.3 K cycles at 1.05 GHz) in each chip's own clock, so the
+// same PCIe link takes the same microseconds and bytes per second on every chip
+// (v2, v3 and v4 share PCIe Gen3 x16); v5e's ~15 GB/s link scales the rate by 15/16.
+// The presets once copied v4's cycle counts, which gave v5e at 1.5 GHz a host link
+// faster (21.2 GB/s) than its PCIe.
+TEST(HostPresets, EveryChipTimesTheV4BenchmarkInItsClock) {
+  const double v4_latency_s = 131718 / 1.05e9, v4_rate = 1024 / 72.3 * 1.05e9;
+  for (const char* name : {"v2", "v3", "v4", "v5e", "v3-8", "v4-4x4x4"}) {
+    const auto c = tpusim::config::load_preset(name);
+    const HostParams p = HostParams::from_config(c);
+    const double nominal = c.get_double("host.pcie_bytes_per_s");
+    EXPECT_NEAR(p.latency_cycles / p.clock_hz, v4_latency_s, 1.0 / p.clock_hz) << name;
+    const double rate = 1024 / p.cycles_per_kib * p.clock_hz;
+    EXPECT_NEAR(rate, v4_rate * nominal / 16e9, 1e-4 * rate) << name;
+    EXPECT_LT(rate, nominal) << name << ": the timed rate must stay below the link's nominal one";
+  }
+}
+
+TEST(HostPresets, NominalRateOutOfRangeNamesTheKey) {
+  for (const char* bad : {"host.pcie_bytes_per_s=-1", "host.pcie_bytes_per_s=0", "host.pcie_bytes_per_s=1e16"}) {
+    try {
+      HostParams::from_config(tpusim::config::load_preset("v4", {bad}));
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const tpusim::config::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("host.pcie_bytes_per_s must be in 1..1e15"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -102,9 +102,14 @@ TEST(Infeed, StarvedHostPacesEachBatchAtTheHostRateBound) {
   const double extra_stall = static_cast<double>(infeed_stall(s8)) - static_cast<double>(infeed_stall(a8));
   EXPECT_GT(extra, 0);
   EXPECT_NEAR(extra_stall, extra, 0.05 * extra);
-  // The other flag stall (the output's HBM write) does not depend on the host.
-  EXPECT_EQ(s8.j["units"]["chip0.core0.sequencer"].value("stall_flag_cycles", uint64_t{1}),
-            a8.j["units"]["chip0.core0.sequencer"].value("stall_flag_cycles", uint64_t{0}));
+  // The other flag stall (the output's HBM write, ~420 cycles) does not depend on
+  // the host: equal but for the DRAM clock's phase at the two runs' different
+  // start times (the link's 64.73 cycles/KiB ends the infeed mid-cycle).
+  const auto other_flag_stall = [](const RunOut& r) {
+    return static_cast<double>(r.j["units"]["chip0.core0.sequencer"].value("stall_flag_cycles", uint64_t{0}));
+  };
+  EXPECT_GT(other_flag_stall(a8), 400);
+  EXPECT_NEAR(other_flag_stall(s8), other_flag_stall(a8), 2);
   EXPECT_EQ(s8.j["units"]["chip0.host"].value("infeed_batches", uint64_t{0}), 8u);
 }
 
