@@ -228,7 +228,7 @@ int run_run(const RunArgs& a) {
 void add_run_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("run", "Run a bundle on the cycle-level chip model");
   auto a = std::make_shared<RunArgs>();
-  cmd->add_option("bundle", a->bundle, "Program bundle (.tpu) from `tpusim asm` or `tpusim compile`")->required();
+  cmd->add_option("bundle", a->bundle, "Program bundle (.tpb) from `tpusim asm` or `tpusim compile`")->required();
   cmd->add_option("--preset", a->preset, "Chip or board preset (e.g. v3, v4-8) or a preset YAML file")->required();
   cmd->add_option("--mode", a->mode, "fast (event-driven) or detailed (clocked); identical results")
       ->check(CLI::IsMember({"fast", "detailed"}));

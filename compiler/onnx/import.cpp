@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -628,6 +629,7 @@ Graph import_onnx_bytes(const std::string& bytes, const std::string& label) {
 }
 
 Graph import_onnx_file(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw CompileError(path + ": is a directory, not an ONNX model");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw CompileError(path + ": cannot open: " + std::strerror(errno));
   std::ostringstream ss;

@@ -38,6 +38,7 @@ YAML::Node merged(const YAML::Node& base, const YAML::Node& over) {
 }
 
 YAML::Node load_yaml_file(const fs::path& path) {
+  if (fs::is_directory(path)) throw ConfigError(path.string() + ": is a directory, not a preset file");
   std::ifstream in(path);
   if (!in) throw ConfigError(path.string() + ": cannot open");
   std::stringstream text;
@@ -272,6 +273,7 @@ std::string configs_dir() {
 std::string find_preset(const std::string& name_or_path) {
   if (name_or_path.find('/') != std::string::npos || fs::path(name_or_path).extension() == ".yaml") {
     if (fs::is_regular_file(name_or_path)) return name_or_path;
+    if (fs::is_directory(name_or_path)) throw ConfigError(name_or_path + ": is a directory, not a preset file");
     throw ConfigError(name_or_path + ": no such preset file");
   }
   for (const char* kind : {"chips", "boards"}) {

@@ -162,7 +162,10 @@ std::vector<uint8_t> serialize_bundle(const Bundle& b) {
 Bundle parse_bundle(const std::vector<uint8_t>& bytes, const std::string& name) {
   Reader r(bytes, name);
   if (bytes.size() < 12 || std::memcmp(bytes.data(), kBundleMagic, 8) != 0)
-    throw BundleError(name + ": not a tpusim bundle (bad magic)");
+    throw BundleError(name + ": not a tpusim bundle (bad magic)" +
+                      std::string(name.size() > 2 && name.compare(name.size() - 2, 2, ".s") == 0
+                                      ? "; assemble a program with `tpusim asm FILE.s -o FILE.tpb` first"
+                                      : ""));
   for (int i = 0; i < 8; ++i) r.u8("magic");
   const uint32_t version = r.u32("version");
   if (version != kBundleVersion && version != kBundleVersionNoPlan)

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -182,6 +183,9 @@ std::vector<uint8_t> serialize_npy(const NpyArray& a) {
 }
 
 std::vector<uint8_t> read_file(const std::string& path) {
+  // An ifstream opens a directory and fails only at the first read, with a
+  // message that names neither the file nor the cause.
+  if (std::filesystem::is_directory(path)) throw std::runtime_error(path + ": is a directory, not a file");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(path + ": " + std::strerror(errno));
   std::vector<uint8_t> b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

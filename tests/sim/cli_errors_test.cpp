@@ -174,6 +174,50 @@ TEST_F(RunCli, BadBundleFile) {
                {"junk.tpu"});
 }
 
+// A folder where a file belongs: an ifstream opens it and failed at the first
+// read with "basic_filebuf::underflow error reading the file: Is a directory",
+// which named neither the path nor the fix.
+TEST_F(RunCli, AFolderForAFileNamesIt) {
+  expect_error(tpusim({"run", dir_, "--preset", "v4", "--random-inputs", "1", "--out", out()}), 2,
+               {dir_ + ": is a directory"});
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--input", "x=" + dir_, "--out", out()}), 2,
+               {dir_ + ": is a directory"});
+  expect_error(tpusim({"run", bundle_, "--preset", dir_, "--random-inputs", "1", "--out", out()}), 2,
+               {dir_ + ": is a directory"});
+  for (const char* cmd : {"ref", "disasm"}) {
+    const Completed c = tpusim({cmd, dir_});
+    EXPECT_EQ(c.exit_code, 2) << cmd << ": " << c.err;
+    EXPECT_EQ(testing::count_lines(c.err), 1) << c.err;
+    EXPECT_NE(c.err.find(dir_ + ": is a directory"), std::string::npos) << c.err;
+  }
+  fs::create_directories(dir_ + "/m.onnx");
+  const Completed c = tpusim({"compile", dir_ + "/m.onnx", "--preset", "v4", "-o", dir_ + "/m.tpb"});
+  EXPECT_EQ(c.exit_code, 2) << c.err;
+  EXPECT_NE(c.err.find(dir_ + "/m.onnx: is a directory, not an ONNX model"), std::string::npos) << c.err;
+  EXPECT_FALSE(fs::exists(dir_ + "/m.tpb"));
+}
+
+// `tpusim run` takes bundles; a program's text gets the command that makes one.
+TEST_F(RunCli, ProgramTextForABundleSaysToAssembleIt) {
+  expect_error(tpusim({"run", dir_ + "/prog.s", "--preset", "v4", "--random-inputs", "1", "--out", out()}), 2,
+               {"prog.s: not a tpusim bundle", "tpusim asm"});
+}
+
+// host.pcie_bytes_per_s is the link's nominal rate, which no transfer reads; it
+// took -1 without a word, and `presets` printed its figures before failing.
+TEST_F(RunCli, NominalHostRateOutOfRangeIsBadInput) {
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--set", "host.pcie_bytes_per_s=-1", "--random-inputs", "1",
+                       "--out", out()}),
+               2, {"host.pcie_bytes_per_s must be in 1..1e15"});
+  const Completed c = tpusim({"presets", "v4", "--set", "host.pcie_bytes_per_s=0"});
+  EXPECT_EQ(c.exit_code, 2) << c.err;
+  EXPECT_EQ(c.out, "");
+  EXPECT_NE(c.err.find("host.pcie_bytes_per_s"), std::string::npos) << c.err;
+  const Completed ok = tpusim({"presets", "v4"});
+  EXPECT_NE(ok.out.find("host link per chip : 16 GB/s nominal, 14.9 GB/s timed (host.hbm_to_host)"), std::string::npos)
+      << ok.out;
+}
+
 TEST_F(RunCli, BadModeAndMissingPresetAreUsageErrors) {
   Completed c = tpusim({"run", bundle_, "--preset", "v4", "--mode", "turbo", "--random-inputs", "1", "--out", out()});
   EXPECT_EQ(c.exit_code, 2) << c.err;
