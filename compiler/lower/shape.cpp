@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "isa/asm/instr.h"
 #include "isa/numerics/bf16.h"
 #include "isa/numerics/fp32.h"
 
@@ -203,7 +204,7 @@ void Emitter::lower_gather(const Node& n) {
       line("blt s1, s0, " + l + "_bad");
       line("blt s1, s2, " + l + "_ok");
       cs_[cur_] << l << "_bad:\n";
-      line("div s3, s2, s0  # index out of range: fault");
+      line("trap " + std::to_string(isa::kTrapIndexOutOfRange) + "  # index out of range");
       cs_[cur_] << l << "_ok:\n";
       line("mul s1, s1, " + std::to_string(row));
       if (X.addr > INT32_MAX) line("add s1, s1, s4");  // s1 + imm reaches X: see xbase

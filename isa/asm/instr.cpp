@@ -107,6 +107,13 @@ std::string check_instr(const Target& t, const CoreProgram& p, size_t i) {
 
 const OpInfo& op_info(Op op) { return kOpTable[static_cast<int>(op)]; }
 
+const char* trap_reason(int64_t code) {
+  switch (code) {
+    case kTrapIndexOutOfRange: return "an index read at run time is out of range";
+    default: return "";
+  }
+}
+
 const char* space_name(Space s) {
   switch (s) {
     case Space::kHbm: return "hbm";

@@ -123,7 +123,8 @@ enum OpFlags : uint32_t {
   X(kFadd, "fadd", "FI", kSync, 0)                                     \
   X(kBarrier, "barrier", "", kSync, 0)                                 \
   X(kOpMark, "op", "I", kSync, 0)                                      \
-  X(kFork, "fork", "L", kSync, 0)
+  X(kFork, "fork", "L", kSync, 0)                                      \
+  X(kTrap, "trap", "I", kScalar, 0)
 
 enum class Op : uint8_t {
 #define TPUSIM_X(e, m, s, u, f) e,
@@ -142,6 +143,13 @@ struct OpInfo {
 
 const OpInfo& op_info(Op op);
 inline int op_count() { return static_cast<int>(Op::kCount); }
+
+// `trap CODE` faults its core on purpose: a program's own run-time check (the
+// compiled gather's index bounds) that would otherwise surface as some unrelated
+// fault. The code names the reason in the fault message (docs/isa.md, "Traps").
+enum TrapCode : int64_t { kTrapIndexOutOfRange = 1 };
+// What a trap code means, or "" for a code the ISA gives no meaning.
+const char* trap_reason(int64_t code);
 
 // Architectural limits fixed by the ISA (not by the target).
 inline constexpr int kScalarRegs = 32;

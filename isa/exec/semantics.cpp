@@ -249,6 +249,10 @@ uint32_t exec_scalar(CoreState& c, const Instr& in, uint32_t pc) {
   }
   switch (op) {
     case Op::kNop: return pc + 1;
+    case Op::kTrap: {
+      const std::string reason = isa::trap_reason(in.imm);
+      fault("trap " + std::to_string(in.imm) + (reason.empty() ? "" : ": " + reason));
+    }
     case Op::kLi: set_s(c, in.a, static_cast<uint32_t>(in.imm)); return pc + 1;
     case Op::kLd:
     case Op::kSt: {

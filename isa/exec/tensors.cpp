@@ -1,5 +1,6 @@
 #include "isa/exec/tensors.h"
 
+#include <cstdint>
 #include <cstring>
 
 #include "isa/numerics/bf16.h"
@@ -33,6 +34,21 @@ std::vector<uint8_t> tensor_from_npy(const io::NpyArray& a, const IoEntry& e) {
   const size_t n = a.elements();
   if (e.dtype == Dtype::kF32 && a.dtype == io::NpyDtype::kF32) return a.data;
   if (e.dtype == Dtype::kI32 && a.dtype == io::NpyDtype::kI32) return a.data;
+  if (e.dtype == Dtype::kI32 && a.dtype == io::NpyDtype::kI64) {
+    // numpy's default integer and ONNX's index type are int64; the chip holds int32
+    // (the compiler narrows i64 graph tensors), so every value must fit.
+    std::vector<uint8_t> out(n * 4);
+    for (size_t i = 0; i < n; ++i) {
+      int64_t v;
+      std::memcpy(&v, a.data.data() + 8 * i, 8);
+      if (v < INT32_MIN || v > INT32_MAX)
+        throw std::runtime_error(what + " is i32, the file's int64 value " + std::to_string(v) + " at flat index " +
+                                 std::to_string(i) + " does not fit");
+      const int32_t w = static_cast<int32_t>(v);
+      std::memcpy(out.data() + 4 * i, &w, 4);
+    }
+    return out;
+  }
   if (e.dtype == Dtype::kBf16 && a.dtype == io::NpyDtype::kU16) return a.data;
   if (e.dtype == Dtype::kBf16 && a.dtype == io::NpyDtype::kF32) {
     std::vector<uint8_t> out(n * 2);

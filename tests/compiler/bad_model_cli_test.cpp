@@ -8,10 +8,12 @@
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
+#include "isa/io/npy.h"
 #include "tests/sim/spawn.h"
 
 namespace tpusim {
@@ -184,6 +186,39 @@ TEST(BadModelCli, GraphReferenceErrorsNameTheFile) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_EQ(r.err, "tpusim ref: error: " + file + ": node #0 (gather): index 7 out of range [0,3)\n");
   EXPECT_FALSE(fs::exists(s.path + "/out/y.npy"));
+}
+
+// An index input out of range at run time: the compiled gather checks its
+// indices and traps, on the functional reference and on the chip model alike,
+// with a message that says why (it used to be a deliberate "division by zero")
+// and names the gather's op; no output is left behind.
+TEST(BadModelCli, CompiledGatherTrapsAnIndexOutOfRange) {
+  Scratch s;
+  const std::string file = s.write("gather.ir", "graph g {\n  input %x : f32[3,4]\n  input %i : i64[2]\n"
+                                                "  %y = gather(%x, %i) {axis=0} : f32[2,4] #0\n  output %y\n}\n");
+  const auto c = testing::spawn({TPUSIM_BIN, "compile", file, "--preset", "v4", "-o", s.path + "/m.tpb"}, s.path, 60);
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  io::NpyArray idx;
+  idx.dtype = io::NpyDtype::kI64;
+  idx.shape = {2};
+  const int64_t values[2] = {1, 3};  // 3 is past the axis of 3 rows
+  idx.data.resize(sizeof values);
+  std::memcpy(idx.data.data(), values, sizeof values);
+  io::write_npy(s.path + "/i.npy", idx);
+  for (const std::vector<std::string>& how :
+       {std::vector<std::string>{"ref"}, std::vector<std::string>{"run", "--preset", "v4", "-q"}}) {
+    std::vector<std::string> args{TPUSIM_BIN, how[0], s.path + "/m.tpb"};
+    args.insert(args.end(), how.begin() + 1, how.end());
+    for (const std::string& a :
+         std::vector<std::string>{"--input", "i=" + s.path + "/i.npy", "--random-inputs", "1", "--out", s.path + "/out"})
+      args.push_back(a);
+    const auto r = testing::spawn(args, s.path, 60);
+    EXPECT_EQ(r.exit_code, 1) << how[0] << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find("trap 1: an index read at run time is out of range"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("op 0"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(s.path + "/out/y.npy")) << how[0];
+  }
 }
 
 }  // namespace

@@ -108,6 +108,8 @@ TEST(IsaExecFaults, NameCoreInstructionLineAndCause) {
   };
   const Case cases[] = {
       {"  li s1, 0\n  div s2, s1, s1\n", "fault: chip0.core0 instruction 1 (t.s:2, div): division by zero"},
+      {"  nop\n  trap 1\n", "fault: chip0.core0 instruction 1 (t.s:2, trap): trap 1: an index read at run time is out of range"},
+      {"  trap 77\n  halt\n", "instruction 0 (t.s:1, trap): trap 77"},
       {"  ld s1, [s0 + 3]\n", "misaligned SMEM word address 3"},
       {".target smem=64\n  ld s1, [s0 + 64]\n", "address range [64, 68) outside smem of chip0.core0 (64 bytes)"},
       {"  vld v1, [s0 + 2]\n", "misaligned tile"},
@@ -603,6 +605,36 @@ TEST(IsaExecTensors, LayoutStridesAndNpyConversion) {
   EXPECT_EQ(f[4], 5.0f);
   EXPECT_EQ(f[5], 1.0f);
   a.shape = {3, 2};
+  EXPECT_THROW(tensor_from_npy(a, b.io[0]), std::runtime_error);
+}
+
+// numpy's default integers (int64) feed an i32 input, each value narrowed, or an
+// error naming the first that does not fit; a float file still does not.
+TEST(IsaExecTensors, Int64FilesNarrowToInt32Inputs) {
+  isa::Bundle b = assemble(".input i i32 [3] vmem:0\n  halt\n", "t.s");
+  io::NpyArray a;
+  a.dtype = io::NpyDtype::kI64;
+  a.shape = {3};
+  const int64_t vals[3] = {-5, 2147483647, -2147483648LL};
+  a.data.resize(sizeof vals);
+  std::memcpy(a.data.data(), vals, sizeof vals);
+  const auto dense = tensor_from_npy(a, b.io[0]);
+  ASSERT_EQ(dense.size(), 12u);
+  int32_t got[3];
+  std::memcpy(got, dense.data(), 12);
+  EXPECT_EQ(got[0], -5);
+  EXPECT_EQ(got[1], INT32_MAX);
+  EXPECT_EQ(got[2], INT32_MIN);
+  const int64_t big = 2147483648LL;
+  std::memcpy(a.data.data() + 8, &big, 8);
+  try {
+    tensor_from_npy(a, b.io[0]);
+    ADD_FAILURE() << "2^31 narrowed";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("int64 value 2147483648 at flat index 1 does not fit"), std::string::npos)
+        << e.what();
+  }
+  a.dtype = io::NpyDtype::kF64;
   EXPECT_THROW(tensor_from_npy(a, b.io[0]), std::runtime_error);
 }
 
