@@ -146,7 +146,7 @@ inline int op_count() { return static_cast<int>(Op::kCount); }
 
 // `trap CODE` faults its core on purpose: a program's own run-time check (the
 // compiled gather's index bounds) that would otherwise surface as some unrelated
-// fault. The code names the reason in the fault message (docs/isa.md, "Traps").
+// fault. The code names the reason in the fault message (docs/isa.md, "Scalar unit").
 enum TrapCode : int64_t { kTrapIndexOutOfRange = 1 };
 // What a trap code means, or "" for a code the ISA gives no meaning.
 const char* trap_reason(int64_t code);
