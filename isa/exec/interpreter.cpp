@@ -73,10 +73,10 @@ void check_access(const RaceChecker& rc, size_t who, CoreState& st, const isa::I
 RunResult Interpreter::run(const RunOptions& opts) {
   RunResult res;
   const size_t n = cores_.size();
-  // The race checker's agents are the cores: a core's streams share its memories
-  // and flags (the compiler keeps their data apart).
+  // The race checker's agents are the cores' streams (cores_ is ordered core by
+  // core, kStreams each, so an agent is its index k there).
   std::unique_ptr<RaceChecker> races;
-  if (opts.check_races) races = std::make_unique<RaceChecker>(programs_);
+  if (opts.check_races) races = std::make_unique<RaceChecker>(programs_, isa::kStreams);
   auto index_of = [&](const CoreState* s) {
     for (size_t i = 0; i < n; i += isa::kStreams)
       if (cores_[i].state == s) return i / isa::kStreams;
@@ -86,7 +86,6 @@ RunResult Interpreter::run(const RunOptions& opts) {
     bool progress = false, all_halted = true;
     for (size_t k = 0; k < n; ++k) {
       Context& c = cores_[k];
-      const size_t ci = k / isa::kStreams;
       if (c.status == CoreStatus::kHalted) continue;
       if (c.status == CoreStatus::kBarrier) {
         if (c.barrier_generation == barrier_generation_) continue;
@@ -100,6 +99,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
         for (;;) {
           if (c.pc >= code.size()) {  // running off the end halts
             c.status = CoreStatus::kHalted;
+            if (races) races->stream_halted(k);
             break;
           }
           const isa::Instr& in = code[c.pc];
@@ -109,7 +109,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
               break;
             }
             c.status = CoreStatus::kReady;
-            if (races) races->wait_satisfied(ci, in.a);
+            if (races) races->wait_satisfied(k, in.a);
           }
           if (res.instructions >= opts.max_instructions) {
             res.status = RunResult::Status::kBudget;
@@ -121,6 +121,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
           progress = true;
           if (in.op == Op::kHalt) {
             c.status = CoreStatus::kHalted;
+            if (races) races->stream_halted(k);
             break;
           }
           if (in.op == Op::kFork) {
@@ -128,7 +129,9 @@ RunResult Interpreter::run(const RunOptions& opts) {
             bool runs[isa::kStreams];
             for (int s = 0; s < isa::kStreams; ++s)
               runs[s] = cores_[first + static_cast<size_t>(s)].status != CoreStatus::kHalted;
-            Context& t = cores_[first + static_cast<size_t>(fork_target(c.stream, runs))];
+            const size_t target = first + static_cast<size_t>(fork_target(c.stream, runs));
+            Context& t = cores_[target];
+            if (races) races->stream_forked(k, target);
             t.status = CoreStatus::kReady;
             t.pc = static_cast<uint32_t>(in.imm);
             ++c.pc;
@@ -147,7 +150,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
             c.barrier_generation = barrier_generation_;
             break;
           }
-          if (races) check_access(*races, ci, st, in);
+          if (races) check_access(*races, k, st, in);
           switch (isa::op_info(in.op).unit) {
             case Unit::kScalar: c.pc = exec_scalar(st, in, c.pc); break;
             case Unit::kVector: exec_vector(st, in); ++c.pc; break;
@@ -156,10 +159,10 @@ RunResult Interpreter::run(const RunOptions& opts) {
               const DmaPlan p = plan_dma(machine_, st, in);
               if (races) {
                 if (p.total_bytes() > 0) {
-                  races->access(ci, p.src, BytePattern::dma_src(p), false);
-                  races->access(ci, p.dst, BytePattern::dma_dst(p), true);
+                  races->access(k, p.src, BytePattern::dma_src(p), false);
+                  races->access(k, p.dst, BytePattern::dma_dst(p), true);
                 }
-                races->dma_issued(ci, p, index_of(p.rflag_core), where(c));
+                races->dma_issued(k, p, index_of(p.rflag_core), where(c));
               }
               dma_copy(p);
               dma_signal_issuer(p);
@@ -167,7 +170,11 @@ RunResult Interpreter::run(const RunOptions& opts) {
               ++c.pc;
               break;
             }
-            case Unit::kSync: exec_sync(st, in); ++c.pc; break;
+            case Unit::kSync:
+              exec_sync(st, in);
+              if (races && (in.op == Op::kFadd || in.op == Op::kFset)) races->flag_released(k, in.a);
+              ++c.pc;
+              break;
           }
         }
       } catch (const Fault& f) {

@@ -1,6 +1,7 @@
 #include "isa/exec/race_checker.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 namespace tpusim::exec {
@@ -109,7 +110,16 @@ bool BytePattern::overlaps(const BytePattern& o) const {
   return runs_of(*this) <= runs_of(o) ? runs_meet(*this, 0, base, o, budget) : runs_meet(o, 0, o.base, *this, budget);
 }
 
-RaceChecker::RaceChecker(size_t cores) : cores_(cores), log_(cores), merged_(cores * cores, 0) {}
+RaceChecker::RaceChecker(size_t cores, size_t streams)
+    : cores_(cores),
+      streams_(std::max<size_t>(1, streams)),
+      agents_(cores * streams_),
+      running_(agents_, false),
+      log_(agents_),
+      merged_(agents_ * agents_, 0) {
+  for (size_t c = 0; c < cores_; ++c) running_[c * streams_] = true;  // every core's stream 0
+  running_count_ = cores_;
+}
 
 const RaceChecker::Record* RaceChecker::find(uint64_t id) const {
   if (id < first_id_ || id - first_id_ >= records_.size()) return nullptr;
@@ -151,25 +161,31 @@ void RaceChecker::dma_issued(size_t who, const DmaPlan& p, size_t dest, const st
   r.issuer = who;
   r.epoch = epoch_;
   r.known = log_[who].size();
-  r.observed.assign(cores_, false);
+  r.observed.assign(agents_, false);
   r.where = where;
   ++live_;
   by_memory_[p.src].ids.push_back(id);
   if (p.dst != p.src) by_memory_[p.dst].ids.push_back(id);
-  if (p.flag >= 0) pending_[{who, p.flag}].push_back(id);
-  if (p.rflag >= 0 && dest != kNoCore) pending_[{dest, p.rflag}].push_back(id);
+  if (p.flag >= 0) pending_[{who / streams_, p.flag}].ids.push_back(id);
+  if (p.rflag >= 0 && dest != kNoCore) pending_[{dest, p.rflag}].ids.push_back(id);
 }
 
-// Core `who` now knows DMA `id` is done (no knowledge passed on).
+// Agent `who` now knows DMA `id` is done (no knowledge passed on).
 void RaceChecker::mark(size_t who, uint64_t id) {
   Record* r = find(id);
   if (!r || r->observed[who]) return;
   r->observed[who] = true;
   log_[who].push_back(id);
-  if (++r->seen == cores_) retire(id);
+  if (running_[who] && ++r->seen == running_count_) retire(id);
 }
 
-// Core `who` waited for DMA `id`: it knows that DMA, and all its issuer knew when
+// Agent `who` takes over agent `from`'s log up to `upto` (the part it has not yet).
+void RaceChecker::merge(size_t who, size_t from, size_t upto) {
+  size_t& done = merged_[who * agents_ + from];
+  for (; done < upto; ++done) mark(who, log_[from][done]);
+}
+
+// Agent `who` waited for DMA `id`: it knows that DMA, and all its issuer knew when
 // issuing it (the part of the issuer's log `who` has not taken over already).
 void RaceChecker::observe(size_t who, uint64_t id) {
   const Record* r = find(id);
@@ -177,12 +193,10 @@ void RaceChecker::observe(size_t who, uint64_t id) {
   const size_t issuer = r->issuer, known = r->known;
   const bool inherits = r->epoch == epoch_ && issuer != who;
   mark(who, id);
-  if (!inherits) return;
-  size_t& done = merged_[who * cores_ + issuer];
-  for (; done < known; ++done) mark(who, log_[issuer][done]);
+  if (inherits) merge(who, issuer, known);
 }
 
-// Every core has observed DMA `id`: forget it.
+// Every running agent has observed DMA `id`: forget it.
 void RaceChecker::retire(uint64_t id) {
   Record& r = records_[static_cast<size_t>(id - first_id_)];
   r.live = false;
@@ -203,23 +217,81 @@ void RaceChecker::retire(uint64_t id) {
   }
 }
 
-void RaceChecker::wait_satisfied(size_t who, int flag) {
-  const auto it = pending_.find({who, flag});
-  if (it == pending_.end()) return;
-  const std::vector<uint64_t> ids = std::move(it->second);
-  pending_.erase(it);
-  for (uint64_t id : ids) observe(who, id);
+// After the running agents changed: forget the DMAs all of them have observed.
+void RaceChecker::retire_all_seen() {
+  std::vector<uint64_t> done;
+  for (size_t i = 0; i < records_.size(); ++i)
+    if (records_[i].live && records_[i].seen == running_count_) done.push_back(first_id_ + i);
+  for (uint64_t id : done) retire(id);
 }
 
-// What one core has observed, all know afterwards: every DMA some core observed
-// is forgotten; those no core has waited for yet stay in flight for all.
+void RaceChecker::wait_satisfied(size_t who, int flag) {
+  const size_t core = who / streams_, stream = who % streams_;
+  if (const auto it = pending_.find({core, flag}); it != pending_.end()) {
+    FlagDmas& fd = it->second;
+    fd.taken.resize(streams_, 0);
+    // Taken before observing: an observe may retire ids, never add to this list.
+    const size_t from = fd.taken[stream], to = fd.ids.size();
+    fd.taken[stream] = to;
+    for (size_t i = from; i < to; ++i) observe(who, fd.ids[i]);
+    // Once every running stream of the core has taken an id, no wait needs it
+    // again: a stream forked later starts from its parent's place (stream_forked).
+    size_t least = SIZE_MAX;
+    for (size_t s = 0; s < streams_; ++s)
+      if (running_[core * streams_ + s]) least = std::min(least, fd.taken[s]);
+    if (least != SIZE_MAX && least > 0 && least * 2 >= fd.ids.size()) {
+      fd.ids.erase(fd.ids.begin(), fd.ids.begin() + static_cast<std::ptrdiff_t>(least));
+      for (size_t& t : fd.taken) t = t > least ? t - least : 0;
+    }
+  }
+  if (const auto it = released_.find({core, flag}); it != released_.end())
+    for (size_t s = 0; s < streams_; ++s)
+      if (s != stream && it->second[s] > 0) merge(who, core * streams_ + s, it->second[s]);
+}
+
+void RaceChecker::flag_released(size_t who, int flag) {
+  auto& per_stream = released_[{who / streams_, flag}];
+  per_stream.resize(streams_, 0);
+  per_stream[who % streams_] = log_[who].size();
+}
+
+void RaceChecker::stream_forked(size_t parent, size_t child) {
+  if (running_[child]) return;
+  running_[child] = true;
+  ++running_count_;
+  // What the child knew in an earlier run still holds (a DMA seen done stays done).
+  for (Record& r : records_)
+    if (r.live && r.observed[child]) ++r.seen;
+  merge(child, parent, log_[parent].size());
+  // A wait of the child on a flag need not look at DMAs the parent already took.
+  for (auto& [key, fd] : pending_)
+    if (key.first == child / streams_) {
+      fd.taken.resize(streams_, 0);
+      fd.taken[child % streams_] = std::max(fd.taken[child % streams_], fd.taken[parent % streams_]);
+    }
+}
+
+void RaceChecker::stream_halted(size_t who) {
+  if (!running_[who]) return;
+  running_[who] = false;
+  --running_count_;
+  for (Record& r : records_)
+    if (r.live && r.observed[who]) --r.seen;
+  retire_all_seen();
+}
+
+// What one agent has observed, all know afterwards: every DMA some agent observed
+// is forgotten; those no agent has waited for yet stay in flight for all.
 void RaceChecker::barrier_released() {
   std::vector<uint64_t> known;
   for (size_t i = 0; i < records_.size(); ++i)
-    if (records_[i].live && records_[i].seen > 0) known.push_back(first_id_ + i);
+    if (records_[i].live && std::find(records_[i].observed.begin(), records_[i].observed.end(), true) !=
+                                records_[i].observed.end())
+      known.push_back(first_id_ + i);
   for (uint64_t id : known) retire(id);
   for (auto& l : log_) l.clear();
   std::fill(merged_.begin(), merged_.end(), 0);
+  released_.clear();
   ++epoch_;
 }
 

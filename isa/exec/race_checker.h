@@ -1,17 +1,20 @@
 // --check-races: flags accesses that break the synchronisation rule of docs/isa.md
 // (section 3). The reference completes a DMA at issue, so a racy program still
-// gets values there; this checker remembers each DMA as "in flight" for every core
-// until that core has waited on its completion flag (the issuer's flag, or the
-// destination's rflag), and faults when a core touches the DMA's bytes earlier.
-// Happens-before also flows through barriers and through the rflag of a later DMA
-// from a core that had already waited. Accesses are compared byte for byte: a
-// strided transfer's gaps are not part of it, so two interleaved strided DMAs (the
-// column bands of a matmul) do not collide.
-// Between barriers (an all-reduce has none) a DMA is remembered until every core
-// has observed it, so on 128 cores thousands are; the checker therefore finds an
-// access's DMAs by memory, a wait's by flag, and passes knowledge on as prefixes
-// of per-core logs instead of copies of it (a 128-core 256 KiB all-reduce checks
-// in seconds; it took 23 minutes when every access scanned every DMA).
+// gets values there; this checker remembers each DMA as "in flight" for every
+// agent (a core's instruction stream) until that agent has waited on its
+// completion flag (the issuer's flag, or the destination's rflag), and faults when
+// it touches the DMA's bytes earlier. Happens-before also flows through barriers,
+// through the rflag of a later DMA from an agent that had already waited, from a
+// stream to the one it forks, and from a stream's `fadd`/`fset` of a flag to
+// another stream of its core that waits on that flag. Accesses are compared byte
+// for byte: a strided transfer's gaps are not part of it, so two interleaved
+// strided DMAs (the column bands of a matmul) do not collide.
+// Between barriers (an all-reduce has none) a DMA is remembered until every
+// running agent has observed it, so on 128 cores thousands are; the checker
+// therefore finds an access's DMAs by memory, a wait's by flag, and passes
+// knowledge on as prefixes of per-agent logs instead of copies of it (a 128-core
+// 256 KiB all-reduce checks in seconds; it took 23 minutes when every access
+// scanned every DMA).
 #pragma once
 
 #include <cstddef>
@@ -50,16 +53,27 @@ struct BytePattern {
 class RaceChecker {
  public:
   static constexpr size_t kNoCore = static_cast<size_t>(-1);
-  explicit RaceChecker(size_t cores);
+  // Agents are core * streams + stream; stream 0 of every core runs from the start,
+  // the others from the `fork` that starts them (stream_forked).
+  explicit RaceChecker(size_t cores, size_t streams = 1);
 
-  // Core `who` reads or writes `bytes` of `mem`; throws Fault on a race.
+  // Agent `who` reads or writes `bytes` of `mem`; throws Fault on a race.
   void access(size_t who, const Memory* mem, const BytePattern& bytes, bool write) const;
-  // After the DMA's own accesses were checked with access().
+  // After the DMA's own accesses were checked with access(). `dest` is the core
+  // (not agent) whose flag the rflag raises, or kNoCore.
   void dma_issued(size_t who, const DmaPlan& p, size_t dest, const std::string& where);
   void wait_satisfied(size_t who, int flag);
+  // `fadd`/`fset` of its core's flag by agent `who`: a later wait on that flag by
+  // another stream of the core learns what `who` knows now.
+  void flag_released(size_t who, int flag);
+  // Agent `parent` forks agent `child` (a stream of the same core), which starts
+  // knowing what `parent` knows.
+  void stream_forked(size_t parent, size_t child);
+  // Agent `who` halts: it touches nothing more, so DMAs need not wait for it.
+  void stream_halted(size_t who);
   void barrier_released();
 
-  // DMAs still remembered (not yet observed by every core), for tests.
+  // DMAs still remembered (not yet observed by every running agent), for tests.
   size_t live_records() const { return live_; }
 
  private:
@@ -72,7 +86,7 @@ class RaceChecker {
     BytePattern src_bytes;
     const Memory* dst = nullptr;
     BytePattern dst_bytes;
-    size_t issuer = 0, seen = 0;  // seen: how many cores observed it
+    size_t issuer = 0, seen = 0;  // seen: how many running agents observed it
     uint64_t epoch = 0;
     size_t known = 0;
     std::vector<bool> observed;
@@ -82,9 +96,13 @@ class RaceChecker {
   const Record* find(uint64_t id) const;
   void mark(size_t who, uint64_t id);
   void observe(size_t who, uint64_t id);
+  void merge(size_t who, size_t from, size_t upto);
   void retire(uint64_t id);
+  void retire_all_seen();
 
-  size_t cores_;
+  size_t cores_, streams_, agents_;
+  std::vector<bool> running_;  // per agent
+  size_t running_count_ = 0;
   uint64_t first_id_ = 0;      // records_[i] is DMA first_id_ + i
   std::deque<Record> records_;  // dead records are dropped from the front
   size_t live_ = 0;
@@ -95,10 +113,18 @@ class RaceChecker {
     size_t dead = 0;
   };
   std::unordered_map<const Memory*, MemoryIndex> by_memory_;
-  // (core, flag) -> the DMAs a wait on that flag by that core observes.
-  std::map<std::pair<size_t, int>, std::vector<uint64_t>> pending_;
-  // Per core, the DMAs it observed since the last barrier, in order; merged_[w *
-  // cores + i]: how much of core i's log core w has already taken over.
+  // (core, flag) -> the DMAs that raise it, in issue order, and per stream of the
+  // core how many of them a wait of that stream has already observed.
+  struct FlagDmas {
+    std::vector<uint64_t> ids;
+    std::vector<size_t> taken;
+  };
+  std::map<std::pair<size_t, int>, FlagDmas> pending_;
+  // (core, flag) -> per stream, its log's length at its last fadd/fset of the flag
+  // in this epoch (0: none).
+  std::map<std::pair<size_t, int>, std::vector<size_t>> released_;
+  // Per agent, the DMAs it observed since the last barrier, in order; merged_[w *
+  // agents + i]: how much of agent i's log agent w has already taken over.
   std::vector<std::vector<uint64_t>> log_;
   std::vector<size_t> merged_;
   uint64_t epoch_ = 0;  // barriers so far
