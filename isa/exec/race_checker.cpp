@@ -1,6 +1,7 @@
 #include "isa/exec/race_checker.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <utility>
 
@@ -264,11 +265,12 @@ void RaceChecker::stream_forked(size_t parent, size_t child) {
     if (r.live && r.observed[child]) ++r.seen;
   merge(child, parent, log_[parent].size());
   // A wait of the child on a flag need not look at DMAs the parent already took.
-  for (auto& [key, fd] : pending_)
-    if (key.first == child / streams_) {
-      fd.taken.resize(streams_, 0);
-      fd.taken[child % streams_] = std::max(fd.taken[child % streams_], fd.taken[parent % streams_]);
-    }
+  const size_t core = child / streams_;
+  for (auto it = pending_.lower_bound({core, INT_MIN}); it != pending_.end() && it->first.first == core; ++it) {
+    FlagDmas& fd = it->second;
+    fd.taken.resize(streams_, 0);
+    fd.taken[child % streams_] = std::max(fd.taken[child % streams_], fd.taken[parent % streams_]);
+  }
 }
 
 void RaceChecker::stream_halted(size_t who) {
