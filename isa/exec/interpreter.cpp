@@ -74,9 +74,15 @@ RunResult Interpreter::run(const RunOptions& opts) {
   RunResult res;
   const size_t n = cores_.size();
   // The race checker's agents are the cores' streams (cores_ is ordered core by
-  // core, kStreams each, so an agent is its index k there).
+  // core, kStreams each, so an agent is its index k there). A bundle without
+  // `fork` runs stream 0 only: one agent a core then keeps the checker's per-agent
+  // bits and agents-squared cursors as small as a core count makes them.
+  bool forks = false;
+  for (size_t i = 0; i < n && !forks; i += isa::kStreams)
+    for (const isa::Instr& in : cores_[i].prog->code) forks = forks || in.op == Op::kFork;
+  auto agent = [&](size_t k) { return forks ? k : k / isa::kStreams; };
   std::unique_ptr<RaceChecker> races;
-  if (opts.check_races) races = std::make_unique<RaceChecker>(programs_, isa::kStreams);
+  if (opts.check_races) races = std::make_unique<RaceChecker>(programs_, forks ? isa::kStreams : 1);
   auto index_of = [&](const CoreState* s) {
     for (size_t i = 0; i < n; i += isa::kStreams)
       if (cores_[i].state == s) return i / isa::kStreams;
@@ -99,7 +105,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
         for (;;) {
           if (c.pc >= code.size()) {  // running off the end halts
             c.status = CoreStatus::kHalted;
-            if (races) races->stream_halted(k);
+            if (races) races->stream_halted(agent(k));
             break;
           }
           const isa::Instr& in = code[c.pc];
@@ -109,7 +115,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
               break;
             }
             c.status = CoreStatus::kReady;
-            if (races) races->wait_satisfied(k, in.a);
+            if (races) races->wait_satisfied(agent(k), in.a);
           }
           if (res.instructions >= opts.max_instructions) {
             res.status = RunResult::Status::kBudget;
@@ -121,7 +127,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
           progress = true;
           if (in.op == Op::kHalt) {
             c.status = CoreStatus::kHalted;
-            if (races) races->stream_halted(k);
+            if (races) races->stream_halted(agent(k));
             break;
           }
           if (in.op == Op::kFork) {
@@ -131,7 +137,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
               runs[s] = cores_[first + static_cast<size_t>(s)].status != CoreStatus::kHalted;
             const size_t target = first + static_cast<size_t>(fork_target(c.stream, runs));
             Context& t = cores_[target];
-            if (races) races->stream_forked(k, target);
+            if (races) races->stream_forked(agent(k), agent(target));
             t.status = CoreStatus::kReady;
             t.pc = static_cast<uint32_t>(in.imm);
             ++c.pc;
@@ -150,7 +156,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
             c.barrier_generation = barrier_generation_;
             break;
           }
-          if (races) check_access(*races, k, st, in);
+          if (races) check_access(*races, agent(k), st, in);
           switch (isa::op_info(in.op).unit) {
             case Unit::kScalar: c.pc = exec_scalar(st, in, c.pc); break;
             case Unit::kVector: exec_vector(st, in); ++c.pc; break;
@@ -159,10 +165,10 @@ RunResult Interpreter::run(const RunOptions& opts) {
               const DmaPlan p = plan_dma(machine_, st, in);
               if (races) {
                 if (p.total_bytes() > 0) {
-                  races->access(k, p.src, BytePattern::dma_src(p), false);
-                  races->access(k, p.dst, BytePattern::dma_dst(p), true);
+                  races->access(agent(k), p.src, BytePattern::dma_src(p), false);
+                  races->access(agent(k), p.dst, BytePattern::dma_dst(p), true);
                 }
-                races->dma_issued(k, p, index_of(p.rflag_core), where(c));
+                races->dma_issued(agent(k), p, index_of(p.rflag_core), where(c));
               }
               dma_copy(p);
               dma_signal_issuer(p);
@@ -172,7 +178,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
             }
             case Unit::kSync:
               exec_sync(st, in);
-              if (races && (in.op == Op::kFadd || in.op == Op::kFset)) races->flag_released(k, in.a);
+              if (races && (in.op == Op::kFadd || in.op == Op::kFset)) races->flag_released(agent(k), in.a);
               ++c.pc;
               break;
           }
