@@ -5,12 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "compiler/passes/passes.h"
 
@@ -626,15 +623,6 @@ Graph import_onnx_bytes(const std::string& bytes, const std::string& label) {
   if (bytes.empty()) throw CompileError(label + ": empty file, not an ONNX model");
   if (!model.ParseFromString(bytes)) throw CompileError(label + ": not a valid ONNX model (protobuf parse failed; truncated or corrupt?)");
   return Importer(label).run(model);
-}
-
-Graph import_onnx_file(const std::string& path) {
-  if (std::filesystem::is_directory(path)) throw CompileError(path + ": is a directory, not an ONNX model");
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw CompileError(path + ": cannot open: " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return import_onnx_bytes(ss.str(), path);
 }
 
 }  // namespace tpusim::compiler

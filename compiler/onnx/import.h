@@ -15,6 +15,5 @@ namespace tpusim::compiler {
 // unsupported opset, op or attribute (naming the node and op), a cycle, or shapes
 // that do not fit.
 Graph import_onnx_bytes(const std::string& bytes, const std::string& label);
-Graph import_onnx_file(const std::string& path);
 
 }  // namespace tpusim::compiler
