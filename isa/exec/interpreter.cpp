@@ -78,7 +78,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
   // `fork` runs stream 0 only: one agent a core then keeps the checker's per-agent
   // bits and agents-squared cursors as small as a core count makes them.
   bool forks = false;
-  for (size_t i = 0; i < n && !forks; i += isa::kStreams)
+  for (size_t i = 0; opts.check_races && i < n && !forks; i += isa::kStreams)
     for (const isa::Instr& in : cores_[i].prog->code) forks = forks || in.op == Op::kFork;
   auto agent = [&](size_t k) { return forks ? k : k / isa::kStreams; };
   std::unique_ptr<RaceChecker> races;
