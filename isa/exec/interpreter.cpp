@@ -43,13 +43,20 @@ std::string Interpreter::where(const Context& c) const {
 
 namespace {
 
+// The race checker's view of an access: against DMAs in flight, and against the
+// core's other streams.
+void check_bytes(RaceChecker& rc, size_t who, const Memory* mem, const BytePattern& bytes, bool write) {
+  rc.access(who, mem, bytes, write);
+  rc.sibling_access(who, mem, bytes, write);
+}
+
 // The memory bytes an instruction touches, for the race checker.
-void check_access(const RaceChecker& rc, size_t who, CoreState& st, const isa::Instr& in) {
+void check_access(RaceChecker& rc, size_t who, CoreState& st, const isa::Instr& in) {
   switch (in.op) {
     case Op::kLd:
     case Op::kSt: {
       const int64_t a = effective_address(st, in.b, in.imm);
-      rc.access(who, &st.smem, BytePattern::contiguous(a, a + 4), in.op == Op::kSt);
+      check_bytes(rc, who, &st.smem, BytePattern::contiguous(a, a + 4), in.op == Op::kSt);
       return;
     }
     case Op::kVld:
@@ -59,9 +66,9 @@ void check_access(const RaceChecker& rc, size_t who, CoreState& st, const isa::I
       // Eight sublane rows of 128 lanes, `stride=` bytes apart (masked lanes included).
       const int64_t es = (in.op == Op::kVldBf16 || in.op == Op::kVstBf16) ? 2 : 4;
       const int64_t rows = isa::kSublanes, stride = static_cast<int32_t>(in.imm2);
-      rc.access(who, &st.vmem,
-                BytePattern::strided(effective_address(st, in.b, in.imm), isa::kLanes * es, 1, &rows, &stride),
-                in.op == Op::kVst || in.op == Op::kVstBf16);
+      check_bytes(rc, who, &st.vmem,
+                  BytePattern::strided(effective_address(st, in.b, in.imm), isa::kLanes * es, 1, &rows, &stride),
+                  in.op == Op::kVst || in.op == Op::kVstBf16);
       return;
     }
     default: return;
@@ -167,6 +174,10 @@ RunResult Interpreter::run(const RunOptions& opts) {
                 if (p.total_bytes() > 0) {
                   races->access(agent(k), p.src, BytePattern::dma_src(p), false);
                   races->access(agent(k), p.dst, BytePattern::dma_dst(p), true);
+                  // The ends in this core's own memories, against its other streams.
+                  auto own = [&](const Memory* m) { return m == &st.vmem || m == &st.smem; };
+                  if (own(p.src)) races->sibling_access(agent(k), p.src, BytePattern::dma_src(p), false);
+                  if (own(p.dst)) races->sibling_access(agent(k), p.dst, BytePattern::dma_dst(p), true);
                 }
                 races->dma_issued(agent(k), p, index_of(p.rflag_core), where(c));
               }

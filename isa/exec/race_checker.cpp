@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <iterator>
 #include <utility>
 
 namespace tpusim::exec {
@@ -120,6 +121,67 @@ RaceChecker::RaceChecker(size_t cores, size_t streams)
       merged_(agents_ * agents_, 0) {
   for (size_t c = 0; c < cores_; ++c) running_[c * streams_] = true;  // every core's stream 0
   running_count_ = cores_;
+  if (streams_ > 1) {
+    rel_.assign(agents_, 0);
+    knows_.assign(agents_ * streams_, 0);
+    forked_.assign(cores_, false);
+  }
+}
+
+static_assert(isa::kStreams == 4, "RaceChecker::Cell::read's initialiser lists one entry a stream");
+
+std::vector<uint32_t> RaceChecker::release(size_t who) {
+  std::vector<uint32_t> snap(knows_.begin() + static_cast<std::ptrdiff_t>(who * streams_),
+                             knows_.begin() + static_cast<std::ptrdiff_t>((who + 1) * streams_));
+  snap[who % streams_] = ++rel_[who];
+  return snap;
+}
+
+void RaceChecker::acquire(size_t who, const std::vector<uint32_t>& snapshot) {
+  for (size_t s = 0; s < snapshot.size(); ++s)
+    if (s != who % streams_) knows_[who * streams_ + s] = std::max(knows_[who * streams_ + s], snapshot[s]);
+}
+
+RaceChecker::Cell& RaceChecker::Shadow::at(int64_t cell) {
+  auto& page = pages[floor_div(cell, kCellsPerPage)];
+  if (!page) page = std::make_unique<Cell[]>(kCellsPerPage);
+  return page[static_cast<size_t>(cell - floor_div(cell, kCellsPerPage) * kCellsPerPage)];
+}
+
+void RaceChecker::sibling_access(size_t who, const Memory* mem, const BytePattern& bytes, bool write) {
+  const size_t core = who / streams_, me = who % streams_;
+  if (streams_ == 1 || bytes.empty() || !forked_[core]) return;
+  Shadow& sh = shadows_[mem];
+  if (sh.grain == 0) sh.grain = mem->size() <= 65536 ? 4 : 256;
+  const uint32_t* knows = &knows_[who * streams_];
+  auto race = [&](size_t other, bool other_wrote) {
+    throw Fault(std::string("race: ") + (write ? "writes" : "reads") + " bytes [" + std::to_string(bytes.lo) + ", " +
+                std::to_string(bytes.hi) + ") of " + mem->name() + " that stream " + std::to_string(other) +
+                " of this core " + (other_wrote ? "wrote" : "read") +
+                ", with no flag it released, fork or DMA it issued since ordering the two");
+  };
+  // Every run of the pattern (innermost dims fastest), cell by cell.
+  int64_t idx[BytePattern::kMaxDims] = {};
+  for (;;) {
+    int64_t a = bytes.base;
+    for (int d = 0; d < bytes.ndims; ++d) a += idx[d] * bytes.stride[d];
+    for (int64_t c = floor_div(a, sh.grain), last = floor_div(a + bytes.run - 1, sh.grain); c <= last; ++c) {
+      Cell& cell = sh.at(c);
+      if (cell.writer != kNone && cell.writer != me && knows[cell.writer] <= cell.written) race(cell.writer, true);
+      if (write) {
+        for (size_t s = 0; s < streams_; ++s)
+          if (s != me && cell.read[s] != kNoRead && knows[s] <= cell.read[s]) race(s, false);
+        cell.writer = static_cast<uint8_t>(me);
+        cell.written = rel_[who];
+        std::fill(std::begin(cell.read), std::end(cell.read), kNoRead);
+      } else {
+        cell.read[me] = rel_[who];
+      }
+    }
+    int d = bytes.ndims - 1;
+    for (; d >= 0 && ++idx[d] == bytes.count[d]; --d) idx[d] = 0;
+    if (d < 0) break;
+  }
 }
 
 const RaceChecker::Record* RaceChecker::find(uint64_t id) const {
@@ -164,6 +226,7 @@ void RaceChecker::dma_issued(size_t who, const DmaPlan& p, size_t dest, const st
   r.known = log_[who].size();
   r.observed.assign(agents_, false);
   r.where = where;
+  if (streams_ > 1) r.plain = release(who);  // the engines start it after the vld/vst before it
   ++live_;
   by_memory_[p.src].ids.push_back(id);
   if (p.dst != p.src) by_memory_[p.dst].ids.push_back(id);
@@ -175,6 +238,7 @@ void RaceChecker::dma_issued(size_t who, const DmaPlan& p, size_t dest, const st
 void RaceChecker::mark(size_t who, uint64_t id) {
   Record* r = find(id);
   if (!r || r->observed[who]) return;
+  if (r->issuer / streams_ == who / streams_) acquire(who, r->plain);
   r->observed[who] = true;
   log_[who].push_back(id);
   if (running_[who] && ++r->seen == running_count_) retire(id);
@@ -203,6 +267,7 @@ void RaceChecker::retire(uint64_t id) {
   r.live = false;
   r.observed = {};
   r.where = {};
+  r.plain = {};
   --live_;
   auto prune = [&](const Memory* m) {
     MemoryIndex& mi = by_memory_[m];
@@ -246,20 +311,29 @@ void RaceChecker::wait_satisfied(size_t who, int flag) {
     }
   }
   if (const auto it = released_.find({core, flag}); it != released_.end())
-    for (size_t s = 0; s < streams_; ++s)
-      if (s != stream && it->second[s] > 0) merge(who, core * streams_ + s, it->second[s]);
+    for (size_t s = 0; s < streams_; ++s) {
+      if (s == stream) continue;
+      const Release& r = it->second[s];
+      acquire(who, r.plain);
+      if (r.log > 0) merge(who, core * streams_ + s, r.log);
+    }
 }
 
 void RaceChecker::flag_released(size_t who, int flag) {
   auto& per_stream = released_[{who / streams_, flag}];
-  per_stream.resize(streams_, 0);
-  per_stream[who % streams_] = log_[who].size();
+  per_stream.resize(streams_);
+  per_stream[who % streams_].log = log_[who].size();
+  if (streams_ > 1) per_stream[who % streams_].plain = release(who);
 }
 
 void RaceChecker::stream_forked(size_t parent, size_t child) {
   if (running_[child]) return;
   running_[child] = true;
   ++running_count_;
+  if (streams_ > 1) {
+    forked_[child / streams_] = true;
+    acquire(child, release(parent));
+  }
   // What the child knew in an earlier run still holds (a DMA seen done stays done).
   for (Record& r : records_)
     if (r.live && r.observed[child]) ++r.seen;

@@ -9,6 +9,11 @@
 // another stream of its core that waits on that flag. Accesses are compared byte
 // for byte: a strided transfer's gaps are not part of it, so two interleaved
 // strided DMAs (the column bands of a matmul) do not collide.
+// Streams of one core are checked against each other too: a `vld`/`vst`/`ld`/`st`
+// (or a DMA's end in the core's own memory) that touches bytes a sibling stream
+// touched, one of the two a write, faults unless the sibling's access was ordered
+// before it by a flag the sibling released, a fork, or a DMA the sibling issued
+// after it (the engines start a DMA only after the vld/vst issued before it).
 // Between barriers (an all-reduce has none) a DMA is remembered until every
 // running agent has observed it, so on 128 cores thousands are; the checker
 // therefore finds an access's DMAs by memory, a wait's by flag, and passes
@@ -21,6 +26,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -59,6 +65,10 @@ class RaceChecker {
 
   // Agent `who` reads or writes `bytes` of `mem`; throws Fault on a race.
   void access(size_t who, const Memory* mem, const BytePattern& bytes, bool write) const;
+  // A plain access (vld/vst, ld/st, or a DMA's end in its own core's memory) of
+  // agent `who` to its core's `mem`, against what the core's other streams touched
+  // (a no-op with one stream a core); throws Fault on a race.
+  void sibling_access(size_t who, const Memory* mem, const BytePattern& bytes, bool write);
   // After the DMA's own accesses were checked with access(). `dest` is the core
   // (not agent) whose flag the rflag raises, or kNoCore.
   void dma_issued(size_t who, const DmaPlan& p, size_t dest, const std::string& where);
@@ -91,6 +101,7 @@ class RaceChecker {
     size_t known = 0;
     std::vector<bool> observed;
     std::string where;
+    std::vector<uint32_t> plain;  // the issuer's release snapshot (streams_ > 1)
   };
   Record* find(uint64_t id);
   const Record* find(uint64_t id) const;
@@ -121,13 +132,46 @@ class RaceChecker {
   };
   std::map<std::pair<size_t, int>, FlagDmas> pending_;
   // (core, flag) -> per stream, its log's length at its last fadd/fset of the flag
-  // in this epoch (0: none).
-  std::map<std::pair<size_t, int>, std::vector<size_t>> released_;
+  // in this epoch (0: none) and its release snapshot then.
+  struct Release {
+    size_t log = 0;
+    std::vector<uint32_t> plain;
+  };
+  std::map<std::pair<size_t, int>, std::vector<Release>> released_;
   // Per agent, the DMAs it observed since the last barrier, in order; merged_[w *
   // agents + i]: how much of agent i's log agent w has already taken over.
   std::vector<std::vector<uint64_t>> log_;
   std::vector<size_t> merged_;
   uint64_t epoch_ = 0;  // barriers so far
+
+  // Sibling streams' plain accesses (streams_ > 1). Each agent counts its releases
+  // (fadd/fset, DMA issues, forks) in rel_; an access is stamped with that count,
+  // and agent b has learnt of sibling s's accesses stamped below knows_[b *
+  // streams_ + s]. A release's snapshot is what its agent knows then (its own entry
+  // = its new count); acquiring one takes the maximum, so knowledge is transitive.
+  std::vector<uint32_t> release(size_t who);
+  void acquire(size_t who, const std::vector<uint32_t>& snapshot);
+  std::vector<uint32_t> rel_, knows_;
+  // Per memory of a core that has forked (a barrier orders only stream 0s, so it
+  // leaves these as they are): per grain of bytes
+  // (4 B in SMEM-sized memories, 256 B, a bf16 sublane row, in larger ones) the
+  // last write (stream, stamp) and each stream's last read since it, in pages of
+  // cells allocated as they are touched.
+  static constexpr uint8_t kNone = 0xff;
+  static constexpr uint32_t kNoRead = UINT32_MAX;
+  struct Cell {
+    uint8_t writer = kNone;
+    uint32_t written = 0;
+    uint32_t read[isa::kStreams] = {kNoRead, kNoRead, kNoRead, kNoRead};
+  };
+  static constexpr int64_t kCellsPerPage = 256;
+  struct Shadow {
+    int64_t grain = 0;
+    std::unordered_map<int64_t, std::unique_ptr<Cell[]>> pages;
+    Cell& at(int64_t cell);
+  };
+  std::unordered_map<const Memory*, Shadow> shadows_;
+  std::vector<bool> forked_;  // per core: a second stream has run (before, stream 0 had no sibling)
 };
 
 }  // namespace tpusim::exec

@@ -239,6 +239,41 @@ TEST(IsaExecRaces, CheckerFlagsEachRuleAndAcceptsSynchronisedCode) {
        "  dma vmem:[s0 + 4096], hbm:[s0 + 64], bytes=64, flag=f3\n  fork child\n  halt\n"
        "child:\n  vld v0, [s0 + 0]\n  vld v1, [s0 + 4096]\n  halt\n",
        "race: reads bytes [4096, 8192) of vmem of chip0.core0 that the DMA at chip0.core0 instruction 2"},
+      // Streams' plain accesses against each other. The reference runs stream 0
+      // until it halts, then the child: a tile stream 0 writes after the fork is
+      // unordered with the child's read of it ...
+      {"  fork child\n  vst v0, [s0 + 0]\n  halt\nchild:\n  vld v1, [s0 + 0]\n  halt\n",
+       "race: reads bytes [0, 4096) of vmem of chip0.core0 that stream 0 of this core wrote"},
+      // ... as is the child's write of a tile stream 0 read ...
+      {"  fork child\n  vld v0, [s0 + 0]\n  halt\nchild:\n  vst v1, [s0 + 0]\n  halt\n",
+       "race: writes bytes [0, 4096) of vmem of chip0.core0 that stream 0 of this core read"},
+      // ... and a DMA of the child that reads the tile
+      {"  fork child\n  vst v0, [s0 + 0]\n  halt\nchild:\n  dma hbm:[s0 + 0], vmem:[s0 + 64], bytes=64, flag=f1\n"
+       "  wait f1, 1\n  halt\n",
+       "race: reads bytes [64, 128) of vmem of chip0.core0 that stream 0 of this core wrote"},
+      // a write before the fork, two reads, other tiles, other SMEM words: no race
+      {"  vst v0, [s0 + 0]\n  fork child\n  vld v0, [s0 + 0]\n  vst v0, [s0 + 4096]\n  st s1, [s0 + 0]\n  halt\n"
+       "child:\n  vld v1, [s0 + 0]\n  vst v1, [s0 + 8192]\n  st s1, [s0 + 4]\n  halt\n",
+       nullptr},
+      // a flag released after the write orders it before the waiter's read ...
+      {"  fork child\n  vst v0, [s0 + 0]\n  fadd f2, 1\n  halt\nchild:\n  wait f2, 1\n  vld v1, [s0 + 0]\n  halt\n",
+       nullptr},
+      // ... but not a flag released before it
+      {"  fork child\n  fadd f2, 1\n  vst v0, [s0 + 0]\n  halt\nchild:\n  wait f2, 1\n  vld v1, [s0 + 0]\n  halt\n",
+       "race: reads bytes [0, 4096) of vmem of chip0.core0 that stream 0 of this core wrote"},
+      // a DMA issued after the write orders it for whoever waits on the DMA (the
+      // engines start a DMA only after the vld/vst before it)
+      {"  fork child\n  vst v0, [s0 + 0]\n  dma hbm:[s0 + 0], smem:[s0 + 0], bytes=4, flag=f1\n  halt\n"
+       "child:\n  wait f1, 1\n  vld v1, [s0 + 0]\n  halt\n",
+       nullptr},
+      // knowledge passes on: stream 1 learns stream 0's write and tells stream 2
+      {"  fork a\n  fork b\n  vst v0, [s0 + 0]\n  fadd f2, 1\n  halt\na:\n  wait f2, 1\n  fadd f3, 1\n  halt\n"
+       "b:\n  wait f3, 1\n  vst v1, [s0 + 0]\n  halt\n",
+       nullptr},
+      // ... which it cannot without its own wait first
+      {"  fork a\n  fork b\n  vst v0, [s0 + 0]\n  fadd f2, 1\n  halt\na:\n  fadd f3, 1\n  wait f2, 1\n  halt\n"
+       "b:\n  wait f3, 1\n  vst v1, [s0 + 0]\n  halt\n",
+       "race: writes bytes [0, 4096) of vmem of chip0.core0 that stream 0 of this core wrote"},
   };
   for (const auto& c : cases) {
     Sim r = run_program(c.text, 1000, true);
