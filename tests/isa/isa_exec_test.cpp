@@ -960,3 +960,147 @@ TEST(IsaExecRaces, StreamsAreAgentsOfTheirOwn) {
               "%d halts that let it forget one\n",
               n.faults, n.waits_that_forgot, n.sibling_syncs, n.forks, n.halts_that_forgot);
 }
+
+// Streams' plain accesses against the happens-before graph written out: every
+// event of a stream follows its previous one; a fork precedes the child's next
+// event; a stream's latest fadd of a flag precedes a sibling's later wait on it;
+// a DMA (after its issuer's earlier events) precedes every wait on its flag. An
+// access races when an earlier access of another stream to the same bytes, one of
+// the two a write, is not among its ancestors. Random events on one core of three
+// streams, each seed until its first race (a run ends at a fault): the checker,
+// which keeps only stamps and per-stream counts, must fault exactly there.
+TEST(IsaExecRaces, SiblingAccessesMatchTheHappensBeforeGraph) {
+  using tpusim::exec::BytePattern;
+  using tpusim::exec::DmaPlan;
+  using tpusim::exec::Fault;
+  using tpusim::exec::Memory;
+  using tpusim::exec::RaceChecker;
+  constexpr size_t kStreams = 3;
+  constexpr int64_t kGrain = 256;  // the checker's VMEM grain: accesses are whole grains
+  Memory vmem("vmem", 1 << 20), hbm("hbm", 1 << 20);
+  int races = 0, ordered = 0, dma_orders = 0, forks = 0;
+  for (unsigned seed = 1; seed <= 300; ++seed) {
+    std::mt19937 rng(seed);
+    auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    RaceChecker rc(1, kStreams);
+    struct Event {
+      std::vector<size_t> preds;
+      int64_t lo = 0, hi = 0;  // an access's bytes, else empty
+      bool write = false;
+      size_t stream = 0;
+    };
+    std::vector<Event> ev;
+    std::vector<long> last(kStreams, -1);          // each stream's latest event
+    std::vector<bool> running(kStreams, false);
+    running[0] = true;
+    std::map<std::pair<size_t, int>, size_t> released;  // (stream, flag) -> its latest fadd
+    std::vector<std::pair<int, size_t>> dmas;             // (flag, event)
+    auto add = [&](size_t s, Event e) {
+      e.stream = s;
+      if (last[s] >= 0) e.preds.push_back(static_cast<size_t>(last[s]));
+      ev.push_back(e);
+      last[s] = static_cast<long>(ev.size() - 1);
+      return ev.size() - 1;
+    };
+    // Whether the new access `e` (already added) races with an earlier one.
+    auto graph_race = [&](size_t e) {
+      std::vector<bool> anc(ev.size(), false);
+      std::vector<size_t> todo(ev[e].preds);
+      while (!todo.empty()) {
+        const size_t x = todo.back();
+        todo.pop_back();
+        if (anc[x]) continue;
+        anc[x] = true;
+        todo.insert(todo.end(), ev[x].preds.begin(), ev[x].preds.end());
+      }
+      for (size_t x = 0; x < e; ++x)
+        if (ev[x].hi > ev[x].lo && ev[x].stream != ev[e].stream && (ev[x].write || ev[e].write) &&
+            ev[x].lo < ev[e].hi && ev[e].lo < ev[x].hi && !anc[x])
+          return true;
+      return false;
+    };
+    bool raced = false;
+    for (int step = 0; step < 200 && !raced; ++step) {
+      std::vector<size_t> run;
+      for (size_t s = 0; s < kStreams; ++s)
+        if (running[s]) run.push_back(s);
+      const size_t who = run[static_cast<size_t>(pick(0, static_cast<int>(run.size()) - 1))];
+      const int kind = pick(0, 99);
+      if (kind < 40) {  // vld/vst, or a DMA's end in the core's memory
+        Event e;
+        e.lo = pick(0, 63) * kGrain;
+        e.hi = e.lo + pick(1, 3) * kGrain;
+        e.write = pick(0, 3) == 0;
+        const bool dma = kind >= 28;
+        const size_t id = add(who, e);
+        const bool expect = graph_race(id);
+        bool got = false;
+        try {
+          rc.sibling_access(who, &vmem, BytePattern::contiguous(e.lo, e.hi), e.write);
+        } catch (const Fault& f) {
+          got = true;
+          EXPECT_EQ(std::string(f.what()).rfind(e.write ? "race: writes" : "race: reads", 0), 0u) << f.what();
+        }
+        ASSERT_EQ(got, expect) << "seed " << seed << " step " << step;
+        raced = got;
+        // An access a sibling's conflicting one was ordered before (no race).
+        for (size_t x = 0; x < id && !raced; ++x)
+          if (ev[x].hi > ev[x].lo && ev[x].stream != who && (ev[x].write || e.write) && ev[x].lo < e.hi && e.lo < ev[x].hi) {
+            ++ordered;
+            break;
+          }
+        if (dma && !raced) {  // the DMA that touched it, after its access
+          DmaPlan p;
+          p.bytes = static_cast<uint64_t>(e.hi - e.lo);
+          p.src = e.write ? &hbm : &vmem;
+          p.dst = e.write ? &vmem : &hbm;
+          p.src_addr = e.write ? 0 : e.lo;
+          p.dst_addr = e.write ? e.lo : 0;
+          p.flag = pick(0, 2);
+          rc.dma_issued(who, p, RaceChecker::kNoCore, "dma");
+          dmas.push_back({p.flag, add(who, Event{})});
+        }
+      } else if (kind < 68) {  // wait on a flag: the siblings' latest fadd of it, the DMAs raising it
+        const int flag = pick(0, 2);
+        Event w;
+        for (size_t s = 0; s < kStreams; ++s)
+          if (s != who && released.count({s, flag})) w.preds.push_back(released[{s, flag}]);
+        for (const auto& [f, d] : dmas)
+          if (f == flag && ev[d].stream != who) {
+            w.preds.push_back(d);
+            ++dma_orders;
+          }
+        rc.wait_satisfied(who, flag);
+        add(who, w);
+      } else if (kind < 85) {
+        const int flag = pick(0, 2);
+        rc.flag_released(who, flag);
+        released[{who, flag}] = add(who, Event{});
+      } else if (kind < 93) {  // stream 0 forks the lowest idle stream
+        if (who != 0) continue;
+        for (size_t s = 1; s < kStreams; ++s)
+          if (!running[s]) {
+            rc.stream_forked(0, s);
+            const size_t f = add(0, Event{});
+            Event start;
+            start.preds.push_back(f);
+            add(s, start);
+            running[s] = true;
+            ++forks;
+            break;
+          }
+      } else if (who != 0) {
+        rc.stream_halted(who);
+        running[who] = false;
+      }
+    }
+    races += raced;
+  }
+  // Both answers are common, and DMAs order many waits.
+  EXPECT_GT(races, 200);
+  EXPECT_GT(ordered, 500);
+  EXPECT_GT(dma_orders, 1000);
+  EXPECT_GT(forks, 300);
+  std::printf("%d races, %d conflicting accesses ordered by the graph; %d DMA orderings, %d forks\n", races, ordered,
+              dma_orders, forks);
+}
