@@ -172,12 +172,13 @@ RunResult Interpreter::run(const RunOptions& opts) {
               const DmaPlan p = plan_dma(machine_, st, in);
               if (races) {
                 if (p.total_bytes() > 0) {
-                  races->access(agent(k), p.src, BytePattern::dma_src(p), false);
-                  races->access(agent(k), p.dst, BytePattern::dma_dst(p), true);
+                  const BytePattern src = BytePattern::dma_src(p), dst = BytePattern::dma_dst(p);
+                  races->access(agent(k), p.src, src, false);
+                  races->access(agent(k), p.dst, dst, true);
                   // The ends in this core's own memories, against its other streams.
                   auto own = [&](const Memory* m) { return m == &st.vmem || m == &st.smem; };
-                  if (own(p.src)) races->sibling_access(agent(k), p.src, BytePattern::dma_src(p), false);
-                  if (own(p.dst)) races->sibling_access(agent(k), p.dst, BytePattern::dma_dst(p), true);
+                  if (own(p.src)) races->sibling_access(agent(k), p.src, src, false);
+                  if (own(p.dst)) races->sibling_access(agent(k), p.dst, dst, true);
                 }
                 races->dma_issued(agent(k), p, index_of(p.rflag_core), where(c));
               }

@@ -143,9 +143,10 @@ void RaceChecker::acquire(size_t who, const std::vector<uint32_t>& snapshot) {
 }
 
 RaceChecker::Cell& RaceChecker::Shadow::at(int64_t cell) {
-  auto& page = pages[floor_div(cell, kCellsPerPage)];
+  const int64_t n = floor_div(cell, kCellsPerPage);
+  auto& page = pages[n];
   if (!page) page = std::make_unique<Cell[]>(kCellsPerPage);
-  return page[static_cast<size_t>(cell - floor_div(cell, kCellsPerPage) * kCellsPerPage)];
+  return page[static_cast<size_t>(cell - n * kCellsPerPage)];
 }
 
 void RaceChecker::sibling_access(size_t who, const Memory* mem, const BytePattern& bytes, bool write) {
