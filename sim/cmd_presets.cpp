@@ -17,16 +17,30 @@ namespace tpusim::cli {
 
 namespace {
 
+// "single", or the topology and its dims ("torus3d 4x4x4"): what a sweep over boards
+// changes, next to the per-chip figures that stay.
+std::string topology_label(const config::Params& p) {
+  const std::string kind = p.get_string("system.topology");
+  if (kind == "single") return kind;
+  std::string dims;
+  for (int64_t d : p.get_int_list("system.dims")) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+  return kind + " " + dims;
+}
+
 void print_summary_line(const std::string& name) {
   const auto p = config::load_preset(name);
   const auto f = config::peak_figures(p);
-  fmt::print("  {:<9} {:>3} chip(s) x {} core(s)  {:>8.1f} TFLOPS  HBM {:>7.0f} GB/s  ({})\n", name, f.chips,
-             p.get_int("cores_per_chip"), f.flops_per_s / 1e12, f.hbm_bytes_per_s / 1e9, p.source());
+  fmt::print("  {:<9} {:>3} chip(s) x {} core(s)  {:>8.1f} TFLOPS  HBM {:>7.0f} GB/s  {:<14} ICI {} x {:>2.0f} GB/s  "
+             "host {:>2.0f} GB/s  ({})\n",
+             name, f.chips, p.get_int("cores_per_chip"), f.flops_per_s / 1e12, f.hbm_bytes_per_s / 1e9,
+             topology_label(p), p.get_int("ici.links"), p.get_double("ici.link_bytes_per_s") / 1e9,
+             f.host_bytes_per_s / 1e9, p.source());
 }
 
 int run_presets(const std::string& name, const std::vector<std::string>& sets, bool dump) {
   if (name.empty()) {
-    fmt::print("presets in {}:\n", config::configs_dir());
+    fmt::print("presets in {} (ICI: links per chip x GB/s a link and direction; host: PCIe per chip):\n",
+               config::configs_dir());
     for (const auto& n : config::preset_names()) print_summary_line(n);
     return kExitOk;
   }

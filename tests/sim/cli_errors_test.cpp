@@ -12,8 +12,11 @@
 #include <string>
 #include <vector>
 
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "hw/config/params.h"
 #include "isa/io/npy.h"
 #include "sim/run/stats.h"
 #include "tests/sim/cli_fixture.h"
@@ -216,6 +219,36 @@ TEST_F(RunCli, NominalHostRateOutOfRangeIsBadInput) {
   const Completed ok = tpusim({"presets", "v4"});
   EXPECT_NE(ok.out.find("host link per chip : 16 GB/s nominal, 14.9 GB/s timed (host.hbm_to_host)"), std::string::npos)
       << ok.out;
+}
+
+// The list form names each board's topology and links, which a sweep over boards
+// changes, read here from the preset files themselves.
+TEST_F(RunCli, PresetListShowsTopologyLinksAndHost) {
+  const Completed c = tpusim({"presets"});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  auto line_of = [&](const std::string& name) {
+    std::istringstream in(c.out);
+    for (std::string l; std::getline(in, l);)
+      if (l.rfind("  " + name + " ", 0) == 0) return l;
+    return std::string();
+  };
+  for (const auto& name : config::preset_names()) {
+    const auto p = config::load_preset(name);
+    std::string topo = p.get_string("system.topology");
+    if (topo != "single") {
+      std::string dims;
+      for (int64_t d : p.get_int_list("system.dims")) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+      topo += " " + dims;
+    }
+    const std::string line = line_of(name);
+    ASSERT_FALSE(line.empty()) << name << " missing from\n" << c.out;
+    EXPECT_NE(line.find("  " + topo + " "), std::string::npos) << line;
+    EXPECT_NE(line.find(fmt::format("ICI {} x {:>2.0f} GB/s", p.get_int("ici.links"),
+                                    p.get_double("ici.link_bytes_per_s") / 1e9)),
+              std::string::npos)
+        << line;
+  }
+  EXPECT_NE(line_of("v4-4x4x4").find("torus3d 4x4x4  ICI 6 x 50 GB/s  host 16 GB/s"), std::string::npos) << c.out;
 }
 
 TEST_F(RunCli, BadModeAndMissingPresetAreUsageErrors) {
