@@ -3,6 +3,7 @@
 // graph reference folds in, lowered to DMAs into the receiving replica's VMEM or
 // HBM plus vector adds; and the direct all_gather / reduce_scatter / all_to_all.
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -96,8 +97,8 @@ int64_t most_peers(const ici::Schedule& sch) {
 }
 constexpr int kStreamLoads = 4;    // local operands fetched ahead, on flags kLoadFlag..+3 (f2..f5)
 constexpr int kStreamScratch = 4;  // sums only stored, on flags kStoreFlag..+3 (f6..f9)
-// With two streams (docs/codegen.md "Two streams") each stream has 3 operand
-// buffers and 1 scratch sum, both streams' in the one stream's 8 pieces.
+// With two streams (docs/codegen.md "Two streams") each stream has 3 + 1 of those
+// pieces, both streams' in the one stream's 8, as one pool (StreamRes::pooled).
 constexpr int kTwoStreamLoads = 3, kTwoStreamScratch = 1;
 static_assert(2 * (kTwoStreamLoads + kTwoStreamScratch) <= kStreamLoads + kStreamScratch);
 
@@ -1029,6 +1030,10 @@ void Emitter::lower_all_reduce(const Node& n) {
         std::string va, vb;        // vector registers of the adds
         std::map<size_t, std::string> before, after;  // lines to emit around the stream's event i
         int loads = kStreamLoads, scratches = kStreamScratch;  // operand buffers, scratch sums
+        // One pool of loads + scratches pieces from `load` (scr = its last pieces):
+        // a consume's sum is made in place in its operand's piece and stored from
+        // there, so a store has as long to land as a load has to arrive.
+        bool pooled = false;
       };
       auto emit_events = [&](const std::vector<StreamEvent>& prog, const StreamRes& res) {
       // Partial sums kept in VMEM: a reducing consume whose local operand is an
@@ -1126,6 +1131,33 @@ void Emitter::lower_all_reduce(const Node& n) {
       std::vector<size_t> loads;  // the reducing consumes that load their local operand, in program order
       for (size_t i = 0; i < prog.size(); ++i)
         if (!prog[i].send && ssch.steps[prog[i].step][prog[i].move].reduce && !kept_reader[i]) loads.push_back(i);
+      // Pooled (StreamRes::pooled): the consumes that take a piece of the pool (a
+      // load, or a sum that is only stored) in program order, piece use % N. The
+      // load of use u waits for the store of use u - N (the DMA would overwrite
+      // what the store reads), so loads run at most N - 2 uses ahead: u - N is then
+      // two uses back, and its store has had a whole consume to land.
+      const int pool_n = res.loads + res.scratches;
+      std::vector<size_t> pool_use(prog.size(), SIZE_MAX);
+      if (res.pooled) {
+        assert(res.scr == res.load + res.loads * PzB);
+        size_t uses = 0;
+        for (size_t i = 0; i < prog.size(); ++i) {
+          const StreamEvent& e = prog[i];
+          if (e.send) continue;
+          const bool reduce = ssch.steps[e.step][e.move].reduce;
+          const bool in_vmem = reduce || copy_to_vmem.count({me, e.step, e.move, e.atom});
+          if ((reduce && !kept_reader[i]) || (in_vmem && e.fused.empty())) pool_use[i] = uses++;
+        }
+      }
+      auto pool_piece = [&](size_t u) { return static_cast<int>(u % static_cast<size_t>(pool_n)); };
+      auto pool_flag = [&](int piece) {
+        return piece < res.loads ? res.load_flag + piece : res.store_flag + piece - res.loads;
+      };
+      // Load j's piece and flag.
+      auto load_piece = [&](size_t j) {
+        return res.pooled ? pool_piece(pool_use[loads[j]]) : static_cast<int>(j % static_cast<size_t>(res.loads));
+      };
+      auto load_flag = [&](size_t j) { return res.pooled ? pool_flag(load_piece(j)) : res.load_flag + load_piece(j); };
       size_t loads_issued = 0;
       auto issue_load = [&](size_t j, bool may_wait) {
         const StreamEvent& e = prog[loads[j]];
@@ -1134,12 +1166,14 @@ void Emitter::lower_all_reduce(const Node& n) {
             if (!may_wait) return false;
             wait_store(b);
           }
+        if (res.pooled) wait_flag_if_pending(load_flag(j));  // the piece's last store
         const int64_t lo = sp.atoms[static_cast<size_t>(e.atom)].first, hi = sp.atoms[static_cast<size_t>(e.atom_end - 1)].second;
-        dma_on(res.load_flag + static_cast<int>(j % res.loads), vmem(res.load + static_cast<int64_t>(j % res.loads) * PzB),
-               hbm((e.local_from_x ? X.addr : Y.addr) + lo * 4), (hi - lo) * 4, "");
+        dma_on(load_flag(j), vmem(res.load + load_piece(j) * PzB), hbm((e.local_from_x ? X.addr : Y.addr) + lo * 4),
+               (hi - lo) * 4, "");
         ++loads_issued;
         return true;
       };
+      size_t next_use = 0;  // pooled: the use of the next event that takes a piece
       size_t scratch = 0, load_j = 0;
       for (size_t i = 0; i < prog.size(); ++i) {
         const StreamEvent& e = prog[i];
@@ -1161,13 +1195,18 @@ void Emitter::lower_all_reduce(const Node& n) {
         // The local operand (and the next consume's) is fetched before the wait for
         // the landing, so its HBM latency overlaps the transfer.
         const size_t j = mv.reduce && !kept_reader[i] ? load_j++ : SIZE_MAX;
+        const size_t use = pool_use[i];
+        if (use != SIZE_MAX) next_use = use + 1;
         if (mv.reduce) {
           if (j != SIZE_MAX && loads_issued <= j) issue_load(j, true);
           // Up to kStreamLoads - 1 ahead of this one's (all kStreamLoads buffers after
           // a consume that reads a kept sum), stopping at one whose atom a consume not
           // yet emitted (this one or one before it in the window) still writes.
+          // Pooled: up to N - 2 uses ahead of this one's (or of the next use).
           const size_t window = (j != SIZE_MAX ? j : load_j) + static_cast<size_t>(res.loads);
-          for (size_t q = loads_issued; q < loads.size() && q < window; ++q) {
+          const size_t use_window = (use != SIZE_MAX ? use : next_use) + static_cast<size_t>(pool_n - 2);
+          for (size_t q = loads_issued; q < loads.size() && (res.pooled ? pool_use[loads[q]] <= use_window : q < window);
+               ++q) {
             bool later_write = false;
             const StreamEvent& lq = prog[loads[q]];
             for (size_t w = i; w < loads[q] && !later_write; ++w)
@@ -1209,15 +1248,19 @@ void Emitter::lower_all_reduce(const Node& n) {
           store_flag = res.buf_flag + (res.buf_flags < kSendBufFlags ? idx(dsts, d) * Kp + slot_of(me, d, m2) % Kp : buffer) %
                                           res.buf_flags;
           wait_flag_if_pending(store_flag);
+        } else if (res.pooled) {  // in place: the operand's piece, else the use's own
+          store_flag = pool_flag(pool_piece(use));
+          out = res.load + pool_piece(use) * PzB;
+          if (j == SIZE_MAX) wait_flag_if_pending(store_flag);
         } else {
           store_flag = res.store_flag + static_cast<int>(scratch % res.scratches);
           out = res.scr + static_cast<int64_t>(scratch % res.scratches) * PzB;
           ++scratch;
           wait_flag_if_pending(store_flag);
         }
-        if (j != SIZE_MAX) wait_flag(res.load_flag + static_cast<int>(j % res.loads));
+        if (j != SIZE_MAX) wait_flag(load_flag(j));
         const int64_t slot = SLOTS + (idx(srcs, mv.src) * K + slot_of(mv.src, me, m)) * PzB;
-        const int64_t local = j != SIZE_MAX ? res.load + static_cast<int64_t>(j % res.loads) * PzB : -1;
+        const int64_t local = j != SIZE_MAX ? res.load + load_piece(j) * PzB : -1;
         for (int64_t t = 0; t * kTileElems < elems; ++t) {
           line("vld " + res.va + ", " + at(slot + t * tile_bytes));
           if (mv.reduce) {
@@ -1254,7 +1297,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         }
       }
       line("wait " + send_flag_text() + ", " + std::to_string(send_flag < 0 ? sent : flag_dmas_[cur_][send_flag]));
-      for (int f = res.store_flag; f < res.store_flag + res.scratches; ++f) wait_flag_if_pending(f);
+      for (int piece = res.pooled ? 0 : res.loads; piece < pool_n; ++piece) wait_flag_if_pending(pool_flag(piece));
       for (int f = res.buf_flag; f < res.buf_flag + res.buf_flags; ++f) wait_flag_if_pending(f);
       };
       // Streams (docs/codegen.md "Two streams"): blocks of both pools in one
@@ -1294,6 +1337,7 @@ void Emitter::lower_all_reduce(const Node& n) {
                                   "v" + std::to_string(2 * q + 1), "v" + std::to_string(2 * q + 2), {}, {}});
           res.back().loads = kTwoStreamLoads;
           res.back().scratches = kTwoStreamScratch;
+          res.back().pooled = true;
         }
         // Block starts across the streams (block_start_gates): block b's first
         // event waits until block b - 1's stream has done its events of the steps

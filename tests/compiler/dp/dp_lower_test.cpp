@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -465,6 +466,51 @@ TEST(DpLower, BlockedAllReduceRunsOnTwoStreams) {
     EXPECT_GE(raised_after[c], 2 * 3) << c << ": f0 raised after " << raised_after[c] << " sends to other chips";
     EXPECT_TRUE(waited[c]) << c;
     EXPECT_EQ(sends_before_wait[c], 0) << c;
+  }
+}
+
+// With two streams a stream's 4 VMEM pieces below the slots are one pool
+// (docs/codegen.md "Two streams"): a sum that is only stored is made in place in
+// the piece its operand was loaded into and stored from there, on that piece's
+// flag, so each piece both takes loads and gives stores, and a store has as long
+// to land as a load has to arrive (with 3 operand pieces and 1 scratch sum it had
+// one consume). The race checker (expect_replicated_bit_exact) checks that a load
+// into a piece waits for the piece's last store.
+TEST(DpLower, TwoStreamsLoadAndStoreThroughOnePool) {
+  expect_replicated_bit_exact(allreduce_only_ir(32, 16, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
+                              16ull << 20, small_blocks_two_streams);
+  const std::array<std::set<int>, 2> pool_flags{std::set<int>{2, 3, 4, 6}, std::set<int>{10, 11, 12, 14}};
+  struct Dma {
+    int64_t vmem;
+    int flag;
+  };
+  std::map<std::pair<std::string, int>, std::vector<Dma>> loads, stores;
+  const std::regex load(R"(^  dma vmem:\[s0 \+ (\d+)\], hbm:\[s0 \+ \d+\], bytes=\d+, flag=f(\d+)$)");
+  const std::regex store(R"(^  dma hbm:\[s0 \+ \d+\], vmem:\[s0 \+ (\d+)\], bytes=\d+, flag=f(\d+)$)");
+  for_each_stream_line(g_last_assembly, [&](const std::string& core, int stream, const std::string& line) {
+    std::smatch m;
+    for (auto [re, out] : {std::make_pair(&load, &loads), std::make_pair(&store, &stores)})
+      if (stream < 2 && std::regex_match(line, m, *re) && pool_flags[static_cast<size_t>(stream)].count(std::stoi(m[2])))
+        (*out)[{core, stream}].push_back({std::stoll(m[1]), std::stoi(m[2])});
+  });
+  ASSERT_EQ(loads.size(), 64u);  // 32 cores x 2 streams
+  for (const auto& [who, ls] : loads) {
+    const std::string name = who.first + " stream " + std::to_string(who.second);
+    std::map<int64_t, int> piece_flag;  // a load's destination is a piece's start
+    for (const Dma& d : ls) {
+      auto [it, fresh] = piece_flag.emplace(d.vmem, d.flag);
+      EXPECT_EQ(it->second, d.flag) << name << ": piece " << d.vmem << " loaded on two flags";
+    }
+    EXPECT_EQ(piece_flag.size(), 4u) << name;
+    std::set<int64_t> stored_from;
+    for (const Dma& d : stores[who]) {
+      auto it = piece_flag.upper_bound(d.vmem);
+      ASSERT_NE(it, piece_flag.begin()) << name << ": store from " << d.vmem << " below the pool";
+      --it;
+      EXPECT_EQ(it->second, d.flag) << name << ": store from " << d.vmem << " not on its piece's flag";
+      stored_from.insert(it->first);
+    }
+    EXPECT_GE(stored_from.size(), 2u) << name << ": stores from " << stored_from.size() << " piece(s)";
   }
 }
 
