@@ -9,12 +9,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "hw/config/params.h"
 #include "isa/io/npy.h"
