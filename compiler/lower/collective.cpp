@@ -1153,11 +1153,11 @@ void Emitter::lower_all_reduce(const Node& n) {
       auto pool_flag = [&](int piece) {
         return piece < res.loads ? res.load_flag + piece : res.store_flag + piece - res.loads;
       };
-      // Load j's piece and flag.
+      // Load j's piece and flag (unpooled, a load piece < loads: its load flag).
       auto load_piece = [&](size_t j) {
         return res.pooled ? pool_piece(pool_use[loads[j]]) : static_cast<int>(j % static_cast<size_t>(res.loads));
       };
-      auto load_flag = [&](size_t j) { return res.pooled ? pool_flag(load_piece(j)) : res.load_flag + load_piece(j); };
+      auto load_flag = [&](size_t j) { return pool_flag(load_piece(j)); };
       size_t loads_issued = 0;
       auto issue_load = [&](size_t j, bool may_wait) {
         const StreamEvent& e = prog[loads[j]];

@@ -1002,6 +1002,12 @@ TEST(IsaExecRaces, SiblingAccessesMatchTheHappensBeforeGraph) {
       last[s] = static_cast<long>(ev.size() - 1);
       return ev.size() - 1;
     };
+    // Whether earlier event x conflicts with access e: another stream's access to
+    // some of the same bytes, one of the two a write.
+    auto conflicts = [&](size_t x, size_t e) {
+      return ev[x].hi > ev[x].lo && ev[x].stream != ev[e].stream && (ev[x].write || ev[e].write) &&
+             ev[x].lo < ev[e].hi && ev[e].lo < ev[x].hi;
+    };
     // Whether the new access `e` (already added) races with an earlier one.
     auto graph_race = [&](size_t e) {
       std::vector<bool> anc(ev.size(), false);
@@ -1014,9 +1020,7 @@ TEST(IsaExecRaces, SiblingAccessesMatchTheHappensBeforeGraph) {
         todo.insert(todo.end(), ev[x].preds.begin(), ev[x].preds.end());
       }
       for (size_t x = 0; x < e; ++x)
-        if (ev[x].hi > ev[x].lo && ev[x].stream != ev[e].stream && (ev[x].write || ev[e].write) &&
-            ev[x].lo < ev[e].hi && ev[e].lo < ev[x].hi && !anc[x])
-          return true;
+        if (conflicts(x, e) && !anc[x]) return true;
       return false;
     };
     bool raced = false;
@@ -1045,7 +1049,7 @@ TEST(IsaExecRaces, SiblingAccessesMatchTheHappensBeforeGraph) {
         raced = got;
         // An access a sibling's conflicting one was ordered before (no race).
         for (size_t x = 0; x < id && !raced; ++x)
-          if (ev[x].hi > ev[x].lo && ev[x].stream != who && (ev[x].write || e.write) && ev[x].lo < e.hi && e.lo < ev[x].hi) {
+          if (conflicts(x, id)) {
             ++ordered;
             break;
           }
