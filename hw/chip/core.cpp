@@ -81,8 +81,10 @@ bool TensorCore::waits_for_infeed() const {
   const auto& code = env_.prog->code;
   if (seq_->pc() >= code.size()) return false;
   const isa::Instr& in = code[seq_->pc()];
-  if (in.op != isa::Op::kWait && in.op != isa::Op::kWaitSub) return false;
-  return !exec::sync_ready(*env_.state, in) && host_.infeed_pending(env_.state->core, in.a);
+  if (in.op != isa::Op::kWait && in.op != isa::Op::kWaitSub && in.op != isa::Op::kWaitAny) return false;
+  return !exec::sync_ready(*env_.state, in) &&
+         (host_.infeed_pending(env_.state->core, in.a) ||
+          (in.op == isa::Op::kWaitAny && host_.infeed_pending(env_.state->core, in.b)));
 }
 
 void TensorCore::note_infeed_stall(uint64_t cycle, uint64_t n) {

@@ -25,7 +25,7 @@ Sequencer::Stall Sequencer::blocked(int s, uint64_t cycle) const {
   const Unit u = decoded_[pc].unit;
   if (u == Unit::kVector || u == Unit::kMatrix || u == Unit::kDma)
     return sinks_.queue_full(u, in) ? Stall::kQueueFull : Stall::kNone;
-  if (in.op == Op::kWait || in.op == Op::kWaitSub) return exec::sync_ready(*env_.state, in) ? Stall::kNone : Stall::kFlag;
+  if (in.op == Op::kWait || in.op == Op::kWaitSub || in.op == Op::kWaitAny) return exec::sync_ready(*env_.state, in) ? Stall::kNone : Stall::kFlag;
   if (in.op == Op::kBarrier) return sinks_.vector_matrix_drained() ? Stall::kNone : Stall::kFence;
   return Stall::kNone;
 }
@@ -321,9 +321,8 @@ std::string Sequencer::blocked_on() const {
     if (s == 0 && at_barrier_)
       out += w + " waits at barrier (" + std::to_string(barrier_.arrived()) + " of " +
              std::to_string(barrier_.participants()) + " cores arrived)";
-    else if (in && (in->op == Op::kWait || in->op == Op::kWaitSub))
-      out += w + " waits for f" + std::to_string(in->a) + " >= " + std::to_string(in->imm) + " (is " +
-             std::to_string(env_.state->flags[in->a]) + ")";
+    else if (in && (in->op == Op::kWait || in->op == Op::kWaitSub || in->op == Op::kWaitAny))
+      out += w + " waits for " + exec::wait_condition(*env_.state, *in);
     else
       out += w + " is stalled";
   }

@@ -124,7 +124,9 @@ enum OpFlags : uint32_t {
   X(kBarrier, "barrier", "", kSync, 0)                                 \
   X(kOpMark, "op", "I", kSync, 0)                                      \
   X(kFork, "fork", "L", kSync, 0)                                      \
-  X(kTrap, "trap", "I", kScalar, 0)
+  X(kTrap, "trap", "I", kScalar, 0)                                    \
+  X(kFtest, "ftest", "SFI", kScalar, 0)                                \
+  X(kWaitAny, "wait.any", "FIFI", kSync, kOpLong)
 
 enum class Op : uint8_t {
 #define TPUSIM_X(e, m, s, u, f) e,

@@ -116,13 +116,16 @@ RunResult Interpreter::run(const RunOptions& opts) {
             break;
           }
           const isa::Instr& in = code[c.pc];
-          if (in.op == Op::kWait || in.op == Op::kWaitSub) {
+          if (in.op == Op::kWait || in.op == Op::kWaitSub || in.op == Op::kWaitAny) {
             if (!sync_ready(st, in)) {
               c.status = CoreStatus::kWaiting;
               break;
             }
             c.status = CoreStatus::kReady;
-            if (races) races->wait_satisfied(agent(k), in.a);
+            // wait.any: what the stream learns is what it saw, the flags that are high
+            if (races && (in.op != Op::kWaitAny || flag_at_least(st, in.a, in.imm)))
+              races->wait_satisfied(agent(k), in.a);
+            if (races && in.op == Op::kWaitAny && flag_at_least(st, in.b, in.imm2)) races->wait_satisfied(agent(k), in.b);
           }
           if (res.instructions >= opts.max_instructions) {
             res.status = RunResult::Status::kBudget;
@@ -165,7 +168,11 @@ RunResult Interpreter::run(const RunOptions& opts) {
           }
           if (races) check_access(*races, agent(k), st, in);
           switch (isa::op_info(in.op).unit) {
-            case Unit::kScalar: c.pc = exec_scalar(st, in, c.pc); break;
+            case Unit::kScalar:
+              c.pc = exec_scalar(st, in, c.pc);
+              // a flag seen high orders the stream after what raised it, as a wait does
+              if (races && in.op == Op::kFtest && flag_at_least(st, in.b, in.imm)) races->wait_satisfied(agent(k), in.b);
+              break;
             case Unit::kVector: exec_vector(st, in); ++c.pc; break;
             case Unit::kMatrix: exec_matrix(st, in); ++c.pc; break;
             case Unit::kDma: {
@@ -211,8 +218,7 @@ RunResult Interpreter::run(const RunOptions& opts) {
         const isa::Instr& in = c.prog->code[c.pc];
         res.message += " " + where(c);
         if (c.status == CoreStatus::kWaiting)
-          res.message += " waits for f" + std::to_string(in.a) + " >= " + std::to_string(in.imm) + " (is " +
-                         std::to_string(c.state->flags[in.a]) + ");";
+          res.message += " waits for " + wait_condition(*c.state, in) + ";";
         else
           res.message += " waits at barrier (" + std::to_string(barrier_arrived_) + " of " + std::to_string(programs_) +
                          " cores arrived);";

@@ -254,6 +254,7 @@ uint32_t exec_scalar(CoreState& c, const Instr& in, uint32_t pc) {
       fault("trap " + std::to_string(in.imm) + (reason.empty() ? "" : ": " + reason));
     }
     case Op::kLi: set_s(c, in.a, static_cast<uint32_t>(in.imm)); return pc + 1;
+    case Op::kFtest: set_s(c, in.a, flag_at_least(c, in.b, in.imm) ? 1u : 0u); return pc + 1;
     case Op::kLd:
     case Op::kSt: {
       const int64_t addr = effective_address(c, in.b, in.imm);
@@ -577,14 +578,28 @@ void dma_signal_destination(const DmaPlan& p) {
 }
 
 bool sync_ready(const CoreState& c, const Instr& in) {
+  if (in.op == Op::kWaitAny) return flag_at_least(c, in.a, in.imm) || flag_at_least(c, in.b, in.imm2);
   if (in.op != Op::kWait && in.op != Op::kWaitSub) return true;
-  check_reg(in.a, isa::kSyncFlags, "flag");
-  return c.flags[in.a] >= in.imm;
+  return flag_at_least(c, in.a, in.imm);
+}
+
+std::string wait_condition(const CoreState& c, const Instr& in) {
+  auto one = [&](int flag, int32_t n) {
+    const bool ok = flag >= 0 && flag < isa::kSyncFlags;
+    return "f" + std::to_string(flag) + " >= " + std::to_string(n) + " (is " +
+           (ok ? std::to_string(c.flags[static_cast<size_t>(flag)]) : std::string("out of range")) + ")";
+  };
+  return one(in.a, in.imm) + (in.op == Op::kWaitAny ? " or " + one(in.b, in.imm2) : "");
+}
+
+bool flag_at_least(const CoreState& c, int flag, int32_t n) {
+  check_reg(flag, isa::kSyncFlags, "flag");
+  return c.flags[static_cast<size_t>(flag)] >= n;
 }
 
 void exec_sync(CoreState& c, const Instr& in) {
   switch (in.op) {
-    case Op::kWait: case Op::kOpMark: case Op::kBarrier: return;
+    case Op::kWait: case Op::kWaitAny: case Op::kOpMark: case Op::kBarrier: return;
     case Op::kWaitSub: case Op::kFset: case Op::kFadd: {
       check_reg(in.a, isa::kSyncFlags, "flag");
       auto& f = c.flags[in.a];

@@ -67,8 +67,13 @@ void dma_signal_issuer(const DmaPlan& p);
 void dma_signal_destination(const DmaPlan& p);
 
 // ---- sync ------------------------------------------------------------------
-// wait / wait.sub: may the instruction retire now?
+// wait / wait.sub / wait.any: may the instruction retire now?
 bool sync_ready(const CoreState& c, const isa::Instr& in);
+// Flag `flag` of the core >= n (a `wait`'s test; ftest's result). Faults on a bad flag.
+bool flag_at_least(const CoreState& c, int flag, int32_t n);
+// What a blocked wait / wait.sub / wait.any waits for, for deadlock reports:
+// "f3 >= 2 (is 0)", for wait.any "f3 >= 2 (is 0) or f4 >= 1 (is 0)".
+std::string wait_condition(const CoreState& c, const isa::Instr& in);
 // Retires wait.sub (subtracts), fset, fadd; wait and op markers change nothing.
 void exec_sync(CoreState& c, const isa::Instr& in);
 // The streams' rules (docs/isa.md "Streams"), for the schedulers that run fork and

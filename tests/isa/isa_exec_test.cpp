@@ -148,6 +148,66 @@ TEST(IsaExecSched, DeadlockNamesEveryBlockedCore) {
       << r.result.message;
 }
 
+// wait.any retires on whichever of its two conditions holds; ftest reads one into
+// a register (1 or 0) without blocking. Core 0 runs first (round robin), so its
+// DMA has landed on core 1's f5 before core 1 runs; f4 stays 0.
+TEST(IsaExecSched, WaitAnyTakesWhicheverFlagIsUpAndFtestReadsIt) {
+  const char* text = R"(
+.target cores=2
+.core 0
+  dma vmem@c1:[s0 + 0], hbm:[s0 + 0], bytes=4096, rflag=f5
+  halt
+.core 1
+  wait.any f4, 1, f5, 1
+  ftest s1, f4, 1
+  ftest s2, f5, 1
+  ftest s3, f5, 2
+  bne s1, s0, four
+  vld v0, [s0 + 0]
+four:
+  halt
+)";
+  for (bool races : {false, true}) {
+    Sim r = run_program(text, 1'000'000, races);
+    ASSERT_TRUE(r.result.ok()) << r.result.message;
+    EXPECT_EQ(r.core(1).s[1], 0);
+    EXPECT_EQ(r.core(1).s[2], 1);
+    EXPECT_EQ(r.core(1).s[3], 0);
+  }
+  // Neither condition (core 1 raises its own f3): a deadlock that names both.
+  Sim d = run_program(".target cores=2\n.core 0\n  wait.any f3, 2, f4, 1\n.core 1\n  fadd f3, 1\n  halt\n");
+  EXPECT_EQ(d.result.status, RunResult::Status::kDeadlock);
+  EXPECT_NE(d.result.message.find("(t.s:3, wait.any) waits for f3 >= 2 (is 0) or f4 >= 1 (is 0)"), std::string::npos)
+      << d.result.message;
+}
+
+// What a stream learns from wait.any and ftest is the flags it saw high: reading a
+// DMA's landing after an ftest of its flag is ordered, after an ftest of another
+// flag (or a wait.any that retired on the other one) it is a race.
+TEST(IsaExecRaces, WaitAnyAndFtestOrderOnlyWhatTheySaw) {
+  const std::string head = ".target cores=2\n.core 0\n  dma vmem@c1:[s0 + 0], hbm:[s0 + 0], bytes=4096, rflag=f5\n"
+                           "  halt\n.core 1\n  fadd f6, 1\n";
+  const struct {
+    const char* body;
+    bool race;
+  } cases[] = {
+      {"  ftest s1, f5, 1\n  beq s1, s0, out\n  vld v0, [s0 + 0]\nout:\n  halt\n", false},
+      {"  ftest s1, f6, 1\n  beq s1, s0, out\n  vld v0, [s0 + 0]\nout:\n  halt\n", true},
+      {"  wait.any f5, 1, f6, 1\n  vld v0, [s0 + 0]\n  halt\n", false},
+      {"  wait.any f6, 1, f7, 1\n  vld v0, [s0 + 0]\n  halt\n", true},
+  };
+  for (const auto& c : cases) {
+    Sim r = run_program(head + c.body, 1'000'000, true);
+    if (c.race) {
+      EXPECT_EQ(r.result.status, RunResult::Status::kFault) << c.body;
+      EXPECT_NE(r.result.message.find("race: reads bytes [0, 4096) of vmem of chip0.core1"), std::string::npos)
+          << c.body << r.result.message;
+    } else {
+      EXPECT_TRUE(r.result.ok()) << c.body << r.result.message;
+    }
+  }
+}
+
 TEST(IsaExecSched, RemoteFlagsBarrierAndWaitSub) {
   // core 1 sends 3 DMAs to core 0's SMEM with rflag; core 0 consumes them with wait.sub.
   Sim r = run_program(R"(

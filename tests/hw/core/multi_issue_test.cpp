@@ -231,6 +231,26 @@ TEST(MultiIssue, AForkedStreamIssuesWhileTheOtherWaits) {
   EXPECT_EQ(h.env().state->flags[3], 1);
 }
 
+// wait.any on the chip model: stream 0 waits for f3 or f4 while stream 1 issues
+// kVadds vadds and then raises f4 (cycle kVadds + 1); stream 0's wait.any goes in
+// the next cycle, ftest then reads f3 low and f4 high, and the vld after them
+// issues 4 cycles later (single issue, streams in turn: stream 1's halt, ftest,
+// ftest). The waiting is counted on the first flag named.
+TEST(MultiIssue, WaitAnyRetiresOnTheFlagThatRises) {
+  constexpr int kVadds = 6;
+  std::string prog = "  fork a\n  wait.any f3, 1, f4, 1\n  ftest s5, f3, 1\n  ftest s6, f4, 1\n  vld v0, [s0 + 0]\n  halt\na:\n";
+  for (int i = 0; i < kVadds; ++i) prog += "  vadd v1, v1, v1\n";
+  prog += "  fadd f4, 1\n  halt\n";
+  Harness h(prog, hw::SequencerParams{});
+  const Trace& t = h.run();
+  EXPECT_EQ(h.env().state->s[5], 0);
+  EXPECT_EQ(h.env().state->s[6], 1);
+  EXPECT_EQ(t.issued.at(4), kVadds + 2u + 4u);
+  const nlohmann::json ops = h.env().profile.to_json()["ops"];
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_EQ(ops[0]["wait_cycles_by_stream_flag"], (nlohmann::json{{"s0.f3", kVadds + 1}})) << ops[0].dump();
+}
+
 // The reference's rules, in the same words: only stream 0 forks, and not while
 // every other stream runs; a barrier in a forked stream faults.
 TEST(MultiIssue, ForkFaultsLikeTheReference) {
