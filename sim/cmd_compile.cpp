@@ -50,6 +50,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int64_t block_bytes = 0;
     int all_reduce_streams = 0;
     int urgent = 0;
+    int arrival_order = 1;
     std::vector<std::string> batched;
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
     bool infeed = false;
@@ -85,6 +86,11 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   "(tc=1, docs/codegen.md \"Urgent messages\"): on, off, or auto = on where the chips form a "
                   "3-D torus")
       ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"auto", 0}, {"on", 1}, {"off", 2}}));
+  cmd->add_option("--arrival-order", opt->arrival_order,
+                  "A streamed all-reduce on 2 or 3 streams lets a consume whose data came first go before those "
+                  "ahead of it (docs/codegen.md \"Arrival order\"): on (the default), off (program order), or "
+                  "check (one that is ready always first, so the reference takes those paths)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"on", 1}, {"off", 2}, {"check", 3}}));
   cmd->add_option("--train", opt->train,
                   "Compile one training step instead: sgd:lr=X[,momentum=Y] (docs/training.md)");
   cmd->add_option("--loss", opt->loss, "Training loss: xent (one-hot labels) | xent-index | mse");
@@ -139,6 +145,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       if (opt->block_bytes > 0) lo.replicas.block_elems = std::max<int64_t>(1, opt->block_bytes / 4);
       lo.all_reduce_streams = opt->all_reduce_streams;
       lo.urgent_sends = opt->urgent;
+      lo.arrival_order = opt->arrival_order;
       lo.replicas.batched = opt->batched;
       lo.inputs_from_host = opt->infeed;
       if (opt->replicas > 1) lo.target.chips = static_cast<uint32_t>(board_chips);

@@ -1034,6 +1034,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         // a consume's sum is made in place in its operand's piece and stored from
         // there, so a store has as long to land as a load has to arrive.
         bool pooled = false;
+        int stream = 0;  // its instruction stream (the arrival-order dispatch's registers)
       };
       auto emit_events = [&](const std::vector<StreamEvent>& prog, const StreamRes& res) {
       // Partial sums kept in VMEM: a reducing consume whose local operand is an
@@ -1175,7 +1176,8 @@ void Emitter::lower_all_reduce(const Node& n) {
       };
       size_t next_use = 0;  // pooled: the use of the next event that takes a piece
       size_t scratch = 0, load_j = 0;
-      for (size_t i = 0; i < prog.size(); ++i) {
+      std::vector<ArrivalEvent> arrival(prog.size());  // what the dispatch must know of each event
+      auto emit_event = [&](size_t i) {
         const StreamEvent& e = prog[i];
         if (auto b = res.before.find(i); b != res.before.end()) line(b->second);
         struct After {  // the line to emit once event i is, whichever way its body ends
@@ -1188,7 +1190,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         if (e.send) {
           for (int b = e.atom; b < e.atom_end && !e.from_x; ++b) wait_store(b);
           send(e.step, e.move, e.atom, e.atom_end, hbm((e.from_x ? X.addr : Y.addr) + lo * 4));
-          continue;
+          return;
         }
         const ici::Move& mv = ssch.steps[e.step][e.move];
         const int64_t m = sp.index.at({mv.src, e.step, e.move, e.atom});
@@ -1215,7 +1217,9 @@ void Emitter::lower_all_reduce(const Node& n) {
           }
         }
         const int lf = land_flag(me, mv.src, m);
-        line("wait f" + std::to_string(lf) + ", " + std::to_string(base[lf] + use_of(mv.src, me, m) + 1));
+        arrival[i].flag = lf;
+        arrival[i].count = base[lf] + use_of(mv.src, me, m) + 1;
+        line("wait f" + std::to_string(lf) + ", " + std::to_string(arrival[i].count));
         const bool credit = use_of(mv.src, me, m) + 1 < uses(mv.src, me, slot_of(mv.src, me, m));
         auto give_credit = [&] {
           if (!credit) return;
@@ -1226,10 +1230,19 @@ void Emitter::lower_all_reduce(const Node& n) {
           count_send();
         };
         const bool copy_in_vmem = !mv.reduce && copy_to_vmem.count({me, e.step, e.move, e.atom});
+        if (mv.reduce || copy_in_vmem) {
+          arrival[i].space = 'v';
+          arrival[i].lo = SLOTS + (idx(srcs, mv.src) * K + slot_of(mv.src, me, m)) * PzB;
+          arrival[i].hi = arrival[i].lo + elems * 4;
+        } else {
+          arrival[i].space = 'h';
+          arrival[i].lo = Y.addr + lo * 4;
+          arrival[i].hi = Y.addr + hi * 4;
+        }
         if (!mv.reduce && !copy_in_vmem) {  // landed in y: forward it from there
           give_credit();
           for (const auto& [t, k] : e.fused) send(t, k, e.atom, e.atom_end, hbm(Y.addr + lo * 4));
-          continue;
+          return;
         }
         int64_t out;
         int store_flag;
@@ -1295,7 +1308,17 @@ void Emitter::lower_all_reduce(const Node& n) {
           for (int b = b0; b < b1; ++b) store_pending[b] = store_flag;
           flag_pending[store_flag] = true;
         }
+      };
+      std::vector<std::string> texts(prog.size());
+      for (size_t i = 0; i < prog.size(); ++i) {
+        std::ostringstream text;
+        std::swap(text, cs_[static_cast<size_t>(cur_)]);
+        emit_event(i);
+        std::swap(text, cs_[static_cast<size_t>(cur_)]);
+        texts[i] = text.str();
       }
+      for (size_t i = 0; i < prog.size(); ++i) arrival[i].pinned = res.before.count(i) || res.after.count(i);
+      emit_in_arrival_order(texts, arrival, res.stream, res.pooled ? opt_.arrival_order : 2);
       line("wait " + send_flag_text() + ", " + std::to_string(send_flag < 0 ? sent : flag_dmas_[cur_][send_flag]));
       for (int piece = res.pooled ? 0 : res.loads; piece < pool_n; ++piece) wait_flag_if_pending(pool_flag(piece));
       for (int f = res.buf_flag; f < res.buf_flag + res.buf_flags; ++f) wait_flag_if_pending(f);
@@ -1338,6 +1361,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           res.back().loads = kTwoStreamLoads;
           res.back().scratches = kTwoStreamScratch;
           res.back().pooled = true;
+          res.back().stream = q;
         }
         // Block starts across the streams (block_start_gates): block b's first
         // event waits until block b - 1's stream has done its events of the steps

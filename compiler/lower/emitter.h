@@ -236,7 +236,19 @@ class Emitter {
   template <typename Reduce>
   void lower_column_reduce(const Node& n, int64_t outer, int64_t len, int64_t inner, Reduce& reduce);
   void lower_avgpool_exclude_pad(const Node& n);
-  int labels_ = 0;  // unique branch labels (gather's index checks)
+  // arrival.cpp: a stream's events (their code, in program order) with a dispatch
+  // that lets an event go before those ahead of it when its data comes first.
+  // What the code's text does not say about an event:
+  struct ArrivalEvent {
+    int flag = -1;        // a consume's landing wait: flag (-1 for other events) and count
+    int64_t count = 0;
+    char space = 0;       // where the landing writes: 'v' VMEM (a slot), 'h' HBM (y)
+    int64_t lo = 0, hi = 0;
+    bool pinned = false;  // stays in place (a block gate's lines around it)
+  };
+  void emit_in_arrival_order(const std::vector<std::string>& texts, const std::vector<ArrivalEvent>& events,
+                             int stream, int mode);
+  int labels_ = 0;  // unique branch labels (gather's index checks, arrival-order dispatch)
   std::vector<std::string> notes_;  // LowerResult::notes
 
   const Graph& g_;

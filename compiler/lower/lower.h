@@ -59,6 +59,13 @@ struct LowerOptions {
   // urgent ICI traffic (tc=1; docs/codegen.md "Urgent messages"): 1 on, 2 off
   // (everything bulk), 0 the default: on where the chips form a 3-D torus.
   int urgent_sends = 0;
+  // The streamed all-reduce's consumes in arrival order (docs/codegen.md
+  // "Arrival order"): with 2 or 3 streams, a consume whose next one has landed
+  // first, with everything else it waits for there, goes after it (wait.any and
+  // ftest). 1 on (the default), 2 off (program order only), 3 the later one first
+  // whenever it is ready (a check: the functional reference, where transfers land
+  // at once, then takes the swapped path the chip model takes only sometimes).
+  int arrival_order = 1;
 };
 
 struct LowerResult {

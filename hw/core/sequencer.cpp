@@ -271,6 +271,9 @@ bool Sequencer::issue(uint64_t cycle) {
           barrier_generation_ = barrier_.arrive(cycle);
           return false;  // retires when released
         }
+        // A wait.any that goes on its second condition alone: the later of two
+        // pieces of work arrived first (docs/codegen.md "Arrival order").
+        if (in.op == Op::kWaitAny && !exec::flag_at_least(*env_.state, in.a, in.imm)) counters_["wait_any_second"]++;
         exec::exec_sync(*env_.state, in);
         ++pc;
         return true;

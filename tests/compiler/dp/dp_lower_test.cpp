@@ -514,6 +514,68 @@ TEST(DpLower, TwoStreamsLoadAndStoreThroughOnePool) {
   }
 }
 
+// Arrival order (LowerOptions::arrival_order, docs/codegen.md "Arrival order"):
+// with two streams, a consume whose landing has not come lets one of the next 3
+// events that commute with everything before it go first when every wait of its
+// code is already satisfied (ftest), and else waits on its own landing or the
+// first candidate's not yet there (wait.any). Bit-exact under the race checker
+// by default (1) and with a candidate taken first whenever it is ready (3: on the
+// reference, where transfers land at once, that is the path the chip model takes
+// when landings come out of order), also on three streams; off (2) the programs
+// have no dispatch.
+TEST(DpLower, ConsumesGoInArrivalOrder) {
+  for (int mode : {1, 2, 3}) {
+    SCOPED_TRACE("arrival_order " + std::to_string(mode));
+    expect_replicated_bit_exact(allreduce_only_ir(32, 16, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
+                                16ull << 20, [&](LowerOptions& lo) {
+                                  small_blocks_two_streams(lo);
+                                  lo.arrival_order = mode;
+                                });
+    std::map<std::pair<std::string, int>, int> dispatches;
+    std::map<std::pair<std::string, int>, std::vector<std::string>> lines;
+    for_each_stream_line(g_last_assembly, [&](const std::string& core, int stream, const std::string& line) {
+      lines[{core, stream}].push_back(line);
+    });
+    const std::regex any(R"(^  wait\.any f(\d+), (\d+), f(\d+), (\d+)$)");
+    const std::regex label(R"(^arr\d+_d\d+:$)");
+    auto ends_with = [](const std::string& l, const std::string& t) {
+      return l.size() >= t.size() && l.compare(l.size() - t.size(), t.size(), t) == 0;
+    };
+    for (const auto& [who, ls] : lines)
+      for (size_t i = 0; i < ls.size(); ++i) {
+        std::smatch m;
+        if (!std::regex_match(ls[i], m, any)) continue;
+        ++dispatches[who];
+        // Both consumes' own waits follow, the first's before the second's.
+        const std::string first = "  wait f" + m[1].str() + ", " + m[2].str();
+        const std::string second = "  wait f" + m[3].str() + ", " + m[4].str();
+        const auto a = std::find(ls.begin() + static_cast<std::ptrdiff_t>(i), ls.end(), first);
+        const auto b = std::find(ls.begin() + static_cast<std::ptrdiff_t>(i), ls.end(), second);
+        EXPECT_TRUE(a != ls.end() && b != ls.end() && a < b) << who.first << ": " << ls[i];
+        // Before it the dispatch tested both landings (the first's and the
+        // candidate's), since its label.
+        bool tested_first = false, tested_second = false;
+        for (size_t j = i; j-- > 0 && !std::regex_match(ls[j], label);) {
+          tested_first = tested_first || (ls[j].rfind("  ftest s", 0) == 0 && ends_with(ls[j], ", " + first.substr(7)));
+          tested_second = tested_second || (ls[j].rfind("  ftest s", 0) == 0 && ends_with(ls[j], ", " + second.substr(7)));
+        }
+        EXPECT_TRUE(tested_first && tested_second) << who.first << ": " << ls[i];
+      }
+    if (mode == 2) {
+      EXPECT_TRUE(dispatches.empty());
+      EXPECT_EQ(g_last_assembly.find("ftest"), std::string::npos);
+    } else {
+      EXPECT_EQ(dispatches.size(), 64u);  // 32 cores x 2 streams, each with dispatches
+    }
+  }
+  expect_replicated_bit_exact(allreduce_only_ir(32, 16, 2560), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
+                              16ull << 20, [](LowerOptions& lo) {
+                                small_blocks_three_streams(lo);
+                                lo.arrival_order = 3;
+                              });
+  EXPECT_NE(g_last_assembly.find("  wait.any"), std::string::npos);
+}
+
 // Three streams (LowerOptions::all_reduce_streams = 3): three slot pools, block b
 // in pool and stream b % 3, streams 1 and 2 forked. 5 blocks of 8192 elements on
 // v2-4x4, so streams 0 and 1 each run two blocks, bit-exact under the race

@@ -246,6 +246,7 @@ TEST(MultiIssue, WaitAnyRetiresOnTheFlagThatRises) {
   EXPECT_EQ(h.env().state->s[5], 0);
   EXPECT_EQ(h.env().state->s[6], 1);
   EXPECT_EQ(t.issued.at(4), kVadds + 2u + 4u);
+  EXPECT_EQ(h.seq().counters().get("wait_any_second"), 1u);
   const nlohmann::json ops = h.env().profile.to_json()["ops"];
   ASSERT_EQ(ops.size(), 1u);
   EXPECT_EQ(ops[0]["wait_cycles_by_stream_flag"], (nlohmann::json{{"s0.f3", kVadds + 1}})) << ops[0].dump();
