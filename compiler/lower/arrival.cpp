@@ -2,11 +2,11 @@
 // order"). A stream's program order comes from a timed run of a rough model; on
 // the chip the landings come in another order, and a core waiting on one landing
 // cannot serve another that is already there (v4-4x4x4 32 MiB: ~1/3 of the
-// landing waits had the next consume wholly ready). Here each pair of adjacent
-// consumes that commute gets a dispatch: wait.any on both landings; if the later
-// one landed first and every other wait of its code is already satisfied, it
-// goes first. Only then, so it cannot block on anything the program order would
-// have done first: the programs stay deadlock-free.
+// landing-wait cycles had the next consume wholly ready). Here, at the first
+// event not done, a dispatch lets one of the next few events that commute with
+// everything before it go first, but only when every wait of its code already
+// holds: it then cannot block on anything the program order would have done
+// first, so the programs stay deadlock-free.
 #include "compiler/lower/emitter.h"
 
 namespace tpusim::compiler::lowering {
