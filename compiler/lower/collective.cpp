@@ -1230,10 +1230,11 @@ void Emitter::lower_all_reduce(const Node& n) {
           count_send();
         };
         const bool copy_in_vmem = !mv.reduce && copy_to_vmem.count({me, e.step, e.move, e.atom});
+        const int64_t slot = SLOTS + (idx(srcs, mv.src) * K + slot_of(mv.src, me, m)) * PzB;
         if (mv.reduce || copy_in_vmem) {
           arrival[i].space = 'v';
-          arrival[i].lo = SLOTS + (idx(srcs, mv.src) * K + slot_of(mv.src, me, m)) * PzB;
-          arrival[i].hi = arrival[i].lo + elems * 4;
+          arrival[i].lo = slot;
+          arrival[i].hi = slot + elems * 4;
         } else {
           arrival[i].space = 'h';
           arrival[i].lo = Y.addr + lo * 4;
@@ -1272,7 +1273,6 @@ void Emitter::lower_all_reduce(const Node& n) {
           wait_flag_if_pending(store_flag);
         }
         if (j != SIZE_MAX) wait_flag(load_flag(j));
-        const int64_t slot = SLOTS + (idx(srcs, mv.src) * K + slot_of(mv.src, me, m)) * PzB;
         const int64_t local = j != SIZE_MAX ? res.load + load_piece(j) * PzB : -1;
         for (int64_t t = 0; t * kTileElems < elems; ++t) {
           line("vld " + res.va + ", " + at(slot + t * tile_bytes));
