@@ -50,7 +50,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int64_t block_bytes = 0;
     int all_reduce_streams = 0;
     int urgent = 0;
-    int arrival_order = 1;
+    int arrival_order = 0;
     std::vector<std::string> batched;
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
     bool infeed = false;
@@ -88,9 +88,9 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"auto", 0}, {"on", 1}, {"off", 2}}));
   cmd->add_option("--arrival-order", opt->arrival_order,
                   "A streamed all-reduce on 2 or 3 streams lets a consume whose data came first go before those "
-                  "ahead of it (docs/codegen.md \"Arrival order\"): on (the default), off (program order), or "
+                  "ahead of it (docs/codegen.md \"Arrival order\"): off (program order, the default), on, or "
                   "check (one that is ready always first, so the reference takes those paths)")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"on", 1}, {"off", 2}, {"check", 3}}));
+      ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"off", 0}, {"on", 1}, {"check", 2}}));
   cmd->add_option("--train", opt->train,
                   "Compile one training step instead: sgd:lr=X[,momentum=Y] (docs/training.md)");
   cmd->add_option("--loss", opt->loss, "Training loss: xent (one-hot labels) | xent-index | mse");

@@ -139,7 +139,7 @@ void Emitter::emit_in_arrival_order(const std::vector<std::string>& texts, const
   auto& out = cs_[static_cast<size_t>(cur_)];
   std::vector<std::vector<size_t>> cand(n);  // cand[k]: events that may go while k is the first not done
   std::vector<EventCode> code;
-  if (mode != 2) {
+  if (mode != 0) {
     const int64_t tile_bytes = kTileElems * 4;
     for (size_t k = 0; k < n; ++k) {
       code.push_back(read_code(texts[k], tile_bytes));
@@ -212,8 +212,8 @@ void Emitter::emit_in_arrival_order(const std::vector<std::string>& texts, const
   for (size_t k = 0; k < n; ++k) {
     out << L("d", k) << ":\n";
     if (!cand[k].empty()) {
-      // Mode 3 (a check) takes a candidate that is ready before the first.
-      if (mode != 3) {
+      // Mode 2 (a check) takes a candidate that is ready before the first.
+      if (mode != 2) {
         line("ftest " + t + ", " + cond(landing(k)));
         line("bne " + t + ", s0, " + L("f", k));
       }
@@ -230,7 +230,7 @@ void Emitter::emit_in_arrival_order(const std::vector<std::string>& texts, const
         line("jmp " + L("f", j));
         out << next << ":\n";
       }
-      if (mode == 3) {
+      if (mode == 2) {
         line("ftest " + t + ", " + cond(landing(k)));
         line("bne " + t + ", s0, " + L("f", k));
       }

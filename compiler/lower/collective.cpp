@@ -1318,7 +1318,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         texts[i] = text.str();
       }
       for (size_t i = 0; i < prog.size(); ++i) arrival[i].pinned = res.before.count(i) || res.after.count(i);
-      emit_in_arrival_order(texts, arrival, res.stream, res.pooled ? opt_.arrival_order : 2);
+      emit_in_arrival_order(texts, arrival, res.stream, res.pooled ? opt_.arrival_order : 0);
       line("wait " + send_flag_text() + ", " + std::to_string(send_flag < 0 ? sent : flag_dmas_[cur_][send_flag]));
       for (int piece = res.pooled ? 0 : res.loads; piece < pool_n; ++piece) wait_flag_if_pending(pool_flag(piece));
       for (int f = res.buf_flag; f < res.buf_flag + res.buf_flags; ++f) wait_flag_if_pending(f);

@@ -60,12 +60,13 @@ struct LowerOptions {
   // (everything bulk), 0 the default: on where the chips form a 3-D torus.
   int urgent_sends = 0;
   // The streamed all-reduce's consumes in arrival order (docs/codegen.md
-  // "Arrival order"): with 2 or 3 streams, a consume whose next one has landed
-  // first, with everything else it waits for there, goes after it (wait.any and
-  // ftest). 1 on (the default), 2 off (program order only), 3 the later one first
-  // whenever it is ready (a check: the functional reference, where transfers land
-  // at once, then takes the swapped path the chip model takes only sometimes).
-  int arrival_order = 1;
+  // "Arrival order"): with 2 or 3 streams, an event among the next 3 whose waits
+  // all hold may go before a consume whose landing has not come (wait.any and
+  // ftest). 0 off (program order; the default: measured, it gains nothing, and
+  // costs instructions), 1 on, 2 a ready later one always first (a check: the
+  // functional reference, where transfers land at once, then takes the early
+  // paths the chip model takes only when landings come out of order).
+  int arrival_order = 0;
 };
 
 struct LowerResult {

@@ -519,12 +519,12 @@ TEST(DpLower, TwoStreamsLoadAndStoreThroughOnePool) {
 // events that commute with everything before it go first when every wait of its
 // code is already satisfied (ftest), and else waits on its own landing or the
 // first candidate's not yet there (wait.any). Bit-exact under the race checker
-// by default (1) and with a candidate taken first whenever it is ready (3: on the
+// on (1) and with a candidate taken first whenever it is ready (2: on the
 // reference, where transfers land at once, that is the path the chip model takes
-// when landings come out of order), also on three streams; off (2) the programs
-// have no dispatch.
+// when landings come out of order), also on three streams; off (0, the default)
+// the programs have no dispatch.
 TEST(DpLower, ConsumesGoInArrivalOrder) {
-  for (int mode : {1, 2, 3}) {
+  for (int mode : {0, 1, 2}) {
     SCOPED_TRACE("arrival_order " + std::to_string(mode));
     expect_replicated_bit_exact(allreduce_only_ir(32, 16, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
                                 16ull << 20, [&](LowerOptions& lo) {
@@ -561,7 +561,7 @@ TEST(DpLower, ConsumesGoInArrivalOrder) {
         }
         EXPECT_TRUE(tested_first && tested_second) << who.first << ": " << ls[i];
       }
-    if (mode == 2) {
+    if (mode == 0) {
       EXPECT_TRUE(dispatches.empty());
       EXPECT_EQ(g_last_assembly.find("ftest"), std::string::npos);
     } else {
@@ -571,7 +571,7 @@ TEST(DpLower, ConsumesGoInArrivalOrder) {
   expect_replicated_bit_exact(allreduce_only_ir(32, 16, 2560), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
                               16ull << 20, [](LowerOptions& lo) {
                                 small_blocks_three_streams(lo);
-                                lo.arrival_order = 3;
+                                lo.arrival_order = 2;
                               });
   EXPECT_NE(g_last_assembly.find("  wait.any"), std::string::npos);
 }

@@ -49,7 +49,8 @@ run_equals_ref ar32 v2-4x4 7
 # (docs/codegen.md "Arrival order"): on the model landings come out of order, so
 # some dispatches go on their candidate's landing (the sequencer's
 # wait_any_second), and the output must still equal the reference's.
-"$T" compile "$W/ar32.graph" --preset v2-4x4 --replicas 32 --block-bytes 32768 --all-reduce-streams 2 -o "$W/ar32s.tpb"
+"$T" compile "$W/ar32.graph" --preset v2-4x4 --replicas 32 --block-bytes 32768 --all-reduce-streams 2 \
+  --arrival-order on -o "$W/ar32s.tpb"
 run_equals_ref ar32s v2-4x4 7
 /usr/bin/python3 - "$W/ar32s_run/stats.json" <<'PY'
 import json, sys
