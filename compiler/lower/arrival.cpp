@@ -197,7 +197,9 @@ void Emitter::emit_in_arrival_order(const std::vector<std::string>& texts, const
   const std::string tag = "arr" + std::to_string(labels_++) + "_";
   auto L = [&](const char* what, size_t k) { return tag + what + std::to_string(k); };
   auto landing = [&](size_t k) { return std::make_pair(events[k].flag, events[k].count); };
-  auto cond = [](const std::pair<int, int64_t>& w) { return "f" + std::to_string(w.first) + ", " + std::to_string(w.second); };
+  auto cond = [](const std::pair<int, int64_t>& w) {
+    return "f" + std::to_string(w.first) + ", " + std::to_string(w.second);
+  };
   line("li " + done + ", 0");
   line("li " + back + ", 0");
   // early_of[j]: the distances d for which j is a candidate of k = j - d; reach[k]:

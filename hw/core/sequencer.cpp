@@ -25,7 +25,8 @@ Sequencer::Stall Sequencer::blocked(int s, uint64_t cycle) const {
   const Unit u = decoded_[pc].unit;
   if (u == Unit::kVector || u == Unit::kMatrix || u == Unit::kDma)
     return sinks_.queue_full(u, in) ? Stall::kQueueFull : Stall::kNone;
-  if (in.op == Op::kWait || in.op == Op::kWaitSub || in.op == Op::kWaitAny) return exec::sync_ready(*env_.state, in) ? Stall::kNone : Stall::kFlag;
+  if (in.op == Op::kWait || in.op == Op::kWaitSub || in.op == Op::kWaitAny)
+    return exec::sync_ready(*env_.state, in) ? Stall::kNone : Stall::kFlag;
   if (in.op == Op::kBarrier) return sinks_.vector_matrix_drained() ? Stall::kNone : Stall::kFence;
   return Stall::kNone;
 }

@@ -125,7 +125,8 @@ RunResult Interpreter::run(const RunOptions& opts) {
             // wait.any: what the stream learns is what it saw, the flags that are high
             if (races && (in.op != Op::kWaitAny || flag_at_least(st, in.a, in.imm)))
               races->wait_satisfied(agent(k), in.a);
-            if (races && in.op == Op::kWaitAny && flag_at_least(st, in.b, in.imm2)) races->wait_satisfied(agent(k), in.b);
+            if (races && in.op == Op::kWaitAny && flag_at_least(st, in.b, in.imm2))
+              races->wait_satisfied(agent(k), in.b);
           }
           if (res.instructions >= opts.max_instructions) {
             res.status = RunResult::Status::kBudget;
@@ -171,7 +172,8 @@ RunResult Interpreter::run(const RunOptions& opts) {
             case Unit::kScalar:
               c.pc = exec_scalar(st, in, c.pc);
               // a flag seen high orders the stream after what raised it, as a wait does
-              if (races && in.op == Op::kFtest && flag_at_least(st, in.b, in.imm)) races->wait_satisfied(agent(k), in.b);
+              if (races && in.op == Op::kFtest && flag_at_least(st, in.b, in.imm))
+                races->wait_satisfied(agent(k), in.b);
               break;
             case Unit::kVector: exec_vector(st, in); ++c.pc; break;
             case Unit::kMatrix: exec_matrix(st, in); ++c.pc; break;

@@ -556,8 +556,9 @@ TEST(DpLower, ConsumesGoInArrivalOrder) {
         // candidate's), since its label.
         bool tested_first = false, tested_second = false;
         for (size_t j = i; j-- > 0 && !std::regex_match(ls[j], label);) {
-          tested_first = tested_first || (ls[j].rfind("  ftest s", 0) == 0 && ends_with(ls[j], ", " + first.substr(7)));
-          tested_second = tested_second || (ls[j].rfind("  ftest s", 0) == 0 && ends_with(ls[j], ", " + second.substr(7)));
+          const bool test = ls[j].rfind("  ftest s", 0) == 0;
+          tested_first = tested_first || (test && ends_with(ls[j], ", " + first.substr(7)));
+          tested_second = tested_second || (test && ends_with(ls[j], ", " + second.substr(7)));
         }
         EXPECT_TRUE(tested_first && tested_second) << who.first << ": " << ls[i];
       }
