@@ -7,6 +7,8 @@
 // everything before it go first, but only when every wait of its code already
 // holds: it then cannot block on anything the program order would have done
 // first, so the programs stay deadlock-free.
+#include <cassert>
+
 #include "compiler/lower/emitter.h"
 
 namespace tpusim::compiler::lowering {
@@ -139,49 +141,48 @@ void Emitter::emit_in_arrival_order(const std::vector<std::string>& texts, const
   auto& out = cs_[static_cast<size_t>(cur_)];
   std::vector<std::vector<size_t>> cand(n);  // cand[k]: events that may go while k is the first not done
   std::vector<EventCode> code;
-  if (mode != 0) {
-    const int64_t tile_bytes = kTileElems * 4;
-    for (size_t k = 0; k < n; ++k) {
-      code.push_back(read_code(texts[k], tile_bytes));
-      // The landing its wait covers writes its slot (or y) as the event's own
-      // write: a later event that reads it relies on that wait.
-      if (events[k].space) code[k].writes.push_back(Range{events[k].space, events[k].lo, events[k].hi});
-    }
-    // The DMAs each event's waits cover: those on the flag since its last wait.
-    // An event may rely on an earlier one's wait (the emitter waits once a flag),
-    // so a later event must not touch what an earlier one's waits cover.
-    std::map<int, std::vector<const Dma*>> since_wait;
-    std::vector<std::vector<Range>> covered(n);
-    for (size_t k = 0; k < n; ++k) {
-      for (const auto& [f, cnt] : code[k].waits) {
-        for (const Dma* d : since_wait[f]) {
-          covered[k].insert(covered[k].end(), d->reads.begin(), d->reads.end());
-          covered[k].insert(covered[k].end(), d->writes.begin(), d->writes.end());
-        }
-        since_wait[f].clear();
+  assert(mode == 1 || mode == 2);  // 0 (program order) never comes here
+  const int64_t tile_bytes = kTileElems * 4;
+  for (size_t k = 0; k < n; ++k) {
+    code.push_back(read_code(texts[k], tile_bytes));
+    // The landing its wait covers writes its slot (or y) as the event's own
+    // write: a later event that reads it relies on that wait.
+    if (events[k].space) code[k].writes.push_back(Range{events[k].space, events[k].lo, events[k].hi});
+  }
+  // The DMAs each event's waits cover: those on the flag since its last wait.
+  // An event may rely on an earlier one's wait (the emitter waits once a flag),
+  // so a later event must not touch what an earlier one's waits cover.
+  std::map<int, std::vector<const Dma*>> since_wait;
+  std::vector<std::vector<Range>> covered(n);
+  for (size_t k = 0; k < n; ++k) {
+    for (const auto& [f, cnt] : code[k].waits) {
+      for (const Dma* d : since_wait[f]) {
+        covered[k].insert(covered[k].end(), d->reads.begin(), d->reads.end());
+        covered[k].insert(covered[k].end(), d->writes.begin(), d->writes.end());
       }
-      for (const Dma& d : code[k].dmas)
-        if (d.flag >= 0) since_wait[d.flag].push_back(&d);
+      since_wait[f].clear();
     }
-    // Event j may go before event i < j: neither waits on a flag the other
-    // raises, their bytes are apart, and j touches nothing i's waits cover.
-    auto commute = [&](size_t i, size_t j) {
-      const EventCode &a = code[i], &b = code[j];
-      if (!a.ok || !b.ok) return false;
-      for (const auto& [f, cnt] : b.waits)
-        if (a.raises.count(f)) return false;
-      for (const auto& [f, cnt] : a.waits)
-        if (b.raises.count(f)) return false;
-      return !overlap(a.writes, b.reads) && !overlap(a.reads, b.writes) && !overlap(a.writes, b.writes) &&
-             !overlap(covered[i], b.reads) && !overlap(covered[i], b.writes);
-    };
-    for (size_t k = 0; k < n; ++k) {
-      if (events[k].flag < 0 || !code[k].ok) continue;  // a front without a landing stays a plain wait
-      for (size_t j = k + 1; j < n && j < k + kArrivalWindow; ++j) {
-        bool ok = !events[j].pinned && !code[j].remote_hbm && code[j].waits.size() <= 6;
-        for (size_t i = k; i < j && ok; ++i) ok = commute(i, j);
-        if (ok) cand[k].push_back(j);
-      }
+    for (const Dma& d : code[k].dmas)
+      if (d.flag >= 0) since_wait[d.flag].push_back(&d);
+  }
+  // Event j may go before event i < j: neither waits on a flag the other
+  // raises, their bytes are apart, and j touches nothing i's waits cover.
+  auto commute = [&](size_t i, size_t j) {
+    const EventCode &a = code[i], &b = code[j];
+    if (!a.ok || !b.ok) return false;
+    for (const auto& [f, cnt] : b.waits)
+      if (a.raises.count(f)) return false;
+    for (const auto& [f, cnt] : a.waits)
+      if (b.raises.count(f)) return false;
+    return !overlap(a.writes, b.reads) && !overlap(a.reads, b.writes) && !overlap(a.writes, b.writes) &&
+           !overlap(covered[i], b.reads) && !overlap(covered[i], b.writes);
+  };
+  for (size_t k = 0; k < n; ++k) {
+    if (events[k].flag < 0 || !code[k].ok) continue;  // a front without a landing stays a plain wait
+    for (size_t j = k + 1; j < n && j < k + kArrivalWindow; ++j) {
+      bool ok = !events[j].pinned && !code[j].remote_hbm && code[j].waits.size() <= 6;
+      for (size_t i = k; i < j && ok; ++i) ok = commute(i, j);
+      if (ok) cand[k].push_back(j);
     }
   }
   if (std::all_of(cand.begin(), cand.end(), [](const std::vector<size_t>& c) { return c.empty(); })) {

@@ -1309,16 +1309,21 @@ void Emitter::lower_all_reduce(const Node& n) {
           flag_pending[store_flag] = true;
         }
       };
-      std::vector<std::string> texts(prog.size());
-      for (size_t i = 0; i < prog.size(); ++i) {
-        std::ostringstream text;
-        std::swap(text, cs_[static_cast<size_t>(cur_)]);
-        emit_event(i);
-        std::swap(text, cs_[static_cast<size_t>(cur_)]);
-        texts[i] = text.str();
+      const int arrival_order = res.pooled ? opt_.arrival_order : 0;
+      if (arrival_order == 0) {  // program order: the events' code straight into the program
+        for (size_t i = 0; i < prog.size(); ++i) emit_event(i);
+      } else {  // each event's code apart, for the dispatch to read back
+        std::vector<std::string> texts(prog.size());
+        for (size_t i = 0; i < prog.size(); ++i) {
+          std::ostringstream text;
+          std::swap(text, cs_[static_cast<size_t>(cur_)]);
+          emit_event(i);
+          std::swap(text, cs_[static_cast<size_t>(cur_)]);
+          texts[i] = text.str();
+          arrival[i].pinned = res.before.count(i) || res.after.count(i);
+        }
+        emit_in_arrival_order(texts, arrival, res.stream, arrival_order);
       }
-      for (size_t i = 0; i < prog.size(); ++i) arrival[i].pinned = res.before.count(i) || res.after.count(i);
-      emit_in_arrival_order(texts, arrival, res.stream, res.pooled ? opt_.arrival_order : 0);
       line("wait " + send_flag_text() + ", " + std::to_string(send_flag < 0 ? sent : flag_dmas_[cur_][send_flag]));
       for (int piece = res.pooled ? 0 : res.loads; piece < pool_n; ++piece) wait_flag_if_pending(pool_flag(piece));
       for (int f = res.buf_flag; f < res.buf_flag + res.buf_flags; ++f) wait_flag_if_pending(f);

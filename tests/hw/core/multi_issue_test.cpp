@@ -81,6 +81,14 @@ hw::SequencerParams vliw(int width) {
   return p;
 }
 
+// Stream 0 forks stream 1 and runs `stream0` then halts; stream 1 issues `vadds`
+// vadds (one a cycle) and then raises flag `flag` by 1.
+std::string fork_vadds_then_raise(const std::string& stream0, int vadds, int flag) {
+  std::string prog = "  fork a\n" + stream0 + "  halt\na:\n";
+  for (int i = 0; i < vadds; ++i) prog += "  vadd v1, v1, v1\n";
+  return prog + "  fadd f" + std::to_string(flag) + ", 1\n  halt\n";
+}
+
 // Four independent groups {vld, vadd, mmul, mpop}: every register distinct, none
 // written twice. Width 8: a group fills one bundle (vld, vector ALU, 2 matrix) and
 // the next group's vld finds the load slot taken, so group g issues in cycle g and
@@ -238,10 +246,9 @@ TEST(MultiIssue, AForkedStreamIssuesWhileTheOtherWaits) {
 // ftest). The waiting is counted on the first flag named.
 TEST(MultiIssue, WaitAnyRetiresOnTheFlagThatRises) {
   constexpr int kVadds = 6;
-  std::string prog = "  fork a\n  wait.any f3, 1, f4, 1\n  ftest s5, f3, 1\n  ftest s6, f4, 1\n  vld v0, [s0 + 0]\n  halt\na:\n";
-  for (int i = 0; i < kVadds; ++i) prog += "  vadd v1, v1, v1\n";
-  prog += "  fadd f4, 1\n  halt\n";
-  Harness h(prog, hw::SequencerParams{});
+  Harness h(fork_vadds_then_raise("  wait.any f3, 1, f4, 1\n  ftest s5, f3, 1\n  ftest s6, f4, 1\n  vld v0, [s0 + 0]\n",
+                                  kVadds, 4),
+            hw::SequencerParams{});
   const Trace& t = h.run();
   EXPECT_EQ(h.env().state->s[5], 0);
   EXPECT_EQ(h.env().state->s[6], 1);
@@ -321,10 +328,7 @@ TEST(MultiIssue, ThreeForkedStreamsRunTogether) {
 // vadd, and the wait is checked before it in that cycle).
 TEST(MultiIssue, EachStreamsFlagWaitsWhileAnotherIssues) {
   constexpr int kVadds = 20;
-  std::string prog = "  fork a\n  wait f1, 1\n  halt\na:\n";
-  for (int i = 0; i < kVadds; ++i) prog += "  vadd v1, v1, v1\n";
-  prog += "  fadd f1, 1\n  halt\n";
-  Harness h(prog, hw::SequencerParams{});
+  Harness h(fork_vadds_then_raise("  wait f1, 1\n", kVadds, 1), hw::SequencerParams{});
   h.run();
   const nlohmann::json ops = h.env().profile.to_json()["ops"];
   ASSERT_EQ(ops.size(), 1u);
