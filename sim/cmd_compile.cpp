@@ -51,6 +51,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int all_reduce_streams = 0;
     int urgent = 0;
     int arrival_order = 0;
+    int inner_split = 0;
     std::vector<std::string> batched;
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
     bool infeed = false;
@@ -91,6 +92,12 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   "ahead of it (docs/codegen.md \"Arrival order\"): off (program order, the default), on, or "
                   "check (one that is ready always first, so the reference takes those paths)")
       ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"off", 0}, {"on", 1}, {"check", 2}}));
+  cmd->add_option("--inner-split", opt->inner_split,
+                  "A streamed all-reduce cuts each inner-step message (a chunk at most half the widest "
+                  "chip-to-chip one) into this many pieces, so the next hop starts after the first "
+                  "(docs/codegen.md \"Inner pieces\"); 1 keeps one piece; 0 (the default): 4 where the chips "
+                  "form a 3-D torus, else 1")
+      ->check(CLI::Range(0, 16));
   cmd->add_option("--train", opt->train,
                   "Compile one training step instead: sgd:lr=X[,momentum=Y] (docs/training.md)");
   cmd->add_option("--loss", opt->loss, "Training loss: xent (one-hot labels) | xent-index | mse");
@@ -146,6 +153,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.all_reduce_streams = opt->all_reduce_streams;
       lo.urgent_sends = opt->urgent;
       lo.arrival_order = opt->arrival_order;
+      lo.inner_split = opt->inner_split;
       lo.replicas.batched = opt->batched;
       lo.inputs_from_host = opt->infeed;
       if (opt->replicas > 1) lo.target.chips = static_cast<uint32_t>(board_chips);

@@ -78,6 +78,14 @@ static_assert(kMaxAllReduceStreams <= isa::kStreams);
 constexpr int kSendBufFirstFlag = 192, kSendBufFlags = isa::kSyncFlags - kSendBufFirstFlag;
 constexpr int kStreamFirstFlag = 64, kStreamFlags = kSendBufFirstFlag - kStreamFirstFlag;
 
+// Inner-step pieces (LowerOptions::inner_split): by default an inner chunk goes as
+// up to 4 pieces, on a k = 4 torus dimension the next step's chunks, of at least
+// 16 KiB (or a quarter of a piece, for tests' small pieces): below that a message
+// costs its latency, not its bytes, and splitting v4-4x4x4's 22 KB third-dimension
+// messages as well lost the two-pool plan at 16 MiB.
+constexpr int kInnerSplit = 4;
+constexpr int64_t kMinInnerPieceElems = 4096;
+
 // Slots per stream with two pools: 16 (8 a pool, twice the 4 pieces a first torus
 // step of a slice sends on a stream), fewer if the flags run out.
 int pooled_slots(int64_t most) { return static_cast<int>(std::min<int64_t>(16, kStreamFlags / (2 * most))); }
@@ -148,7 +156,8 @@ struct StreamPlan {
 // Plans every replica's program. Returns an empty message, or why the schedule
 // does not stream (then the caller lowers it the other way).
 std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<int>>& move_pool, int pools, StreamPlan& sp,
-                        bool fuse, bool late, int64_t piece, const std::vector<std::vector<int64_t>>& move_gate) {
+                        bool fuse, bool late, int64_t piece, const std::vector<std::vector<int64_t>>& move_gate,
+                        int inner_split) {
   const size_t P = static_cast<size_t>(sch.chips), T = sch.steps.size();
   auto pool_of = [&](size_t t, size_t k) { return move_pool.empty() ? 0 : move_pool[t][k]; };
   // The hierarchical schedule numbers a chip's two cores' replicas 2c, 2c + 1.
@@ -167,8 +176,37 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
       }
   std::sort(cuts.begin(), cuts.end());
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  // Inner steps (a chunk at most half the widest chip-to-chip chunk: the torus
+  // schedule's deeper dimensions) are a chain of small messages, each paying its
+  // whole transfer before the next hop can start. With inner_split > 1 such a chunk
+  // goes as up to inner_split pieces of at least kMinInnerPieceElems, so the next
+  // hop starts after the first: the atoms inside it are cut that fine.
+  int64_t widest = 0;
+  for (const auto& step : sch.steps)
+    for (const ici::Move& m : step)
+      if (!on_chip(m.src, m.dst)) widest = std::max(widest, sch.chunks[static_cast<size_t>(m.src_chunk)].elems);
+  auto inner_cap = [&](int64_t elems) {
+    if (inner_split <= 1 || 2 * elems > widest) return sp.piece;
+    const int64_t n = std::clamp<int64_t>(elems / std::min(kMinInnerPieceElems, sp.piece / 4), 1, inner_split);
+    return std::min(sp.piece, (elems + n - 1) / n);
+  };
+  std::vector<int64_t> seg_step(cuts.size(), sp.piece);
+  if (inner_split > 1) {
+    std::set<int> seen;
+    for (const auto& step : sch.steps)
+      for (const ici::Move& m : step)
+        if (seen.insert(m.src_chunk).second) {
+          const ici::Chunk& c = sch.chunks[static_cast<size_t>(m.src_chunk)];
+          const int64_t cap = inner_cap(c.elems);
+          if (cap >= sp.piece) continue;
+          for (size_t i = static_cast<size_t>(std::lower_bound(cuts.begin(), cuts.end(), c.offset) - cuts.begin());
+               i + 1 < cuts.size() && cuts[i] < c.offset + c.elems; ++i)
+            seg_step[i] = std::min(seg_step[i], cap);
+        }
+  }
   for (size_t i = 0; i + 1 < cuts.size(); ++i)
-    for (int64_t lo = cuts[i]; lo < cuts[i + 1]; lo += sp.piece) sp.atoms.emplace_back(lo, std::min(cuts[i + 1], lo + sp.piece));
+    for (int64_t lo = cuts[i]; lo < cuts[i + 1]; lo += seg_step[i])
+      sp.atoms.emplace_back(lo, std::min(cuts[i + 1], lo + seg_step[i]));
   auto atoms_of = [&](const ici::Chunk& c) {
     std::vector<int> v;
     auto it = std::lower_bound(sp.atoms.begin(), sp.atoms.end(), std::make_pair(c.offset, int64_t(INT64_MIN)));
@@ -206,6 +244,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
       const std::tuple<size_t, size_t, size_t> none{SIZE_MAX, 0, 0};
       auto prev_writer = none;
       std::vector<std::pair<int, int>> pieces;
+      const int64_t cap = inner_cap(sch.chunks[static_cast<size_t>(m.src_chunk)].elems);
       for (int a : sp.move_atoms[t].back()) {
         const auto& at = sp.atoms[static_cast<size_t>(a)];
         const int64_t start = pieces.empty() ? 0 : sp.atoms[static_cast<size_t>(pieces.back().first)].first;
@@ -220,7 +259,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
         const bool by_writer = final_copy && writer != none && sch.chunks[static_cast<size_t>(m.src_chunk)].elems > sp.piece;
         const bool cut_here = by_writer ? writer != prev_writer : next_cuts[t].count(at.first) > 0;
         const bool merge =
-            at.second - start <= sp.piece && !(cut_here && at.first - start >= (by_writer ? sp.piece / 64 : min_cut));
+            at.second - start <= cap && !(cut_here && at.first - start >= (by_writer ? sp.piece / 64 : min_cut));
         if (!pieces.empty() && merge)
           pieces.back().second = a + 1;
         else
@@ -815,6 +854,9 @@ void Emitter::lower_all_reduce(const Node& n) {
       }
     const int streams =
         std::min(kMaxAllReduceStreams, opt_.all_reduce_streams > 0 ? opt_.all_reduce_streams : torus_dims >= 3 ? 2 : 1);
+    // docs/codegen.md "Inner pieces": by default where the chips form a 3-D torus,
+    // whose two inner dimensions make 12 of a block's 18 torus steps latency-bound.
+    const int inner_split = opt_.inner_split > 0 ? opt_.inner_split : torus_dims >= 3 ? kInnerSplit : 1;
     // What the lowering did instead of the streams asked for (LowerResult::notes).
     auto streams_note = [&](const std::string& why) {
       if (opt_.all_reduce_streams < 2 || blocks.size() < 2) return;
@@ -827,7 +869,8 @@ void Emitter::lower_all_reduce(const Node& n) {
     static std::map<std::string, std::shared_ptr<const StreamPlan>> stream_cache;
     const std::string key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(piece) + "|" +
                             std::to_string(opt_.stream_slice_elems) + "|" + std::to_string(opt_.target.vmem_bytes) +
-                            (streams >= 2 ? "|streams=" + std::to_string(streams) : "");
+                            (streams >= 2 ? "|streams=" + std::to_string(streams) : "") +
+                            (inner_split > 1 ? "|inner=" + std::to_string(inner_split) : "");
     std::shared_ptr<const StreamPlan> plan;
     {
       std::lock_guard<std::mutex> lock(stream_mutex);
@@ -843,7 +886,8 @@ void Emitter::lower_all_reduce(const Node& n) {
         std::vector<std::vector<int>> move_pool;
         fresh->sched = slice_schedule(sch, slice_elems, pc, pools, move_pool, blocks);
         if (pools > 1 && move_pool.empty()) return nullptr;  // not sliced: the same as try 1
-        if (!plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, late, pc, block_gate).empty()) return nullptr;
+        if (!plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, late, pc, block_gate, inner_split).empty())
+          return nullptr;
         fresh->gates = block_gate;
         return fresh;
       };

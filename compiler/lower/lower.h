@@ -67,6 +67,11 @@ struct LowerOptions {
   // functional reference, where transfers land at once, then takes the early
   // paths the chip model takes only when landings come out of order).
   int arrival_order = 0;
+  // The streamed all-reduce's inner-step messages (a chunk at most half the widest
+  // chip-to-chip one) cut into up to this many pieces of at least 16 KiB
+  // (docs/codegen.md "Inner pieces"): 1 one piece, as a wide step's; 0 the
+  // default, 4 where the chips form a 3-D torus, else 1.
+  int inner_split = 0;
 };
 
 struct LowerResult {

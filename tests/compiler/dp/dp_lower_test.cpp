@@ -437,6 +437,50 @@ TEST(DpLower, InnerDimensionStepsCreditsAndTokensGoUrgent) {
   }
 }
 
+// Inner pieces (docs/codegen.md "Inner pieces"): on the 4 x 4 chip torus with
+// pieces of 1024 elements, each second-dimension chunk (n / (G k1 k2) = 1024
+// elements, urgent) goes as 4 messages of 256 elements with inner_split 4 and as
+// one with 1; the first-dimension (bulk) messages do not change. Bit-exact under
+// the race checker either way; the default on this 2-D torus is one piece.
+TEST(DpLower, InnerStepMessagesGoInPieces) {
+  std::map<int, std::map<std::string, std::map<int64_t, int>>> sizes;  // split -> core -> urgent bytes -> messages
+  std::map<int, std::map<std::string, int64_t>> bulk;                   // split -> core -> bulk bytes to other chips
+  std::map<int, std::string> assembly;
+  for (int split : {1, 4, 0}) {
+    SCOPED_TRACE(split);
+    expect_replicated_bit_exact(allreduce_only_ir(32, 16, 4096), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
+                                16ull << 20, [&](LowerOptions& lo) {
+                                  lo.stream_piece_elems = 1024;
+                                  lo.urgent_sends = 1;
+                                  lo.inner_split = split;
+                                });
+    assembly[split] = g_last_assembly;
+    bool in_op = false;
+    for_each_stream_line(g_last_assembly, [&](const std::string& core, int, const std::string& line) {
+      if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
+      const size_t at = line.find("@chip");
+      if (!in_op || line.rfind("  dma ", 0) != 0 || at == std::string::npos || at > line.find(',')) return;
+      if (std::stoi(line.substr(at + 5)) == std::stoi(core.substr(4))) return;  // the other core of the chip
+      const int64_t bytes = std::stoll(line.substr(line.find("bytes=") + 6));
+      if (bytes == 4) return;  // credits and tokens
+      if (line.find(", tc=1") != std::string::npos)
+        ++sizes[split][core][bytes];
+      else
+        bulk[split][core] += bytes;
+    });
+  }
+  ASSERT_EQ(sizes[1].size(), 32u);
+  EXPECT_EQ(assembly[0], assembly[1]);
+  for (const auto& [c, one] : sizes[1]) {
+    // 2 groups a core, each 3 second-dimension sends of 4 KiB in each of the
+    // reduce-scatter and the all-gather.
+    EXPECT_EQ(one, (std::map<int64_t, int>{{4096, 12}})) << c;
+    EXPECT_EQ(sizes[4][c], (std::map<int64_t, int>{{1024, 48}})) << c;
+    EXPECT_EQ(bulk[4][c], bulk[1][c]) << c;
+    EXPECT_GT(bulk[1][c], 0) << c;
+  }
+}
+
 // Two streams (docs/codegen.md "Two streams"): with two slot pools a blocked
 // all-reduce runs even blocks in stream 0 and odd ones in a forked stream 1, each
 // in its own order. The same 3 blocks as above, bit-exact under the race checker
