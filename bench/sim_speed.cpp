@@ -100,14 +100,15 @@ double children_cpu_seconds(bool user_only = false) {
   return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
+// `extra`: more `tpusim run` options (preset overrides).
 Measured run(const std::string& tpusim, const std::string& dir, const std::string& name, const std::string& text,
-             const std::string& preset, const std::string& mode, int threads) {
+             const std::string& preset, const std::string& mode, int threads, const std::string& extra = "") {
   const std::string src = dir + "/" + name + ".s", bundle = dir + "/" + name + ".tpu", out = dir + "/" + name + "_" + mode;
   std::ofstream(src) << text;
   std::string cmd = tpusim + " asm " + src + " -o " + bundle + " >/dev/null";
   if (std::system(cmd.c_str()) != 0) throw std::runtime_error("assembling " + src + " failed");
   cmd = "SYSTEMC_DISABLE_COPYRIGHT_MESSAGE=1 " + tpusim + " run " + bundle + " --preset " + preset + " --mode " +
-        mode + " --threads " + std::to_string(threads) + " --random-inputs 1 -q --out " + out;
+        mode + " --threads " + std::to_string(threads) + extra + " --random-inputs 1 -q --out " + out;
   const double cpu0 = children_cpu_seconds(), user0 = children_cpu_seconds(true);
   const auto t0 = std::chrono::steady_clock::now();
   if (std::system(cmd.c_str()) != 0) throw std::runtime_error("'" + cmd + "' failed");
@@ -141,7 +142,10 @@ int pod_run(const std::string& tpusim, const std::string& preset_name, int64_t e
     const std::string dir = (fs::temp_directory_path() / ("tpusim_sim_speed_pod_" + std::to_string(::getpid()))).string();
     fs::create_directories(dir);
     const std::string load_before = load_average();
-    const Measured m = run(tpusim, dir, "pod", tpusim::ici::collective_program(sched, po), preset_name, "fast", threads);
+    // The program keeps its buffers in VMEM, bigger than a chip's: the run's preset
+    // must hold the bundle's memories (tpusim run refuses a target it does not fit).
+    const Measured m = run(tpusim, dir, "pod", tpusim::ici::collective_program(sched, po), preset_name, "fast", threads,
+                           " --set core.vmem.bytes=" + std::to_string(po.vmem_bytes));
     const std::string load_after = load_average();
     rusage u{};
     ::getrusage(RUSAGE_CHILDREN, &u);  // the largest child: the run (the assembler is smaller)
