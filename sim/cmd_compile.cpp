@@ -94,7 +94,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"off", 0}, {"on", 1}, {"check", 2}}));
   cmd->add_option("--inner-split", opt->inner_split,
                   "A streamed all-reduce cuts each inner-step message (a chunk at most half the widest "
-                  "chip-to-chip one) into this many pieces, so the next hop starts after the first "
+                  "chip-to-chip one) into up to this many pieces of at least 16 KiB, so the next hop starts after the first "
                   "(docs/codegen.md \"Inner pieces\"); 1 keeps one piece; 0 (the default): 4 where the chips "
                   "form a 3-D torus, else 1")
       ->check(CLI::Range(0, 16));
