@@ -150,6 +150,9 @@ struct StreamPlan {
   std::vector<std::vector<int64_t>> gates;  // block_start_gates, as planned with
   ici::Schedule sched;     // the schedule planned: the collective's, or its slices
   int64_t max_piece = 0;  // elements of the largest piece, whole tiles: the size of a slot
+  // Elements of the widest chunk a move carries between chips: a step whose chunk is
+  // at most half of it is an inner (latency-bound) step, for its pieces and its class.
+  int64_t widest = 0;
   int64_t makespan = 0;   // the ordering run's estimate of the collective's cycles
 };
 
@@ -181,10 +184,10 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   // whole transfer before the next hop can start. With inner_split > 1 such a chunk
   // goes as up to inner_split pieces of at least kMinInnerPieceElems, so the next
   // hop starts after the first: the atoms inside it are cut that fine.
-  int64_t widest = 0;
   for (const auto& step : sch.steps)
     for (const ici::Move& m : step)
-      if (!on_chip(m.src, m.dst)) widest = std::max(widest, sch.chunks[static_cast<size_t>(m.src_chunk)].elems);
+      if (!on_chip(m.src, m.dst)) sp.widest = std::max(sp.widest, sch.chunks[static_cast<size_t>(m.src_chunk)].elems);
+  const int64_t widest = sp.widest;
   auto inner_cap = [&](int64_t elems) {
     if (inner_split <= 1 || 2 * elems > widest) return sp.piece;
     const int64_t n = std::clamp<int64_t>(elems / std::min(kMinInnerPieceElems, sp.piece / 4), 1, inner_split);
@@ -939,11 +942,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       // dimensions) is latency-bound, and its sends share links with another
       // group's (or block's) wide steps; they, the credits and the entry tokens go
       // as urgent (tc=1), ahead of the wide steps' queued packets.
-      int64_t widest = 0;
-      for (const auto& step : ssch.steps)
-        for (const ici::Move& mv : step)
-          if (replica_chip(s, mv.src) != replica_chip(s, mv.dst))
-            widest = std::max(widest, ssch.chunks[static_cast<size_t>(mv.src_chunk)].elems);
+      const int64_t widest = sp.widest;  // plan_stream's, over the same schedule
       const bool urgent_on = opt_.urgent_sends == 1 || (opt_.urgent_sends == 0 && torus_dims >= 3);
       const std::string urgent = urgent_on ? ", tc=1" : "";
       auto tc_of = [&](const ici::Move& mv) {

@@ -238,7 +238,8 @@ class Emitter {
   void lower_avgpool_exclude_pad(const Node& n);
   // arrival.cpp: a stream's events (their code, in program order) with a dispatch
   // that lets an event go before those ahead of it when its data comes first.
-  // mode: LowerOptions::arrival_order, 1 or 2 (0 emits the events in place). What the code's text does not say about an event:
+  // mode: LowerOptions::arrival_order, 1 or 2 (0 emits the events in place).
+  // What the code's text does not say about an event:
   struct ArrivalEvent {
     int flag = -1;        // a consume's landing wait: flag (-1 for other events) and count
     int64_t count = 0;

@@ -341,6 +341,23 @@ void for_each_stream_line(const std::string& assembly,
   }
 }
 
+// Calls f(core, line, bytes) for every DMA of op 1 (the all_reduce) to another
+// chip: bytes is the transfer's whole size (bytes= times dim= where given).
+void for_each_chip_send(const std::string& assembly,
+                        const std::function<void(const std::string&, const std::string&, int64_t)>& f) {
+  bool in_op = false;
+  for_each_stream_line(assembly, [&](const std::string& core, int, const std::string& line) {
+    if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
+    const size_t at = line.find("@chip");
+    if (!in_op || line.rfind("  dma ", 0) != 0 || at == std::string::npos || at > line.find(',')) return;
+    if (std::stoi(line.substr(at + 5)) == std::stoi(core.substr(4))) return;  // the other core of the chip
+    int64_t bytes = std::stoll(line.substr(line.find("bytes=") + 6));
+    const size_t dim = line.find("dim=");
+    if (dim != std::string::npos) bytes *= std::stoll(line.substr(dim + 4));
+    f(core, line, bytes);
+  });
+}
+
 // Blocks (all_reduce_blocks): on a v2-4x4 slice (16 chips) a buffer above
 // block_elems runs as contiguous blocks, each its own schedule, staggered; the
 // lowering streams them as they come (two slot pools: block b in pool b % 2 when
@@ -407,15 +424,7 @@ TEST(DpLower, InnerDimensionStepsCreditsAndTokensGoUrgent) {
                                 16ull << 20, [&](LowerOptions& lo) { lo.urgent_sends = mode; });
     std::map<std::string, std::array<int64_t, 2>> data;  // core -> bytes to other chips: bulk, urgent
     int64_t control = 0, urgent_control = 0;
-    bool in_op = false;
-    for_each_stream_line(g_last_assembly, [&](const std::string& core, int, const std::string& line) {
-      if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
-      const size_t at = line.find("@chip");
-      if (!in_op || line.rfind("  dma ", 0) != 0 || at == std::string::npos || at > line.find(',')) return;
-      if (std::stoi(line.substr(at + 5)) == std::stoi(core.substr(4))) return;  // the other core of the chip
-      int64_t bytes = std::stoll(line.substr(line.find("bytes=") + 6));
-      const size_t dim = line.find("dim=");
-      if (dim != std::string::npos) bytes *= std::stoll(line.substr(dim + 4));
+    for_each_chip_send(g_last_assembly, [&](const std::string& core, const std::string& line, int64_t bytes) {
       const bool tc = line.find(", tc=1") != std::string::npos;
       if (bytes == 4) {
         ++control;
@@ -455,13 +464,7 @@ TEST(DpLower, InnerStepMessagesGoInPieces) {
                                   lo.inner_split = split;
                                 });
     assembly[split] = g_last_assembly;
-    bool in_op = false;
-    for_each_stream_line(g_last_assembly, [&](const std::string& core, int, const std::string& line) {
-      if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
-      const size_t at = line.find("@chip");
-      if (!in_op || line.rfind("  dma ", 0) != 0 || at == std::string::npos || at > line.find(',')) return;
-      if (std::stoi(line.substr(at + 5)) == std::stoi(core.substr(4))) return;  // the other core of the chip
-      const int64_t bytes = std::stoll(line.substr(line.find("bytes=") + 6));
+    for_each_chip_send(g_last_assembly, [&](const std::string& core, const std::string& line, int64_t bytes) {
       if (bytes == 4) return;  // credits and tokens
       if (line.find(", tc=1") != std::string::npos)
         ++sizes[split][core][bytes];
