@@ -141,6 +141,14 @@ int pod_run(const std::string& tpusim, const std::string& preset_name, int64_t e
     po.extra_target = " vmem=" + std::to_string(po.vmem_bytes);
     const std::string dir = (fs::temp_directory_path() / ("tpusim_sim_speed_pod_" + std::to_string(::getpid()))).string();
     fs::create_directories(dir);
+    // Removed however the run ends: a failed run must not leave its bundle behind.
+    struct RemoveDir {
+      std::string path;
+      ~RemoveDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+      }
+    } remove_dir{dir};
     const std::string load_before = load_average();
     // The program keeps its buffers in VMEM, bigger than a chip's: the run's preset
     // must hold the bundle's memories (tpusim run refuses a target it does not fit).
@@ -155,8 +163,6 @@ int pod_run(const std::string& tpusim, const std::string& preset_name, int64_t e
                "max RSS GB | load average before / after |\n|---:|---:|---:|---:|---:|---:|---|\n");
     fmt::print("| {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {} / {} |\n", m.cycles, m.user, m.cpu,
                m.process_wall, m.wall, double(u.ru_maxrss) / 1048576.0, load_before, load_after);
-    std::error_code ec;
-    fs::remove_all(dir, ec);
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "sim_speed: error: --pod: {}\n", e.what());
