@@ -154,12 +154,27 @@ struct StreamPlan {
   // at most half of it is an inner (latency-bound) step, for its pieces and its class.
   int64_t widest = 0;
   int64_t makespan = 0;   // the ordering run's estimate of the collective's cycles
+  // LateSends::kOutside: the late sends (step, move, first atom), each a DMA into
+  // the other core's y outside the slot streams, counted on `outside_flag` there.
+  std::set<std::tuple<size_t, size_t, int>> outside;
+  int outside_flag = -1;
 };
+
+// Late fused sends (plan_stream): a final value that lands as a copy and goes to
+// the chip's other core in the on-chip all-gather is sent from its VMEM copy as it
+// lands instead of being read back from y then. kInStream: as a piece of the on-chip
+// slot stream, so the consume waits for that piece's slot. kOutside: outside the
+// streams (it lands in y and frees no slot): no slot, credit or consume, one
+// counting flag the receiver waits for at the op's end. On v3-8 the on-chip stream's
+// slots hold the next slices' reduce-scatter pieces (sent from x as soon as a slot
+// frees), whose consumes wait for the stream to the next chip, which still has the
+// copy's send on to go: in-stream late sends stall the ordering run there.
+enum class LateSends { kNone, kInStream, kOutside };
 
 // Plans every replica's program. Returns an empty message, or why the schedule
 // does not stream (then the caller lowers it the other way).
 std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<int>>& move_pool, int pools, StreamPlan& sp,
-                        bool fuse, bool late, int64_t piece, const std::vector<std::vector<int64_t>>& move_gate,
+                        bool fuse, LateSends late, int64_t piece, const std::vector<std::vector<int64_t>>& move_gate,
                         int inner_split) {
   const size_t P = static_cast<size_t>(sch.chips), T = sch.steps.size();
   auto pool_of = [&](size_t t, size_t k) { return move_pool.empty() ? 0 : move_pool[t][k]; };
@@ -390,7 +405,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     // first atom) -> its late sends (step, move); those send pieces are no events.
     std::map<std::tuple<size_t, size_t, int>, std::vector<std::pair<size_t, size_t>>> late_of;
     std::set<std::tuple<size_t, size_t, int>> late_send;
-    for (size_t t = 0; t < T && fuse && late && hier; ++t)
+    for (size_t t = 0; t < T && fuse && late != LateSends::kNone && hier; ++t)
       for (size_t k = 0; k < sch.steps[t].size(); ++k) {
         const ici::Move& m = sch.steps[t][k];
         if (m.src != static_cast<int>(r) || !on_chip(m.src, m.dst) || fused_move[{t, k}]) continue;
@@ -406,7 +421,8 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
             ok = last && last->first < t && (!w || *w == *last);
             w = last;
           }
-          if (!ok || sch.steps[w->first][w->second].reduce) continue;
+          // (a sum's, too, when outside the streams: one more DMA from its VMEM result)
+          if (!ok || (sch.steps[w->first][w->second].reduce && late != LateSends::kOutside)) continue;
           const auto& src_pieces = sp.move_pieces[w->first][w->second];
           if (std::find(src_pieces.begin(), src_pieces.end(), std::make_pair(a0, a1)) == src_pieces.end()) continue;
           late_of[{w->first, w->second, a0}].emplace_back(t, k);
@@ -451,8 +467,13 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
               const bool reduce = sch.steps[t][k].reduce;
               for (const auto& [st, mv, is_send] : acc[static_cast<size_t>(a0)])
                 if (st == t + 1 && is_send && fused_move[{st, mv}]) c.e.fused.emplace_back(st, mv);
-              if (auto late = late_of.find({t, k, a0}); late != late_of.end())
-                c.e.fused.insert(c.e.fused.end(), late->second.begin(), late->second.end());
+              // (after the sends on, so a consume's first fused send is a stream's
+              // when it has one: that send's slot names the send buffer)
+              if (auto ls = late_of.find({t, k, a0}); ls != late_of.end())
+                for (const auto& [t2, k2] : ls->second) {
+                  c.e.fused.emplace_back(t2, k2);
+                  if (late == LateSends::kOutside) sp.outside.emplace(t2, k2, a0);
+                }
               for (int a = a0; a < a1 && reduce; ++a) {
                 // The next use of the value decides: a read (a send from y, an add
                 // into it) needs it stored; a copy landing over it does not.
@@ -475,11 +496,22 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
         }
     }
   }
+  // An outside late send's receiver has nothing to do for it until the op's end.
+  if (!sp.outside.empty()) {
+    sp.outside_flag = kStreamFirstFlag + 2 * sp.most * sp.K;
+    if (sp.outside_flag >= kSendBufFirstFlag) return "no flag left for the late sends outside the streams";
+    for (size_t r = 0; r < P; ++r)
+      cands[r].erase(std::remove_if(cands[r].begin(), cands[r].end(),
+                                    [&](const Cand& c) { return !c.e.send && sp.outside.count({c.e.step, c.e.move, c.e.atom}); }),
+                     cands[r].end());
+  }
+  auto in_stream = [&](size_t t, size_t k, int a0) { return !sp.outside.count({t, k, a0}); };
   // Stream lengths (pieces per ordered pair), fixed by the schedule.
   std::map<std::pair<int, int>, int64_t> len;
   for (size_t t = 0; t < T; ++t)
     for (size_t k = 0; k < sch.steps[t].size(); ++k)
-      len[{sch.steps[t][k].src, sch.steps[t][k].dst}] += static_cast<int64_t>(sp.move_pieces[t][k].size());
+      for (const auto& pc : sp.move_pieces[t][k])
+        len[{sch.steps[t][k].src, sch.steps[t][k].dst}] += in_stream(t, k, pc.first);
   // Every replica's program order: a run of all replicas in which the event that can
   // start first (of any replica, among its next kWindow candidates) goes next; an
   // event can start when its data is there (its landing sent, its own earlier writes
@@ -520,9 +552,8 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   std::map<std::tuple<int, int, int>, std::map<size_t, int64_t>> to_send;
   for (size_t t = 0; t < T; ++t)
     for (size_t k = 0; k < sch.steps[t].size(); ++k)
-      if (!sp.move_pieces[t][k].empty())
-        to_send[{sch.steps[t][k].src, sch.steps[t][k].dst, pool_of(t, k)}][t] +=
-            static_cast<int64_t>(sp.move_pieces[t][k].size());
+      for (const auto& pc : sp.move_pieces[t][k])
+        if (in_stream(t, k, pc.first)) ++to_send[{sch.steps[t][k].src, sch.steps[t][k].dst, pool_of(t, k)}][t];
   auto slot_free = [&](int src, int dst, size_t t, int pool) {
     const auto& pend = to_send[{src, dst, pool}];
     if (!pend.empty() && pend.begin()->first < t) return false;
@@ -549,6 +580,12 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   };
   auto do_send = [&](int src, size_t t, size_t k, int a, int a_end, int64_t at) {
     const int dst = sch.steps[t][k].dst, pool = pool_of(t, k);
+    if (!in_stream(t, k, a)) {  // outside the streams: only the link's time
+      for (int b = a; b < a_end; ++b) ++sends_done[static_cast<size_t>(src)][static_cast<size_t>(b)];
+      int64_t& lf = link_free[{src, dst}];
+      lf = std::max(lf, at + 414) + bytes_of(a, a_end) / 512;
+      return;
+    }
     auto& v = sp.stream[{src, dst}];
     const int64_t m = static_cast<int64_t>(v.size());
     sp.index[{src, t, k, a}] = m;
@@ -598,6 +635,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     if (it == land_at.end()) return -1;
     t = std::max(t, it->second);
     for (const auto& [t2, k2] : e.fused) {
+      if (!in_stream(t2, k2, e.atom)) continue;
       const int d = sch.steps[t2][k2].dst, pool = pool_of(t2, k2);
       if (!slot_free(static_cast<int>(r), d, t2, pool)) return -1;
       t = std::max(t, slot_time(static_cast<int>(r), d, pool));
@@ -873,7 +911,8 @@ void Emitter::lower_all_reduce(const Node& n) {
     const std::string key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(piece) + "|" +
                             std::to_string(opt_.stream_slice_elems) + "|" + std::to_string(opt_.target.vmem_bytes) +
                             (streams >= 2 ? "|streams=" + std::to_string(streams) : "") +
-                            (inner_split > 1 ? "|inner=" + std::to_string(inner_split) : "");
+                            (inner_split > 1 ? "|inner=" + std::to_string(inner_split) : "") +
+                            (opt_.late_sends != 0 ? "|late=" + std::to_string(opt_.late_sends) : "");
     std::shared_ptr<const StreamPlan> plan;
     {
       std::lock_guard<std::mutex> lock(stream_mutex);
@@ -884,7 +923,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       const std::vector<std::vector<int64_t>> block_gate =
           kmin == INT32_MAX ? std::vector<std::vector<int64_t>>{} : block_start_gates(sch, blocks, kmin);
       // slice_elems: LowerOptions::stream_slice_elems, or E for the whole buffer.
-      auto attempt = [&](int pools, int64_t pc, bool fuse, bool late, int64_t slice_elems) -> std::shared_ptr<StreamPlan> {
+      auto attempt = [&](int pools, int64_t pc, bool fuse, LateSends late, int64_t slice_elems) -> std::shared_ptr<StreamPlan> {
         auto fresh = std::make_shared<StreamPlan>();
         std::vector<std::vector<int>> move_pool;
         fresh->sched = slice_schedule(sch, slice_elems, pc, pools, move_pool, blocks);
@@ -895,11 +934,13 @@ void Emitter::lower_all_reduce(const Node& n) {
         return fresh;
       };
       const int64_t sliced = opt_.stream_slice_elems, no_slices = sch.elements;  // ceil(E / E) = 1 slice
-      // Each fused try first with the late fused sends, then without (where they
-      // stall the ordering run: a consume then waits for a slot on the on-chip stream).
+      // Each fused try with the late fused sends in the streams, else outside them
+      // (LateSends), else without.
       auto fused_attempt = [&](int pools, int64_t pc) {
-        auto p = attempt(pools, pc, true, true, sliced);
-        return p ? p : attempt(pools, pc, true, false, sliced);
+        for (LateSends late : {LateSends::kInStream, LateSends::kOutside, LateSends::kNone})
+          if (late != LateSends::kInStream || opt_.late_sends == 0)
+            if (auto p = attempt(pools, pc, true, late, sliced)) return p;
+        return std::shared_ptr<StreamPlan>();
       };
       std::shared_ptr<StreamPlan> fresh = streams >= 2 && blocks.size() > 1 ? nullptr : fused_attempt(1, piece);
       if (!fresh) {
@@ -913,9 +954,10 @@ void Emitter::lower_all_reduce(const Node& n) {
         // Unfused, slices only hold the ring up (a sum is stored and read back
         // anyway): v4-4x4x4 256 MiB planned 8.3 M cycles on 2 slices, 2.2 M whole.
         // Take whichever the ordering run finishes first.
-        fresh = attempt(1, piece, false, false, sliced);
+        fresh = attempt(1, piece, false, LateSends::kNone, sliced);
         if (fresh && fresh->sched.steps.size() != sch.steps.size())
-          if (auto whole = attempt(1, piece, false, false, no_slices); whole && whole->makespan < fresh->makespan) fresh = whole;
+          if (auto whole = attempt(1, piece, false, LateSends::kNone, no_slices); whole && whole->makespan < fresh->makespan)
+            fresh = whole;
       }
       if (fresh) {
         plan = fresh;
@@ -1038,8 +1080,21 @@ void Emitter::lower_all_reduce(const Node& n) {
       // A send counts on send_flag, or (buffer_flag) on its own flag: a second send
       // from a send buffer, which the buffer's next use waits for (its credit covers
       // only the first).
+      auto outside = [&](size_t t, size_t k, int a) { return sp.outside.count({t, k, a}) > 0; };
       auto send = [&](size_t t, size_t k, int a, int a_end, const std::string& from, int buffer_flag = -1) {
         const ici::Move& mv = ssch.steps[t][k];
+        if (outside(t, k, a)) {  // into the other core's y, counted on its outside flag
+          const int64_t bytes = (sp.atoms[static_cast<size_t>(a_end - 1)].second - sp.atoms[static_cast<size_t>(a)].first) * 4;
+          line("dma " + endpoint("hbm", mv.dst) + ":" + at(there(mv.dst, Y.addr + sp.atoms[static_cast<size_t>(a)].first * 4)) +
+               ", " + from + ", bytes=" + std::to_string(bytes) + ", flag=" +
+               (buffer_flag < 0 ? send_flag_text() : "f" + std::to_string(buffer_flag)) +
+               ", rflag=f" + std::to_string(sp.outside_flag) + tc_of(mv));
+          if (buffer_flag < 0)
+            count_send();
+          else
+            ++flag_dmas_[cur_][buffer_flag];
+          return;
+        }
         const int64_t m = sp.index.at({me, t, k, a});
         wait_credit(mv.dst, m);
         const int64_t bytes = (sp.atoms[static_cast<size_t>(a_end - 1)].second - sp.atoms[static_cast<size_t>(a)].first) * 4;
@@ -1290,7 +1345,9 @@ void Emitter::lower_all_reduce(const Node& n) {
         }
         int64_t out;
         int store_flag;
-        if (!e.fused.empty()) {
+        // A send buffer when the first fused send is a stream's (its slot names the
+        // buffer); late sends outside the streams alone go from the scratch sum.
+        if (!e.fused.empty() && !outside(e.fused.front().first, e.fused.front().second, e.atom)) {
           const auto& [t, k] = e.fused.front();
           const int d = ssch.steps[t][k].dst;
           const int64_t m2 = sp.index.at({me, t, k, e.atom});
@@ -1329,8 +1386,12 @@ void Emitter::lower_all_reduce(const Node& n) {
         }
         give_credit();
         for (size_t q = 0; q < e.fused.size(); ++q) {
-          send(e.fused[q].first, e.fused[q].second, e.atom, e.atom_end, vmem(out), q == 0 ? -1 : store_flag);
-          if (q > 0) flag_pending[store_flag] = true;
+          // The first stream send counts on the send flag (the receiver's credit
+          // frees the buffer); every other send on the buffer's flag, which its next
+          // use waits for: a second send, and any outside the streams (no credit).
+          const bool on_buffer = q > 0 || outside(e.fused[q].first, e.fused[q].second, e.atom);
+          send(e.fused[q].first, e.fused[q].second, e.atom, e.atom_end, vmem(out), on_buffer ? store_flag : -1);
+          if (on_buffer) flag_pending[store_flag] = true;
         }
         std::vector<std::pair<int, int>> stores;  // the runs read again from y
         if (copy_in_vmem) {  // the final value: y holds it
@@ -1463,6 +1524,12 @@ void Emitter::lower_all_reduce(const Node& n) {
           std::swap(stream0, cs_[static_cast<size_t>(cur_)]);
         }
         for (int q = 1; q < P; ++q) wait_flag(kStreamFlagSets[q].gate);
+      }
+      if (sp.outside_flag >= 0) {  // the late sends outside the streams into this replica
+        int64_t into = 0;
+        for (const auto& [t, k, a] : sp.outside) into += ssch.steps[t][k].dst == me;
+        if (into > 0)
+          line("wait f" + std::to_string(sp.outside_flag) + ", " + std::to_string(coll_landed_[sp.outside_flag] += into));
       }
       for (int src : srcs)
         for (int j = 0; j < K; ++j) coll_landed_[land_flag_of(me, src, j)] = base[land_flag_of(me, src, j)] + uses(src, me, j);

@@ -72,6 +72,12 @@ struct LowerOptions {
   // (docs/codegen.md "Inner pieces"): 1 one piece, as a wide step's; 0 the
   // default, 4 where the chips form a 3-D torus, else 1.
   int inner_split = 0;
+  // The streamed all-reduce's late sends, a final value sent to the chip's other
+  // core from VMEM as it lands or is made (docs/codegen.md "Final copies to the
+  // other core"): 0 the default, in the slot streams where that plan does not
+  // stall, else outside them, else none; 1 outside the streams (else none). Tests
+  // set 1 to reach that path with small buffers.
+  int late_sends = 0;
 };
 
 struct LowerResult {
