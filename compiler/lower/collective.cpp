@@ -158,6 +158,7 @@ struct StreamPlan {
   // the other core's y outside the slot streams, counted on `outside_flag` there.
   std::set<std::tuple<size_t, size_t, int>> outside;
   int outside_flag = -1;
+  bool is_outside(size_t step, size_t move, int atom) const { return outside.count({step, move, atom}) > 0; }
 };
 
 // Late fused sends (plan_stream): a final value that lands as a copy and goes to
@@ -502,16 +503,15 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     if (sp.outside_flag >= kSendBufFirstFlag) return "no flag left for the late sends outside the streams";
     for (size_t r = 0; r < P; ++r)
       cands[r].erase(std::remove_if(cands[r].begin(), cands[r].end(),
-                                    [&](const Cand& c) { return !c.e.send && sp.outside.count({c.e.step, c.e.move, c.e.atom}); }),
+                                    [&](const Cand& c) { return !c.e.send && sp.is_outside(c.e.step, c.e.move, c.e.atom); }),
                      cands[r].end());
   }
-  auto in_stream = [&](size_t t, size_t k, int a0) { return !sp.outside.count({t, k, a0}); };
   // Stream lengths (pieces per ordered pair), fixed by the schedule.
   std::map<std::pair<int, int>, int64_t> len;
   for (size_t t = 0; t < T; ++t)
     for (size_t k = 0; k < sch.steps[t].size(); ++k)
       for (const auto& pc : sp.move_pieces[t][k])
-        len[{sch.steps[t][k].src, sch.steps[t][k].dst}] += in_stream(t, k, pc.first);
+        len[{sch.steps[t][k].src, sch.steps[t][k].dst}] += !sp.is_outside(t, k, pc.first);
   // Every replica's program order: a run of all replicas in which the event that can
   // start first (of any replica, among its next kWindow candidates) goes next; an
   // event can start when its data is there (its landing sent, its own earlier writes
@@ -553,7 +553,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   for (size_t t = 0; t < T; ++t)
     for (size_t k = 0; k < sch.steps[t].size(); ++k)
       for (const auto& pc : sp.move_pieces[t][k])
-        if (in_stream(t, k, pc.first)) ++to_send[{sch.steps[t][k].src, sch.steps[t][k].dst, pool_of(t, k)}][t];
+        if (!sp.is_outside(t, k, pc.first)) ++to_send[{sch.steps[t][k].src, sch.steps[t][k].dst, pool_of(t, k)}][t];
   auto slot_free = [&](int src, int dst, size_t t, int pool) {
     const auto& pend = to_send[{src, dst, pool}];
     if (!pend.empty() && pend.begin()->first < t) return false;
@@ -580,7 +580,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   };
   auto do_send = [&](int src, size_t t, size_t k, int a, int a_end, int64_t at) {
     const int dst = sch.steps[t][k].dst, pool = pool_of(t, k);
-    if (!in_stream(t, k, a)) {  // outside the streams: only the link's time
+    if (sp.is_outside(t, k, a)) {  // outside the streams: only the link's time
       for (int b = a; b < a_end; ++b) ++sends_done[static_cast<size_t>(src)][static_cast<size_t>(b)];
       int64_t& lf = link_free[{src, dst}];
       lf = std::max(lf, at + 414) + bytes_of(a, a_end) / 512;
@@ -635,7 +635,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     if (it == land_at.end()) return -1;
     t = std::max(t, it->second);
     for (const auto& [t2, k2] : e.fused) {
-      if (!in_stream(t2, k2, e.atom)) continue;
+      if (sp.is_outside(t2, k2, e.atom)) continue;
       const int d = sch.steps[t2][k2].dst, pool = pool_of(t2, k2);
       if (!slot_free(static_cast<int>(r), d, t2, pool)) return -1;
       t = std::max(t, slot_time(static_cast<int>(r), d, pool));
@@ -1080,27 +1080,18 @@ void Emitter::lower_all_reduce(const Node& n) {
       // A send counts on send_flag, or (buffer_flag) on its own flag: a second send
       // from a send buffer, which the buffer's next use waits for (its credit covers
       // only the first).
-      auto outside = [&](size_t t, size_t k, int a) { return sp.outside.count({t, k, a}) > 0; };
       auto send = [&](size_t t, size_t k, int a, int a_end, const std::string& from, int buffer_flag = -1) {
         const ici::Move& mv = ssch.steps[t][k];
-        if (outside(t, k, a)) {  // into the other core's y, counted on its outside flag
-          const int64_t bytes = (sp.atoms[static_cast<size_t>(a_end - 1)].second - sp.atoms[static_cast<size_t>(a)].first) * 4;
-          line("dma " + endpoint("hbm", mv.dst) + ":" + at(there(mv.dst, Y.addr + sp.atoms[static_cast<size_t>(a)].first * 4)) +
-               ", " + from + ", bytes=" + std::to_string(bytes) + ", flag=" +
-               (buffer_flag < 0 ? send_flag_text() : "f" + std::to_string(buffer_flag)) +
-               ", rflag=f" + std::to_string(sp.outside_flag) + tc_of(mv));
-          if (buffer_flag < 0)
-            count_send();
-          else
-            ++flag_dmas_[cur_][buffer_flag];
-          return;
-        }
-        const int64_t m = sp.index.at({me, t, k, a});
-        wait_credit(mv.dst, m);
+        // A stream's piece waits for its slot's credit and raises the slot's landing
+        // flag; a late send outside the streams goes into the other core's y (a
+        // copy, no consume there, so target() takes no slot) on its counting flag.
+        const bool in_stream = !sp.is_outside(t, k, a);
+        const int64_t m = in_stream ? sp.index.at({me, t, k, a}) : -1;
+        if (in_stream) wait_credit(mv.dst, m);
         const int64_t bytes = (sp.atoms[static_cast<size_t>(a_end - 1)].second - sp.atoms[static_cast<size_t>(a)].first) * 4;
         line("dma " + target(t, k, a, m) + ", " + from + ", bytes=" + std::to_string(bytes) + ", flag=" +
              (buffer_flag < 0 ? send_flag_text() : "f" + std::to_string(buffer_flag)) +
-             ", rflag=f" + std::to_string(land_flag(mv.dst, me, m)) + tc_of(mv));
+             ", rflag=f" + std::to_string(in_stream ? land_flag(mv.dst, me, m) : sp.outside_flag) + tc_of(mv));
         if (buffer_flag < 0)
           count_send();
         else
@@ -1347,7 +1338,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         int store_flag;
         // A send buffer when the first fused send is a stream's (its slot names the
         // buffer); late sends outside the streams alone go from the scratch sum.
-        if (!e.fused.empty() && !outside(e.fused.front().first, e.fused.front().second, e.atom)) {
+        if (!e.fused.empty() && !sp.is_outside(e.fused.front().first, e.fused.front().second, e.atom)) {
           const auto& [t, k] = e.fused.front();
           const int d = ssch.steps[t][k].dst;
           const int64_t m2 = sp.index.at({me, t, k, e.atom});
@@ -1389,7 +1380,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           // The first stream send counts on the send flag (the receiver's credit
           // frees the buffer); every other send on the buffer's flag, which its next
           // use waits for: a second send, and any outside the streams (no credit).
-          const bool on_buffer = q > 0 || outside(e.fused[q].first, e.fused[q].second, e.atom);
+          const bool on_buffer = q > 0 || sp.is_outside(e.fused[q].first, e.fused[q].second, e.atom);
           send(e.fused[q].first, e.fused[q].second, e.atom, e.atom_end, vmem(out), on_buffer ? store_flag : -1);
           if (on_buffer) flag_pending[store_flag] = true;
         }

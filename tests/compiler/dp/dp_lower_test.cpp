@@ -275,59 +275,6 @@ TEST(DpLower, AllReduceInSlicesOnV38) {
   EXPECT_GT(count(g_last_assembly, "vst v1"), count(g_last_assembly, "vadd v1"));
 }
 
-// The on-chip all-gather on v3-8 in slices: each final value that reaches a core
-// (a copy landing from the other chips, or its own last sum) goes to the chip's
-// other core from VMEM as it is made, outside the slot streams (compiler/lower/
-// collective.cpp, LateSends::kOutside), instead of HBM to HBM from y after the
-// torus all-gather: the two-core chip's HBM traffic is what bounds v3-8's large
-// all-reduces. Small pieces and slices with that path asked for (at that size the
-// in-stream late sends plan): bit-exact under the race checker. Then the default
-// plan of 16 MiB per replica (4 slices of 256 KiB pieces), lowered only, where the
-// in-stream late sends stall the ordering run: the same path. Either way no DMA of
-// op 1 copies y to the other core's y.
-TEST(DpLower, OnChipAllGatherGoesFromVmemOutsideTheStreams) {
-  // op 1's DMAs into the chip's other core (bytes > 4): from VMEM, from HBM
-  auto into_other_core = [](const std::string& assembly) {
-    std::istringstream in(assembly);
-    std::string line, core;
-    int op = -1;
-    std::pair<int, int> n{0, 0};
-    while (std::getline(in, line)) {
-      if (line.rfind(".core ", 0) == 0) core = line.substr(6);  // chipC.coreK
-      if (line.rfind("  op ", 0) == 0) op = std::stoi(line.substr(5));
-      if (op != 1 || line.rfind("  dma hbm@", 0) != 0 || line.find("bytes=4,") != std::string::npos) continue;
-      const std::string other = core.substr(0, core.find('.')) + ".c" + (core.back() == '0' ? "1" : "0");
-      if (line.rfind("  dma hbm@" + other + ":", 0) != 0) continue;
-      const std::string from = line.substr(line.find("], ") + 3, 4);
-      n.first += from == "vmem";
-      n.second += from == "hbm:";
-    }
-    return n;
-  };
-  expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, "auto", true, 16ull << 20,
-                              [](LowerOptions& lo) {
-                                lo.stream_piece_elems = 1024;
-                                lo.stream_slice_elems = 8 * 1024;
-                                lo.late_sends = 1;
-                              });
-  auto [from_vmem, from_hbm] = into_other_core(g_last_assembly);
-  EXPECT_GT(from_vmem, 0);
-  EXPECT_EQ(from_hbm, 0);
-
-  LowerOptions lo;
-  lo.target.vmem_bytes = 16ull << 20;
-  lo.target.hbm_bytes = 32ull << 30;
-  lo.target.chips = 4;
-  lo.replicas.replicas = 8;
-  lo.replicas.cores_per_chip = kV38.cores_per_chip;
-  lo.replicas.board = kV38.topology;
-  const Graph g = parse_graph(allreduce_only_ir(8, 2048, 2048), "v3_16M.ir");  // 16 MiB of fp32 per replica
-  verify(g);
-  std::tie(from_vmem, from_hbm) = into_other_core(lower_graph(g, lo).assembly);
-  EXPECT_GT(from_vmem, 0);
-  EXPECT_EQ(from_hbm, 0);
-}
-
 // A slot's credits after its entry token are 4-byte DMAs into the sender's SMEM
 // (the top kCreditSmemBytes), SMEM to SMEM: they carry only their rflag, and from
 // HBM to HBM each paid a memory read and a write on the path of the slot's next
@@ -394,21 +341,79 @@ void for_each_stream_line(const std::string& assembly,
   }
 }
 
-// Calls f(core, line, bytes) for every DMA of op 1 (the all_reduce) to another
-// chip: bytes is the transfer's whole size (bytes= times dim= where given).
-void for_each_chip_send(const std::string& assembly,
-                        const std::function<void(const std::string&, const std::string&, int64_t)>& f) {
+// Calls f(core, line, at) for every DMA of op 1 (the all_reduce) to another core:
+// at is where "@chip" starts in the line (its destination's chip and core).
+void for_each_remote_dma(const std::string& assembly,
+                         const std::function<void(const std::string&, const std::string&, size_t)>& f) {
   bool in_op = false;
   for_each_stream_line(assembly, [&](const std::string& core, int, const std::string& line) {
     if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
     const size_t at = line.find("@chip");
     if (!in_op || line.rfind("  dma ", 0) != 0 || at == std::string::npos || at > line.find(',')) return;
+    f(core, line, at);
+  });
+}
+
+// Calls f(core, line, bytes) for every DMA of op 1 (the all_reduce) to another
+// chip: bytes is the transfer's whole size (bytes= times dim= where given).
+void for_each_chip_send(const std::string& assembly,
+                        const std::function<void(const std::string&, const std::string&, int64_t)>& f) {
+  for_each_remote_dma(assembly, [&](const std::string& core, const std::string& line, size_t at) {
     if (std::stoi(line.substr(at + 5)) == std::stoi(core.substr(4))) return;  // the other core of the chip
     int64_t bytes = std::stoll(line.substr(line.find("bytes=") + 6));
     const size_t dim = line.find("dim=");
     if (dim != std::string::npos) bytes *= std::stoll(line.substr(dim + 4));
     f(core, line, bytes);
   });
+}
+
+// The on-chip all-gather on v3-8 in slices: each final value that reaches a core
+// (a copy landing from the other chips, or its own last sum) goes to the chip's
+// other core from VMEM as it is made, outside the slot streams (compiler/lower/
+// collective.cpp, LateSends::kOutside), instead of HBM to HBM from y after the
+// torus all-gather: the two-core chip's HBM traffic is what bounds v3-8's large
+// all-reduces. Small pieces and slices with that path asked for (at that size the
+// in-stream late sends plan): bit-exact under the race checker. Then the default
+// plan of 16 MiB per replica (4 slices of 256 KiB pieces), lowered only, where the
+// in-stream late sends stall the ordering run: the same path. Either way no DMA of
+// op 1 copies y to the other core's y.
+TEST(DpLower, OnChipAllGatherGoesFromVmemOutsideTheStreams) {
+  // op 1's DMAs into the chip's other core (bytes > 4): from VMEM, from HBM
+  auto into_other_core = [](const std::string& assembly) {
+    std::pair<int, int> n{0, 0};
+    for_each_remote_dma(assembly, [&](const std::string& core, const std::string& line, size_t at) {
+      if (line.rfind("  dma hbm@", 0) != 0 || line.find("bytes=4,") != std::string::npos) return;
+      // into the other core of this chip: hbm@chipC.c(1 - K), core being chipC.coreK
+      const std::string other = core.substr(0, core.find('.')) + ".c" + (core.back() == '0' ? "1" : "0");
+      if (line.compare(at + 1, other.size() + 1, other + ":") != 0) return;
+      const std::string from = line.substr(line.find("], ") + 3, 4);
+      n.first += from == "vmem";
+      n.second += from == "hbm:";
+    });
+    return n;
+  };
+  expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, "auto", true, 16ull << 20,
+                              [](LowerOptions& lo) {
+                                lo.stream_piece_elems = 1024;
+                                lo.stream_slice_elems = 8 * 1024;
+                                lo.late_sends = 1;
+                              });
+  auto [from_vmem, from_hbm] = into_other_core(g_last_assembly);
+  EXPECT_GT(from_vmem, 0);
+  EXPECT_EQ(from_hbm, 0);
+
+  LowerOptions lo;
+  lo.target.vmem_bytes = 16ull << 20;
+  lo.target.hbm_bytes = 32ull << 30;
+  lo.target.chips = 4;
+  lo.replicas.replicas = 8;
+  lo.replicas.cores_per_chip = kV38.cores_per_chip;
+  lo.replicas.board = kV38.topology;
+  const Graph g = parse_graph(allreduce_only_ir(8, 2048, 2048), "v3_16M.ir");  // 16 MiB of fp32 per replica
+  verify(g);
+  std::tie(from_vmem, from_hbm) = into_other_core(lower_graph(g, lo).assembly);
+  EXPECT_GT(from_vmem, 0);
+  EXPECT_EQ(from_hbm, 0);
 }
 
 // Blocks (all_reduce_blocks): on a v2-4x4 slice (16 chips) a buffer above
