@@ -1248,6 +1248,37 @@ void Emitter::lower_all_reduce(const Node& n) {
         return res.pooled ? pool_piece(pool_use[loads[j]]) : static_cast<int>(j % static_cast<size_t>(res.loads));
       };
       auto load_flag = [&](size_t j) { return pool_flag(load_piece(j)); };
+      // Values in y that a send buffer still holds: the one a consume made them in
+      // and stored them to y from, until a later consume writes that buffer
+      // (`written` counts each buffer's writes). A send from y of atoms that one
+      // such buffer holds goes from it, on the buffer's flag, which the buffer's
+      // next use waits for: no HBM read. On v3-8 these are a core's own final
+      // sums, which the torus all-gather's second step sends on (0.125 n a core
+      // read back from y). Not the operand pool's pieces: they go round every few
+      // consumes, and a send on a piece's flag held up its next use (v4-4x4x4
+      // 1 MiB +2.9%). Only in program order: the arrival-order dispatch may move
+      // the buffer's next use ahead of the send.
+      struct Held {
+        int64_t buffer, lo;  // the send buffer's VMEM address and the first element it holds
+        int flag;            // the buffer's flag (its stores)
+        uint64_t gen;        // written[buffer] when it was made
+      };
+      std::map<int, Held> held;  // atom -> where its value in y is also in VMEM
+      std::map<int64_t, uint64_t> written;
+      const bool in_order = opt_.arrival_order == 0 || !res.pooled;
+      // The VMEM source of a send of atoms [a, a_end) from y and its flag, or -1.
+      auto held_source = [&](int a, int a_end) -> std::pair<int64_t, int> {
+        auto first = held.find(a);
+        if (!in_order || first == held.end()) return {-1, -1};
+        const Held& h = first->second;
+        for (int b = a; b < a_end; ++b) {
+          auto it = held.find(b);
+          if (it == held.end() || it->second.buffer != h.buffer || it->second.lo != h.lo ||
+              it->second.gen != written[h.buffer])
+            return {-1, -1};
+        }
+        return {h.buffer + (sp.atoms[static_cast<size_t>(a)].first - h.lo) * 4, h.flag};
+      };
       size_t loads_issued = 0;
       auto issue_load = [&](size_t j, bool may_wait) {
         const StreamEvent& e = prog[loads[j]];
@@ -1277,7 +1308,15 @@ void Emitter::lower_all_reduce(const Node& n) {
         const int64_t lo = sp.atoms[static_cast<size_t>(e.atom)].first, hi = sp.atoms[static_cast<size_t>(e.atom_end - 1)].second;
         const int64_t elems = hi - lo;
         if (e.send) {
+          // The stores to y still go first: a partial sum's store must land before
+          // the sum it feeds comes back as the final value into the same bytes.
           for (int b = e.atom; b < e.atom_end && !e.from_x; ++b) wait_store(b);
+          if (const auto [from, flag] = e.from_x ? std::pair<int64_t, int>{-1, -1} : held_source(e.atom, e.atom_end);
+              from >= 0) {
+            send(e.step, e.move, e.atom, e.atom_end, vmem(from), flag);
+            flag_pending[flag] = true;
+            return;
+          }
           send(e.step, e.move, e.atom, e.atom_end, hbm((e.from_x ? X.addr : Y.addr) + lo * 4));
           return;
         }
@@ -1330,12 +1369,14 @@ void Emitter::lower_all_reduce(const Node& n) {
           arrival[i].hi = Y.addr + hi * 4;
         }
         if (!mv.reduce && !copy_in_vmem) {  // landed in y: forward it from there
+          for (int b = e.atom; b < e.atom_end; ++b) held.erase(b);
           give_credit();
           for (const auto& [t, k] : e.fused) send(t, k, e.atom, e.atom_end, hbm(Y.addr + lo * 4));
           return;
         }
         int64_t out;
         int store_flag;
+        bool send_buffer = false;
         // A send buffer when the first fused send is a stream's (its slot names the
         // buffer); late sends outside the streams alone go from the scratch sum.
         if (!e.fused.empty() && !sp.is_outside(e.fused.front().first, e.fused.front().second, e.atom)) {
@@ -1345,6 +1386,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           wait_credit(d, m2);
           const int buffer = idx(dsts, d) * K + slot_of(me, d, m2);
           out = SEND + buffer * PzB;
+          send_buffer = true;
           // The buffer's own flag: its store to y and its second send, both from
           // its last use. One flag for every buffer made each use wait for the
           // stores of the one before (~1 K cycles a piece); the core then fell
@@ -1364,6 +1406,8 @@ void Emitter::lower_all_reduce(const Node& n) {
           wait_flag_if_pending(store_flag);
         }
         if (j != SIZE_MAX) wait_flag(load_flag(j));
+        const uint64_t gen = ++written[out];
+        for (int b = e.atom; b < e.atom_end; ++b) held.erase(b);
         const int64_t local = j != SIZE_MAX ? res.load + load_piece(j) * PzB : -1;
         for (int64_t t = 0; t * kTileElems < elems; ++t) {
           line("vld " + res.va + ", " + at(slot + t * tile_bytes));
@@ -1400,7 +1444,10 @@ void Emitter::lower_all_reduce(const Node& n) {
         for (const auto& [b0, b1] : stores) {
           const int64_t s0 = sp.atoms[static_cast<size_t>(b0)].first, s1 = sp.atoms[static_cast<size_t>(b1 - 1)].second;
           dma_on(store_flag, hbm(Y.addr + s0 * 4), vmem(out + (s0 - lo) * 4), (s1 - s0) * 4, "");
-          for (int b = b0; b < b1; ++b) store_pending[b] = store_flag;
+          for (int b = b0; b < b1; ++b) {
+            store_pending[b] = store_flag;
+            if (send_buffer) held[b] = Held{out, lo, store_flag, gen};
+          }
           flag_pending[store_flag] = true;
         }
       };

@@ -416,6 +416,44 @@ TEST(DpLower, OnChipAllGatherGoesFromVmemOutsideTheStreams) {
   EXPECT_EQ(from_hbm, 0);
 }
 
+// A sum that a later step sends on from y goes from the VMEM buffer it was made
+// in while that buffer still holds it (compiler/lower/collective.cpp, Held): on
+// v3-8 a core's own final sums, which the torus all-gather's first step sends from
+// VMEM and its second step sent again from y (0.125 n a core read back from HBM).
+// Small pieces in slices, bit-exact under the race checker, then the default plan
+// of 16 MiB per replica, lowered only: no DMA of op 1 to another chip reads HBM.
+TEST(DpLower, SumsSentAgainGoFromVmem) {
+  auto chip_sends = [](const std::string& assembly) {  // (from VMEM, from HBM), bytes > 4
+    std::pair<int, int> n{0, 0};
+    for_each_chip_send(assembly, [&](const std::string&, const std::string& line, int64_t bytes) {
+      if (bytes == 4) return;
+      ++(line.find("], hbm:") != std::string::npos ? n.second : n.first);
+    });
+    return n;
+  };
+  expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, "auto", true, 16ull << 20,
+                              [](LowerOptions& lo) {
+                                lo.stream_piece_elems = 1024;
+                                lo.stream_slice_elems = 8 * 1024;
+                              });
+  auto [from_vmem, from_hbm] = chip_sends(g_last_assembly);
+  EXPECT_GT(from_vmem, 0);
+  EXPECT_EQ(from_hbm, 0);
+
+  LowerOptions lo;
+  lo.target.vmem_bytes = 16ull << 20;
+  lo.target.hbm_bytes = 32ull << 30;
+  lo.target.chips = 4;
+  lo.replicas.replicas = 8;
+  lo.replicas.cores_per_chip = kV38.cores_per_chip;
+  lo.replicas.board = kV38.topology;
+  const Graph g = parse_graph(allreduce_only_ir(8, 2048, 2048), "v3_16M.ir");  // 16 MiB of fp32 per replica
+  verify(g);
+  std::tie(from_vmem, from_hbm) = chip_sends(lower_graph(g, lo).assembly);
+  EXPECT_GT(from_vmem, 0);
+  EXPECT_EQ(from_hbm, 0);
+}
+
 // Blocks (all_reduce_blocks): on a v2-4x4 slice (16 chips) a buffer above
 // block_elems runs as contiguous blocks, each its own schedule, staggered; the
 // lowering streams them as they come (two slot pools: block b in pool b % 2 when
@@ -834,19 +872,17 @@ TEST(DpLower, FinalCopiesGoToTheOtherCoreFromVmem) {
   EXPECT_GT(late_sends(g_last_assembly), 0u);
   // The on-chip all-gather cuts its pieces as the torus all-gather's copies landed
   // (with pieces of 16 Ki elements a core's half is one piece otherwise, matching
-  // none), so only a core's own reduce-scatter results (a reduce, not a copy; 1 / 16
-  // of its half) go to the other core from y: at most 32 x 1031 / 2 / 16 elements
-  // and a tile of rounding for each of the core's 2 torus groups.
+  // none), and a core's own reduce-scatter results (a reduce, not a copy; 1 / 16
+  // of its half), which went to the other core from y, now go from the VMEM buffer
+  // they were made in (DpLower.SumsSentAgainGoFromVmem): no copy reads y.
   for (int64_t piece : {1024, 16384}) {
     expect_replicated_bit_exact(allreduce_only_ir(32, 32, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
                                 16ull << 20, [piece](LowerOptions& lo) { lo.stream_piece_elems = piece; });
     EXPECT_GT(late_sends(g_last_assembly), 0u);
-    std::map<std::string, int64_t> from_y;  // per core: bytes copied y -> the other core's y
-    for (const auto& [c, v] : copies_to_other_core(g_last_assembly))
-      for (const OnChipCopy& x : v)
-        if (x.from_hbm) from_y[c] += x.bytes;
-    EXPECT_EQ(from_y.size(), 32u) << "pieces of " << piece;
-    for (const auto& [c, b] : from_y) EXPECT_LE(b, (32 * 1031 / 2 / 16 + 2 * 1024) * 4) << c << ", pieces of " << piece;
+    const auto to_other = copies_to_other_core(g_last_assembly);
+    EXPECT_EQ(to_other.size(), 32u) << "pieces of " << piece;
+    for (const auto& [c, v] : to_other)
+      for (const OnChipCopy& x : v) EXPECT_FALSE(x.from_hbm) << c << ", pieces of " << piece << ", " << x.bytes << " bytes";
   }
 }
 
