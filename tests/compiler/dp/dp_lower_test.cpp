@@ -367,6 +367,21 @@ void for_each_chip_send(const std::string& assembly,
   });
 }
 
+// The default plan of an all-reduce of 16 MiB of fp32 per replica on v3-8 (4
+// slices of 256 KiB pieces), lowered only: running it takes minutes.
+std::string v3_8_16mib_assembly() {
+  LowerOptions lo;
+  lo.target.vmem_bytes = 16ull << 20;
+  lo.target.hbm_bytes = 32ull << 30;
+  lo.target.chips = 4;
+  lo.replicas.replicas = 8;
+  lo.replicas.cores_per_chip = kV38.cores_per_chip;
+  lo.replicas.board = kV38.topology;
+  const Graph g = parse_graph(allreduce_only_ir(8, 2048, 2048), "v3_16M.ir");
+  verify(g);
+  return lower_graph(g, lo).assembly;
+}
+
 // The on-chip all-gather on v3-8 in slices: each final value that reaches a core
 // (a copy landing from the other chips, or its own last sum) goes to the chip's
 // other core from VMEM as it is made, outside the slot streams (compiler/lower/
@@ -402,21 +417,12 @@ TEST(DpLower, OnChipAllGatherGoesFromVmemOutsideTheStreams) {
   EXPECT_GT(from_vmem, 0);
   EXPECT_EQ(from_hbm, 0);
 
-  LowerOptions lo;
-  lo.target.vmem_bytes = 16ull << 20;
-  lo.target.hbm_bytes = 32ull << 30;
-  lo.target.chips = 4;
-  lo.replicas.replicas = 8;
-  lo.replicas.cores_per_chip = kV38.cores_per_chip;
-  lo.replicas.board = kV38.topology;
-  const Graph g = parse_graph(allreduce_only_ir(8, 2048, 2048), "v3_16M.ir");  // 16 MiB of fp32 per replica
-  verify(g);
-  std::tie(from_vmem, from_hbm) = into_other_core(lower_graph(g, lo).assembly);
+  std::tie(from_vmem, from_hbm) = into_other_core(v3_8_16mib_assembly());
   EXPECT_GT(from_vmem, 0);
   EXPECT_EQ(from_hbm, 0);
 }
 
-// A sum that a later step sends on from y goes from the VMEM buffer it was made
+// A sum that a later step sends on from y goes from the send buffer it was made
 // in while that buffer still holds it (compiler/lower/collective.cpp, Held): on
 // v3-8 a core's own final sums, which the torus all-gather's first step sends from
 // VMEM and its second step sent again from y (0.125 n a core read back from HBM).
@@ -440,16 +446,7 @@ TEST(DpLower, SumsSentAgainGoFromVmem) {
   EXPECT_GT(from_vmem, 0);
   EXPECT_EQ(from_hbm, 0);
 
-  LowerOptions lo;
-  lo.target.vmem_bytes = 16ull << 20;
-  lo.target.hbm_bytes = 32ull << 30;
-  lo.target.chips = 4;
-  lo.replicas.replicas = 8;
-  lo.replicas.cores_per_chip = kV38.cores_per_chip;
-  lo.replicas.board = kV38.topology;
-  const Graph g = parse_graph(allreduce_only_ir(8, 2048, 2048), "v3_16M.ir");  // 16 MiB of fp32 per replica
-  verify(g);
-  std::tie(from_vmem, from_hbm) = chip_sends(lower_graph(g, lo).assembly);
+  std::tie(from_vmem, from_hbm) = chip_sends(v3_8_16mib_assembly());
   EXPECT_GT(from_vmem, 0);
   EXPECT_EQ(from_hbm, 0);
 }
