@@ -382,6 +382,24 @@ std::string v3_8_16mib_assembly() {
   return lower_graph(g, lo).assembly;
 }
 
+// A small v3-8 all-reduce in slices (pieces of 1024 elements, slices of 8 Ki,
+// `late_sends` as given) bit-exact under the race checker, then the default 16 MiB
+// plan: on both, count(assembly) = (DMAs from VMEM, from HBM) finds some from
+// VMEM and none from HBM.
+void expect_v3_8_dmas_from_vmem(const std::function<std::pair<int, int>(const std::string&)>& count, int late_sends) {
+  expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, "auto", true, 16ull << 20,
+                              [late_sends](LowerOptions& lo) {
+                                lo.stream_piece_elems = 1024;
+                                lo.stream_slice_elems = 8 * 1024;
+                                lo.late_sends = late_sends;
+                              });
+  for (const std::string& assembly : {g_last_assembly, v3_8_16mib_assembly()}) {
+    const auto [from_vmem, from_hbm] = count(assembly);
+    EXPECT_GT(from_vmem, 0);
+    EXPECT_EQ(from_hbm, 0);
+  }
+}
+
 // The on-chip all-gather on v3-8 in slices: each final value that reaches a core
 // (a copy landing from the other chips, or its own last sum) goes to the chip's
 // other core from VMEM as it is made, outside the slot streams (compiler/lower/
@@ -407,19 +425,7 @@ TEST(DpLower, OnChipAllGatherGoesFromVmemOutsideTheStreams) {
     });
     return n;
   };
-  expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, "auto", true, 16ull << 20,
-                              [](LowerOptions& lo) {
-                                lo.stream_piece_elems = 1024;
-                                lo.stream_slice_elems = 8 * 1024;
-                                lo.late_sends = 1;
-                              });
-  auto [from_vmem, from_hbm] = into_other_core(g_last_assembly);
-  EXPECT_GT(from_vmem, 0);
-  EXPECT_EQ(from_hbm, 0);
-
-  std::tie(from_vmem, from_hbm) = into_other_core(v3_8_16mib_assembly());
-  EXPECT_GT(from_vmem, 0);
-  EXPECT_EQ(from_hbm, 0);
+  expect_v3_8_dmas_from_vmem(into_other_core, 1);
 }
 
 // A sum that a later step sends on from y goes from the send buffer it was made
@@ -437,18 +443,7 @@ TEST(DpLower, SumsSentAgainGoFromVmem) {
     });
     return n;
   };
-  expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, "auto", true, 16ull << 20,
-                              [](LowerOptions& lo) {
-                                lo.stream_piece_elems = 1024;
-                                lo.stream_slice_elems = 8 * 1024;
-                              });
-  auto [from_vmem, from_hbm] = chip_sends(g_last_assembly);
-  EXPECT_GT(from_vmem, 0);
-  EXPECT_EQ(from_hbm, 0);
-
-  std::tie(from_vmem, from_hbm) = chip_sends(v3_8_16mib_assembly());
-  EXPECT_GT(from_vmem, 0);
-  EXPECT_EQ(from_hbm, 0);
+  expect_v3_8_dmas_from_vmem(chip_sends, 0);
 }
 
 // Blocks (all_reduce_blocks): on a v2-4x4 slice (16 chips) a buffer above
