@@ -84,8 +84,8 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0, 3));
   cmd->add_option("--urgent", opt->urgent,
                   "A streamed all-reduce's inner-dimension sends, credits and entry tokens as urgent ICI traffic "
-                  "(tc=1, docs/codegen.md \"Urgent messages\"): on, off, or auto = on where the chips form a "
-                  "3-D torus")
+                  "(tc=1, docs/codegen.md \"Urgent messages\"): on, off, or auto = credits and entry tokens on "
+                  "every board, the inner-dimension sends too where the chips form a 3-D torus")
       ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"auto", 0}, {"on", 1}, {"off", 2}}));
   cmd->add_option("--arrival-order", opt->arrival_order,
                   "A streamed all-reduce on 2 or 3 streams lets a consume whose data came first go before those "

@@ -983,12 +983,17 @@ void Emitter::lower_all_reduce(const Node& n) {
       // at most half the widest chip-to-chip chunk (a torus schedule's inner
       // dimensions) is latency-bound, and its sends share links with another
       // group's (or block's) wide steps; they, the credits and the entry tokens go
-      // as urgent (tc=1), ahead of the wide steps' queued packets.
+      // as urgent (tc=1), ahead of the wide steps' queued packets. By default the
+      // credits and tokens go urgent on every board: a 4-byte credit that queues
+      // behind a piece's packets holds up the sender's next piece on that slot
+      // (v3-8 64 MiB: credits took 2.5-3.5 K cycles against 1.9 K unloaded). The
+      // inner steps' data goes urgent by default only on a 3-D torus, where it
+      // was measured to gain (on v2-4x4 it lost, docs/codegen.md).
       const int64_t widest = sp.widest;  // plan_stream's, over the same schedule
-      const bool urgent_on = opt_.urgent_sends == 1 || (opt_.urgent_sends == 0 && torus_dims >= 3);
-      const std::string urgent = urgent_on ? ", tc=1" : "";
+      const bool urgent_data = opt_.urgent_sends == 1 || (opt_.urgent_sends == 0 && torus_dims >= 3);
+      const std::string urgent = opt_.urgent_sends != 2 ? ", tc=1" : "";  // credits and entry tokens
       auto tc_of = [&](const ici::Move& mv) {
-        return 2 * ssch.chunks[static_cast<size_t>(mv.src_chunk)].elems <= widest ? urgent : "";
+        return urgent_data && 2 * ssch.chunks[static_cast<size_t>(mv.src_chunk)].elems <= widest ? ", tc=1" : "";
       };
       const std::vector<int>& srcs = sp.sources[static_cast<size_t>(me)];
       const std::vector<int>& dsts = sp.dests[static_cast<size_t>(me)];

@@ -57,7 +57,8 @@ struct LowerOptions {
   int all_reduce_streams = 0;
   // The streamed all-reduce's inner-dimension sends, credits and entry tokens as
   // urgent ICI traffic (tc=1; docs/codegen.md "Urgent messages"): 1 on, 2 off
-  // (everything bulk), 0 the default: on where the chips form a 3-D torus.
+  // (everything bulk), 0 the default: credits and entry tokens on every board,
+  // the inner-dimension sends only where the chips form a 3-D torus.
   int urgent_sends = 0;
   // The streamed all-reduce's consumes in arrival order (docs/codegen.md
   // "Arrival order"): with 2 or 3 streams, an event among the next 3 whose waits

@@ -502,28 +502,28 @@ TEST(DpLower, AllReduceInBlocksOnV2Slice4x4) {
 // all-gather). The second dimension's go urgent (tc=1) and the first's bulk, so
 // each core's urgent bytes to other chips are 1 / k1 = 1/4 of its bulk ones
 // (n = 16 x 4096 elements: every chunk whole tiles); every credit and entry
-// token (4 bytes) is urgent; with urgent_sends off nothing is, nor by default on
-// a 2-D torus.
+// token (4 bytes) is urgent; with urgent_sends off nothing is. By default on a
+// 2-D torus the credits and tokens are urgent and no data is.
 TEST(DpLower, InnerDimensionStepsCreditsAndTokensGoUrgent) {
   for (int mode : {1, 2, 0}) {
     SCOPED_TRACE(mode);
-    const bool urgent = mode == 1;
+    const bool urgent = mode == 1, urgent_control = mode != 2;
     expect_replicated_bit_exact(allreduce_only_ir(32, 16, 4096), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
                                 16ull << 20, [&](LowerOptions& lo) { lo.urgent_sends = mode; });
     std::map<std::string, std::array<int64_t, 2>> data;  // core -> bytes to other chips: bulk, urgent
-    int64_t control = 0, urgent_control = 0;
+    int64_t control = 0, urgent_control_sends = 0;
     for_each_chip_send(g_last_assembly, [&](const std::string& core, const std::string& line, int64_t bytes) {
       const bool tc = line.find(", tc=1") != std::string::npos;
       if (bytes == 4) {
         ++control;
-        urgent_control += tc;
+        urgent_control_sends += tc;
       } else {
         data[core][tc] += bytes;
       }
     });
     ASSERT_EQ(data.size(), 32u);
     EXPECT_GT(control, 0);
-    EXPECT_EQ(urgent_control, urgent ? control : 0);
+    EXPECT_EQ(urgent_control_sends, urgent_control ? control : 0);
     for (const auto& [c, b] : data) {
       EXPECT_GT(b[0], 0) << c;
       if (urgent)
