@@ -6,11 +6,11 @@ functional reference (`--check-races`: the lowered program is well synchronised)
 bit for bit, two runs give identical outputs and stats.json (but for the host's wall
 time), and the all_reduce's cycles (allreduce_bw.py's timeline span)
 lie between the algorithm's alpha-beta closed form (allreduce_bw.py,
-docs/validation.md "Compiled all-reduce against its closed form") and 1.45 times it.
+docs/validation.md "Compiled all-reduce against its closed form") and 1.35 times it.
 The lower end fails if a run beats the links' bandwidth (a link counted twice, a
 tie sent both ways at once); the upper end is a regression bound, not the 5% the
-acceptance asks for, which the compiled all_reduce does not reach yet (measured
-1.33 at this size (8a1e615) since the HBM ends of remote transfers and the writes of on-chip
+acceptance asks for, which the compiled all_reduce does not reach at this size
+(measured 1.25 in session 35, 00826e5; 1.33 at 8a1e615, since the HBM ends of remote transfers and the writes of on-chip
 HBM-to-HBM copies are timed through the memory, which the closed form leaves out;
 1.18 before that with the streamed lowering and kept partial sums, 1.22 without
 them, 1.45 with the torus algorithm on [2, 2, 2]; see the docs).
@@ -19,8 +19,8 @@ Then 16 MiB per replica (each replica pads its own random element with ones; the
 output is each replica's row sums of its result, not the result itself, whose copy to
 chip 0 would be timed with the op), which the lowering runs on 4 slices: again bit
 for bit the functional reference, and the
-cycles between 0.97 and 1.35 times the alpha-beta bound of that sliced schedule
-(closed_form_hierarchical_sliced; measured 1.31 at 8a1e615, 1.24 before the cores took
+cycles between 0.97 and 1.15 times the alpha-beta bound of that sliced schedule
+(closed_form_hierarchical_sliced; measured 1.08 in session 35 (00826e5), 1.31 at 8a1e615, 1.24 before the cores took
 turns at the memory port, with copies that are sent on landing in VMEM, 1.45 when they landed in y and were read back, 1.11 before the HBM ends of
 remote transfers and the on-chip copies' writes were timed: the bound counts only
 the links; at this size on v3-8 the sends' reads, the landings' writes and the
@@ -78,8 +78,8 @@ def main():
     closed = bw.closed_form_hierarchical([2, 2], E * 4)
     ratio = cycles / closed
     print(f"all_reduce of {E * 4} bytes per replica: {cycles} cycles, closed form {closed:.0f}, ratio {ratio:.3f}")
-    if not 0.97 <= ratio <= 1.45:
-        sys.exit(f"all_reduce took {ratio:.3f} x its closed form, outside [0.97, 1.45]")
+    if not 0.97 <= ratio <= 1.35:
+        sys.exit(f"all_reduce took {ratio:.3f} x its closed form, outside [0.97, 1.35]")
 
     E16 = 4 << 20  # fp32 elements per replica (16 MiB)
     g = os.path.join(w, "ar16.graph")
@@ -99,8 +99,8 @@ def main():
     ratio = cycles / bound
     print(f"all_reduce of {E16 * 4} bytes per replica ({bw.slices_hierarchical([2, 2], E16 * 4)} slices): {cycles} "
           f"cycles, sliced bound {bound:.0f}, ratio {ratio:.3f}")
-    if not 0.97 <= ratio <= 1.35:
-        sys.exit(f"the sliced all_reduce took {ratio:.3f} x its bound, outside [0.97, 1.35]")
+    if not 0.97 <= ratio <= 1.15:
+        sys.exit(f"the sliced all_reduce took {ratio:.3f} x its bound, outside [0.97, 1.15]")
 
 
 if __name__ == "__main__":
