@@ -991,7 +991,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       // was measured to gain (on v2-4x4 it lost, docs/codegen.md).
       const int64_t widest = sp.widest;  // plan_stream's, over the same schedule
       const bool urgent_data = opt_.urgent_sends == 1 || (opt_.urgent_sends == 0 && torus_dims >= 3);
-      const std::string urgent = opt_.urgent_sends != 2 ? ", tc=1" : "";  // credits and entry tokens
+      const std::string control_tc = opt_.urgent_sends != 2 ? ", tc=1" : "";  // credits and entry tokens
       auto tc_of = [&](const ici::Move& mv) {
         return urgent_data && 2 * ssch.chunks[static_cast<size_t>(mv.src_chunk)].elems <= widest ? ", tc=1" : "";
       };
@@ -1046,7 +1046,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           if (uses(src, me, j) == 0) continue;
           line("dma " + endpoint("hbm", src) + ":" +
                at(there(src, TOK + (idx(sp.dests[static_cast<size_t>(src)], me) * K + j) * 4)) + ", " + hbm(zero) +
-               ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag_of(src, me, j)) + urgent);
+               ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag_of(src, me, j)) + control_tc);
           ++sent;
         }
       std::map<int, int64_t> credits_seen;
@@ -1255,7 +1255,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       auto load_flag = [&](size_t j) { return pool_flag(load_piece(j)); };
       // Values in y that a send buffer still holds: the one a consume made them in
       // and stored them to y from, until a later consume writes that buffer
-      // (`written` counts each buffer's writes). A send from y of atoms that one
+      // (`written` counts each send buffer's writes). A send from y of atoms that one
       // such buffer holds goes from it, on the buffer's flag, which the buffer's
       // next use waits for: no HBM read. On v3-8 these are a core's own final
       // sums, which the torus all-gather's second step sends on (0.125 n a core
@@ -1359,7 +1359,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           const int src = mv.src;
           line("dma " + endpoint("smem", src) + ":" +
                at(credits + (idx(sp.dests[static_cast<size_t>(src)], me) * K + slot_of(src, me, m)) * 4) + ", smem:" +
-               at(credit_zero) + ", bytes=4, flag=" + send_flag_text() + ", rflag=f" + std::to_string(credit_flag(src, me, m)) + urgent);
+               at(credit_zero) + ", bytes=4, flag=" + send_flag_text() + ", rflag=f" + std::to_string(credit_flag(src, me, m)) + control_tc);
           count_send();
         };
         const bool copy_in_vmem = !mv.reduce && copy_to_vmem.count({me, e.step, e.move, e.atom});
@@ -1411,7 +1411,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           wait_flag_if_pending(store_flag);
         }
         if (j != SIZE_MAX) wait_flag(load_flag(j));
-        const uint64_t gen = ++written[out];
+        const uint64_t gen = send_buffer ? ++written[out] : 0;  // only send buffers are held
         for (int b = e.atom; b < e.atom_end; ++b) held.erase(b);
         const int64_t local = j != SIZE_MAX ? res.load + load_piece(j) * PzB : -1;
         for (int64_t t = 0; t * kTileElems < elems; ++t) {
