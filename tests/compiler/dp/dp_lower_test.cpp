@@ -213,12 +213,13 @@ TEST(DpLower, AllReduceBf16AndHbmMode) {
 // 32 replicas (16 chips x 2 cores): the torus algorithm on [2, 4, 4]. The race
 // checker's cost grows with cores x in-flight DMAs (over a minute here), so it
 // checks the v3-8 cases only.
-// VMEM mode with little VMEM left for the send slots: the ring of send slots wraps
+// VMEM mode (a bf16 buffer: fp32 ones stream, docs/codegen.md "Streamed lowering")
+// with little VMEM left for the send slots: the ring of send slots wraps
 // (a wait for the replica's own sends, f58, before the end of the collective).
 TEST(DpLower, AllReduceSendSlotRingWraps) {
   int wrapped = 0;
-  for (uint64_t kib : {176, 192, 208, 224}) {
-    expect_replicated_bit_exact(allreduce_only_ir(8, 20, 100), PrecisionPolicy::kDefault, kV38, 8, "torus", true,
+  for (uint64_t kib : {88, 96, 104, 112, 176, 192, 208, 224}) {
+    expect_replicated_bit_exact(allreduce_only_ir(8, 20, 100), PrecisionPolicy::kBf16, kV38, 8, "torus", true,
                                 kib << 10);
     size_t waits = 0;
     for (size_t at = g_last_assembly.find("wait f58"); at != std::string::npos; at = g_last_assembly.find("wait f58", at + 1))
@@ -273,6 +274,24 @@ TEST(DpLower, AllReduceInSlicesOnV38) {
     return c;
   };
   EXPECT_GT(count(g_last_assembly, "vst v1"), count(g_last_assembly, "vadd v1"));
+}
+
+// Ring, bidir-ring and torus stream like the hierarchical algorithm once a step's
+// widest chunk holds half a piece: pieces land in the receiver's VMEM slots
+// (vmem@chip) and credits go SMEM to SMEM (smem@chip). Below that they keep the
+// step-ordered lowering, which has neither. Bit-exact under the race checker on
+// 8 replicas of v3-8 (4 KiB pieces so a 132 KB buffer streams).
+TEST(DpLower, EveryAlgorithmStreamsFromHalfAPieceAChunk) {
+  auto small_pieces = [](LowerOptions& lo) { lo.stream_piece_elems = 1024; };
+  for (const char* alg : {"ring", "bidir-ring", "torus"}) {
+    expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, alg, true, 16ull << 20,
+                                small_pieces);
+    EXPECT_NE(g_last_assembly.find("vmem@chip3.c1"), std::string::npos) << alg;
+    EXPECT_NE(g_last_assembly.find("smem@chip"), std::string::npos) << alg;
+    // the default 256 KiB pieces: every chunk is under half a piece
+    expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, alg, true);
+    EXPECT_EQ(g_last_assembly.find("smem@chip"), std::string::npos) << alg;
+  }
 }
 
 // A slot's credits after its entry token are 4-byte DMAs into the sender's SMEM
