@@ -186,7 +186,7 @@ class DmaEngines {
   HostLink& host_;
   std::deque<Issued> queue_;
   std::vector<std::unique_ptr<Transfer>> active_;  // by engine, null when free
-  std::vector<Transfer*> by_age_;                  // tick's HBM transfers, oldest first
+  std::vector<Transfer*> by_age_;                  // the active HBM transfers in start order
   // Remote transfers after their start: the ICI interface carries them, no engine.
   std::vector<std::unique_ptr<Transfer>> handed_off_;
   std::function<uint64_t()> vmem_ops_retired_;
