@@ -90,6 +90,17 @@ constexpr int64_t kMinInnerPieceElems = 4096;
 // step of a slice sends on a stream), fewer if the flags run out.
 int pooled_slots(int64_t most) { return static_cast<int>(std::min<int64_t>(16, kStreamFlags / (2 * most))); }
 
+// The widest chunk a move of the schedule carries between chips (the
+// hierarchical schedule's on-chip moves, between replicas 2c and 2c + 1, left out).
+int64_t widest_chip_chunk(const ici::Schedule& sch) {
+  const bool hier = sch.algorithm == ici::Algorithm::kHierarchical;
+  int64_t widest = 0;
+  for (const auto& step : sch.steps)
+    for (const ici::Move& m : step)
+      if (!(hier && m.src / 2 == m.dst / 2)) widest = std::max(widest, sch.chunks[static_cast<size_t>(m.src_chunk)].elems);
+  return widest;
+}
+
 // The most replicas one replica of the schedule sends to or receives from.
 int64_t most_peers(const ici::Schedule& sch) {
   std::map<int, std::set<int>> to, from;
@@ -200,9 +211,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   // whole transfer before the next hop can start. With inner_split > 1 such a chunk
   // goes as up to inner_split pieces of at least kMinInnerPieceElems, so the next
   // hop starts after the first: the atoms inside it are cut that fine.
-  for (const auto& step : sch.steps)
-    for (const ici::Move& m : step)
-      if (!on_chip(m.src, m.dst)) sp.widest = std::max(sp.widest, sch.chunks[static_cast<size_t>(m.src_chunk)].elems);
+  sp.widest = widest_chip_chunk(sch);
   const int64_t widest = sp.widest;
   auto inner_cap = [&](int64_t elems) {
     if (inner_split <= 1 || 2 * elems > widest) return sp.piece;
@@ -873,10 +882,7 @@ void Emitter::lower_all_reduce(const Node& n) {
   // against 202,130 (0.96x) streamed, torus 348,772 against 203,459. Below half a
   // piece the streams' entry tokens and credits cost more than the pieces gain
   // (v3-8 1 MiB: bidir-ring 28,962 against 31,491, torus 20,725 against 23,129).
-  int64_t widest_chunk = 0;
-  for (const auto& step : sch.steps)
-    for (const ici::Move& m : step) widest_chunk = std::max(widest_chunk, sch.chunks[static_cast<size_t>(m.src_chunk)].elems);
-  if (f32 && (sch.algorithm == ici::Algorithm::kHierarchical || 2 * widest_chunk >= opt_.stream_piece_elems)) {
+  if (f32 && (sch.algorithm == ici::Algorithm::kHierarchical || 2 * widest_chip_chunk(sch) >= opt_.stream_piece_elems)) {
     const int64_t piece = opt_.stream_piece_elems;
     // Three tries, the first that plans wins (docs/codegen.md "Streamed lowering"):
     // 1. sums sent straight from VMEM (fused), slices two steps apart sharing each
