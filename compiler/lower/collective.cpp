@@ -165,6 +165,9 @@ struct StreamPlan {
   // at most half of it is an inner (latency-bound) step, for its pieces and its class.
   int64_t widest = 0;
   int64_t makespan = 0;   // the ordering run's estimate of the collective's cycles
+  // Why no fused try planned, when this plan sends every sum through y (for the
+  // compile note), else empty.
+  std::string unfused_why;
   // LateSends::kOutside: the late sends (step, move, first atom), each a DMA into
   // the other core's y outside the slot streams, counted on `outside_flag` there.
   std::set<std::tuple<size_t, size_t, int>> outside;
@@ -939,13 +942,18 @@ void Emitter::lower_all_reduce(const Node& n) {
       const std::vector<std::vector<int64_t>> block_gate =
           kmin == INT32_MAX ? std::vector<std::vector<int64_t>>{} : block_start_gates(sch, blocks, kmin);
       // slice_elems: LowerOptions::stream_slice_elems, or E for the whole buffer.
+      std::vector<std::string> fused_whys;  // each fused try's reason not to plan, once each
       auto attempt = [&](int pools, int64_t pc, bool fuse, LateSends late, int64_t slice_elems) -> std::shared_ptr<StreamPlan> {
         auto fresh = std::make_shared<StreamPlan>();
         std::vector<std::vector<int>> move_pool;
         fresh->sched = slice_schedule(sch, slice_elems, pc, pools, move_pool, blocks);
         if (pools > 1 && move_pool.empty()) return nullptr;  // not sliced: the same as try 1
-        if (!plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, late, pc, block_gate, inner_split).empty())
+        const std::string why = plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, late, pc, block_gate, inner_split);
+        if (!why.empty()) {
+          const std::string tried = (pools > 1 ? std::to_string(pools) + " slot pools: " : "one slot pool: ") + why;
+          if (fuse && std::find(fused_whys.begin(), fused_whys.end(), tried) == fused_whys.end()) fused_whys.push_back(tried);
           return nullptr;
+        }
         fresh->gates = block_gate;
         return fresh;
       };
@@ -974,6 +982,10 @@ void Emitter::lower_all_reduce(const Node& n) {
         if (fresh && fresh->sched.steps.size() != sch.steps.size())
           if (auto whole = attempt(1, piece, false, LateSends::kNone, no_slices); whole && whole->makespan < fresh->makespan)
             fresh = whole;
+        if (fresh) {
+          for (const std::string& w : fused_whys) fresh->unfused_why += (fresh->unfused_why.empty() ? "" : "; ") + w;
+          if (fresh->unfused_why.empty()) fresh->unfused_why = "no fused try applies";
+        }
       }
       if (fresh) {
         plan = fresh;
@@ -993,6 +1005,15 @@ void Emitter::lower_all_reduce(const Node& n) {
     const int64_t TOP = plan ? stream_vmem_pieces(static_cast<int64_t>(most_src), static_cast<int64_t>(most_dst), plan->K) * PzB : 0;
     if (plan && TOP <= static_cast<int64_t>(opt_.target.vmem_bytes)) {
       const StreamPlan& sp = *plan;
+      // Unfused, every sum is stored to y and read back to be sent, and every copy
+      // that is sent on lands in y: HBM bytes a fused plan does not move (v3-8,
+      // torus, 16 MiB: 155 MB a chip against 101 MB fused; docs/validation.md).
+      if (!sp.unfused_why.empty()) {
+        const std::string note = "all_reduce %" + n.output + " (op " + std::to_string(n.id) +
+                                 "): streamed unfused, every sum and forwarded copy through y in HBM, as no fused plan was found (" +
+                                 sp.unfused_why + "; docs/codegen.md \"Streamed lowering\")";
+        if (std::find(notes_.begin(), notes_.end(), note) == notes_.end()) notes_.push_back(note);
+      }
       const ici::Schedule& ssch = sp.sched;
       const int K = sp.K;
       // Traffic classes (docs/codegen.md "Urgent messages"): a step whose chunks are

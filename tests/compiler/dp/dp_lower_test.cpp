@@ -293,6 +293,31 @@ TEST(DpLower, EveryAlgorithmStreamsFromHalfAPieceAChunk) {
   }
 }
 
+// Where no fused plan exists the lowering streams unfused (every sum stored to y and
+// read back to be sent) and says so: the torus algorithm on v3-8's replica topology
+// [2, 2, 2] sends a first step of ~11 pieces on each stream, more than its 6 slots,
+// so the fused ordering run stalls (as with 256 KiB pieces from 16 MiB). The
+// hierarchical algorithm on the same buffer in slices (as from 8 MiB with the
+// default pieces) plans fused and leaves no such note.
+TEST(DpLower, UnfusedFallbackLeavesANote) {
+  auto small_pieces = [](LowerOptions& lo) { lo.stream_piece_elems = 1024; };
+  auto small_slices = [](LowerOptions& lo) {
+    lo.stream_piece_elems = 1024;
+    lo.stream_slice_elems = 16 * 1024;
+  };
+  const std::string ir = allreduce_only_ir(8, 64, 1031);
+  auto unfused_note = [] {
+    for (const std::string& n : g_last_notes)
+      if (n.find("streamed unfused") != std::string::npos && n.find("would stall") != std::string::npos) return true;
+    return false;
+  };
+  expect_replicated_bit_exact(ir, PrecisionPolicy::kDefault, kV38, 8, "torus", true, 16ull << 20, small_pieces);
+  EXPECT_NE(g_last_assembly.find("smem@chip"), std::string::npos);  // streamed (credits)
+  EXPECT_TRUE(unfused_note());
+  expect_replicated_bit_exact(ir, PrecisionPolicy::kDefault, kV38, 8, "auto", true, 16ull << 20, small_slices);
+  EXPECT_FALSE(unfused_note());
+}
+
 // A slot's credits after its entry token are 4-byte DMAs into the sender's SMEM
 // (the top kCreditSmemBytes), SMEM to SMEM: they carry only their rflag, and from
 // HBM to HBM each paid a memory read and a write on the path of the slot's next
@@ -775,7 +800,7 @@ TEST(DpLower, BlockedAllReduceRunsOnThreeStreams) {
 // with 2 blocks of 131072 elements and pieces of one tile, a first torus step
 // sends at least 6 pieces (5461 elements) on a stream, more than three pools' 5
 // slots hold, so the three-pool plan stalls in the ordering run and the
-// all-reduce runs on one stream.
+// all-reduce runs on one stream (unfused: a second note says so).
 TEST(DpLower, StreamsThatDoNotPlanLeaveANote) {
   const Graph g = parse_graph(allreduce_only_ir(128, 16, 2 * 131072 / 16), "test.ir");
   LowerOptions lo;
@@ -792,9 +817,14 @@ TEST(DpLower, StreamsThatDoNotPlanLeaveANote) {
   lo.stream_piece_elems = 1024;
   lo.all_reduce_streams = 3;
   const LowerResult lr = lower_graph(g, lo);
-  ASSERT_EQ(lr.notes.size(), 1u);  // once, not once per replica
-  EXPECT_NE(lr.notes[0].find("all_reduce %g (op 1): 3 instruction streams asked for"), std::string::npos) << lr.notes[0];
-  EXPECT_NE(lr.notes[0].find("ordering run stalls"), std::string::npos) << lr.notes[0];
+  ASSERT_EQ(lr.notes.size(), 2u);  // each once, not once per replica
+  auto note = [&](const std::string& head) {
+    for (const std::string& n : lr.notes)
+      if (n.find(head) != std::string::npos) return n;
+    return std::string();
+  };
+  EXPECT_NE(note("all_reduce %g (op 1): 3 instruction streams asked for").find("ordering run stalls"), std::string::npos);
+  EXPECT_NE(note("all_reduce %g (op 1): streamed unfused"), "");
   EXPECT_EQ(lr.assembly.find("fork"), std::string::npos);
 }
 
