@@ -75,7 +75,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0, 1000));
   cmd->add_option("--block-bytes", opt->block_bytes,
                   "Per-replica bytes of fp32 in each block of a blocked all-reduce (docs/codegen.md \"Blocks\"); "
-                  "0 = 8 MiB")
+                  "0 = 8 MiB for the hierarchical algorithm, 4 MiB for the torus one")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--all-reduce-streams", opt->all_reduce_streams,
                   "Instruction streams of a blocked all-reduce: 1, 2 or 3 (as many slot pools, each pool's blocks "
@@ -149,7 +149,8 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.replicas.board = ici::Topology::from_params(preset);
       lo.replicas.algorithm = opt->collective;
       lo.replicas.block_lag = opt->block_lag;
-      if (opt->block_bytes > 0) lo.replicas.block_elems = std::max<int64_t>(1, opt->block_bytes / 4);
+      if (opt->block_bytes > 0)
+        lo.replicas.block_elems = lo.replicas.torus_block_elems = std::max<int64_t>(1, opt->block_bytes / 4);
       lo.all_reduce_streams = opt->all_reduce_streams;
       lo.urgent_sends = opt->urgent;
       lo.arrival_order = opt->arrival_order;

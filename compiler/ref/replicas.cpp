@@ -87,11 +87,26 @@ ici::Algorithm choose_algorithm(const ReplicaSpec& s, int64_t elements) {
   return ici::Algorithm::kRing;
 }
 
+// The elements per block of a blocked all-reduce, or 0 where it runs whole
+// (docs/codegen.md "Blocks"): the hierarchical algorithm on 16 chips or more, and
+// the torus algorithm on a chip torus of at most 2 dimensions (v2/v3 boards), whose
+// size-2 on-chip dimension sends its + and - groups to the same peer, so a first
+// step of a whole 16 MiB buffer is ~11 pieces a stream, more than the slots of any
+// fused plan (docs/validation.md "The other algorithms, streamed").
+static int64_t block_size(const ReplicaSpec& s, int64_t elements) {
+  const ici::Algorithm a = choose_algorithm(s, elements);
+  if (a == ici::Algorithm::kHierarchical) return chip_topology(s).chips() >= 16 ? s.block_elems : 0;
+  if (a != ici::Algorithm::kTorus) return 0;
+  const ici::Topology chips = chip_topology(s);
+  int chip_dims = 0;
+  for (int d : chips.dims()) chip_dims += d > 1;
+  return chip_dims <= 2 ? s.torus_block_elems : 0;
+}
+
 std::vector<int64_t> all_reduce_blocks(const ReplicaSpec& s, int64_t elements) {
-  if (s.block_elems <= 0 || elements <= s.block_elems || choose_algorithm(s, elements) != ici::Algorithm::kHierarchical ||
-      chip_topology(s).chips() < 16)
-    return {0};
-  const int64_t nb = (elements + s.block_elems - 1) / s.block_elems;
+  const int64_t size = block_size(s, elements);
+  if (size <= 0 || elements <= size) return {0};
+  const int64_t nb = (elements + size - 1) / size;
   const int64_t tile = elements / nb >= 2 * 1024 ? 1024 : 1;  // whole 8 x 128 tiles where blocks hold two
   std::vector<int64_t> starts;
   for (int64_t b = 0; b < nb; ++b) starts.push_back(elements * b / nb / tile * tile);
@@ -100,39 +115,42 @@ std::vector<int64_t> all_reduce_blocks(const ReplicaSpec& s, int64_t elements) {
 
 ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements) {
   const ici::Algorithm a = choose_algorithm(s, elements);
-  if (a == ici::Algorithm::kHierarchical) {
-    const std::vector<int64_t> starts = all_reduce_blocks(s, elements);
-    if (starts.size() == 1) return ici::make_schedule(ici::CollectiveKind::kAllReduce, a, chip_topology(s), elements, 2);
-    // Block b's schedule on its own range, its steps from step b * lag on.
-    ici::Schedule out;
-    for (size_t b = 0; b < starts.size(); ++b) {
-      const int64_t lo = starts[b], hi = b + 1 < starts.size() ? starts[b + 1] : elements;
-      const ici::Schedule one = ici::make_schedule(ici::CollectiveKind::kAllReduce, a, chip_topology(s), hi - lo, 2);
-      const size_t T = one.steps.size();
-      const size_t lag = s.block_lag > 0 ? std::min(T, static_cast<size_t>(s.block_lag)) : (T + 1) / 2, t0 = b * lag;
-      if (b == 0) {
-        out = one;
-        out.name += "|blocks=" + std::to_string(starts.size()) + "|lag=" + std::to_string(lag);
-        out.elements = elements;
-        out.chunks.clear();
-        out.steps.clear();
-      }
-      const int base = static_cast<int>(out.chunks.size());
-      for (ici::Chunk c : one.chunks) {
-        c.offset += lo;
-        out.chunks.push_back(c);
-      }
-      if (out.steps.size() < t0 + one.steps.size()) out.steps.resize(t0 + one.steps.size());
-      for (size_t t = 0; t < one.steps.size(); ++t)
-        for (ici::Move m : one.steps[t]) {
-          m.src_chunk += base;
-          m.dst_chunk += base;
-          out.steps[t0 + t].push_back(m);
-        }
+  // The hierarchical algorithm runs on the chips (2 participants a chip), the
+  // others on the replicas.
+  auto whole = [&](int64_t n) {
+    return a == ici::Algorithm::kHierarchical ? ici::make_schedule(ici::CollectiveKind::kAllReduce, a, chip_topology(s), n, 2)
+                                              : ici::make_schedule(ici::CollectiveKind::kAllReduce, a, replica_topology(s), n);
+  };
+  const std::vector<int64_t> starts = all_reduce_blocks(s, elements);
+  if (starts.size() == 1) return whole(elements);
+  // Block b's schedule on its own range, its steps from step b * lag on.
+  ici::Schedule out;
+  for (size_t b = 0; b < starts.size(); ++b) {
+    const int64_t lo = starts[b], hi = b + 1 < starts.size() ? starts[b + 1] : elements;
+    const ici::Schedule one = whole(hi - lo);
+    const size_t T = one.steps.size();
+    const size_t lag = s.block_lag > 0 ? std::min(T, static_cast<size_t>(s.block_lag)) : (T + 1) / 2, t0 = b * lag;
+    if (b == 0) {
+      out = one;
+      out.name += "|blocks=" + std::to_string(starts.size()) + "|lag=" + std::to_string(lag);
+      out.elements = elements;
+      out.chunks.clear();
+      out.steps.clear();
     }
-    return out;
+    const int base = static_cast<int>(out.chunks.size());
+    for (ici::Chunk c : one.chunks) {
+      c.offset += lo;
+      out.chunks.push_back(c);
+    }
+    if (out.steps.size() < t0 + one.steps.size()) out.steps.resize(t0 + one.steps.size());
+    for (size_t t = 0; t < one.steps.size(); ++t)
+      for (ici::Move m : one.steps[t]) {
+        m.src_chunk += base;
+        m.dst_chunk += base;
+        out.steps[t0 + t].push_back(m);
+      }
   }
-  return ici::make_schedule(ici::CollectiveKind::kAllReduce, a, replica_topology(s), elements);
+  return out;
 }
 
 std::vector<std::vector<float>> all_reduce_values(const ReplicaSpec& s, const std::vector<std::vector<float>>& x) {

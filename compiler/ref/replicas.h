@@ -26,6 +26,10 @@ struct ReplicaSpec {
   // The hierarchical all-reduce on 16 chips or more runs buffers above this many
   // elements per replica on contiguous blocks of at most this many (all_reduce_blocks).
   int64_t block_elems = int64_t{2} << 20;
+  // The torus algorithm on a chip torus of at most 2 dimensions runs buffers above
+  // this many elements per replica on contiguous blocks of at most this many: a
+  // block's first step then fits a fused plan's slots (all_reduce_blocks).
+  int64_t torus_block_elems = int64_t{1} << 20;
   // Steps between the starts of consecutive blocks; 0 = ceil(T / 2), T one block's
   // steps; at most T (then the blocks run one after the other). Only the timing
   // depends on it: every element is added in its block's order whatever the lag.
@@ -54,7 +58,8 @@ ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements);
 // Where the contiguous blocks of an all-reduce of `elements` per replica start
 // (docs/codegen.md "Blocks"): ceil(elements / block_elems) blocks, cut on whole
 // tiles, for the hierarchical algorithm on a chip topology of 16 chips or more;
-// else one block, {0}. all_reduce_schedule runs each block's own schedule, block
+// ceil(elements / torus_block_elems) for the torus algorithm on a chip torus of at
+// most 2 dimensions; else one block, {0}. all_reduce_schedule runs each block's own schedule, block
 // b + 1's steps block_lag (default ceil(T / 2), T: one block's steps) after block
 // b's, so every element is added in the order of its block's schedule.
 std::vector<int64_t> all_reduce_blocks(const ReplicaSpec& s, int64_t elements);

@@ -298,7 +298,9 @@ TEST(DpLower, EveryAlgorithmStreamsFromHalfAPieceAChunk) {
 // [2, 2, 2] sends a first step of ~11 pieces on each stream, more than its 6 slots,
 // so the fused ordering run stalls (as with 256 KiB pieces from 16 MiB). The
 // hierarchical algorithm on the same buffer in slices (as from 8 MiB with the
-// default pieces) plans fused and leaves no such note.
+// default pieces) plans fused and leaves no such note, and so does the torus
+// algorithm on blocks of 16 pieces (as 4 MiB blocks of the default pieces:
+// ReplicaSpec::torus_block_elems), bit-exact under the race checker.
 TEST(DpLower, UnfusedFallbackLeavesANote) {
   auto small_pieces = [](LowerOptions& lo) { lo.stream_piece_elems = 1024; };
   auto small_slices = [](LowerOptions& lo) {
@@ -315,6 +317,12 @@ TEST(DpLower, UnfusedFallbackLeavesANote) {
   EXPECT_NE(g_last_assembly.find("smem@chip"), std::string::npos);  // streamed (credits)
   EXPECT_TRUE(unfused_note());
   expect_replicated_bit_exact(ir, PrecisionPolicy::kDefault, kV38, 8, "auto", true, 16ull << 20, small_slices);
+  EXPECT_FALSE(unfused_note());
+  expect_replicated_bit_exact(ir, PrecisionPolicy::kDefault, kV38, 8, "torus", true, 16ull << 20, [](LowerOptions& lo) {
+    lo.stream_piece_elems = 1024;
+    lo.replicas.torus_block_elems = 16 * 1024;
+  });
+  EXPECT_NE(g_last_assembly.find("smem@chip"), std::string::npos);
   EXPECT_FALSE(unfused_note());
 }
 

@@ -259,6 +259,54 @@ TEST(DpRef, LargeHierarchicalAllReducesRunOnBlocks) {
   EXPECT_EQ(all_reduce_blocks(s, E), (std::vector<int64_t>{0}));
 }
 
+// The torus algorithm on a chip torus of at most 2 dimensions runs above
+// torus_block_elems on blocks too (on v3-8's replica topology [2, 2, 2]): each
+// block of the result is, bit for bit, the torus all-reduce of that block alone,
+// and not the whole buffer's. On a 3-D chip torus (v4) it runs whole, as do the
+// rings and the hierarchical algorithm on fewer than 16 chips.
+TEST(DpRef, LargeTorusAllReducesRunOnBlocksOnTwoDimensionalBoards) {
+  ReplicaSpec s;
+  s.cores_per_chip = 2;
+  s.board = ici::Topology(ici::TopologyKind::kTorus2d, {2, 2});
+  s.replicas = 8;
+  s.algorithm = "torus";
+  s.torus_block_elems = 4096;
+  const int64_t E = 10000;
+  const std::vector<int64_t> cut{0, 3072, 6144, E};
+  EXPECT_EQ(all_reduce_blocks(s, E), (std::vector<int64_t>{0, 3072, 6144}));
+  EXPECT_EQ(all_reduce_blocks(s, 4096), (std::vector<int64_t>{0}));
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::uniform_int_distribution<int> ex(-20, 20);
+  std::vector<std::vector<float>> x(8, std::vector<float>(E));
+  for (auto& row : x)
+    for (float& v : row) v = std::ldexp(mant(rng), ex(rng)) * (rng() % 2 ? 1.0f : -1.0f);
+  const auto y = all_reduce_values(s, x);
+  ReplicaSpec whole = s;
+  whole.torus_block_elems = 0;  // no blocks
+  const auto y_whole = all_reduce_values(whole, x);
+  size_t differ_from_whole = 0;
+  for (size_t b = 0; b + 1 < cut.size(); ++b) {
+    std::vector<std::vector<float>> xb(8);
+    for (size_t r = 0; r < 8; ++r) xb[r].assign(x[r].begin() + cut[b], x[r].begin() + cut[b + 1]);
+    const auto yb = all_reduce_values(whole, xb);
+    for (size_t r = 0; r < 8; ++r)
+      for (int64_t e = cut[b]; e < cut[b + 1]; ++e) {
+        ASSERT_EQ(bits(y[r][size_t(e)]), bits(yb[r][size_t(e - cut[b])])) << "replica " << r << " element " << e;
+        differ_from_whole += bits(y[r][size_t(e)]) != bits(y_whole[r][size_t(e)]);
+      }
+  }
+  EXPECT_GT(differ_from_whole, 0u);
+  for (const char* alg : {"ring", "bidir-ring", "auto"}) {
+    ReplicaSpec other = s;
+    other.algorithm = alg;
+    EXPECT_EQ(all_reduce_blocks(other, E), (std::vector<int64_t>{0})) << alg;
+  }
+  s.board = ici::Topology(ici::TopologyKind::kTorus3d, {2, 2, 2});
+  s.replicas = 16;
+  EXPECT_EQ(all_reduce_blocks(s, E), (std::vector<int64_t>{0}));
+}
+
 // The replicated reference of a graph without all_reduce is the global graph's
 // reference (every op here is per batch row); with an all_reduce of a per-replica
 // reduction, replica 0's value is the documented fold of the replicas' partial sums.
