@@ -89,7 +89,7 @@ ici::Algorithm choose_algorithm(const ReplicaSpec& s, int64_t elements) {
 
 // The elements per block of a blocked all-reduce, or 0 where it runs whole
 // (docs/codegen.md "Blocks"): the hierarchical algorithm on 16 chips or more, and
-// the torus algorithm on a chip torus of at most 2 dimensions (v2/v3 boards), whose
+// the torus algorithm on a chip torus of at most 2 dimensions (v2/v3 boards, v4-8), whose
 // size-2 on-chip dimension sends its + and - groups to the same peer, so a first
 // step of a whole 16 MiB buffer is ~11 pieces a stream, more than the slots of any
 // fused plan (docs/validation.md "The other algorithms, streamed").

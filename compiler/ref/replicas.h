@@ -59,9 +59,10 @@ ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements);
 // (docs/codegen.md "Blocks"): ceil(elements / block_elems) blocks, cut on whole
 // tiles, for the hierarchical algorithm on a chip topology of 16 chips or more;
 // ceil(elements / torus_block_elems) for the torus algorithm on a chip torus of at
-// most 2 dimensions; else one block, {0}. all_reduce_schedule runs each block's own schedule, block
-// b + 1's steps block_lag (default ceil(T / 2), T: one block's steps) after block
-// b's, so every element is added in the order of its block's schedule.
+// most 2 dimensions; else one block, {0}. all_reduce_schedule runs each block's
+// own schedule, block b + 1's steps block_lag (default ceil(T / 2), T: one
+// block's steps) after block b's, so every element is added in the order of its
+// block's schedule.
 std::vector<int64_t> all_reduce_blocks(const ReplicaSpec& s, int64_t elements);
 
 // Every replica's all_reduce result: the schedule run with num::add(received,
