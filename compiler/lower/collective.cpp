@@ -926,7 +926,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       const std::string note = "all_reduce %" + n.output + " (op " + std::to_string(n.id) + "): " +
                                std::to_string(streams) + " instruction streams asked for, but " + why +
                                "; lowered on one (docs/codegen.md \"Three streams\")";
-      if (std::find(notes_.begin(), notes_.end(), note) == notes_.end()) notes_.push_back(note);
+      note_once(note);
     };
     static std::mutex stream_mutex;
     static std::map<std::string, std::shared_ptr<const StreamPlan>> stream_cache;
@@ -1011,12 +1011,10 @@ void Emitter::lower_all_reduce(const Node& n) {
       // Unfused, every sum is stored to y and read back to be sent, and every copy
       // that is sent on lands in y: HBM bytes a fused plan does not move (v3-8,
       // torus, 16 MiB: 155 MB a chip against 101 MB fused; docs/validation.md).
-      if (!sp.unfused_why.empty()) {
-        const std::string note = "all_reduce %" + n.output + " (op " + std::to_string(n.id) +
-                                 "): streamed unfused, every sum and forwarded copy through y in HBM, as no fused plan was found (" +
-                                 sp.unfused_why + "; docs/codegen.md \"Streamed lowering\")";
-        if (std::find(notes_.begin(), notes_.end(), note) == notes_.end()) notes_.push_back(note);
-      }
+      if (!sp.unfused_why.empty())
+        note_once("all_reduce %" + n.output + " (op " + std::to_string(n.id) +
+                  "): streamed unfused, every sum and forwarded copy through y in HBM, as no fused plan was found (" +
+                  sp.unfused_why + "; docs/codegen.md \"Streamed lowering\")");
       const ici::Schedule& ssch = sp.sched;
       const int K = sp.K;
       // Traffic classes (docs/codegen.md "Urgent messages"): a step whose chunks are

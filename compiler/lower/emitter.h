@@ -251,6 +251,10 @@ class Emitter {
                              int stream, int mode);
   int labels_ = 0;  // unique branch labels (gather's index checks, arrival-order dispatch)
   std::vector<std::string> notes_;  // LowerResult::notes
+  // Adds a note once (a node's replicas lower it alike, each would add it).
+  void note_once(const std::string& note) {
+    if (std::find(notes_.begin(), notes_.end(), note) == notes_.end()) notes_.push_back(note);
+  }
 
   const Graph& g_;
   const LowerOptions& opt_;

@@ -30,6 +30,39 @@ std::vector<float> wide_values(size_t n, uint32_t seed) {
   return v;
 }
 
+// One row per replica of n values of both signs, mantissa in [1, 2), exponent in
+// [-20, 20]: any other add order of a block changes some bits.
+std::vector<std::vector<float>> signed_wide_rows(size_t replicas, int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::uniform_int_distribution<int> ex(-20, 20);
+  std::vector<std::vector<float>> x(replicas, std::vector<float>(static_cast<size_t>(n)));
+  for (auto& row : x)
+    for (float& v : row) v = std::ldexp(mant(rng), ex(rng)) * (rng() % 2 ? 1.0f : -1.0f);
+  return x;
+}
+
+// y, a blocked all-reduce of x cut at `cut` (block b = [cut[b], cut[b + 1])), must
+// equal bit for bit in each block the all-reduce under `whole` (no blocks) of that
+// block alone; *differ_from_whole counts the elements where y differs from the
+// whole buffer's all-reduce under `whole`.
+void check_each_block_alone(const ReplicaSpec& whole, const std::vector<std::vector<float>>& x,
+                            const std::vector<std::vector<float>>& y, const std::vector<int64_t>& cut,
+                            size_t* differ_from_whole) {
+  const auto y_whole = all_reduce_values(whole, x);
+  *differ_from_whole = 0;
+  for (size_t b = 0; b + 1 < cut.size(); ++b) {
+    std::vector<std::vector<float>> xb(x.size());
+    for (size_t r = 0; r < x.size(); ++r) xb[r].assign(x[r].begin() + cut[b], x[r].begin() + cut[b + 1]);
+    const auto yb = all_reduce_values(whole, xb);
+    for (size_t r = 0; r < x.size(); ++r)
+      for (int64_t e = cut[b]; e < cut[b + 1]; ++e) {
+        ASSERT_EQ(bits(y[r][size_t(e)]), bits(yb[r][size_t(e - cut[b])])) << "replica " << r << " element " << e;
+        *differ_from_whole += bits(y[r][size_t(e)]) != bits(y_whole[r][size_t(e)]);
+      }
+  }
+}
+
 // 1, 2, .., n as the IR's fp32 bit literals.
 std::string hex_consts(int n) {
   std::string t = "[";
@@ -212,28 +245,13 @@ TEST(DpRef, LargeHierarchicalAllReducesRunOnBlocks) {
   EXPECT_EQ(all_reduce_blocks(s, 4096), (std::vector<int64_t>{0}));
   const ici::Schedule one = all_reduce_schedule(s, 4096), three = all_reduce_schedule(s, E);
   EXPECT_EQ(three.steps.size(), 2 * ((one.steps.size() + 1) / 2) + one.steps.size());
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
-  std::uniform_int_distribution<int> ex(-20, 20);
-  std::vector<std::vector<float>> x(32, std::vector<float>(E));
-  for (auto& row : x)
-    for (float& v : row) v = std::ldexp(mant(rng), ex(rng)) * (rng() % 2 ? 1.0f : -1.0f);
+  const std::vector<std::vector<float>> x = signed_wide_rows(32, E, 7);
   const auto y = all_reduce_values(s, x);
   ReplicaSpec whole = s;
   whole.block_elems = 0;  // no blocks
   const std::vector<int64_t> cut{0, 3072, 6144, E};
   size_t differ_from_whole = 0;
-  const auto y_whole = all_reduce_values(whole, x);
-  for (size_t b = 0; b + 1 < cut.size(); ++b) {
-    std::vector<std::vector<float>> xb(32);
-    for (size_t r = 0; r < 32; ++r) xb[r].assign(x[r].begin() + cut[b], x[r].begin() + cut[b + 1]);
-    const auto yb = all_reduce_values(whole, xb);
-    for (size_t r = 0; r < 32; ++r)
-      for (int64_t e = cut[b]; e < cut[b + 1]; ++e) {
-        ASSERT_EQ(bits(y[r][size_t(e)]), bits(yb[r][size_t(e - cut[b])])) << "replica " << r << " element " << e;
-        differ_from_whole += bits(y[r][size_t(e)]) != bits(y_whole[r][size_t(e)]);
-      }
-  }
+  ASSERT_NO_FATAL_FAILURE(check_each_block_alone(whole, x, y, cut, &differ_from_whole));
   EXPECT_GT(differ_from_whole, 0u);  // the add order is the blocks', not the whole buffer's
   // Another lag moves the blocks' steps, not their add order: the same bits; a lag
   // above T runs the blocks one after the other, as T does.
@@ -275,27 +293,12 @@ TEST(DpRef, LargeTorusAllReducesRunOnBlocksOnTwoDimensionalBoards) {
   const std::vector<int64_t> cut{0, 3072, 6144, E};
   EXPECT_EQ(all_reduce_blocks(s, E), (std::vector<int64_t>{0, 3072, 6144}));
   EXPECT_EQ(all_reduce_blocks(s, 4096), (std::vector<int64_t>{0}));
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
-  std::uniform_int_distribution<int> ex(-20, 20);
-  std::vector<std::vector<float>> x(8, std::vector<float>(E));
-  for (auto& row : x)
-    for (float& v : row) v = std::ldexp(mant(rng), ex(rng)) * (rng() % 2 ? 1.0f : -1.0f);
+  const std::vector<std::vector<float>> x = signed_wide_rows(8, E, 11);
   const auto y = all_reduce_values(s, x);
   ReplicaSpec whole = s;
   whole.torus_block_elems = 0;  // no blocks
-  const auto y_whole = all_reduce_values(whole, x);
   size_t differ_from_whole = 0;
-  for (size_t b = 0; b + 1 < cut.size(); ++b) {
-    std::vector<std::vector<float>> xb(8);
-    for (size_t r = 0; r < 8; ++r) xb[r].assign(x[r].begin() + cut[b], x[r].begin() + cut[b + 1]);
-    const auto yb = all_reduce_values(whole, xb);
-    for (size_t r = 0; r < 8; ++r)
-      for (int64_t e = cut[b]; e < cut[b + 1]; ++e) {
-        ASSERT_EQ(bits(y[r][size_t(e)]), bits(yb[r][size_t(e - cut[b])])) << "replica " << r << " element " << e;
-        differ_from_whole += bits(y[r][size_t(e)]) != bits(y_whole[r][size_t(e)]);
-      }
-  }
+  ASSERT_NO_FATAL_FAILURE(check_each_block_alone(whole, x, y, cut, &differ_from_whole));
   EXPECT_GT(differ_from_whole, 0u);
   for (const char* alg : {"ring", "bidir-ring", "auto"}) {
     ReplicaSpec other = s;
