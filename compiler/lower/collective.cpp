@@ -353,25 +353,12 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   sp.most = static_cast<int>(most);
   if (sp.K / pools < 1) return "fewer slots per stream than pools";
   const int Kp = sp.K / pools;
-  if (pools == 2 && hier) {
-    // A ring's consumes all wait for a slot downstream once a stream's pieces of
-    // two consecutive steps outnumber its pool's slots (each replica sends all of
-    // a step before the next): check the chip-to-chip streams before the run.
-    // Three pools (three instruction streams) have 5 slots each, fewer than twice
-    // a first torus step's 4 pieces, yet with 4 MiB blocks on v4-4x4x4 the
-    // ordering run plans them: there it alone decides. So it does for the torus
-    // algorithm's blocks on the replica topology (v3-8, 16 MiB in 4 MiB blocks: 6
-    // pieces of 136 KiB in a first step of a stream, against half a pool's 4, and
-    // the ordering run plans them: 215,520 -> 171,335 cycles, stats.json op span).
-    std::map<std::tuple<int, int, size_t, int>, size_t> per_step;
-    for (size_t t = 0; t < T; ++t)
-      for (size_t k = 0; k < sch.steps[t].size(); ++k) {
-        const ici::Move& m = sch.steps[t][k];
-        if (on_chip(m.src, m.dst)) continue;
-        if ((per_step[{m.src, m.dst, t, pool_of(t, k)}] += sp.move_pieces[t][k].size()) * 2 > static_cast<size_t>(Kp))
-          return "a slice's step sends more pieces on a stream than half a pool's slots";
-      }
-  }
+  // The ordering run below decides whether a pool's slots hold a ring's pieces of
+  // two consecutive steps (else its consumes all wait for a slot downstream), for
+  // every algorithm and pool count: a count of a step's pieces against half a pool's
+  // slots would reject plans the run takes (the torus algorithm's 4 MiB blocks on
+  // v3-8, three pools of 5 slots on v4-4x4x4) and, for the hierarchical algorithm's
+  // two pools, rejected none it would not (docs/codegen.md "Two slot pools").
   // Per replica and atom, what happens to it in step order: writes[r][a] = steps
   // with (move, reduce) that write it; sends likewise.
   const size_t A = sp.atoms.size();
