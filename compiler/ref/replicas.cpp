@@ -64,6 +64,13 @@ ici::Topology replica_topology(const ReplicaSpec& s) {
   }
 }
 
+// The dimensions of 2 or more: those a ring runs along.
+static int ring_dims(const ici::Topology& t) {
+  int n = 0;
+  for (int d : t.dims()) n += d > 1;
+  return n;
+}
+
 static bool hierarchical_applies(const ReplicaSpec& s) {
   return s.cores_per_chip == 2 && s.replicas > 2 && s.replicas % 2 == 0;
 }
@@ -77,8 +84,7 @@ ici::Algorithm choose_algorithm(const ReplicaSpec& s, int64_t elements) {
   if (hierarchical_applies(s) && elements >= 2) return ici::Algorithm::kHierarchical;
   const ici::Topology t = replica_topology(s);
   const int64_t p = t.chips();
-  int dims = 0;
-  for (int d : t.dims()) dims += d > 1;
+  const int dims = ring_dims(t);
   // The torus algorithm takes 2 sum(k_h - 1) steps where a ring takes 2 (p - 1), so
   // it wins on latency and on bandwidth (all 2D directions busy) whenever every one
   // of its 2D groups still gets at least one element per block.
@@ -97,10 +103,7 @@ static int64_t block_size(const ReplicaSpec& s, int64_t elements) {
   const ici::Algorithm a = choose_algorithm(s, elements);
   if (a == ici::Algorithm::kHierarchical) return chip_topology(s).chips() >= 16 ? s.block_elems : 0;
   if (a != ici::Algorithm::kTorus) return 0;
-  const ici::Topology chips = chip_topology(s);
-  int chip_dims = 0;
-  for (int d : chips.dims()) chip_dims += d > 1;
-  return chip_dims <= 2 ? s.torus_block_elems : 0;
+  return ring_dims(chip_topology(s)) <= 2 ? s.torus_block_elems : 0;
 }
 
 std::vector<int64_t> all_reduce_blocks(const ReplicaSpec& s, int64_t elements) {
