@@ -60,13 +60,15 @@ void add_compile_command(CLI::App& app, int& exit_code) {
   cmd->add_option("model", opt->model, "Model: .onnx or graph IR text")->required();
   cmd->add_option("--preset", opt->preset, "Chip preset (tpusim presets)")->required();
   cmd->add_option("-o,--output", opt->output, "Bundle file to write")->required();
-  cmd->add_option("--batch", opt->batch, "Batch size (must equal the model's for now)");
+  cmd->add_option("--batch", opt->batch, "Batch size (must equal the model's for now)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--precision", opt->precision, "Precision policy: default | bf16");
   cmd->add_option("--cores", opt->cores,
                   "TensorCores of the chip that share each node's work; on a board, more than one chip's "
                   "cores means that many data-parallel replicas");
   cmd->add_option("--replicas", opt->replicas,
-                  "Data-parallel replicas over the cores of the board's chips (the batch split along axis 0)");
+                  "Data-parallel replicas over the cores of the board's chips (the batch split along axis 0)")
+      ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--batched", opt->batched, "Inputs split over the replicas (default: every input)")->delimiter(',');
   cmd->add_option("--collective", opt->collective, "all_reduce algorithm: auto | ring | bidir-ring | torus | hierarchical");
   cmd->add_option("--block-lag", opt->block_lag,
@@ -75,7 +77,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0, 1000));
   cmd->add_option("--block-bytes", opt->block_bytes,
                   "Per-replica bytes of fp32 in each block of a blocked all-reduce (docs/codegen.md \"Blocks\"); "
-                  "0 = 8 MiB for the hierarchical algorithm, 4 MiB for the torus one")
+                  "0 = 8 MiB for the hierarchical algorithm, 4 MiB for the torus one; at most 256 blocks")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--all-reduce-streams", opt->all_reduce_streams,
                   "Instruction streams of a blocked all-reduce: 1, 2 or 3 (as many slot pools, each pool's blocks "

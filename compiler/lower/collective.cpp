@@ -860,8 +860,14 @@ void Emitter::lower_all_reduce(const Node& n) {
   const Placed Y = t_.at(n.output);
   const int64_t E = num_elements(n.type.shape);
   const bool f32 = n.type.dtype == DType::kF32;
-  const ici::Schedule sch = all_reduce_schedule(s, E);
-  const std::vector<int64_t> blocks = all_reduce_blocks(s, E);
+  ici::Schedule sch;
+  std::vector<int64_t> blocks;
+  try {
+    sch = all_reduce_schedule(s, E);
+    blocks = all_reduce_blocks(s, E);
+  } catch (const CompileError& e) {
+    fail(n, e.what());  // too many blocks for the buffer: name the node
+  }
   const int me = opt_.replica;
   const int64_t tile_bytes = kTileElems * 4;
   const int64_t kPieceElems =

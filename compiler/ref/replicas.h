@@ -63,6 +63,8 @@ ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements);
 // own schedule, block b + 1's steps block_lag (default ceil(T / 2), T: one
 // block's steps) after block b's, so every element is added in the order of its
 // block's schedule.
+// More blocks than kMaxAllReduceBlocks throw CompileError.
+constexpr int64_t kMaxAllReduceBlocks = 256;
 std::vector<int64_t> all_reduce_blocks(const ReplicaSpec& s, int64_t elements);
 
 // Every replica's all_reduce result: the schedule run with num::add(received,

@@ -221,5 +221,35 @@ TEST(BadModelCli, CompiledGatherTrapsAnIndexOutOfRange) {
   }
 }
 
+// Data-parallel options out of range: --replicas 0 or -3 and --batch -1 compiled
+// a bundle of one replica without a word, and --block-bytes 4 on a 1 MiB
+// all-reduce over 32 replicas (262,144 blocks) planned for minutes until memory
+// ran out. Each is now exit 2 naming the option (the all-reduce in one line that
+// names its node), and no bundle.
+TEST(BadModelCli, DataParallelOptionsOutOfRange) {
+  Scratch s;
+  const std::string file =
+      s.write("ar.ir", "graph ar {\n  input %x : f32[32,262144]\n  %g = all_reduce(%x) : f32[32,262144] #0\n"
+                       "  output %g\n}\n");
+  const std::string bundle = s.path + "/m.tpb";
+  auto compile = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv{TPUSIM_BIN, "compile", file, "--preset", "v2-4x4", "-o", bundle};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return testing::spawn(argv, s.path, 60);
+  };
+  for (const auto& [opt, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--replicas", "0"}, {"--replicas", "-3"}, {"--batch", "-1"}}) {
+    const auto r = compile({opt, value});
+    EXPECT_EQ(r.exit_code, 2) << opt << " " << value << ": " << r.err;
+    EXPECT_NE(r.err.find(opt + ": Value " + value + " not in range 1 to"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(bundle));
+  }
+  const auto r = compile({"--replicas", "32", "--block-bytes", "4"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err, file + ": ar: node 'g' (#0, all_reduce): all_reduce of 262144 fp32 values a replica in blocks of "
+                          "1 (--block-bytes 4) is 262144 blocks, more than 256; give --block-bytes 4096 or more\n");
+  EXPECT_FALSE(fs::exists(bundle));
+}
+
 }  // namespace
 }  // namespace tpusim

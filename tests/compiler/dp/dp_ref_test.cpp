@@ -310,6 +310,32 @@ TEST(DpRef, LargeTorusAllReducesRunOnBlocksOnTwoDimensionalBoards) {
   EXPECT_EQ(all_reduce_blocks(s, E), (std::vector<int64_t>{0}));
 }
 
+// A block size that would cut a buffer into more than kMaxAllReduceBlocks blocks is
+// refused with the smallest size that fits (1 element a block of a 1 Mi buffer
+// planned for over two minutes and 8 GB before it was); exactly that many blocks
+// is taken.
+TEST(DpRef, TooManyBlocksAreRefusedWithTheSizeThatFits) {
+  ReplicaSpec s;
+  s.cores_per_chip = 2;
+  s.board = ici::Topology(ici::TopologyKind::kTorus2d, {4, 4});
+  s.replicas = 32;
+  const int64_t E = kMaxAllReduceBlocks * 4096;
+  s.block_elems = 4096;
+  EXPECT_EQ(all_reduce_blocks(s, E).size(), static_cast<size_t>(kMaxAllReduceBlocks));
+  s.block_elems = 4095;
+  try {
+    all_reduce_blocks(s, E);
+    ADD_FAILURE() << "no error for " << E << " elements in blocks of 4095";
+  } catch (const CompileError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("257 blocks, more than 256"), std::string::npos) << what;
+    EXPECT_NE(what.find("give --block-bytes " + std::to_string(4096 * 4) + " or more"), std::string::npos) << what;
+  }
+  EXPECT_THROW(all_reduce_schedule(s, E), CompileError);
+  s.block_elems = 1;
+  EXPECT_THROW(all_reduce_blocks(s, E), CompileError);
+}
+
 // The replicated reference of a graph without all_reduce is the global graph's
 // reference (every op here is per batch row); with an all_reduce of a per-replica
 // reduction, replica 0's value is the documented fold of the replicas' partial sums.
