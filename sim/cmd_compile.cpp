@@ -55,6 +55,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     std::vector<std::string> batched;
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
     bool infeed = false;
+    bool explain = false;
   };
   auto opt = std::make_shared<Options>();
   cmd->add_option("model", opt->model, "Model: .onnx or graph IR text")->required();
@@ -106,6 +107,10 @@ void add_compile_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--infeed", opt->infeed,
                 "Inputs start in host memory: the step begins by feeding them over each chip's PCIe link "
                 "(docs/training.md, \"Inputs from the host\")");
+  cmd->add_flag("--explain", opt->explain,
+                "Say how each all_reduce was lowered: its schedule (blocks or slices and their lag), streamed fused, "
+                "unfused or step-ordered, slot pools, slots and piece size, and the ordering run's cycle estimate "
+                "(docs/codegen.md \"Collectives\"); the bundle is the same");
   cmd->add_option("--emit-graph", opt->emit_graph, "Also write the compiled graph (e.g. the training step) as IR text");
   cmd->callback([opt, &exit_code]() {
     try {
@@ -159,6 +164,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.inner_split = opt->inner_split;
       lo.replicas.batched = opt->batched;
       lo.inputs_from_host = opt->infeed;
+      lo.explain_collectives = opt->explain;
       if (opt->replicas > 1) lo.target.chips = static_cast<uint32_t>(board_chips);
       const compiler::LowerResult r =
           naming_file<compiler::CompileError>(opt->model, [&] { return compiler::lower_graph(g, lo); });

@@ -1010,6 +1010,12 @@ void Emitter::lower_all_reduce(const Node& n) {
                   sp.unfused_why + "; docs/codegen.md \"Streamed lowering\")");
       const ici::Schedule& ssch = sp.sched;
       const int K = sp.K;
+      if (opt_.explain_collectives)
+        note_once("all_reduce %" + n.output + " (op " + std::to_string(n.id) + "): " + ssch.name + "; streamed " +
+                  (sp.unfused_why.empty() ? "fused" : "unfused") + ", " + std::to_string(sp.pools) + " slot pool" +
+                  (sp.pools > 1 ? "s" : "") + " of " + std::to_string(K / sp.pools) + " slots a stream, pieces up to " +
+                  std::to_string(sp.max_piece * 4 / 1024) + " KiB; the ordering run's estimate " +
+                  std::to_string(sp.makespan) + " cycles (links and adds, no HBM or DMA engines)");
       // Traffic classes (docs/codegen.md "Urgent messages"): a step whose chunks are
       // at most half the widest chip-to-chip chunk (a torus schedule's inner
       // dimensions) is latency-bound, and its sends share links with another
@@ -1614,6 +1620,9 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
     streams_note("no streamed plan was found that fits VMEM");
   }
+  if (opt_.explain_collectives)
+    note_once("all_reduce %" + n.output + " (op " + std::to_string(n.id) + "): " + sch.name +
+              "; step-ordered, each step's chunks sent whole, then combined");
 
   // Receive slots: per step, the moves into a replica grouped by source (then in
   // schedule order), each at the running offset of that replica's earlier incoming

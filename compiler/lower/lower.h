@@ -79,6 +79,12 @@ struct LowerOptions {
   // stall, else outside them, else none; 1 outside the streams (else none). Tests
   // set 1 to reach that path with small buffers.
   int late_sends = 0;
+  // Add a note (LowerResult::notes) per all_reduce saying how it was lowered: the
+  // schedule (algorithm, topology, blocks or slices and their lag), streamed
+  // fused or unfused or step-ordered, the slot pools, slots and piece size, and
+  // the ordering run's estimate (`tpusim compile --explain`). Only the notes
+  // change, never the bundle.
+  bool explain_collectives = false;
 };
 
 struct LowerResult {
@@ -87,7 +93,8 @@ struct LowerResult {
   int64_t hbm_end = 0;   // end of the HBM placement (chip 0's, for replicas): the peak of the plan
   int64_t hbm_unplanned = 0;  // what the same placements take without reuse (one replica's, for replicas)
   // What the lowering could not do as asked and did instead (an option it fell
-  // back from), once each; `tpusim compile` prints them as "note: ...".
+  // back from), and with LowerOptions::explain_collectives how each collective
+  // was lowered, once each; `tpusim compile` prints them as "note: ...".
   std::vector<std::string> notes;
 };
 

@@ -836,6 +836,60 @@ TEST(DpLower, StreamsThatDoNotPlanLeaveANote) {
   EXPECT_EQ(lr.assembly.find("fork"), std::string::npos);
 }
 
+// `tpusim compile --explain` (LowerOptions::explain_collectives): one note per
+// all_reduce saying how it was lowered, and the same assembly as without it. On
+// v3-8 (auto = the hierarchical algorithm over the 2x2 chip torus) a buffer of
+// 4 slices' worth streams fused on 4 slices two steps apart; the ring over the
+// 8 replicas with chunks under half a piece is step-ordered; on v2-4x4 a buffer
+// cut into 3 blocks runs them ceil(T / 2) = 7 steps apart (T = 14: the on-chip
+// reduce-scatter and gather around 2 x (3 + 3) torus steps).
+TEST(DpLower, ExplainSaysHowEachAllReduceWasLowered) {
+  auto lower = [](const Board& board, int replicas, const std::string& alg, int64_t cols,
+                  const std::function<void(LowerOptions&)>& tweak) {
+    const Graph g = parse_graph(allreduce_only_ir(replicas, 8, cols), "test.ir");
+    LowerOptions lo;
+    lo.target.mxu_rows = 32;
+    lo.target.mxu_cols = 32;
+    lo.target.fifo_rows = 64;
+    lo.target.hbm_bytes = 256ull << 20;
+    lo.target.vmem_bytes = 16ull << 20;
+    lo.target.chips = static_cast<uint32_t>(board.topology.chips());
+    lo.replicas.replicas = replicas;
+    lo.replicas.cores_per_chip = 2;
+    lo.replicas.board = board.topology;
+    lo.replicas.algorithm = alg;
+    tweak(lo);
+    const LowerResult quiet = lower_graph(g, lo);
+    EXPECT_TRUE(quiet.notes.empty());
+    lo.explain_collectives = true;
+    const LowerResult told = lower_graph(g, lo);
+    EXPECT_EQ(told.assembly, quiet.assembly);
+    EXPECT_EQ(told.notes.size(), 1u);  // once, not once per replica
+    return told.notes.empty() ? std::string() : told.notes.front();
+  };
+  const auto contains = [](const std::string& note, const std::string& what) {
+    EXPECT_NE(note.find(what), std::string::npos) << "'" << what << "' not in: " << note;
+  };
+  // 8 x 8192 = 64 Ki elements a replica, slices of 16 Ki, pieces of 1 Ki: S =
+  // min(4 slices' worth, the shortest segment / a piece) = 4, the segments being
+  // E / 16 (a core's half, its 2 groups, a ring of 2 in each of the 2 dimensions).
+  std::string note = lower(kV38, 8, "auto", 8192, [](LowerOptions& lo) {
+    lo.stream_piece_elems = 1024;
+    lo.stream_slice_elems = 16 * 1024;
+  });
+  contains(note, "all_reduce %g (op 1): all-reduce/hierarchical on torus2d 2x2 x 2 cores|slices=4|lag=2; streamed fused");
+  contains(note, "pieces up to 4 KiB; the ordering run's estimate ");
+  note = lower(kV38, 8, "ring", 64, [](LowerOptions&) {});
+  contains(note, "all-reduce/ring on ");
+  contains(note, "; step-ordered");
+  // 8 x 1250 = 10000 elements a replica in blocks of at most 4096: 3 blocks.
+  note = lower(kV2x4x4, 32, "auto", 1250, [](LowerOptions& lo) {
+    lo.stream_piece_elems = 1024;
+    lo.replicas.block_elems = 4096;
+  });
+  contains(note, "all-reduce/hierarchical on torus2d 4x4 x 2 cores|blocks=3|lag=7; streamed ");
+}
+
 // Which boards fork by default (LowerOptions::all_reduce_streams = 0): a blocked
 // all-reduce on a 3-D chip torus (v4-4x4x4) runs on two streams, every core
 // forking once, bit-exact; on a 2-D one (v2-4x4) on one.
