@@ -574,6 +574,12 @@ std::vector<LinkCounters> Network::link_counters() const {
   return out;
 }
 
+std::vector<const LinkCounters*> Network::live_link_counters() const {
+  std::vector<const LinkCounters*> out;
+  for (const auto& l : links_) out.push_back(&l.ctr);
+  return out;
+}
+
 void Network::add_stats(nlohmann::json& units) const {
   for (const auto& c : link_counters()) {
     if (c.packets == 0) continue;

@@ -138,6 +138,10 @@ class Network {
   void run(uint64_t max_cycles = kNever);
 
   std::vector<LinkCounters> link_counters() const;
+  // Every link's counters in place, so a waveform can trace their payload bytes
+  // and packets as they grow (links are made by the constructor only, so the
+  // pointers hold for the network's life).
+  std::vector<const LinkCounters*> live_link_counters() const;
   // The counters in the stats.json "units" shape, keyed by hierarchical name:
   // units["chip3.ici.x+"] = {"bytes": .., "packets": .., "busy_cycles": ..,
   // "credit_stall_cycles": ..}; links that never carried a packet are left out.

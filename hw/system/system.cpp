@@ -642,6 +642,14 @@ RunResult System::run(const RunOptions& opt) {
   for (auto& chip : board.chips)
     chip_modules.push_back(
         std::make_unique<ChipModule>(("chip" + std::to_string(chip->index())).c_str(), *chip, tracing));
+  // The ICI links' payload bytes and packets so far (chip0.ici.x+.bytes,
+  // chip0.core1.ici.inject.packets): a link's slope is its traffic, a flat
+  // stretch an idle link, beside the cores' units in the same waveform.
+  if (board.chips.size() > 1)
+    for (const ici::LinkCounters* c : board.net->live_link_counters()) {
+      tracing.trace(c->bytes, c->name + ".bytes");
+      tracing.trace(c->packets, c->name + ".packets");
+    }
   const sc_core::sc_time period(static_cast<double>(cycle_ps), sc_core::SC_PS);
   Driver driver("scheduler", board, period, opt.mode);
   driver.sync_each_event = tf != nullptr;

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <unistd.h>
@@ -370,6 +371,79 @@ TEST(MultiChip, RemoteQueueOwnLetsAPushPassLoadsWaitingForEngines) {
   const RunOut bad = core_run(p, "fast", {"--set", "core.dma.remote_queue=fifo"}, "v4-8");
   fs::remove(p);
   EXPECT_NE(bad.status, 0);
+}
+
+// On more than one chip the waveform has each ICI link's payload bytes and
+// packets so far (chip0.ici.x+.bytes, ...): a 16 KiB push from chip0 to chip1
+// shows on one of chip0's chip links, rising from 0 in steps no earlier than the
+// DMA's setup (dma_setup + remote_setup cycles) to the 16384 bytes and the
+// packets stats.json counts on that link, in both modes; the scope filter keeps
+// chip0's links only.
+TEST(MultiChip, WaveformTracesEachLinksBytesAndPackets) {
+  const std::string text = ".target chips=2 cores=1 mxus=1\n.core chip0.core0\n  dma vmem@chip1.c0:[s0 + 0], vmem:[s0 + 0], "
+                           "bytes=16384, rflag=f3\n  halt\n.core chip1.core0\n  wait.sub f3, 1\n  halt\n";
+  const std::string p = temp_program("wave_links", text);
+  for (const char* mode : {"fast", "detailed"}) {
+    SCOPED_TRACE(mode);
+    const fs::path vcd = fs::temp_directory_path() / ("wl_" + std::to_string(::getpid()) + ".vcd");
+    const RunOut r = core_run(p, mode, {"--wave", vcd.string(), "--scope", "chip0.ici.*"}, "v4-8");
+    ASSERT_EQ(r.status, 0);
+    std::ifstream in(vcd);
+    std::stringstream text_in;
+    text_in << in.rdbuf();
+    fs::remove(vcd);
+    // Full names of the variables, then every change of each, in time order.
+    std::map<std::string, std::string> name_of;  // VCD id -> chip0.ici.x+.bytes
+    std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> changes;  // name -> (ps, value)
+    std::vector<std::string> scope;
+    uint64_t now_ps = 0;
+    std::string line;
+    while (std::getline(text_in, line)) {
+      std::istringstream w(line);
+      std::string tok;
+      w >> tok;
+      if (tok == "$scope") {
+        std::string kind, name;
+        w >> kind >> name;
+        scope.push_back(name);
+      } else if (tok == "$upscope") {
+        scope.pop_back();
+      } else if (tok == "$var") {
+        std::string kind, width, id, name;
+        w >> kind >> width >> id >> name;
+        std::string full;
+        for (const auto& sc : scope) full += (sc == "SystemC" ? "" : sc + ".");
+        name_of[id] = full + name;
+      } else if (!tok.empty() && tok[0] == '#') {
+        now_ps = std::stoull(tok.substr(1));
+      } else if (!tok.empty() && tok[0] == 'b') {
+        std::string id;
+        w >> id;
+        if (name_of.count(id)) changes[name_of[id]].emplace_back(now_ps, std::stoull(tok.substr(1), nullptr, 2));
+      }
+    }
+    ASSERT_FALSE(name_of.empty());
+    for (const auto& [id, name] : name_of) EXPECT_EQ(name.rfind("chip0.ici.", 0), 0u) << name;
+    size_t carried = 0;
+    for (const auto& [name, u] : r.j["units"].items()) {
+      if (name.rfind("chip0.ici.", 0) != 0 || u.value("bytes", uint64_t{0}) == 0) continue;
+      ++carried;
+      EXPECT_EQ(u["bytes"].get<uint64_t>(), 16384u) << name;
+      for (const char* what : {"bytes", "packets"}) {
+        const auto& ch = changes[name + "." + what];
+        ASSERT_FALSE(ch.empty()) << name << "." << what;
+        EXPECT_EQ(ch.back().second, u[what].get<uint64_t>()) << name << "." << what;
+        for (size_t i = 1; i < ch.size(); ++i) EXPECT_GE(ch[i].second, ch[i - 1].second) << name << "." << what;
+        for (const auto& [ps, v] : ch) {
+          if (v > 0) {
+            EXPECT_GE(ps, uint64_t{1243} * 952) << name << "." << what;  // v4: 952 ps a cycle
+          }
+        }
+      }
+    }
+    EXPECT_EQ(carried, 1u);
+  }
+  fs::remove(p);
 }
 
 // Reads of another chip's memory (a request goes there, the data comes back), a
