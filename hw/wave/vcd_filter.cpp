@@ -204,6 +204,9 @@ void finish_wave(const std::string& raw_vcd, const std::string& out_path, const 
     if (!in) throw std::runtime_error(raw_vcd + ": cannot read the traced waveform");
     std::ofstream out(filtered, std::ios::trunc);
     if (!out) throw std::runtime_error(out_path + ": cannot write the waveform");
+    // vcd2fst stamps the conversion's wall-clock time into the FST header unless
+    // the VCD has a $date, so two runs of one program gave different .fst bytes.
+    if (fst) out << "$date\n not recorded (tpusim waveforms are deterministic)\n$end\n";
     try {
       filter_vcd(in, out, options);
     } catch (...) {
