@@ -868,6 +868,14 @@ void Emitter::lower_all_reduce(const Node& n) {
   } catch (const CompileError& e) {
     fail(n, e.what());  // too many blocks for the buffer: name the node
   }
+  // The torus algorithm runs on the replica topology; where that is a ring, it is
+  // a bidirectional ring of 2(R - 1) steps, not the torus asked for.
+  if (sch.algorithm == ici::Algorithm::kTorus)
+    if (const std::string why = replica_topology_note(s); !why.empty())
+      note_once("all_reduce %" + n.output + " (op " + std::to_string(n.id) + "): the torus algorithm runs on " +
+                replica_topology(s).name() + ": " + why +
+                (s.cores_per_chip == 2 && s.replicas % 2 == 0 ? " (the hierarchical algorithm runs on the chips' own topology)"
+                                                              : ""));
   const int me = opt_.replica;
   const int64_t tile_bytes = kTileElems * 4;
   const int64_t kPieceElems =

@@ -39,14 +39,18 @@ ici::Topology chip_topology(const ReplicaSpec& s) {
   return replica_topology(one);
 }
 
-ici::Topology replica_topology(const ReplicaSpec& s) {
+// The replicas' dimensions: the cores of a chip, then the board's dimensions that
+// the used chips span; `sub_box` false where the used chips are not a prefix box
+// of the board (then one ring through them stands for the chip dimensions).
+static std::vector<int> replica_dims(const ReplicaSpec& s, bool* sub_box) {
   const int chips = chips_used(s);
   std::vector<int> chip_dims;
   const std::vector<int>& bd = s.board.dims();
   int prefix = 1;
   size_t k = 0;
   while (k < bd.size() && prefix < chips) prefix *= bd[k++];
-  if (prefix == chips)
+  *sub_box = prefix == chips;
+  if (*sub_box)
     chip_dims.assign(bd.begin(), bd.begin() + static_cast<std::ptrdiff_t>(k));
   else
     chip_dims = {chips};  // not a sub-box of the board: one ring through the used chips
@@ -55,6 +59,12 @@ ici::Topology replica_topology(const ReplicaSpec& s) {
   if (cores > 1) dims.push_back(cores);
   for (int d : chip_dims)
     if (d > 1) dims.push_back(d);
+  return dims;
+}
+
+ici::Topology replica_topology(const ReplicaSpec& s) {
+  bool sub_box = true;
+  const std::vector<int> dims = replica_dims(s, &sub_box);
   switch (dims.size()) {
     case 0: return ici::Topology(ici::TopologyKind::kSingle, {1});
     case 1: return ici::Topology(ici::TopologyKind::kRing, dims);
@@ -62,6 +72,23 @@ ici::Topology replica_topology(const ReplicaSpec& s) {
     case 3: return ici::Topology(ici::TopologyKind::kTorus3d, dims);
     default: return ici::Topology(ici::TopologyKind::kRing, {s.replicas});
   }
+}
+
+std::string replica_topology_note(const ReplicaSpec& s) {
+  bool sub_box = true;
+  const std::vector<int> dims = replica_dims(s, &sub_box);
+  auto text = [](const std::vector<int>& v) {
+    std::string t;
+    for (int d : v) t += (t.empty() ? "" : "x") + std::to_string(d);
+    return t;
+  };
+  if (dims.size() > 3)
+    return "the replicas' dimensions " + text(dims) + " (cores, then chips) are more than the 3 a torus topology has, "
+           "so they form one ring of " + std::to_string(s.replicas);
+  if (!sub_box)
+    return "the " + std::to_string(chips_used(s)) + " chips used are not a box of the board's " + text(s.board.dims()) +
+           ", so one ring through them stands for the chip dimensions";
+  return "";
 }
 
 // The dimensions of 2 or more: those a ring runs along.

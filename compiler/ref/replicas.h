@@ -48,6 +48,10 @@ void check_replicas(const ReplicaSpec& s);
 // a ring of the used chips); size-1 dimensions dropped. Its chip id is the replica
 // index.
 ici::Topology replica_topology(const ReplicaSpec& s);
+// Why replica_topology is less than the board's shape, or empty: more than 3
+// dimensions (v4-4x4x4's 2x4x4x4 becomes a ring of 128), or used chips that are
+// not a box of the board.
+std::string replica_topology_note(const ReplicaSpec& s);
 // The used chips alone (replica_topology of one replica per chip): the topology the
 // hierarchical algorithm's chip-level part runs on, participant 2 x chip + core =
 // the replica index.

@@ -890,6 +890,20 @@ TEST(DpLower, ExplainSaysHowEachAllReduceWasLowered) {
   contains(note, "all-reduce/hierarchical on torus2d 4x4 x 2 cores|blocks=3|lag=7; streamed ");
 }
 
+// `--collective torus` where the replicas do not form a torus (6 of v2-4x4's 16
+// chips: one ring through them) says so in a note, bit-exact as ever; on the
+// whole 2x2 board of v3-8 it does not.
+TEST(DpLower, TorusOnLessThanTheBoardsShapeLeavesANote) {
+  expect_replicated_bit_exact(allreduce_only_ir(12, 8, 64), PrecisionPolicy::kDefault, kV2x4x4, 12, "torus");
+  ASSERT_EQ(g_last_notes.size(), 1u);
+  EXPECT_EQ(g_last_notes.front().rfind("all_reduce %g (op 1): the torus algorithm runs on torus2d 2x6: the 6 chips used "
+                                       "are not a box of the board's 4x4", 0),
+            0u)
+      << g_last_notes.front();
+  expect_replicated_bit_exact(allreduce_only_ir(8, 8, 64), PrecisionPolicy::kDefault, kV38, 8, "torus");
+  EXPECT_TRUE(g_last_notes.empty()) << g_last_notes.front();
+}
+
 // Which boards fork by default (LowerOptions::all_reduce_streams = 0): a blocked
 // all-reduce on a 3-D chip torus (v4-4x4x4) runs on two streams, every core
 // forking once, bit-exact; on a 2-D one (v2-4x4) on one.

@@ -191,6 +191,33 @@ TEST(DpRef, ReplicaTopologyPutsTheCoresOfAChipFirst) {
   EXPECT_THROW(check_replicas(s), CompileError);
 }
 
+// Where the replica topology is less than the board's shape, replica_topology_note
+// says why (the lowering turns it into a note for the torus algorithm, which then
+// runs as a ring): v4-4x4x4's 2 cores x 4x4x4 chips are 4 dimensions, one more than
+// a torus topology has, so the 128 replicas form one ring; 6 of v2-4x4's 16 chips
+// are not a box of it. A whole board, or a prefix box of it, has no note.
+TEST(DpRef, ReplicaTopologyNoteSaysWhereTheBoardBecomesARing) {
+  ReplicaSpec s;
+  s.cores_per_chip = 2;
+  s.board = ici::Topology(ici::TopologyKind::kTorus3d, {4, 4, 4});
+  s.replicas = 128;
+  EXPECT_EQ(replica_topology(s).kind(), ici::TopologyKind::kRing);
+  EXPECT_EQ(replica_topology(s).chips(), 128);
+  std::string note = replica_topology_note(s);
+  EXPECT_NE(note.find("2x4x4x4"), std::string::npos) << note;
+  EXPECT_NE(note.find("one ring of 128"), std::string::npos) << note;
+  s.replicas = 32;  // 16 chips: the 4x4 prefix box, [2, 4, 4]
+  EXPECT_EQ(replica_topology(s).dims(), (std::vector<int>{2, 4, 4}));
+  EXPECT_EQ(replica_topology_note(s), "");
+  s.board = ici::Topology(ici::TopologyKind::kTorus2d, {4, 4});
+  s.replicas = 12;
+  note = replica_topology_note(s);
+  EXPECT_NE(note.find("the 6 chips used are not a box of the board's 4x4"), std::string::npos) << note;
+  s.board = ici::Topology(ici::TopologyKind::kTorus2d, {2, 2});
+  s.replicas = 8;
+  EXPECT_EQ(replica_topology_note(s), "");
+}
+
 // auto takes the hierarchical algorithm wherever every replica is one of a chip's
 // two cores on more than one chip; its schedule runs on the used chips alone.
 TEST(DpRef, AutoIsHierarchicalOnBoardsOfTwoCoresPerChip) {
