@@ -110,7 +110,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--explain", opt->explain,
                 "Say how each all_reduce was lowered: its schedule (blocks or slices and their lag), streamed fused, "
                 "unfused or step-ordered, slot pools, slots and piece size, and the ordering run's cycle estimate "
-                "(docs/codegen.md \"Collectives\"); the bundle is the same");
+                "(docs/codegen.md \"Boards and replicas\"); the bundle is the same");
   cmd->add_option("--emit-graph", opt->emit_graph, "Also write the compiled graph (e.g. the training step) as IR text");
   cmd->callback([opt, &exit_code]() {
     try {
