@@ -61,6 +61,23 @@ const Board kV38{"v3-8", ici::Topology(ici::TopologyKind::kTorus2d, {2, 2}), 2};
 const Board kV2x4x4{"v2-4x4", ici::Topology(ici::TopologyKind::kTorus2d, {4, 4}), 2};
 const Board kV4x4x4{"v4-4x4x4", ici::Topology(ici::TopologyKind::kTorus3d, {4, 4, 4}), 2};
 
+// The tests' small target (32 x 32 MXUs, 16 MiB VMEM, 256 MiB HBM) on every chip
+// of `board`, `replicas` data-parallel replicas running `algorithm`.
+LowerOptions board_options(const Board& board, int replicas, const std::string& algorithm = "auto") {
+  LowerOptions lo;
+  lo.target.mxu_rows = 32;
+  lo.target.mxu_cols = 32;
+  lo.target.fifo_rows = 64;
+  lo.target.hbm_bytes = 256ull << 20;
+  lo.target.vmem_bytes = 16ull << 20;
+  lo.target.chips = static_cast<uint32_t>(board.topology.chips());
+  lo.replicas.replicas = replicas;
+  lo.replicas.cores_per_chip = board.cores_per_chip;
+  lo.replicas.board = board.topology;
+  lo.replicas.algorithm = algorithm;
+  return lo;
+}
+
 // Assembly and notes (LowerResult::notes) of the last bundle expect_replicated_bit_exact compiled.
 std::string g_last_assembly;
 std::vector<std::string> g_last_notes;
@@ -81,18 +98,9 @@ void expect_replicated_bit_exact(const std::string& ir, PrecisionPolicy policy, 
       for (float& x : h.f) x = num::round_to_bf16(x);
     inputs[in.name] = h;
   }
-  LowerOptions lo;
-  lo.target.mxu_rows = 32;
-  lo.target.mxu_cols = 32;
-  lo.target.fifo_rows = 64;
-  lo.target.hbm_bytes = 256ull << 20;
+  LowerOptions lo = board_options(board, replicas, algorithm);
   lo.target.vmem_bytes = vmem_bytes;
-  lo.target.chips = static_cast<uint32_t>(board.topology.chips());
   lo.policy = policy;
-  lo.replicas.replicas = replicas;
-  lo.replicas.cores_per_chip = board.cores_per_chip;
-  lo.replicas.board = board.topology;
-  lo.replicas.algorithm = algorithm;
   if (tweak) tweak(lo);
   EvalOptions eo;
   eo.mxu_rows = 32;
@@ -811,16 +819,7 @@ TEST(DpLower, BlockedAllReduceRunsOnThreeStreams) {
 // all-reduce runs on one stream (unfused: a second note says so).
 TEST(DpLower, StreamsThatDoNotPlanLeaveANote) {
   const Graph g = parse_graph(allreduce_only_ir(128, 16, 2 * 131072 / 16), "test.ir");
-  LowerOptions lo;
-  lo.target.mxu_rows = 32;
-  lo.target.mxu_cols = 32;
-  lo.target.fifo_rows = 64;
-  lo.target.hbm_bytes = 256ull << 20;
-  lo.target.vmem_bytes = 16ull << 20;
-  lo.target.chips = 64;
-  lo.replicas.replicas = 128;
-  lo.replicas.cores_per_chip = 2;
-  lo.replicas.board = kV4x4x4.topology;
+  LowerOptions lo = board_options(kV4x4x4, 128);
   lo.replicas.block_elems = 131072;
   lo.stream_piece_elems = 1024;
   lo.all_reduce_streams = 3;
@@ -847,17 +846,7 @@ TEST(DpLower, ExplainSaysHowEachAllReduceWasLowered) {
   auto lower = [](const Board& board, int replicas, const std::string& alg, int64_t cols,
                   const std::function<void(LowerOptions&)>& tweak) {
     const Graph g = parse_graph(allreduce_only_ir(replicas, 8, cols), "test.ir");
-    LowerOptions lo;
-    lo.target.mxu_rows = 32;
-    lo.target.mxu_cols = 32;
-    lo.target.fifo_rows = 64;
-    lo.target.hbm_bytes = 256ull << 20;
-    lo.target.vmem_bytes = 16ull << 20;
-    lo.target.chips = static_cast<uint32_t>(board.topology.chips());
-    lo.replicas.replicas = replicas;
-    lo.replicas.cores_per_chip = 2;
-    lo.replicas.board = board.topology;
-    lo.replicas.algorithm = alg;
+    LowerOptions lo = board_options(board, replicas, alg);
     tweak(lo);
     const LowerResult quiet = lower_graph(g, lo);
     EXPECT_TRUE(quiet.notes.empty());
@@ -902,6 +891,33 @@ TEST(DpLower, TorusOnLessThanTheBoardsShapeLeavesANote) {
       << g_last_notes.front();
   expect_replicated_bit_exact(allreduce_only_ir(8, 8, 64), PrecisionPolicy::kDefault, kV38, 8, "torus");
   EXPECT_TRUE(g_last_notes.empty()) << g_last_notes.front();
+}
+
+// The step-ordered lowering gives a replica 32 landing flags for one source's
+// messages (reused every 32), so a source may run at most 32 messages ahead of
+// its receiver. In a ring all-reduce of R replicas a replica's predecessor needs
+// nothing from it for R - 1 steps (its data goes the whole way round first), one
+// message a step: R = 32 (31 ahead) compiles, R = 34 (33 ahead, the next whole
+// number of chips) is refused naming both replicas. The check walks the plan once
+// per source (it took minutes per walk per message on 128 replicas).
+TEST(DpLower, StepOrderedRingHasFlagsForAtMost33Replicas) {
+  const Board k16x16{"v2-16x16", ici::Topology(ici::TopologyKind::kTorus2d, {16, 16}), 2};
+  for (const int R : {32, 34}) {
+    const Graph g = parse_graph(allreduce_only_ir(R, 1, 256), "test.ir");
+    const LowerOptions lo = board_options(k16x16, R, "ring");
+    if (R == 32) {
+      EXPECT_NO_THROW(lower_graph(g, lo));
+      continue;
+    }
+    try {
+      lower_graph(g, lo);
+      ADD_FAILURE() << "a ring of " << R << " replicas compiled";
+    } catch (const CompileError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("run more than 32 messages ahead of replica "), std::string::npos) << what;
+      EXPECT_NE(what.find("too few flags"), std::string::npos) << what;
+    }
+  }
 }
 
 // Which boards fork by default (LowerOptions::all_reduce_streams = 0): a blocked
