@@ -868,14 +868,15 @@ void Emitter::lower_all_reduce(const Node& n) {
   } catch (const CompileError& e) {
     fail(n, e.what());  // too many blocks for the buffer: name the node
   }
+  // A note (LowerResult::notes) about this all_reduce, named as the user wrote it.
+  auto op_note = [&](const std::string& what) {
+    note_once("all_reduce %" + n.output + " (op " + std::to_string(n.id) + "): " + what);
+  };
   // The torus algorithm runs on the replica topology; where that is a ring, it is
   // a bidirectional ring of 2(R - 1) steps, not the torus asked for.
   if (sch.algorithm == ici::Algorithm::kTorus)
     if (const std::string why = replica_topology_note(s); !why.empty())
-      note_once("all_reduce %" + n.output + " (op " + std::to_string(n.id) + "): the torus algorithm runs on " +
-                replica_topology(s).name() + ": " + why +
-                (s.cores_per_chip == 2 && s.replicas % 2 == 0 ? " (the hierarchical algorithm runs on the chips' own topology)"
-                                                              : ""));
+      op_note("the torus algorithm runs on " + replica_topology(s).name() + ": " + why);
   const int me = opt_.replica;
   const int64_t tile_bytes = kTileElems * 4;
   const int64_t kPieceElems =
@@ -924,10 +925,8 @@ void Emitter::lower_all_reduce(const Node& n) {
     // What the lowering did instead of the streams asked for (LowerResult::notes).
     auto streams_note = [&](const std::string& why) {
       if (opt_.all_reduce_streams < 2 || blocks.size() < 2) return;
-      const std::string note = "all_reduce %" + n.output + " (op " + std::to_string(n.id) + "): " +
-                               std::to_string(streams) + " instruction streams asked for, but " + why +
-                               "; lowered on one (docs/codegen.md \"Three streams\")";
-      note_once(note);
+      op_note(std::to_string(streams) + " instruction streams asked for, but " + why +
+              "; lowered on one (docs/codegen.md \"Three streams\")");
     };
     static std::mutex stream_mutex;
     static std::map<std::string, std::shared_ptr<const StreamPlan>> stream_cache;
@@ -1013,17 +1012,16 @@ void Emitter::lower_all_reduce(const Node& n) {
       // that is sent on lands in y: HBM bytes a fused plan does not move (v3-8,
       // torus, 16 MiB: 155 MB a chip against 101 MB fused; docs/validation.md).
       if (!sp.unfused_why.empty())
-        note_once("all_reduce %" + n.output + " (op " + std::to_string(n.id) +
-                  "): streamed unfused, every sum and forwarded copy through y in HBM, as no fused plan was found (" +
-                  sp.unfused_why + "; docs/codegen.md \"Streamed lowering\")");
+        op_note("streamed unfused, every sum and forwarded copy through y in HBM, as no fused plan was found (" +
+                sp.unfused_why + "; docs/codegen.md \"Streamed lowering\")");
       const ici::Schedule& ssch = sp.sched;
       const int K = sp.K;
       if (opt_.explain_collectives)
-        note_once("all_reduce %" + n.output + " (op " + std::to_string(n.id) + "): " + ssch.name + "; streamed " +
-                  (sp.unfused_why.empty() ? "fused" : "unfused") + ", " + std::to_string(sp.pools) + " slot pool" +
-                  (sp.pools > 1 ? "s" : "") + " of " + std::to_string(K / sp.pools) + " slots a stream, pieces up to " +
-                  std::to_string(sp.max_piece * 4 / 1024) + " KiB; the ordering run's estimate " +
-                  std::to_string(sp.makespan) + " cycles (links and adds, no HBM or DMA engines)");
+        op_note(ssch.name + "; streamed " + (sp.unfused_why.empty() ? "fused" : "unfused") + ", " +
+                std::to_string(sp.pools) + " slot pool" + (sp.pools > 1 ? "s" : "") + " of " +
+                std::to_string(K / sp.pools) + " slots a stream, pieces up to " + std::to_string(sp.max_piece * 4 / 1024) +
+                " KiB; the ordering run's estimate " + std::to_string(sp.makespan) +
+                " cycles (links and adds, no HBM or DMA engines)");
       // Traffic classes (docs/codegen.md "Urgent messages"): a step whose chunks are
       // at most half the widest chip-to-chip chunk (a torus schedule's inner
       // dimensions) is latency-bound, and its sends share links with another
@@ -1629,8 +1627,7 @@ void Emitter::lower_all_reduce(const Node& n) {
     streams_note("no streamed plan was found that fits VMEM");
   }
   if (opt_.explain_collectives)
-    note_once("all_reduce %" + n.output + " (op " + std::to_string(n.id) + "): " + sch.name +
-              "; step-ordered, each step's chunks sent whole, then combined");
+    op_note(sch.name + "; step-ordered, each step's chunks sent whole, then combined");
 
   // Receive slots: per step, the moves into a replica grouped by source (then in
   // schedule order), each at the running offset of that replica's earlier incoming

@@ -74,6 +74,10 @@ ici::Topology replica_topology(const ReplicaSpec& s) {
   }
 }
 
+static bool hierarchical_applies(const ReplicaSpec& s) {
+  return s.cores_per_chip == 2 && s.replicas > 2 && s.replicas % 2 == 0;
+}
+
 std::string replica_topology_note(const ReplicaSpec& s) {
   bool sub_box = true;
   const std::vector<int> dims = replica_dims(s, &sub_box);
@@ -82,13 +86,15 @@ std::string replica_topology_note(const ReplicaSpec& s) {
     for (int d : v) t += (t.empty() ? "" : "x") + std::to_string(d);
     return t;
   };
+  std::string why;
   if (dims.size() > 3)
-    return "the replicas' dimensions " + text(dims) + " (cores, then chips) are more than the 3 a torus topology has, "
-           "so they form one ring of " + std::to_string(s.replicas);
-  if (!sub_box)
-    return "the " + std::to_string(chips_used(s)) + " chips used are not a box of the board's " + text(s.board.dims()) +
-           ", so one ring through them stands for the chip dimensions";
-  return "";
+    why = "the replicas' dimensions " + text(dims) + " (cores, then chips) are more than the 3 a torus topology has, "
+          "so they form one ring of " + std::to_string(s.replicas);
+  else if (!sub_box)
+    why = "the " + std::to_string(chips_used(s)) + " chips used are not a box of the board's " + text(s.board.dims()) +
+          ", so one ring through them stands for the chip dimensions";
+  if (!why.empty() && hierarchical_applies(s)) why += " (the hierarchical algorithm runs on the chips' own topology)";
+  return why;
 }
 
 // The dimensions of 2 or more: those a ring runs along.
@@ -96,10 +102,6 @@ static int ring_dims(const ici::Topology& t) {
   int n = 0;
   for (int d : t.dims()) n += d > 1;
   return n;
-}
-
-static bool hierarchical_applies(const ReplicaSpec& s) {
-  return s.cores_per_chip == 2 && s.replicas > 2 && s.replicas % 2 == 0;
 }
 
 ici::Algorithm choose_algorithm(const ReplicaSpec& s, int64_t elements) {

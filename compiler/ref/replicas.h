@@ -50,7 +50,8 @@ void check_replicas(const ReplicaSpec& s);
 ici::Topology replica_topology(const ReplicaSpec& s);
 // Why replica_topology is less than the board's shape, or empty: more than 3
 // dimensions (v4-4x4x4's 2x4x4x4 becomes a ring of 128), or used chips that are
-// not a box of the board.
+// not a box of the board; with where the hierarchical algorithm runs instead when
+// it applies.
 std::string replica_topology_note(const ReplicaSpec& s);
 // The used chips alone (replica_topology of one replica per chip): the topology the
 // hierarchical algorithm's chip-level part runs on, participant 2 x chip + core =
