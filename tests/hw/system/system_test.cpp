@@ -6,12 +6,12 @@
 #include <nlohmann/json.hpp>
 
 #include "hw/timeline/timeline.h"
+#include "tests/hw/wave/vcd_parse.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <sstream>
 #include <string>
 #include <unistd.h>
@@ -392,46 +392,19 @@ TEST(MultiChip, WaveformTracesEachLinksBytesAndPackets) {
     std::stringstream text_in;
     text_in << in.rdbuf();
     fs::remove(vcd);
-    // Full names of the variables, then every change of each, in time order.
-    std::map<std::string, std::string> name_of;  // VCD id -> chip0.ici.x+.bytes
-    std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> changes;  // name -> (ps, value)
-    std::vector<std::string> scope;
-    uint64_t now_ps = 0;
-    std::string line;
-    while (std::getline(text_in, line)) {
-      std::istringstream w(line);
-      std::string tok;
-      w >> tok;
-      if (tok == "$scope") {
-        std::string kind, name;
-        w >> kind >> name;
-        scope.push_back(name);
-      } else if (tok == "$upscope") {
-        scope.pop_back();
-      } else if (tok == "$var") {
-        std::string kind, width, id, name;
-        w >> kind >> width >> id >> name;
-        std::string full;
-        for (const auto& sc : scope) full += (sc == "SystemC" ? "" : sc + ".");
-        name_of[id] = full + name;
-      } else if (!tok.empty() && tok[0] == '#') {
-        now_ps = std::stoull(tok.substr(1));
-      } else if (!tok.empty() && tok[0] == 'b') {
-        std::string id;
-        w >> id;
-        if (name_of.count(id)) changes[name_of[id]].emplace_back(now_ps, std::stoull(tok.substr(1), nullptr, 2));
-      }
-    }
-    ASSERT_FALSE(name_of.empty());
-    for (const auto& [id, name] : name_of) EXPECT_EQ(name.rfind("chip0.ici.", 0), 0u) << name;
+    const tpusim::testing::ParsedVcd wave = tpusim::testing::parse_vcd(text_in.str());
+    ASSERT_FALSE(wave.id_to_name.empty());
+    for (const auto& [id, name] : wave.id_to_name) EXPECT_EQ(name.rfind("chip0.ici.", 0), 0u) << name;
     size_t carried = 0;
     for (const auto& [name, u] : r.j["units"].items()) {
       if (name.rfind("chip0.ici.", 0) != 0 || u.value("bytes", uint64_t{0}) == 0) continue;
       ++carried;
       EXPECT_EQ(u["bytes"].get<uint64_t>(), 16384u) << name;
       for (const char* what : {"bytes", "packets"}) {
-        const auto& ch = changes[name + "." + what];
-        ASSERT_FALSE(ch.empty()) << name << "." << what;
+        const auto it = wave.changes.find(name + "." + what);
+        ASSERT_NE(it, wave.changes.end()) << name << "." << what;
+        std::vector<std::pair<uint64_t, uint64_t>> ch;  // (ps, value)
+        for (const auto& [ps, v] : it->second) ch.emplace_back(ps, std::stoull(v));
         EXPECT_EQ(ch.back().second, u[what].get<uint64_t>()) << name << "." << what;
         for (size_t i = 1; i < ch.size(); ++i) EXPECT_GE(ch[i].second, ch[i - 1].second) << name << "." << what;
         for (const auto& [ps, v] : ch) {

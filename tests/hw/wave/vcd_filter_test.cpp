@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "hw/wave/vcd_filter.h"
+#include "tests/hw/wave/vcd_parse.h"
 
 namespace tpusim::wave {
 namespace {
@@ -63,43 +64,8 @@ std::string filtered(const FilterOptions& opt) {
   return out.str();
 }
 
-// Value of every variable (by name) at the end of the dump, and the times seen.
-struct Parsed {
-  std::map<std::string, std::string> id_to_name;
-  std::map<std::string, std::string> last;  // name -> last value text
-  std::vector<uint64_t> times;
-};
-
-Parsed parse(const std::string& vcd) {
-  Parsed p;
-  std::istringstream in(vcd);
-  std::string line;
-  std::vector<std::string> scope;
-  while (std::getline(in, line)) {
-    std::istringstream w(line);
-    std::string a, b, c, d, e;
-    w >> a;
-    if (a == "$scope") {
-      w >> b >> c;
-      scope.push_back(c);
-    } else if (a == "$upscope") {
-      scope.pop_back();
-    } else if (a == "$var") {
-      w >> b >> c >> d >> e;
-      std::string full;
-      for (const auto& s : scope)
-        if (s != "SystemC") full += s + ".";  // the kernel's root scope
-      p.id_to_name[d] = full + e;
-    } else if (!a.empty() && a[0] == '#') {
-      p.times.push_back(std::stoull(a.substr(1)));
-    } else if (!a.empty() && (a[0] == 'b' || a[0] == 'r')) {
-      w >> b;
-      // Binary values as decimal text, whatever their zero padding.
-      p.last[p.id_to_name.at(b)] = a[0] == 'b' ? std::to_string(std::stoull(a.substr(1), nullptr, 2)) : a.substr(1);
-    }
-  }
-  return p;
-}
+using Parsed = testing::ParsedVcd;
+Parsed parse(const std::string& vcd) { return testing::parse_vcd(vcd); }
 
 TEST(VcdFilter, KeepsOnlyMatchingScopes) {
   FilterOptions opt;
