@@ -1677,7 +1677,7 @@ void Emitter::lower_all_reduce(const Node& n) {
   // the steps it sends in, and a flag is reused only where the schedule itself
   // orders the two uses: the source issues its (j+M)-th message to the receiver
   // only after (happens-before through the moves) the receiver has finished the
-  // step of the j-th. Checked below for this replica's receives.
+  // step of the j-th. Checked below for every receiver (else credits).
   size_t most_sources = 1;
   for (const auto& v : sources) most_sources = std::max(most_sources, v.size());
   const int M = kLandFlags / static_cast<int>(most_sources);
@@ -1690,11 +1690,28 @@ void Emitter::lower_all_reduce(const Node& n) {
       auto& v = send_steps[static_cast<size_t>(m.dst)][m.src];
       if (v.empty() || v.back() != st) v.push_back(st);
     }
-  auto land_flag = [&](int dst, int src, size_t st) {
+  // message_index(dst, src, st): which of src's messages to dst the one of step st is.
+  auto message_index = [&](int dst, int src, size_t st) {
     const auto& v = send_steps[static_cast<size_t>(dst)].at(src);
-    const int j = static_cast<int>(std::lower_bound(v.begin(), v.end(), st) - v.begin());
-    return kFirstLandFlag + index_in(sources[static_cast<size_t>(dst)], src, kLandFlags) * M + j % M;
+    return static_cast<size_t>(std::lower_bound(v.begin(), v.end(), st) - v.begin());
   };
+  auto land_flag = [&](int dst, int src, size_t st) {
+    return kFirstLandFlag + index_in(sources[static_cast<size_t>(dst)], src, kLandFlags) * M +
+           static_cast<int>(message_index(dst, src, st) % static_cast<size_t>(M));
+  };
+  // Where even the step order lets a source run more than M messages ahead (a ring
+  // of more than M + 1 replicas: a replica's predecessor needs nothing from it for
+  // R - 1 steps), the receiver returns credits: credit i after its landing wait of
+  // message (i + 1) Q - 1, and the source sends message k >= M only after credit
+  // ceil((k - M + 1) / Q) - 1, so message k - M has been waited for. A credit covers
+  // Q messages (Q = M / 2: one 4-byte DMA per Q messages, against a data DMA each),
+  // and it points back to an earlier step (M + 1 - Q >= 1 messages back), so the
+  // step order stays free of cycles. Credits land on the sender's entry-token flag.
+  const size_t Q = static_cast<size_t>(std::max(1, M / 2)), Mz = static_cast<size_t>(M);
+  // The credit message k of a pair waits for (-1: none), and how many credits a
+  // pair of `messages` messages takes.
+  auto credit_for = [&](size_t k) { return k < Mz ? -1 : static_cast<int64_t>((k - Mz + 1 + Q - 1) / Q) - 1; };
+  auto credits_of = [&](size_t messages) { return messages <= Mz ? size_t(0) : (messages - Mz + Q - 1) / Q; };
   // The order in which a replica sends and combines (its program) is one static
   // sequence of waits, so it follows a dataflow estimate of the whole collective:
   // every replica's sends (step, destination) and combines (step, source) are list
@@ -1748,7 +1765,7 @@ void Emitter::lower_all_reduce(const Node& n) {
   // Flag reuse check: the receiver's combine of the j-th message must happen
   // before the source issues the (j+M)-th, through program order and landings
   // (a send -> the destination's combine of it). Returns the offending source, or -1.
-  auto reuse_violation = [&](const std::vector<std::vector<Event>>& all, int receiver) {
+  auto reuse_violation = [&](const std::vector<std::vector<Event>>& all, int receiver, bool credits) {
     std::vector<size_t> base(P + 1, 0);
     for (size_t r = 0; r < P; ++r) base[r + 1] = base[r] + all[r].size();
     std::map<std::tuple<size_t, bool, size_t, int>, size_t> id;
@@ -1763,6 +1780,12 @@ void Emitter::lower_all_reduce(const Node& n) {
       if (e + 1 < base[r + 1]) out.push_back(e + 1);
       const Event& x = all[r][e - base[r]];
       if (x.send) out.push_back(id.at({static_cast<size_t>(x.peer), false, x.step, static_cast<int>(r)}));
+      if (credits && !x.send) {  // credit i = (j + 1) / Q - 1 goes back to the source's message M + i Q
+        const size_t j = message_index(static_cast<int>(r), x.peer, x.step);
+        const auto& v = send_steps[r].at(x.peer);
+        if ((j + 1) % Q == 0 && Mz + j + 1 - Q < v.size())
+          out.push_back(id.at({static_cast<size_t>(x.peer), true, v[Mz + j + 1 - Q], static_cast<int>(r)}));
+      }
     };
     // Reaching event k of the source's program reaches all its later events, so
     // `to` is reachable from `from` iff the earliest source event reachable is at
@@ -1805,17 +1828,26 @@ void Emitter::lower_all_reduce(const Node& n) {
   // Every replica's lowering plans the whole collective the same way, so the plan
   // is made once per schedule and kept.
   static std::mutex plan_mutex;
-  static std::map<std::string, std::vector<std::vector<Event>>> plan_cache;
+  struct Plan {
+    std::vector<std::vector<Event>> events;
+    bool credits = false;  // the step order with credits (above), checked by each replica's lowering
+  };
+  static std::map<std::string, Plan> plan_cache;
   std::string plan_key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(s.cores_per_chip) + "|" +
                          std::to_string(s.replicas) + "|" + std::to_string(static_cast<int>(s.board.kind()));
   for (int d : s.board.dims()) plan_key += "," + std::to_string(d);
   std::vector<std::vector<Event>> plans;
+  bool credits = false;
   {
     std::lock_guard<std::mutex> lock(plan_mutex);
     auto hit = plan_cache.find(plan_key);
-    if (hit != plan_cache.end()) plans = hit->second;
+    if (hit != plan_cache.end()) {
+      plans = hit->second.events;
+      credits = hit->second.credits;
+    }
   }
   if (plans.empty()) {
+    bool step_order = true;
     size_t total = 0;
     for (const auto& e : evs) total += e.size();
     if (total > kMaxPlanEvents) {
@@ -1922,19 +1954,25 @@ void Emitter::lower_all_reduce(const Node& n) {
       // The dataflow order may let a source run further ahead of a receiver than its
       // flags allow (a 4x4 torus dimension in HBM mode); then every replica takes the
       // step order (all of a step's sends, then its combines), as before.
-      for (size_t r = 0; r < P; ++r)
-        if (reuse_violation(plans, static_cast<int>(r)) >= 0) {
-          plans = evs;
-          break;
-        }
+      step_order = false;
+      for (size_t r = 0; r < P && !step_order; ++r) step_order = reuse_violation(plans, static_cast<int>(r), false) >= 0;
+      if (step_order) plans = evs;
     }
+    // The step order too may let a source run too far ahead: then it takes credits.
+    if (step_order)
+      for (size_t r = 0; r < P && !credits; ++r) credits = reuse_violation(plans, static_cast<int>(r), false) >= 0;
     std::lock_guard<std::mutex> lock(plan_mutex);
-    plan_cache[plan_key] = plans;
+    plan_cache[plan_key] = Plan{plans, credits};
   }
   const std::vector<Event>& mine = plans[static_cast<size_t>(me)];
-  if (const int src = reuse_violation(plans, me); src >= 0)
-    fail(n, "the schedule lets replica " + std::to_string(src) + " run more than " + std::to_string(M) +
-                " messages ahead of replica " + std::to_string(me) + "; the lowering has too few flags for it");
+  // Without credits every receiver was checked above; with them the flags hold by
+  // construction, and each replica's walk, with the credits as edges, confirms it.
+  if (const int src = credits ? reuse_violation(plans, me, true) : -1; src >= 0)
+    fail(n, "internal lowering error: with credits, replica " + std::to_string(src) + " may still run more than " +
+                std::to_string(M) + " messages ahead of replica " + std::to_string(me));
+  if (credits && opt_.explain_collectives)
+    op_note("landing flags reused after credits: a source runs at most " + std::to_string(M) +
+            " messages ahead of a receiver, which returns a credit every " + std::to_string(Q) + " messages");
   auto ready_flag = [&](int src, int dst) {
     return kFirstReadyFlag + index_in(dests[static_cast<size_t>(src)], dst, kReadyFlags);
   };
@@ -1979,6 +2017,14 @@ void Emitter::lower_all_reduce(const Node& n) {
   // code may use the same VMEM and whose collectives the same flags.
   const int64_t zero = place_hbm(4), tokens = place_hbm_pinned(4 * kReadyFlags);  // tokens: written before we enter
   check_addr(n, tokens + s.cores_per_chip * opt_.replica_region);
+  // Credits: a word each in the source's HBM (pinned, like the tokens), per
+  // destination of the source, so no two DMAs write one.
+  size_t most_credits = 0;
+  for (size_t d = 0; credits && d < P; ++d)
+    for (const auto& [src, v] : send_steps[d]) most_credits = std::max(most_credits, credits_of(v.size()));
+  const int64_t credit_bytes = static_cast<int64_t>(4 * kReadyFlags * most_credits);
+  const int64_t credit_words = most_credits ? place_hbm_pinned(credit_bytes) : 0;
+  if (most_credits) check_addr(n, credit_words + credit_bytes + s.cores_per_chip * opt_.replica_region);
   for (int src : sources[static_cast<size_t>(me)]) {
     const int64_t at_src = there(src, tokens) + 4 * index_in(dests[static_cast<size_t>(src)], me, kReadyFlags);
     line("dma " + endpoint("hbm", src) + ":" + at(at_src) + ", " + hbm(zero) + ", bytes=4, flag=" + kSendFlag +
@@ -2159,6 +2205,7 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
   };
   std::set<int> ready;  // destinations whose entry token this replica has waited for
+  std::map<int, int64_t> credit_waited;  // destination -> credits waited for
   std::vector<std::pair<int64_t, int64_t>> pending;  // HBM mode: W ranges (elements) in-flight sends read
   const int64_t ring = conv + conv_bytes;              // VMEM mode: the send slots' ring
   int64_t send_slot = ring;
@@ -2173,6 +2220,11 @@ void Emitter::lower_all_reduce(const Node& n) {
       if (ready.insert(d).second) {
         const int f = ready_flag(me, d);
         line("wait f" + std::to_string(f) + ", " + std::to_string(coll_landed_[f] += 1));
+      }
+      if (const int64_t c = credits ? credit_for(message_index(d, me, st)) : -1; c >= 0 && credit_waited[d] <= c) {
+        const int f = ready_flag(me, d);  // the token, then credits 0..c
+        line("wait f" + std::to_string(f) + ", " + std::to_string(coll_landed_[f] + c + 1));
+        credit_waited[d] = c + 1;
       }
       const std::string rflag = ", flag=" + std::string(kSendFlag) + ", rflag=f" + std::to_string(land_flag(d, me, st));
       std::vector<size_t> ks;
@@ -2244,6 +2296,14 @@ void Emitter::lower_all_reduce(const Node& n) {
     const XSend xs = x_send(ev.peer, st, me);
     line("wait f" + std::to_string(f) + ", " +
          std::to_string(coll_landed_[f] += in_vmem && (!xs.direct || xs.one_dma) ? 1 : count));
+    if (const size_t j = message_index(me, ev.peer, st);
+        credits && (j + 1) % Q == 0 && Mz + j + 1 - Q < send_steps[static_cast<size_t>(me)].at(ev.peer).size()) {
+      const int64_t word = index_in(dests[static_cast<size_t>(ev.peer)], me, kReadyFlags) * static_cast<int64_t>(most_credits) +
+                           static_cast<int64_t>((j + 1) / Q - 1);
+      line("dma " + endpoint("hbm", ev.peer) + ":" + at(there(ev.peer, credit_words + 4 * word)) + ", " + hbm(zero) +
+           ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(ready_flag(ev.peer, me)));
+      ++sent;
+    }
     if (!loaded) {
       wait_flag(kLoadFlag);
       loaded = true;
@@ -2305,6 +2365,8 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
   }
   line(std::string("wait ") + kSendFlag + ", " + std::to_string(sent));
+  for (int d : credits ? dests[static_cast<size_t>(me)] : std::vector<int>{})  // each credit was waited for
+    coll_landed_[ready_flag(me, d)] += static_cast<int64_t>(credits_of(send_steps[static_cast<size_t>(d)].at(me).size()));
   // y = W (bf16: rounded once).
   if (f32) {
     if (streamed) {

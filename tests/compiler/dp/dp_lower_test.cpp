@@ -894,30 +894,56 @@ TEST(DpLower, TorusOnLessThanTheBoardsShapeLeavesANote) {
 }
 
 // The step-ordered lowering gives a replica 32 landing flags for one source's
-// messages (reused every 32), so a source may run at most 32 messages ahead of
-// its receiver. In a ring all-reduce of R replicas a replica's predecessor needs
-// nothing from it for R - 1 steps (its data goes the whole way round first), one
-// message a step: R = 32 (31 ahead) compiles, R = 34 (33 ahead, the next whole
-// number of chips) is refused naming both replicas. The check walks the plan once
-// per source (it took minutes per walk per message on 128 replicas).
-TEST(DpLower, StepOrderedRingHasFlagsForAtMost33Replicas) {
+// messages (reused every 32), so without more a source may run at most 32
+// messages ahead of its receiver. In a ring all-reduce of R replicas a replica's
+// predecessor needs nothing from it for R - 1 steps (its data goes the whole way
+// round first), one message a step, so R = 32 needs nothing more, and beyond 33
+// the receivers return credits (one per 16 messages, after the landing wait) that
+// the source waits for before reusing a flag. Counted here: the 4-byte DMAs onto
+// the entry-token flags (f52..f57) are one token per replica plus, beyond 33, its
+// credits for the 2 (R - 1) messages, ceil((2 (R - 1) - 32) / 16), and each
+// replica waits on its entry-token flag as often (the race checker does not check
+// flag counts); bit-exact with the race checker in VMEM and in HBM mode (64 KiB of
+// VMEM).
+TEST(DpLower, StepOrderedRingBeyond33ReplicasReturnsCredits) {
   const Board k16x16{"v2-16x16", ici::Topology(ici::TopologyKind::kTorus2d, {16, 16}), 2};
-  for (const int R : {32, 34}) {
-    const Graph g = parse_graph(allreduce_only_ir(R, 1, 256), "test.ir");
-    const LowerOptions lo = board_options(k16x16, R, "ring");
-    if (R == 32) {
-      EXPECT_NO_THROW(lower_graph(g, lo));
-      continue;
-    }
-    try {
-      lower_graph(g, lo);
-      ADD_FAILURE() << "a ring of " << R << " replicas compiled";
-    } catch (const CompileError& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("run more than 32 messages ahead of replica "), std::string::npos) << what;
-      EXPECT_NE(what.find("too few flags"), std::string::npos) << what;
+  auto explain = [](LowerOptions& lo) { lo.explain_collectives = true; };
+  for (const int R : {32, 34, 48}) {
+    for (const uint64_t vmem : {16ull << 20, 64ull << 10}) {
+      expect_replicated_bit_exact(allreduce_only_ir(R, 1, 256), PrecisionPolicy::kDefault, k16x16, R, "ring", true,
+                                  vmem, explain);
+      size_t tokens = 0;
+      for (size_t at = g_last_assembly.find(", bytes=4, flag=f58, rflag=f5"); at != std::string::npos;
+           at = g_last_assembly.find(", bytes=4, flag=f58, rflag=f5", at + 1))
+        ++tokens;
+      const size_t messages = 2 * static_cast<size_t>(R - 1), credits = R > 33 ? (messages - 32 + 15) / 16 : 0;
+      EXPECT_EQ(tokens, static_cast<size_t>(R) * (1 + credits)) << R << " replicas";
+      // Each replica waits for its one destination's token and then for each credit.
+      std::map<std::string, size_t> waits;
+      for_each_stream_line(g_last_assembly, [&](const std::string& core, int, const std::string& line) {
+        if (!core.empty()) waits[core] += line.rfind("  wait f5", 0) == 0 && line[9] >= '2' && line[9] <= '7' && line[10] == ',';
+      });
+      ASSERT_EQ(waits.size(), static_cast<size_t>(R));
+      for (const auto& [core, count] : waits) EXPECT_EQ(count, 1 + credits) << core << ", " << R << " replicas";
+      size_t notes = 0;
+      for (const std::string& note : g_last_notes) notes += note.find("landing flags reused after credits") != std::string::npos;
+      EXPECT_EQ(notes, credits ? 1u : 0u) << R << " replicas";
+      EXPECT_EQ(g_last_assembly.find("vmem@chip") != std::string::npos, vmem > (64ull << 10)) << "the mode";
     }
   }
+  // Two such all-reduces in a row: the second node's token and credit counts
+  // start from what the first one's left on the flag (3 credits and a token each).
+  std::ostringstream ir;
+  ir << "graph ar {\n  input %x : f32[34,1,256]\n"
+     << "  %s = reduce_sum(%x) {axes=[0], keepdims=0} : f32[1,256] #0\n"
+     << "  %g = all_reduce(%s) : f32[1,256] #1\n  %h = all_reduce(%g) : f32[1,256] #2\n  output %h\n}\n";
+  expect_replicated_bit_exact(ir.str(), PrecisionPolicy::kDefault, k16x16, 34, "ring");
+  std::map<std::string, std::vector<int>> counts;  // each core's waits on its entry-token flag
+  for_each_stream_line(g_last_assembly, [&](const std::string& core, int, const std::string& line) {
+    if (!core.empty() && line.rfind("  wait f52, ", 0) == 0) counts[core].push_back(std::stoi(line.substr(12)));
+  });
+  ASSERT_EQ(counts.size(), 34u);
+  for (const auto& [core, c] : counts) EXPECT_EQ(c, std::vector<int>({1, 2, 3, 4, 5, 6, 7, 8})) << core;
 }
 
 // Which boards fork by default (LowerOptions::all_reduce_streams = 0): a blocked
