@@ -1732,105 +1732,12 @@ void Emitter::lower_all_reduce(const Node& n) {
   auto overlaps = [](const ici::Chunk& a, const ici::Chunk& b) {
     return a.offset < b.offset + b.elems && b.offset < a.offset + a.elems;
   };
-  // chunks[r][i]: what event i of replica r reads (send) or writes (combine).
-  std::vector<std::vector<Event>> evs(P);
-  std::vector<std::vector<std::vector<int>>> ev_chunks(P);
-  std::vector<std::vector<int64_t>> ev_bytes(P);
-  std::vector<std::map<std::tuple<bool, size_t, int>, size_t>> ev_index(P);
-  for (size_t r = 0; r < P; ++r) {
-    for (size_t st = 0; st < sch.steps.size(); ++st) {
-      for (int pass = 0; pass < 2; ++pass) {
-        const bool send = pass == 0;
-        for (const ici::Move& m : sch.steps[st]) {
-          const int self = send ? m.src : m.dst, peer = send ? m.dst : m.src;
-          if (self != static_cast<int>(r)) continue;
-          auto key = std::make_tuple(send, st, peer);
-          auto it = ev_index[r].find(key);
-          size_t i;
-          if (it == ev_index[r].end()) {
-            i = evs[r].size();
-            ev_index[r][key] = i;
-            evs[r].push_back({send, st, peer});
-            ev_chunks[r].emplace_back();
-            ev_bytes[r].push_back(0);
-          } else {
-            i = it->second;
-          }
-          ev_chunks[r][i].push_back(send ? m.src_chunk : m.dst_chunk);
-          ev_bytes[r][i] += sch.chunks[static_cast<size_t>(m.src_chunk)].elems * 4;
-        }
-      }
-    }
-  }
-  // Flag reuse check: the receiver's combine of the j-th message must happen
-  // before the source issues the (j+M)-th, through program order and landings
-  // (a send -> the destination's combine of it). Returns the offending source, or -1.
-  auto reuse_violation = [&](const std::vector<std::vector<Event>>& all, int receiver, bool credits) {
-    std::vector<size_t> base(P + 1, 0);
-    for (size_t r = 0; r < P; ++r) base[r + 1] = base[r] + all[r].size();
-    std::map<std::tuple<size_t, bool, size_t, int>, size_t> id;
-    for (size_t r = 0; r < P; ++r)
-      for (size_t i = 0; i < all[r].size(); ++i) id[{r, all[r][i].send, all[r][i].step, all[r][i].peer}] = base[r] + i;
-    std::vector<size_t> owner(base[P]);
-    for (size_t r = 0; r < P; ++r)
-      for (size_t i = base[r]; i < base[r + 1]; ++i) owner[i] = r;
-    auto next = [&](size_t e, std::vector<size_t>& out) {
-      out.clear();
-      const size_t r = owner[e];
-      if (e + 1 < base[r + 1]) out.push_back(e + 1);
-      const Event& x = all[r][e - base[r]];
-      if (x.send) out.push_back(id.at({static_cast<size_t>(x.peer), false, x.step, static_cast<int>(r)}));
-      if (credits && !x.send) {  // credit i = (j + 1) / Q - 1 goes back to the source's message M + i Q
-        const size_t j = message_index(static_cast<int>(r), x.peer, x.step);
-        const auto& v = send_steps[r].at(x.peer);
-        if ((j + 1) % Q == 0 && Mz + j + 1 - Q < v.size())
-          out.push_back(id.at({static_cast<size_t>(x.peer), true, v[Mz + j + 1 - Q], static_cast<int>(r)}));
-      }
-    };
-    // Reaching event k of the source's program reaches all its later events, so
-    // `to` is reachable from `from` iff the earliest source event reachable is at
-    // or before it. The queries go by their `from` latest first: what an earlier
-    // event of the receiver reaches includes what its later ones do, so one walk
-    // grows the reached set for all of them (a walk per query, each over the whole
-    // collective, took 6 minutes for bidir-ring over v4-4x4x4's 128 replicas).
-    std::vector<char> seen(base[P]);
-    std::vector<size_t> stack, out;
-    std::vector<std::pair<size_t, size_t>> queries;  // (from, to)
-    for (const auto& [src, v] : send_steps[static_cast<size_t>(receiver)]) {
-      queries.clear();
-      for (size_t j = 0; j + static_cast<size_t>(M) < v.size(); ++j)
-        queries.emplace_back(id.at({static_cast<size_t>(receiver), false, v[j], src}),
-                             id.at({static_cast<size_t>(src), true, v[j + static_cast<size_t>(M)], receiver}));
-      std::sort(queries.rbegin(), queries.rend());
-      std::fill(seen.begin(), seen.end(), 0);
-      size_t earliest = SIZE_MAX;  // of the source's events reached so far
-      for (const auto& [from, to] : queries) {
-        if (!seen[from]) {
-          seen[from] = 1;
-          stack.push_back(from);
-        }
-        while (!stack.empty()) {
-          const size_t e = stack.back();
-          stack.pop_back();
-          if (owner[e] == static_cast<size_t>(src)) earliest = std::min(earliest, e);
-          next(e, out);
-          for (size_t o : out)
-            if (!seen[o]) {
-              seen[o] = 1;
-              stack.push_back(o);
-            }
-        }
-        if (earliest > to) return src;
-      }
-    }
-    return -1;
-  };
   // Every replica's lowering plans the whole collective the same way, so the plan
   // is made once per schedule and kept.
   static std::mutex plan_mutex;
   struct Plan {
     std::vector<std::vector<Event>> events;
-    bool credits = false;  // the step order with credits (above), checked by each replica's lowering
+    bool credits = false;  // the step order with credits (above)
   };
   static std::map<std::string, Plan> plan_cache;
   std::string plan_key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(s.cores_per_chip) + "|" +
@@ -1846,6 +1753,103 @@ void Emitter::lower_all_reduce(const Node& n) {
       credits = hit->second.credits;
     }
   }
+  // chunks[r][i]: what event i of replica r reads (send) or writes (combine).
+  std::vector<std::vector<Event>> evs(P);
+  std::vector<std::vector<std::vector<int>>> ev_chunks(P);
+  std::vector<std::vector<int64_t>> ev_bytes(P);
+  std::vector<std::map<std::tuple<bool, size_t, int>, size_t>> ev_index(P);
+  // Only where the plan is made (the first replica's lowering), in one pass over
+  // the schedule: a pass per replica each cost R x the schedule, 40 s of a
+  // 256-replica ring's compile.
+  for (size_t st = 0; plans.empty() && st < sch.steps.size(); ++st) {
+    for (int pass = 0; pass < 2; ++pass) {
+      const bool send = pass == 0;
+      for (const ici::Move& m : sch.steps[st]) {
+        const size_t r = static_cast<size_t>(send ? m.src : m.dst);
+        const int peer = send ? m.dst : m.src;
+        auto key = std::make_tuple(send, st, peer);
+        auto it = ev_index[r].find(key);
+        size_t i;
+        if (it == ev_index[r].end()) {
+          i = evs[r].size();
+          ev_index[r][key] = i;
+          evs[r].push_back({send, st, peer});
+          ev_chunks[r].emplace_back();
+          ev_bytes[r].push_back(0);
+        } else {
+          i = it->second;
+        }
+        ev_chunks[r][i].push_back(send ? m.src_chunk : m.dst_chunk);
+        ev_bytes[r][i] += sch.chunks[static_cast<size_t>(m.src_chunk)].elems * 4;
+      }
+    }
+  }
+  // Flag reuse check: the receiver's combine of the j-th message must happen
+  // before the source issues the (j+M)-th, through program order and landings
+  // (a send -> the destination's combine of it) and, with credits, the credits (a
+  // combine -> the source's send that waits for its credit). Returns the first
+  // (receiver, source) where it does not, or (-1, -1).
+  auto flag_reuse_violation = [&](const std::vector<std::vector<Event>>& all, bool credits) {
+    std::vector<size_t> base(P + 1, 0);
+    for (size_t r = 0; r < P; ++r) base[r + 1] = base[r] + all[r].size();
+    std::map<std::tuple<size_t, bool, size_t, int>, size_t> id;
+    for (size_t r = 0; r < P; ++r)
+      for (size_t i = 0; i < all[r].size(); ++i) id[{r, all[r][i].send, all[r][i].step, all[r][i].peer}] = base[r] + i;
+    // Each event's successors besides the next event of its program: a send's
+    // landing (the receiver's combine of it), a combine's credit.
+    std::vector<size_t> owner(base[P]), other(base[P], SIZE_MAX);
+    for (size_t r = 0; r < P; ++r)
+      for (size_t i = 0; i < all[r].size(); ++i) {
+        const size_t e = base[r] + i;
+        const Event& x = all[r][i];
+        owner[e] = r;
+        if (x.send) {
+          other[e] = id.at({static_cast<size_t>(x.peer), false, x.step, static_cast<int>(r)});
+        } else if (credits) {  // credit (j + 1) / Q - 1 goes back to the source's message M + j + 1 - Q
+          const size_t j = message_index(static_cast<int>(r), x.peer, x.step);
+          const auto& v = send_steps[r].at(x.peer);
+          if ((j + 1) % Q == 0 && Mz + j + 1 - Q < v.size())
+            other[e] = id.at({static_cast<size_t>(x.peer), true, v[Mz + j + 1 - Q], static_cast<int>(r)});
+        }
+      }
+    // Reaching event k of the source's program reaches all its later events, so
+    // `to` is reachable from `from` iff the earliest source event reachable is at
+    // or before it. The queries go by their `from` latest first: what an earlier
+    // event of the receiver reaches includes what its later ones do, so one walk
+    // grows the reached set for all of them (a walk per query, each over the whole
+    // collective, took 6 minutes for bidir-ring over v4-4x4x4's 128 replicas).
+    std::vector<char> seen(base[P]);
+    std::vector<size_t> stack;
+    std::vector<std::pair<size_t, size_t>> queries;  // (from, to)
+    for (size_t receiver = 0; receiver < P; ++receiver)
+      for (const auto& [src, v] : send_steps[receiver]) {
+        queries.clear();
+        for (size_t j = 0; j + Mz < v.size(); ++j)
+          queries.emplace_back(id.at({receiver, false, v[j], src}),
+                               id.at({static_cast<size_t>(src), true, v[j + Mz], static_cast<int>(receiver)}));
+        std::sort(queries.rbegin(), queries.rend());
+        std::fill(seen.begin(), seen.end(), 0);
+        size_t earliest = SIZE_MAX;  // of the source's events reached so far
+        for (const auto& [from, to] : queries) {
+          if (!seen[from]) {
+            seen[from] = 1;
+            stack.push_back(from);
+          }
+          while (!stack.empty()) {
+            const size_t e = stack.back();
+            stack.pop_back();
+            if (owner[e] == static_cast<size_t>(src)) earliest = std::min(earliest, e);
+            for (const size_t o : {e + 1 < base[owner[e] + 1] ? e + 1 : SIZE_MAX, other[e]})
+              if (o != SIZE_MAX && !seen[o]) {
+                seen[o] = 1;
+                stack.push_back(o);
+              }
+          }
+          if (earliest > to) return std::make_pair(static_cast<int>(receiver), src);
+        }
+      }
+    return std::make_pair(-1, -1);
+  };
   if (plans.empty()) {
     bool step_order = true;
     size_t total = 0;
@@ -1954,22 +1958,19 @@ void Emitter::lower_all_reduce(const Node& n) {
       // The dataflow order may let a source run further ahead of a receiver than its
       // flags allow (a 4x4 torus dimension in HBM mode); then every replica takes the
       // step order (all of a step's sends, then its combines), as before.
-      step_order = false;
-      for (size_t r = 0; r < P && !step_order; ++r) step_order = reuse_violation(plans, static_cast<int>(r), false) >= 0;
+      step_order = flag_reuse_violation(plans, false).first >= 0;
       if (step_order) plans = evs;
     }
-    // The step order too may let a source run too far ahead: then it takes credits.
-    if (step_order)
-      for (size_t r = 0; r < P && !credits; ++r) credits = reuse_violation(plans, static_cast<int>(r), false) >= 0;
+    // The step order too may let a source run too far ahead: then it takes
+    // credits, which make the flags hold by construction; the check confirms it.
+    credits = step_order && flag_reuse_violation(plans, false).first >= 0;
+    if (const auto [r, src] = credits ? flag_reuse_violation(plans, true) : std::make_pair(-1, -1); r >= 0)
+      fail(n, "internal lowering error: with credits, replica " + std::to_string(src) + " may still run more than " +
+                  std::to_string(M) + " messages ahead of replica " + std::to_string(r));
     std::lock_guard<std::mutex> lock(plan_mutex);
     plan_cache[plan_key] = Plan{plans, credits};
   }
   const std::vector<Event>& mine = plans[static_cast<size_t>(me)];
-  // Without credits every receiver was checked above; with them the flags hold by
-  // construction, and each replica's walk, with the credits as edges, confirms it.
-  if (const int src = credits ? reuse_violation(plans, me, true) : -1; src >= 0)
-    fail(n, "internal lowering error: with credits, replica " + std::to_string(src) + " may still run more than " +
-                std::to_string(M) + " messages ahead of replica " + std::to_string(me));
   if (credits && opt_.explain_collectives)
     op_note("landing flags reused after credits: a source runs at most " + std::to_string(M) +
             " messages ahead of a receiver, which returns a credit every " + std::to_string(Q) + " messages");
@@ -2057,21 +2058,27 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
   };
 
+  // writes[r]: (step, chunk) of every move into replica r, in step order (scanning
+  // the whole schedule per query cost a 256-replica ring ~10 s of its compile).
+  std::vector<std::vector<std::pair<size_t, const ici::Chunk*>>> writes(P);
+  for (size_t e = 0; e < sch.steps.size(); ++e)
+    for (const ici::Move& w : sch.steps[e])
+      writes[static_cast<size_t>(w.dst)].emplace_back(e, &sch.chunks[static_cast<size_t>(w.dst_chunk)]);
   auto written_before = [&](int r, size_t st, const ici::Chunk& c) {
-    for (size_t e = 0; e < st; ++e)
-      for (const ici::Move& w : sch.steps[e])
-        if (w.dst == r && overlaps(sch.chunks[static_cast<size_t>(w.dst_chunk)], c)) return true;
+    for (const auto& [e, x] : writes[static_cast<size_t>(r)]) {
+      if (e >= st) break;
+      if (overlaps(*x, c)) return true;
+    }
     return false;
   };
   // How much of c this replica's moves before step st (or all, st = SIZE_MAX) wrote:
   // 0 none, 1 part, 2 all of it.
   auto covered = [&](size_t st, const ici::Chunk& c) {
     std::vector<std::pair<int64_t, int64_t>> w;
-    for (size_t e = 0; e < std::min(st, sch.steps.size()); ++e)
-      for (const ici::Move& m : sch.steps[e]) {
-        const ici::Chunk& x = sch.chunks[static_cast<size_t>(m.dst_chunk)];
-        if (m.dst == me && overlaps(x, c)) w.emplace_back(x.offset, x.offset + x.elems);
-      }
+    for (const auto& [e, x] : writes[static_cast<size_t>(me)]) {
+      if (e >= st) break;
+      if (overlaps(*x, c)) w.emplace_back(x->offset, x->offset + x->elems);
+    }
     if (w.empty()) return 0;
     std::sort(w.begin(), w.end());
     int64_t reach = c.offset;
