@@ -1716,6 +1716,12 @@ void Emitter::lower_all_reduce(const Node& n) {
   // pair of `messages` messages takes.
   auto credit_for = [&](size_t k) { return k < Mz ? -1 : static_cast<int64_t>((k - Mz + 1 + Q - 1) / Q) - 1; };
   auto credits_of = [&](size_t messages) { return messages <= Mz ? size_t(0) : (messages - Mz + Q - 1) / Q; };
+  // The credit the receiver returns after its wait for message j of a pair of
+  // `messages` (-1: none): credit i after message (i + 1) Q - 1, if a message
+  // M + i Q follows to wait for it.
+  auto credit_after = [&](size_t j, size_t messages) {
+    return (j + 1) % Q == 0 && Mz + j + 1 - Q < messages ? static_cast<int64_t>((j + 1) / Q) - 1 : int64_t(-1);
+  };
   // The order in which a replica sends and combines (its program) is one static
   // sequence of waits, so it follows a dataflow estimate of the whole collective:
   // every replica's sends (step, destination) and combines (step, source) are list
@@ -1743,19 +1749,15 @@ void Emitter::lower_all_reduce(const Node& n) {
     std::vector<std::vector<Event>> events;
     bool credits = false;  // the step order with credits (above)
   };
-  static std::map<std::string, Plan> plan_cache;
+  static std::map<std::string, std::shared_ptr<const Plan>> plan_cache;
   std::string plan_key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(s.cores_per_chip) + "|" +
                          std::to_string(s.replicas) + "|" + std::to_string(static_cast<int>(s.board.kind()));
   for (int d : s.board.dims()) plan_key += "," + std::to_string(d);
-  std::vector<std::vector<Event>> plans;
-  bool credits = false;
+  std::shared_ptr<const Plan> plan;
   {
     std::lock_guard<std::mutex> lock(plan_mutex);
     auto hit = plan_cache.find(plan_key);
-    if (hit != plan_cache.end()) {
-      plans = hit->second.events;
-      credits = hit->second.credits;
-    }
+    if (hit != plan_cache.end()) plan = hit->second;
   }
   // chunks[r][i]: what event i of replica r reads (send) or writes (combine).
   std::vector<std::vector<Event>> evs(P);
@@ -1765,7 +1767,7 @@ void Emitter::lower_all_reduce(const Node& n) {
   // Only where the plan is made (the first replica's lowering), in one pass over
   // the schedule: a pass per replica each cost R x the schedule, 40 s of a
   // 256-replica ring's compile.
-  for (size_t st = 0; plans.empty() && st < sch.steps.size(); ++st) {
+  for (size_t st = 0; !plan && st < sch.steps.size(); ++st) {
     for (int pass = 0; pass < 2; ++pass) {
       const bool send = pass == 0;
       for (const ici::Move& m : sch.steps[st]) {
@@ -1809,11 +1811,10 @@ void Emitter::lower_all_reduce(const Node& n) {
         owner[e] = r;
         if (x.send) {
           other[e] = id.at({static_cast<size_t>(x.peer), false, x.step, static_cast<int>(r)});
-        } else if (credits) {  // credit (j + 1) / Q - 1 goes back to the source's message M + j + 1 - Q
-          const size_t j = message_index(static_cast<int>(r), x.peer, x.step);
+        } else if (credits) {  // credit i goes back to the source's message M + i Q
           const auto& v = send_steps[r].at(x.peer);
-          if ((j + 1) % Q == 0 && Mz + j + 1 - Q < v.size())
-            other[e] = id.at({static_cast<size_t>(x.peer), true, v[Mz + j + 1 - Q], static_cast<int>(r)});
+          if (const int64_t i = credit_after(message_index(static_cast<int>(r), x.peer, x.step), v.size()); i >= 0)
+            other[e] = id.at({static_cast<size_t>(x.peer), true, v[Mz + static_cast<size_t>(i) * Q], static_cast<int>(r)});
         }
       }
     // Reaching event k of the source's program reaches all its later events, so
@@ -1854,7 +1855,8 @@ void Emitter::lower_all_reduce(const Node& n) {
       }
     return std::make_pair(-1, -1);
   };
-  if (plans.empty()) {
+  if (!plan) {
+    std::vector<std::vector<Event>> plans;
     bool step_order = true;
     size_t total = 0;
     for (const auto& e : evs) total += e.size();
@@ -1984,14 +1986,16 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
     // The step order too may let a source run too far ahead: then it takes
     // credits, which make the flags hold by construction; the check confirms it.
-    credits = step_order && flag_reuse_violation(plans, false).first >= 0;
+    const bool credits = step_order && flag_reuse_violation(plans, false).first >= 0;
     if (const auto [r, src] = credits ? flag_reuse_violation(plans, true) : std::make_pair(-1, -1); r >= 0)
       fail(n, "internal lowering error: with credits, replica " + std::to_string(src) + " may still run more than " +
                   std::to_string(M) + " messages ahead of replica " + std::to_string(r));
+    plan = std::make_shared<const Plan>(Plan{std::move(plans), credits});
     std::lock_guard<std::mutex> lock(plan_mutex);
-    plan_cache[plan_key] = Plan{plans, credits};
+    plan_cache[plan_key] = plan;
   }
-  const std::vector<Event>& mine = plans[static_cast<size_t>(me)];
+  const std::vector<Event>& mine = plan->events[static_cast<size_t>(me)];
+  const bool credits = plan->credits;
   if (credits && opt_.explain_collectives)
     op_note("landing flags reused after credits: a source runs at most " + std::to_string(M) +
             " messages ahead of a receiver, which returns a credit every " + std::to_string(Q) + " messages");
@@ -2324,10 +2328,11 @@ void Emitter::lower_all_reduce(const Node& n) {
     const XSend xs = x_send(ev.peer, st, me);
     line("wait f" + std::to_string(f) + ", " +
          std::to_string(coll_landed_[f] += in_vmem && (!xs.direct || xs.one_dma) ? 1 : count));
-    if (const size_t j = message_index(me, ev.peer, st);
-        credits && (j + 1) % Q == 0 && Mz + j + 1 - Q < send_steps[static_cast<size_t>(me)].at(ev.peer).size()) {
-      const int64_t word = index_in(dests[static_cast<size_t>(ev.peer)], me, kReadyFlags) * static_cast<int64_t>(most_credits) +
-                           static_cast<int64_t>((j + 1) / Q - 1);
+    if (const int64_t i = credits ? credit_after(message_index(me, ev.peer, st),
+                                                 send_steps[static_cast<size_t>(me)].at(ev.peer).size())
+                                  : -1;
+        i >= 0) {
+      const int64_t word = index_in(dests[static_cast<size_t>(ev.peer)], me, kReadyFlags) * static_cast<int64_t>(most_credits) + i;
       line("dma " + endpoint("hbm", ev.peer) + ":" + at(there(ev.peer, credit_words + 4 * word)) + ", " + hbm(zero) +
            ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(ready_flag(ev.peer, me)));
       ++sent;
