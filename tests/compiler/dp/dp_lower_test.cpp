@@ -400,6 +400,13 @@ void for_each_stream_line(const std::string& assembly,
   }
 }
 
+// A `wait fF, N` line's flag and count, or (-1, 0).
+std::pair<int, int> wait_of(const std::string& line) {
+  if (line.rfind("  wait f", 0) != 0) return {-1, 0};
+  const size_t comma = line.find(", ", 8);
+  return {std::stoi(line.substr(8)), comma == std::string::npos ? 0 : std::stoi(line.substr(comma + 2))};
+}
+
 // Calls f(core, line, at) for every DMA of op 1 (the all_reduce) to another core:
 // at is where "@chip" starts in the line (its destination's chip and core).
 void for_each_remote_dma(const std::string& assembly,
@@ -921,7 +928,8 @@ TEST(DpLower, StepOrderedRingBeyond33ReplicasReturnsCredits) {
       // Each replica waits for its one destination's token and then for each credit.
       std::map<std::string, size_t> waits;
       for_each_stream_line(g_last_assembly, [&](const std::string& core, int, const std::string& line) {
-        if (!core.empty()) waits[core] += line.rfind("  wait f5", 0) == 0 && line[9] >= '2' && line[9] <= '7' && line[10] == ',';
+        const int f = wait_of(line).first;
+        if (!core.empty()) waits[core] += f >= 52 && f <= 57;
       });
       ASSERT_EQ(waits.size(), static_cast<size_t>(R));
       for (const auto& [core, count] : waits) EXPECT_EQ(count, 1 + credits) << core << ", " << R << " replicas";
@@ -940,7 +948,7 @@ TEST(DpLower, StepOrderedRingBeyond33ReplicasReturnsCredits) {
   expect_replicated_bit_exact(ir.str(), PrecisionPolicy::kDefault, k16x16, 34, "ring");
   std::map<std::string, std::vector<int>> counts;  // each core's waits on its entry-token flag
   for_each_stream_line(g_last_assembly, [&](const std::string& core, int, const std::string& line) {
-    if (!core.empty() && line.rfind("  wait f52, ", 0) == 0) counts[core].push_back(std::stoi(line.substr(12)));
+    if (const auto [f, count] = wait_of(line); !core.empty() && f == 52) counts[core].push_back(count);
   });
   ASSERT_EQ(counts.size(), 34u);
   for (const auto& [core, c] : counts) EXPECT_EQ(c, std::vector<int>({1, 2, 3, 4, 5, 6, 7, 8})) << core;
@@ -961,10 +969,7 @@ TEST(DpLower, BidirRingOver128ReplicasTakesTheDataflowOrder) {
     const size_t rf = line.find("rflag=f");
     if (line.rfind("  dma vmem@chip", 0) == 0 && rf != std::string::npos && std::stoi(line.substr(rf + 7)) < 52)
       pattern[core] += 'S';
-    if (line.rfind("  wait f", 0) == 0) {
-      const int f = std::stoi(line.substr(8));
-      if (f >= 20 && f < 52) pattern[core] += 'W';
-    }
+    if (const int f = wait_of(line).first; f >= 20 && f < 52) pattern[core] += 'W';
   });
   ASSERT_EQ(pattern.size(), 128u);
   size_t step_ordered = 0;
