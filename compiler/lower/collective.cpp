@@ -864,14 +864,15 @@ void Emitter::lower_all_reduce(const Node& n) {
   const Placed Y = t_.at(n.output);
   const int64_t E = num_elements(n.type.shape);
   const bool f32 = n.type.dtype == DType::kF32;
-  ici::Schedule sch;
+  std::shared_ptr<const ici::Schedule> kept;  // the same for every replica's lowering
   std::vector<int64_t> blocks;
   try {
-    sch = all_reduce_schedule(s, E);
+    kept = shared_all_reduce_schedule(s, E);
     blocks = all_reduce_blocks(s, E);
   } catch (const CompileError& e) {
     fail(n, e.what());  // too many blocks for the buffer: name the node
   }
+  const ici::Schedule& sch = *kept;
   // A note (LowerResult::notes) about this all_reduce, named as the user wrote it.
   auto op_note = [&](const std::string& what) {
     note_once("all_reduce %" + n.output + " (op " + std::to_string(n.id) + "): " + what);
@@ -1633,41 +1634,101 @@ void Emitter::lower_all_reduce(const Node& n) {
   if (opt_.explain_collectives)
     op_note(sch.name + "; step-ordered, each step's chunks sent whole, then combined");
 
-  // Receive slots: per step, the moves into a replica grouped by source (then in
-  // schedule order), each at the running offset of that replica's earlier incoming
-  // chunks of the step; a step takes the largest such total over the replicas.
-  // Whole tiles, so a tile load never reads into a neighbouring slot that may be
-  // landing; grouped, so one source's chunks of a step are one contiguous run that
-  // VMEM mode sends as a single DMA (on a size-2 torus dimension both directions'
-  // groups go to the same neighbour).
-  std::vector<std::vector<int64_t>> slot(sch.steps.size());
-  int64_t slots_bytes = 0;
-  for (size_t st = 0; st < sch.steps.size(); ++st) {
-    const auto& moves = sch.steps[st];
-    std::vector<size_t> by_src(moves.size());
-    for (size_t k = 0; k < moves.size(); ++k) by_src[k] = k;
-    std::stable_sort(by_src.begin(), by_src.end(), [&](size_t a, size_t b) { return moves[a].src < moves[b].src; });
-    std::vector<int64_t> used(static_cast<size_t>(sch.chips), 0);
-    slot[st].assign(moves.size(), 0);
-    for (size_t k : by_src) {
-      const ici::Move& m = moves[k];
-      slot[st][k] = slots_bytes + used[static_cast<size_t>(m.dst)];
-      used[static_cast<size_t>(m.dst)] += align_up(sch.chunks[static_cast<size_t>(m.dst_chunk)].elems * 4, tile_bytes);
-    }
-    slots_bytes += *std::max_element(used.begin(), used.end());
+  const size_t P = static_cast<size_t>(sch.chips);
+  // Every replica's lowering plans the whole collective the same way, so what
+  // follows from the schedule alone (the receive slots, each replica's sources and
+  // destinations, the steps of each pair's messages, the largest staged run, each
+  // replica's writes) and the plan below are made once per schedule and kept
+  // (worked out again in each replica's lowering, they were most of a
+  // 512-replica ring's compile).
+  std::string plan_key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(s.cores_per_chip) + "|" +
+                         std::to_string(s.replicas) + "|" + std::to_string(static_cast<int>(s.board.kind()));
+  for (int d : s.board.dims()) plan_key += "," + std::to_string(d);
+  struct Shape {
+    std::vector<std::vector<int64_t>> slot;  // [step][move]: its receive slot's offset
+    int64_t slots_bytes = 0;
+    std::vector<std::vector<int>> sources, dests;
+    std::vector<std::map<int, std::vector<size_t>>> send_steps;
+    int64_t largest = 0;
+    std::vector<std::vector<std::pair<size_t, int>>> writes;
+  };
+  static std::mutex shape_mutex;
+  static std::map<std::string, std::shared_ptr<const Shape>> shape_cache;
+  std::shared_ptr<const Shape> shape;
+  {
+    std::lock_guard<std::mutex> lock(shape_mutex);
+    auto hit = shape_cache.find(plan_key);
+    if (hit != shape_cache.end()) shape = hit->second;
   }
-  // One landing flag per source replica of the receiver (the schedule's order of
-  // first appearance), so a count waited on implies that source's DMAs of this step:
-  // a shared flag could count a fast neighbour's next step for a slow one's. The
-  // entry tokens of VMEM mode likewise, one flag per destination.
-  std::vector<std::vector<int>> sources(static_cast<size_t>(sch.chips)), dests(static_cast<size_t>(sch.chips));
-  for (const auto& step : sch.steps)
-    for (const ici::Move& m : step) {
-      auto& v = sources[static_cast<size_t>(m.dst)];
-      if (std::find(v.begin(), v.end(), m.src) == v.end()) v.push_back(m.src);
-      auto& d = dests[static_cast<size_t>(m.src)];
-      if (std::find(d.begin(), d.end(), m.dst) == d.end()) d.push_back(m.dst);
+  if (!shape) {
+    auto made = std::make_shared<Shape>();
+    Shape& sh = *made;
+    // Receive slots: per step, the moves into a replica grouped by source (then in
+    // schedule order), each at the running offset of that replica's earlier incoming
+    // chunks of the step; a step takes the largest such total over the replicas.
+    // Whole tiles, so a tile load never reads into a neighbouring slot that may be
+    // landing; grouped, so one source's chunks of a step are one contiguous run that
+    // VMEM mode sends as a single DMA (on a size-2 torus dimension both directions'
+    // groups go to the same neighbour).
+    sh.slot.resize(sch.steps.size());
+    for (size_t st = 0; st < sch.steps.size(); ++st) {
+      const auto& moves = sch.steps[st];
+      std::vector<size_t> by_src(moves.size());
+      for (size_t k = 0; k < moves.size(); ++k) by_src[k] = k;
+      std::stable_sort(by_src.begin(), by_src.end(), [&](size_t a, size_t b) { return moves[a].src < moves[b].src; });
+      std::vector<int64_t> used(static_cast<size_t>(sch.chips), 0);
+      sh.slot[st].assign(moves.size(), 0);
+      for (size_t k : by_src) {
+        const ici::Move& m = moves[k];
+        sh.slot[st][k] = sh.slots_bytes + used[static_cast<size_t>(m.dst)];
+        used[static_cast<size_t>(m.dst)] += align_up(sch.chunks[static_cast<size_t>(m.dst_chunk)].elems * 4, tile_bytes);
+      }
+      sh.slots_bytes += *std::max_element(used.begin(), used.end());
     }
+    // One landing flag per source replica of the receiver (the schedule's order of
+    // first appearance), so a count waited on implies that source's DMAs of this step:
+    // a shared flag could count a fast neighbour's next step for a slow one's. The
+    // entry tokens of VMEM mode likewise, one flag per destination.
+    sh.sources.resize(static_cast<size_t>(sch.chips));
+    sh.dests.resize(static_cast<size_t>(sch.chips));
+    for (const auto& step : sch.steps)
+      for (const ici::Move& m : step) {
+        auto& v = sh.sources[static_cast<size_t>(m.dst)];
+        if (std::find(v.begin(), v.end(), m.src) == v.end()) v.push_back(m.src);
+        auto& d = sh.dests[static_cast<size_t>(m.src)];
+        if (std::find(d.begin(), d.end(), m.dst) == d.end()) d.push_back(m.dst);
+      }
+    // send_steps[dst][src]: the steps in which src sends to dst, in order.
+    sh.send_steps.resize(static_cast<size_t>(sch.chips));
+    for (size_t st = 0; st < sch.steps.size(); ++st)
+      for (const ici::Move& m : sch.steps[st]) {
+        auto& v = sh.send_steps[static_cast<size_t>(m.dst)][m.src];
+        if (v.empty() || v.back() != st) v.push_back(st);
+      }
+    // The largest (step, source, destination) run of staged chunks (VMEM mode).
+    for (const auto& step : sch.steps) {
+      std::map<std::pair<int, int>, int64_t> run;
+      for (const ici::Move& m : step)
+        sh.largest = std::max(
+            sh.largest, run[{m.src, m.dst}] += align_up(sch.chunks[static_cast<size_t>(m.src_chunk)].elems * 4, tile_bytes));
+    }
+    // writes[r]: (step, chunk index) of every move into replica r, in step order
+    // (scanning the whole schedule per query cost a 256-replica ring ~10 s of its
+    // compile).
+    sh.writes.resize(P);
+    for (size_t e = 0; e < sch.steps.size(); ++e)
+      for (const ici::Move& w : sch.steps[e])
+        sh.writes[static_cast<size_t>(w.dst)].emplace_back(e, w.dst_chunk);
+    shape = made;
+    std::lock_guard<std::mutex> lock(shape_mutex);
+    shape_cache[plan_key] = shape;
+  }
+  const auto& slot = shape->slot;
+  const int64_t slots_bytes = shape->slots_bytes;
+  const auto& sources = shape->sources;
+  const auto& dests = shape->dests;
+  const auto& send_steps = shape->send_steps;
+  const auto& writes = shape->writes;  // (step, chunk index) of every move into replica r
   auto index_in = [&](const std::vector<int>& v, int x, int limit) {
     const int k = static_cast<int>(std::find(v.begin(), v.end(), x) - v.begin());
     if (k >= limit)
@@ -1687,13 +1748,6 @@ void Emitter::lower_all_reduce(const Node& n) {
   const int M = kLandFlags / static_cast<int>(most_sources);
   if (M < 1) fail(n, "a replica receives from " + std::to_string(most_sources) + " others; the lowering has " +
                          std::to_string(kLandFlags) + " landing flags");
-  // send_steps[dst][src]: the steps in which src sends to dst, in order.
-  std::vector<std::map<int, std::vector<size_t>>> send_steps(static_cast<size_t>(sch.chips));
-  for (size_t st = 0; st < sch.steps.size(); ++st)
-    for (const ici::Move& m : sch.steps[st]) {
-      auto& v = send_steps[static_cast<size_t>(m.dst)][m.src];
-      if (v.empty() || v.back() != st) v.push_back(st);
-    }
   // message_index(dst, src, st): which of src's messages to dst the one of step st is.
   auto message_index = [&](int dst, int src, size_t st) {
     const auto& v = send_steps[static_cast<size_t>(dst)].at(src);
@@ -1738,21 +1792,16 @@ void Emitter::lower_all_reduce(const Node& n) {
   // messages queued on it; the same chip: 414 + 2 cycles/KiB), a staged send 2
   // cycles per tile, a combine 4 (reduce) or 2 (copy). Only the order depends on it.
   using Event = PlanEvent;
-  const size_t P = static_cast<size_t>(sch.chips);
   auto overlaps = [](const ici::Chunk& a, const ici::Chunk& b) {
     return a.offset < b.offset + b.elems && b.offset < a.offset + a.elems;
   };
-  // Every replica's lowering plans the whole collective the same way, so the plan
-  // is made once per schedule and kept.
+  // The plan, kept likewise (the shape above says why).
   static std::mutex plan_mutex;
   struct Plan {
     std::vector<std::vector<Event>> events;
     bool credits = false;  // the step order with credits (above)
   };
   static std::map<std::string, std::shared_ptr<const Plan>> plan_cache;
-  std::string plan_key = sch.name + "|" + std::to_string(E) + "|" + std::to_string(s.cores_per_chip) + "|" +
-                         std::to_string(s.replicas) + "|" + std::to_string(static_cast<int>(s.board.kind()));
-  for (int d : s.board.dims()) plan_key += "," + std::to_string(d);
   std::shared_ptr<const Plan> plan;
   {
     std::lock_guard<std::mutex> lock(plan_mutex);
@@ -2011,14 +2060,8 @@ void Emitter::lower_all_reduce(const Node& n) {
   // overwrites W; only when the ring wraps does the replica wait for its sends.
   // The mode must be the same on every replica (senders address the receiver's
   // space), so it is decided from the schedule, not from this replica's moves.
-  int64_t largest = 0;  // the largest (step, source, destination) run of staged chunks
-  for (const auto& step : sch.steps) {
-    std::map<std::pair<int, int>, int64_t> run;
-    for (const ici::Move& m : step)
-      largest = std::max(largest, run[{m.src, m.dst}] += align_up(sch.chunks[static_cast<size_t>(m.src_chunk)].elems * 4, tile_bytes));
-  }
   const int64_t vmem_top = static_cast<int64_t>(opt_.target.vmem_bytes) / tile_bytes * tile_bytes;
-  const bool in_vmem = w_bytes + slots_bytes + conv_bytes + largest <= vmem_top;
+  const bool in_vmem = w_bytes + slots_bytes + conv_bytes + shape->largest <= vmem_top;
   // The same HBM tensor in another replica's region (same layout, its core's base).
   auto there = [&](int r, int64_t addr) {
     return addr - opt_.hbm_base + static_cast<int64_t>(replica_core(s, r)) * opt_.replica_region;
@@ -2083,16 +2126,10 @@ void Emitter::lower_all_reduce(const Node& n) {
     }
   };
 
-  // writes[r]: (step, chunk) of every move into replica r, in step order (scanning
-  // the whole schedule per query cost a 256-replica ring ~10 s of its compile).
-  std::vector<std::vector<std::pair<size_t, const ici::Chunk*>>> writes(P);
-  for (size_t e = 0; e < sch.steps.size(); ++e)
-    for (const ici::Move& w : sch.steps[e])
-      writes[static_cast<size_t>(w.dst)].emplace_back(e, &sch.chunks[static_cast<size_t>(w.dst_chunk)]);
   auto written_before = [&](int r, size_t st, const ici::Chunk& c) {
     for (const auto& [e, x] : writes[static_cast<size_t>(r)]) {
       if (e >= st) break;
-      if (overlaps(*x, c)) return true;
+      if (overlaps(sch.chunks[static_cast<size_t>(x)], c)) return true;
     }
     return false;
   };
@@ -2102,7 +2139,8 @@ void Emitter::lower_all_reduce(const Node& n) {
     std::vector<std::pair<int64_t, int64_t>> w;
     for (const auto& [e, x] : writes[static_cast<size_t>(me)]) {
       if (e >= st) break;
-      if (overlaps(*x, c)) w.emplace_back(x->offset, x->offset + x->elems);
+      const ici::Chunk& wc = sch.chunks[static_cast<size_t>(x)];
+      if (overlaps(wc, c)) w.emplace_back(wc.offset, wc.offset + wc.elems);
     }
     if (w.empty()) return 0;
     std::sort(w.begin(), w.end());

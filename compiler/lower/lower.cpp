@@ -221,14 +221,19 @@ LowerResult Emitter::run() {
   r.hbm_end = hbm_top_;
   r.notes = notes_;
   r.hbm_unplanned = opt_.hbm_base + hbm_sum_;
-  try {
-    r.bundle = isa::assemble(r.assembly, g_.name + ".s");
-  } catch (const isa::AsmError& e) {
-    throw CompileError(std::string("internal lowering error: ") + e.what());
+  // A replica's program is assembled and checked once, with every other replica's,
+  // by lower_replicated, which takes only its text and I/O entries from here.
+  if (opt_.replicas.replicas <= 1) {
+    try {
+      r.bundle = isa::assemble(r.assembly, g_.name + ".s");
+    } catch (const isa::AsmError& e) {
+      throw CompileError(std::string("internal lowering error: ") + e.what());
+    }
   }
   r.bundle.io = std::move(io);
-  const std::string err = isa::check_bundle(r.bundle);
-  if (!err.empty()) throw CompileError(g_.name + ": internal lowering error: " + err);
+  if (opt_.replicas.replicas <= 1)
+    if (const std::string err = isa::check_bundle(r.bundle); !err.empty())
+      throw CompileError(g_.name + ": internal lowering error: " + err);
   return r;
 }
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
 
 #include "isa/numerics/fp32.h"
 
@@ -193,6 +195,25 @@ ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements) {
       }
   }
   return out;
+}
+
+std::shared_ptr<const ici::Schedule> shared_all_reduce_schedule(const ReplicaSpec& s, int64_t elements) {
+  // Every field of the spec the schedule depends on (not `batched`).
+  std::string key = std::to_string(s.replicas) + "|" + std::to_string(s.cores_per_chip) + "|" +
+                    std::to_string(static_cast<int>(s.board.kind())) + "|" + s.algorithm + "|" +
+                    std::to_string(s.block_elems) + "|" + std::to_string(s.torus_block_elems) + "|" +
+                    std::to_string(s.block_lag) + "|" + std::to_string(elements);
+  for (int d : s.board.dims()) key += "," + std::to_string(d);
+  static std::mutex mutex;
+  static std::pair<std::string, std::shared_ptr<const ici::Schedule>> last;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (last.second && last.first == key) return last.second;
+  }
+  auto made = std::make_shared<const ici::Schedule>(all_reduce_schedule(s, elements));
+  std::lock_guard<std::mutex> lock(mutex);
+  last = {key, made};
+  return made;
 }
 
 std::vector<std::vector<float>> all_reduce_values(const ReplicaSpec& s, const std::vector<std::vector<float>>& x) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -60,6 +61,10 @@ ici::Topology chip_topology(const ReplicaSpec& s);
 // The algorithm an all_reduce of `elements` uses (docs/codegen.md "Collectives").
 ici::Algorithm choose_algorithm(const ReplicaSpec& s, int64_t elements);
 ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements);
+// The same, kept for the next call with the same spec and size: each replica's
+// lowering asks for the schedule its plan was made on (make_schedule per replica
+// was an eighth of a 512-replica compile).
+std::shared_ptr<const ici::Schedule> shared_all_reduce_schedule(const ReplicaSpec& s, int64_t elements);
 // Where the contiguous blocks of an all-reduce of `elements` per replica start
 // (docs/codegen.md "Blocks"): ceil(elements / block_elems) blocks, cut on whole
 // tiles, for the hierarchical algorithm on a chip topology of 16 chips or more;
