@@ -118,6 +118,19 @@ int64_t most_peers(const ici::Schedule& sch) {
   for (const auto& [r, v] : from) most = std::max(most, v.size());
   return static_cast<int64_t>(most);
 }
+// Each replica's sources and destinations in the schedule, in order of first
+// appearance (the order their flags are handed out in).
+void peers_of(const ici::Schedule& sch, std::vector<std::vector<int>>& sources, std::vector<std::vector<int>>& dests) {
+  sources.assign(static_cast<size_t>(sch.chips), {});
+  dests.assign(static_cast<size_t>(sch.chips), {});
+  for (const auto& step : sch.steps)
+    for (const ici::Move& m : step) {
+      auto& v = sources[static_cast<size_t>(m.dst)];
+      if (std::find(v.begin(), v.end(), m.src) == v.end()) v.push_back(m.src);
+      auto& d = dests[static_cast<size_t>(m.src)];
+      if (std::find(d.begin(), d.end(), m.dst) == d.end()) d.push_back(m.dst);
+    }
+}
 constexpr int kStreamLoads = 4;    // local operands fetched ahead, on flags kLoadFlag..+3 (f2..f5)
 constexpr int kStreamScratch = 4;  // sums only stored, on flags kStoreFlag..+3 (f6..f9)
 // With two streams (docs/codegen.md "Two streams") each stream has 3 + 1 of those
@@ -340,15 +353,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
       for (const auto& [a0, a1] : pieces)
         sp.max_piece = std::max(sp.max_piece, sp.atoms[static_cast<size_t>(a1 - 1)].second - sp.atoms[static_cast<size_t>(a0)].first);
   sp.max_piece = (sp.max_piece + kTileElems - 1) / kTileElems * kTileElems;
-  sp.sources.assign(P, {});
-  sp.dests.assign(P, {});
-  for (const auto& step : sch.steps)
-    for (const ici::Move& m : step) {
-      auto& v = sp.sources[static_cast<size_t>(m.dst)];
-      if (std::find(v.begin(), v.end(), m.src) == v.end()) v.push_back(m.src);
-      auto& d = sp.dests[static_cast<size_t>(m.src)];
-      if (std::find(d.begin(), d.end(), m.dst) == d.end()) d.push_back(m.dst);
-    }
+  peers_of(sch, sp.sources, sp.dests);
   const int64_t most = most_peers(sch);
   if (most > 6) return "a replica exchanges with more than 6 others";
   // One pool: 6 slots a stream, 4 with 4 peers (38 flags' worth, the budget these
@@ -1689,15 +1694,7 @@ void Emitter::lower_all_reduce(const Node& n) {
     // first appearance), so a count waited on implies that source's DMAs of this step:
     // a shared flag could count a fast neighbour's next step for a slow one's. The
     // entry tokens of VMEM mode likewise, one flag per destination.
-    sh.sources.resize(static_cast<size_t>(sch.chips));
-    sh.dests.resize(static_cast<size_t>(sch.chips));
-    for (const auto& step : sch.steps)
-      for (const ici::Move& m : step) {
-        auto& v = sh.sources[static_cast<size_t>(m.dst)];
-        if (std::find(v.begin(), v.end(), m.src) == v.end()) v.push_back(m.src);
-        auto& d = sh.dests[static_cast<size_t>(m.src)];
-        if (std::find(d.begin(), d.end(), m.dst) == d.end()) d.push_back(m.dst);
-      }
+    peers_of(sch, sh.sources, sh.dests);
     // send_steps[dst][src]: the steps in which src sends to dst, in order.
     sh.send_steps.resize(static_cast<size_t>(sch.chips));
     for (size_t st = 0; st < sch.steps.size(); ++st)
