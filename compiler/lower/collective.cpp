@@ -377,6 +377,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     // Per atom of the piece: this replica's consumes of it before the event's step,
     // and (a consume) its sends of it up to the step.
     std::vector<int> need_writes, need_sends;
+    size_t piece_id = 0;  // piece_of(step, move, atom): a consume's landing
   };
   std::vector<std::vector<Cand>> cands(P);
   for (size_t r = 0; r < P; ++r) {
@@ -534,7 +535,16 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   // end of every replica's list) until the torus all-gather was over, a tail bound
   // by HBM (v2-4x4 16 MiB: 180,898 cycles; 171,031 with 256).
   constexpr size_t kWindow = 256;
-  std::map<std::pair<int, int>, int64_t> sent;
+  // The run's bookkeeping is indexed densely (a map lookup per check was most of a
+  // v4-4x4x4 compile): each stream (ordered pair that exchanges pieces) has an id,
+  // and each piece of the schedule (a move's piece, by its first atom) one.
+  std::vector<int> stream_of(P * P, -1);
+  int streams = 0;
+  for (const auto& step : sch.steps)
+    for (const ici::Move& m : step)
+      if (int& id = stream_of[static_cast<size_t>(m.src) * P + static_cast<size_t>(m.dst)]; id < 0) id = streams++;
+  auto sid = [&](int src, int dst) { return static_cast<size_t>(stream_of[static_cast<size_t>(src) * P + static_cast<size_t>(dst)]); };
+  std::vector<int64_t> sent(static_cast<size_t>(streams), 0);
   std::vector<std::vector<int>> writes_done(P, std::vector<int>(A, 0)), sends_done(P, std::vector<int>(A, 0));
   std::vector<size_t> first(P, 0);
   std::vector<std::vector<char>> done(P);
@@ -547,38 +557,54 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   // pool * Kp + c % Kp, which is free once the receiver used the slot's previous
   // piece (the uses of a slot are sequential; the receiver may use different
   // slots' pieces in any order).
-  std::map<std::tuple<int, int, int>, int64_t> pool_sent;      // (src, dst, pool) -> pieces sent
-  std::map<std::tuple<int, int, int>, int64_t> last_in_slot;   // (src, dst, slot) -> its latest piece m
-  std::map<std::pair<int, int>, std::vector<char>> used;       // per stream and piece m: the receiver used it
+  const size_t Pl = static_cast<size_t>(pools), Ks = static_cast<size_t>(sp.K);
+  std::vector<int64_t> pool_sent(static_cast<size_t>(streams) * Pl, 0);     // [stream][pool]: pieces sent
+  std::vector<int64_t> last_in_slot(static_cast<size_t>(streams) * Ks, -1);  // [stream][slot]: its latest piece m
+  std::vector<std::vector<char>> used(static_cast<size_t>(streams));        // per stream and piece m: the receiver used it
   auto next_slot = [&](int src, int dst, int pool) {
-    const int64_t c = pool_sent[{src, dst, pool}];
+    const int64_t c = pool_sent[sid(src, dst) * Pl + static_cast<size_t>(pool)];
     return std::make_pair(pool * Kp + static_cast<int>(c % Kp), c / Kp);
   };
   auto slot_prev = [&](int src, int dst, int pool) -> int64_t {
-    auto it = last_in_slot.find({src, dst, next_slot(src, dst, pool).first});
-    return it == last_in_slot.end() ? -1 : it->second;
+    return last_in_slot[sid(src, dst) * Ks + static_cast<size_t>(next_slot(src, dst, pool).first)];
   };
   // Pieces still to send per stream, pool and step: a stream sends a pool's steps in
   // order, so a later step's pieces never fill the slots an earlier step's piece needs.
-  std::map<std::tuple<int, int, int>, std::map<size_t, int64_t>> to_send;
+  std::vector<std::map<size_t, int64_t>> to_send(static_cast<size_t>(streams) * Pl);  // [stream][pool]
+  // piece_of(t, k, a): the id of move k of step t's piece that starts at atom a.
+  std::vector<std::vector<size_t>> piece_base(T);
+  size_t pieces = 0;
   for (size_t t = 0; t < T; ++t)
-    for (size_t k = 0; k < sch.steps[t].size(); ++k)
+    for (size_t k = 0; k < sch.steps[t].size(); ++k) {
+      piece_base[t].push_back(pieces);
+      pieces += sp.move_pieces[t][k].size();
       for (const auto& pc : sp.move_pieces[t][k])
-        if (!sp.is_outside(t, k, pc.first)) ++to_send[{sch.steps[t][k].src, sch.steps[t][k].dst, pool_of(t, k)}][t];
+        if (!sp.is_outside(t, k, pc.first))
+          ++to_send[sid(sch.steps[t][k].src, sch.steps[t][k].dst) * Pl + static_cast<size_t>(pool_of(t, k))][t];
+    }
+  auto piece_of = [&](size_t t, size_t k, int a) {
+    const auto& v = sp.move_pieces[t][k];
+    size_t i = 0;
+    while (v[i].first != a) ++i;
+    return piece_base[t][k] + i;
+  };
+  for (size_t r = 0; r < P; ++r)
+    for (Cand& c : cands[r])
+      if (!c.e.send) c.piece_id = piece_of(c.e.step, c.e.move, c.e.atom);
   auto slot_free = [&](int src, int dst, size_t t, int pool) {
-    const auto& pend = to_send[{src, dst, pool}];
+    const auto& pend = to_send[sid(src, dst) * Pl + static_cast<size_t>(pool)];
     if (!pend.empty() && pend.begin()->first < t) return false;
     const int64_t prev = slot_prev(src, dst, pool);
-    return prev < 0 || used[{src, dst}][static_cast<size_t>(prev)];
+    return prev < 0 || used[sid(src, dst)][static_cast<size_t>(prev)];
   };
   // The run is timed with a rough cost model (the preset-independent v4 fit of a
   // neighbour message, 64 B/cycle on a link, 512 on chip, an add 4 cycles per tile)
   // so the order it leaves is the order the landings are expected in; the replica
   // and event that can start first go next. Only the order depends on the model.
   std::vector<int64_t> clock(P, 0);
-  std::map<std::tuple<int, size_t, size_t, int>, int64_t> land_at;
-  std::map<std::pair<int, int>, std::vector<int64_t>> credit_at;  // per stream: when atom m's slot is free again
-  std::map<std::pair<int, int>, int64_t> link_free;
+  std::vector<int64_t> land_at(pieces, -1);  // per piece, when it lands (-1: not sent yet)
+  std::vector<std::vector<int64_t>> credit_at(static_cast<size_t>(streams));  // per stream: when piece m's slot is free again
+  std::vector<int64_t> link_free(static_cast<size_t>(streams), 0);
   std::vector<std::vector<int64_t>> write_at(P, std::vector<int64_t>(A, 0)), stored_at(P, std::vector<int64_t>(A, 0));
   auto bytes_of = [&](int a0, int a1) {
     return (sp.atoms[static_cast<size_t>(a1 - 1)].second - sp.atoms[static_cast<size_t>(a0)].first) * 4;
@@ -586,14 +612,14 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   auto slot_time = [&](int src, int dst, int pool) -> int64_t {
     const int64_t prev = slot_prev(src, dst, pool);
     if (prev < 0) return 0;
-    const auto& c = credit_at[{src, dst}];
+    const auto& c = credit_at[sid(src, dst)];
     return static_cast<size_t>(prev) < c.size() ? c[static_cast<size_t>(prev)] : 0;
   };
   auto do_send = [&](int src, size_t t, size_t k, int a, int a_end, int64_t at) {
     const int dst = sch.steps[t][k].dst, pool = pool_of(t, k);
     if (sp.is_outside(t, k, a)) {  // outside the streams: only the link's time
       for (int b = a; b < a_end; ++b) ++sends_done[static_cast<size_t>(src)][static_cast<size_t>(b)];
-      int64_t& lf = link_free[{src, dst}];
+      int64_t& lf = link_free[sid(src, dst)];
       lf = std::max(lf, at + 414) + bytes_of(a, a_end) / 512;
       return;
     }
@@ -603,17 +629,18 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     v.emplace_back(t, k, a);
     const auto slot = next_slot(src, dst, pool);
     sp.slot_use[{src, dst}].push_back(slot);
-    last_in_slot[{src, dst, slot.first}] = m;
-    ++pool_sent[{src, dst, pool}];
-    used[{src, dst}].push_back(0);
-    ++sent[{src, dst}];
-    auto& pend = to_send[{src, dst, pool}];
+    const size_t st = sid(src, dst);
+    last_in_slot[st * Ks + static_cast<size_t>(slot.first)] = m;
+    ++pool_sent[st * Pl + static_cast<size_t>(pool)];
+    used[st].push_back(0);
+    ++sent[st];
+    auto& pend = to_send[st * Pl + static_cast<size_t>(pool)];
     if (--pend[t] == 0) pend.erase(t);
     for (int b = a; b < a_end; ++b) ++sends_done[static_cast<size_t>(src)][static_cast<size_t>(b)];
     const bool oc = on_chip(src, dst);
-    int64_t& lf = link_free[{src, dst}];
+    int64_t& lf = link_free[st];
     lf = std::max(lf, at + (oc ? 414 : 1243)) + bytes_of(a, a_end) / (oc ? 512 : 64);
-    land_at[{src, t, k, a}] = lf + (oc ? 0 : 698);
+    land_at[piece_of(t, k, a)] = lf + (oc ? 0 : 698);
   };
   // move_gate[t][k] >= 0: the move's events wait until the replica has done all its
   // events of steps up to that one (lowest[r]: its first step with events left).
@@ -642,9 +669,9 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
       if (!slot_free(static_cast<int>(r), mv.dst, e.step, pool)) return -1;
       return std::max({t, e.from_x ? int64_t(0) : stored, slot_time(static_cast<int>(r), mv.dst, pool)});
     }
-    auto it = land_at.find({mv.src, e.step, e.move, e.atom});
-    if (it == land_at.end()) return -1;
-    t = std::max(t, it->second);
+    const int64_t landed = land_at[c.piece_id];
+    if (landed < 0) return -1;
+    t = std::max(t, landed);
     for (const auto& [t2, k2] : e.fused) {
       if (sp.is_outside(t2, k2, e.atom)) continue;
       const int d = sch.steps[t2][k2].dst, pool = pool_of(t2, k2);
@@ -661,9 +688,9 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
       clock[r] = at + 8;
     } else {
       const int64_t m = sp.index.at({mv.src, e.step, e.move, e.atom});
-      used[{mv.src, static_cast<int>(r)}][static_cast<size_t>(m)] = 1;
+      used[sid(mv.src, static_cast<int>(r))][static_cast<size_t>(m)] = 1;
       const int64_t end = at + 16 + (mv.reduce ? 4 : 0) * ((bytes_of(e.atom, e.atom_end) / 4 + kTileElems - 1) / kTileElems);
-      auto& cr = credit_at[{mv.src, static_cast<int>(r)}];
+      auto& cr = credit_at[sid(mv.src, static_cast<int>(r))];
       if (cr.size() <= static_cast<size_t>(m)) cr.resize(static_cast<size_t>(m) + 1, 0);
       cr[static_cast<size_t>(m)] = end + (on_chip(mv.src, static_cast<int>(r)) ? 414 : 1941);
       for (int b = e.atom; b < e.atom_end; ++b) {
@@ -718,7 +745,8 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   }
   sp.makespan = *std::max_element(clock.begin(), clock.end());
   for (const auto& [key, n] : len)
-    if (sent[key] != n) return "internal: a stream sent " + std::to_string(sent[key]) + " of " + std::to_string(n) + " atoms";
+    if (const int64_t got = sent[sid(key.first, key.second)]; got != n)
+      return "internal: a stream sent " + std::to_string(got) + " of " + std::to_string(n) + " atoms";
   return "";
 }
 
