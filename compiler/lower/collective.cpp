@@ -543,7 +543,9 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   for (const auto& step : sch.steps)
     for (const ici::Move& m : step)
       if (int& id = stream_of[static_cast<size_t>(m.src) * P + static_cast<size_t>(m.dst)]; id < 0) id = streams++;
-  auto sid = [&](int src, int dst) { return static_cast<size_t>(stream_of[static_cast<size_t>(src) * P + static_cast<size_t>(dst)]); };
+  auto sid = [&](int src, int dst) {
+    return static_cast<size_t>(stream_of[static_cast<size_t>(src) * P + static_cast<size_t>(dst)]);
+  };
   std::vector<int64_t> sent(static_cast<size_t>(streams), 0);
   std::vector<std::vector<int>> writes_done(P, std::vector<int>(A, 0)), sends_done(P, std::vector<int>(A, 0));
   std::vector<size_t> first(P, 0);
