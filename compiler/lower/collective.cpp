@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <queue>
 #include <string>
 #include <set>
 #include <tuple>
@@ -36,14 +37,15 @@ struct PlanEvent {
   size_t step;
   int peer;
 };
-// The dataflow estimate below costs O(events^2) per replica to set up and then
-// O(events) a replica per event taken; beyond this many events over all replicas
-// the step order is used, as it is when the estimate's order would need more
-// landing flags. A bidirectional ring of v4-4x4x4's 128 replicas has 130,048
-// (14.5 s to compile at 1 MiB; 2.6 s in the step order, which ran it 2.4x
-// slower); a ring of 512 has 2.1 M. Until the run kept each replica's candidate
-// (session 40) it scanned every event per event taken, and the limit was 20,000.
-constexpr size_t kMaxPlanEvents = 150000;
+// Beyond this many events over all replicas the dataflow estimate below is not
+// made and the step order is used, as it is when the estimate's order would need
+// more landing flags. A bidirectional ring of v4-4x4x4's 128 replicas has 130,048
+// events, of 512 replicas (v2-16x16) 2.1 M (38 s to compile at 4 KiB, 2.3 GB; it
+// ran 1.63x faster than in the step order). The limit was 20,000 while the run
+// scanned every event per event taken, 150,000 while it scanned a replica's events
+// per event taken and compared every pair of a replica's events to find their
+// order (sessions 40, 41).
+constexpr size_t kMaxPlanEvents = 4000000;
 // HBM mode's double buffers: loads of piece i on kLoadFlag + i%2, its write-back on
 // kStoreFlag + i%2 (the emitter's per-flag running counts, shared with matrix.cpp).
 constexpr int kLoadFlag = 2, kStoreFlag = 6;
@@ -1899,7 +1901,8 @@ void Emitter::lower_all_reduce(const Node& n) {
     // event of the receiver reaches includes what its later ones do, so one walk
     // grows the reached set for all of them (a walk per query, each over the whole
     // collective, took 6 minutes for bidir-ring over v4-4x4x4's 128 replicas).
-    std::vector<char> seen(base[P]);
+    std::vector<uint32_t> seen(base[P], 0);  // == walk: reached in this walk (no clearing between walks)
+    uint32_t walk = 0;
     std::vector<size_t> stack;
     std::vector<std::pair<size_t, size_t>> queries;  // (from, to)
     for (size_t receiver = 0; receiver < P; ++receiver)
@@ -1909,11 +1912,11 @@ void Emitter::lower_all_reduce(const Node& n) {
           queries.emplace_back(id.at({receiver, false, v[j], src}),
                                id.at({static_cast<size_t>(src), true, v[j + Mz], static_cast<int>(receiver)}));
         std::sort(queries.rbegin(), queries.rend());
-        std::fill(seen.begin(), seen.end(), 0);
+        ++walk;
         size_t earliest = SIZE_MAX;  // of the source's events reached so far
         for (const auto& [from, to] : queries) {
-          if (!seen[from]) {
-            seen[from] = 1;
+          if (seen[from] != walk) {
+            seen[from] = walk;
             stack.push_back(from);
           }
           while (!stack.empty()) {
@@ -1921,8 +1924,8 @@ void Emitter::lower_all_reduce(const Node& n) {
             stack.pop_back();
             if (owner[e] == static_cast<size_t>(src)) earliest = std::min(earliest, e);
             for (const size_t o : {e + 1 < base[owner[e] + 1] ? e + 1 : SIZE_MAX, other[e]})
-              if (o != SIZE_MAX && !seen[o]) {
-                seen[o] = 1;
+              if (o != SIZE_MAX && seen[o] != walk) {
+                seen[o] = walk;
                 stack.push_back(o);
               }
           }
@@ -1939,26 +1942,42 @@ void Emitter::lower_all_reduce(const Node& n) {
     if (total > kMaxPlanEvents) {
       plans = evs;
     } else {
-      // Local predecessors of each event (indices into the replica's own events).
-      std::vector<std::vector<std::vector<size_t>>> preds(P);
+      // Local predecessors of each event (indices into the replica's own events): j
+      // before i where j is a combine of an earlier step writing what i reads or
+      // writes, or a send of this or an earlier step reading what combine i writes,
+      // and their chunks overlap. Found by a sweep over the replica's chunks in
+      // offset order (comparing every pair of a replica's events was O(events^2):
+      // 2.1 M events in a bidirectional ring of 512 replicas).
+      std::vector<std::vector<std::vector<size_t>>> preds(P), succs(P);
       for (size_t r = 0; r < P; ++r) {
         const auto& e = evs[r];
         preds[r].resize(e.size());
+        succs[r].resize(e.size());
+        std::vector<std::tuple<int64_t, int64_t, size_t>> iv;  // (offset, end, event)
         for (size_t i = 0; i < e.size(); ++i)
-          for (size_t j = 0; j < e.size(); ++j) {
-            if (i == j) continue;
-            // j before i: a combine of an earlier step writing what i reads or writes,
-            // or a send of this or an earlier step reading what combine i writes.
-            const bool order = !e[j].send ? e[j].step < e[i].step : (!e[i].send && e[j].step <= e[i].step);
-            if (!order) continue;
-            bool hit = false;
-            for (int a : ev_chunks[r][i])
-              for (int b : ev_chunks[r][j]) hit = hit || overlaps(sch.chunks[static_cast<size_t>(a)], sch.chunks[static_cast<size_t>(b)]);
-            if (hit) preds[r][i].push_back(j);
+          for (int a : ev_chunks[r][i]) {
+            const ici::Chunk& c = sch.chunks[static_cast<size_t>(a)];
+            if (c.elems > 0) iv.emplace_back(c.offset, c.offset + c.elems, i);
           }
+        std::sort(iv.begin(), iv.end());
+        auto before = [&](size_t j, size_t i) {
+          return !e[j].send ? e[j].step < e[i].step : (!e[i].send && e[j].step <= e[i].step);
+        };
+        for (size_t x = 0; x < iv.size(); ++x)
+          for (size_t y = x + 1; y < iv.size() && std::get<0>(iv[y]) < std::get<1>(iv[x]); ++y) {
+            const size_t i = std::get<2>(iv[x]), j = std::get<2>(iv[y]);
+            if (i == j) continue;
+            if (before(j, i)) preds[r][i].push_back(j);
+            if (before(i, j)) preds[r][j].push_back(i);
+          }
+        for (size_t i = 0; i < e.size(); ++i) {
+          auto& v = preds[r][i];
+          std::sort(v.begin(), v.end());
+          v.erase(std::unique(v.begin(), v.end()), v.end());
+          for (size_t j : v) succs[r][j].push_back(i);
+        }
       }
       std::vector<std::vector<int64_t>> finish(P), landed(P);
-      std::vector<std::vector<char>> done(P);
       std::vector<int64_t> clock(P, 0);
       std::map<std::pair<int, int>, int64_t> link_free;  // (chip, first port) -> cycle
       // The first link of a message between two replicas: (-1, -1) on one chip. The
@@ -1969,53 +1988,73 @@ void Emitter::lower_all_reduce(const Node& n) {
         const std::vector<int> ports = s.board.route_ports(from, to, replica_core(s, from_r) % 2 ? -1 : +1);
         return std::make_pair(from, ports.empty() ? -1 : ports.front());
       };
-      std::vector<std::vector<size_t>> order(P);
+      // Per event: its other end (a send: the receiver's combine of it; a combine:
+      // the sender's send), a send's first link, whether a combine adds, and what
+      // it still waits for (its local predecessors, and a combine its send).
+      std::vector<std::vector<size_t>> other_end(P), waiting(P);
+      std::vector<std::vector<std::pair<int, int>>> first_link(P);
+      std::vector<std::vector<char>> adds(P);
       for (size_t r = 0; r < P; ++r) {
         finish[r].assign(evs[r].size(), 0);
         landed[r].assign(evs[r].size(), 0);
-        done[r].assign(evs[r].size(), 0);
+        other_end[r].assign(evs[r].size(), 0);
+        first_link[r].assign(evs[r].size(), {-1, -1});
+        adds[r].assign(evs[r].size(), 0);
+        waiting[r].assign(evs[r].size(), 0);
+        for (size_t i = 0; i < evs[r].size(); ++i) {
+          const Event& ev = evs[r][i];
+          other_end[r][i] = ev_index[static_cast<size_t>(ev.peer)].at({!ev.send, ev.step, static_cast<int>(r)});
+          if (ev.send) first_link[r][i] = link_of(static_cast<int>(r), ev.peer);
+          waiting[r][i] = preds[r][i].size() + (ev.send ? 0 : 1);
+        }
       }
+      for (size_t st = 0; st < sch.steps.size(); ++st)
+        for (const ici::Move& m : sch.steps[st])
+          if (m.reduce) adds[static_cast<size_t>(m.dst)][ev_index[static_cast<size_t>(m.dst)].at({false, st, m.src})] = 1;
+      std::vector<std::vector<size_t>> order(P);
       const int64_t tiles_per_byte_div = tile_bytes;
-      // Each replica's earliest candidate (its smallest start, then its first such
-      // event), kept in a set by (start, replica): the run takes the set's first,
-      // the same event a scan of every replica's every event takes. Taking an
-      // event changes the candidates only of its replica, of a send's receiver
-      // (the landing) and of the replicas on its chip (the link's free time).
+      // An event's start once it is ready: its replica free, its predecessors done,
+      // a combine's data landed, a send's link about to be free (two messages on
+      // one link share it packet by packet, which would slow the earlier, critical,
+      // one, while the estimate sends them one after the other).
+      auto start_now = [&](size_t r, size_t i) {
+        int64_t t = clock[r];
+        for (size_t j : preds[r][i]) t = std::max(t, finish[r][j]);
+        const Event& ev = evs[r][i];
+        if (!ev.send) {
+          t = std::max(t, landed[static_cast<size_t>(ev.peer)][other_end[r][i]]);
+        } else if (first_link[r][i].first >= 0) {
+          auto it = link_free.find(first_link[r][i]);
+          if (it != link_free.end()) t = std::max(t, it->second - 1243);
+        }
+        return t;
+      };
+      // Each replica's ready events in a heap by (start, index), the start as last
+      // worked out. Every term of a start only grows (the replica's clock, a link's
+      // free time), so a stale start is too early, never too late: the top whose
+      // start is still the same is the replica's candidate, the same event (ties to
+      // the first index) as a scan of all its events. The candidates are kept in a
+      // set by (start, replica): the run takes the set's first. Taking an event
+      // changes the candidates only of its replica, of a send's receiver (the
+      // landing) and of the replicas on its chip (the link's free time).
+      using HeapEntry = std::pair<int64_t, size_t>;
+      std::vector<std::priority_queue<HeapEntry, std::vector<HeapEntry>, std::greater<HeapEntry>>> ready(P);
+      for (size_t r = 0; r < P; ++r)
+        for (size_t i = 0; i < evs[r].size(); ++i)
+          if (waiting[r][i] == 0) ready[r].push({start_now(r, i), i});
+      auto candidate = [&](size_t r) {
+        auto& h = ready[r];
+        while (!h.empty()) {
+          const auto [was, i] = h.top();
+          const int64_t t = start_now(r, i);
+          if (t == was) return std::make_pair(t, i);
+          h.pop();
+          h.push({t, i});
+        }
+        return std::make_pair(INT64_MAX, size_t(0));
+      };
       std::map<int, std::vector<size_t>> on_chip;  // chip -> its replicas
       for (size_t r = 0; r < P; ++r) on_chip[replica_chip(s, static_cast<int>(r))].push_back(r);
-      auto candidate = [&](size_t r) {
-        int64_t best = INT64_MAX;
-        size_t bi = 0;
-        for (size_t i = 0; i < evs[r].size(); ++i) {
-          if (done[r][i]) continue;
-          int64_t t = clock[r];
-          bool ready = true;
-          for (size_t j : preds[r][i]) {
-            ready = ready && done[r][j];
-            t = std::max(t, finish[r][j]);
-          }
-          if (!evs[r][i].send) {
-            const size_t s = ev_index[static_cast<size_t>(evs[r][i].peer)].at({true, evs[r][i].step, static_cast<int>(r)});
-            ready = ready && done[static_cast<size_t>(evs[r][i].peer)][s];
-            if (ready) t = std::max(t, landed[static_cast<size_t>(evs[r][i].peer)][s]);
-          }
-          // A send waits in the program until its link is about to be free: two
-          // messages on one link share it packet by packet, which would slow the
-          // earlier (critical) one, while the estimate sends them one after the other.
-          if (ready && evs[r][i].send) {
-            const auto key = link_of(static_cast<int>(r), evs[r][i].peer);
-            if (key.first >= 0) {
-              auto it = link_free.find(key);
-              if (it != link_free.end()) t = std::max(t, it->second - 1243);
-            }
-          }
-          if (ready && t < best) {
-            best = t;
-            bi = i;
-          }
-        }
-        return std::make_pair(best, bi);
-      };
       std::set<std::tuple<int64_t, size_t, size_t>> candidates;  // (start, replica, event)
       std::vector<std::pair<int64_t, size_t>> cand(P, {INT64_MAX, 0});
       auto refresh = [&](size_t r) {
@@ -2027,13 +2066,12 @@ void Emitter::lower_all_reduce(const Node& n) {
       for (size_t left = total; left > 0; --left) {
         if (candidates.empty()) fail(n, "internal lowering error: the collective's schedule has a dependence cycle");
         const auto [best, br, bi] = *candidates.begin();
+        ready[br].pop();  // the candidate is its heap's top
         const Event& e = evs[br][bi];
         const int64_t tiles = (ev_bytes[br][bi] + tiles_per_byte_div - 1) / tiles_per_byte_div;
-        bool reduce = false;
-        for (const ici::Move& m : sch.steps[e.step]) reduce = reduce || (m.dst == static_cast<int>(br) && m.src == e.peer && m.reduce);
-        finish[br][bi] = best + 10 + (e.send ? 2 : (reduce ? 4 : 2)) * tiles;
+        finish[br][bi] = best + 10 + (e.send ? 2 : (adds[br][bi] ? 4 : 2)) * tiles;
         if (e.send) {
-          const auto key = link_of(static_cast<int>(br), e.peer);
+          const auto key = first_link[br][bi];
           if (key.first < 0) {
             landed[br][bi] = finish[br][bi] + 414 + ev_bytes[br][bi] / 512;
           } else {
@@ -2043,8 +2081,13 @@ void Emitter::lower_all_reduce(const Node& n) {
           }
         }
         clock[br] = finish[br][bi];
-        done[br][bi] = 1;
         order[br].push_back(bi);
+        for (size_t i : succs[br][bi])
+          if (--waiting[br][i] == 0) ready[br].push({start_now(br, i), i});
+        if (e.send) {
+          const size_t q = static_cast<size_t>(e.peer), c = other_end[br][bi];
+          if (--waiting[q][c] == 0) ready[q].push({start_now(q, c), c});
+        }
         refresh(br);
         if (e.send) {
           refresh(static_cast<size_t>(e.peer));

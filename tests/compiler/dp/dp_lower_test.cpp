@@ -954,15 +954,10 @@ TEST(DpLower, StepOrderedRingBeyond33ReplicasReturnsCredits) {
   for (const auto& [core, c] : counts) EXPECT_EQ(c, std::vector<int>({1, 2, 3, 4, 5, 6, 7, 8})) << core;
 }
 
-// A bidirectional ring of v4-4x4x4's 128 replicas is a plan of 130,048 events
-// over all replicas, which the ordering run now plans (it took the step order
-// above 20,000 events: all of a step's sends, then its combines, so each step
-// waited for both directions' landings; 1 MiB ran 821,856 cycles, 2.5x its
-// closed form, and 348,461 with the dataflow order). Each program's sends (S)
-// and landing waits (W) then leave the step order's S S W W: bit-exact with the
-// race checker.
-TEST(DpLower, BidirRingOver128ReplicasTakesTheDataflowOrder) {
-  expect_replicated_bit_exact(allreduce_only_ir(128, 1, 1024), PrecisionPolicy::kDefault, kV4x4x4, 128, "bidir-ring");
+// Each program's sends (S) and landing waits (W) of the last bundle compiled, a
+// bidirectional ring of R replicas: 2(R - 1) steps, a send and a landing each way;
+// fails if every program keeps the step order's S S W W.
+void expect_dataflow_order(int R) {
   std::map<std::string, std::string> pattern;
   for_each_stream_line(g_last_assembly, [&](const std::string& core, int, const std::string& line) {
     if (core.empty()) return;
@@ -971,15 +966,41 @@ TEST(DpLower, BidirRingOver128ReplicasTakesTheDataflowOrder) {
       pattern[core] += 'S';
     if (const int f = wait_of(line).first; f >= 20 && f < 52) pattern[core] += 'W';
   });
-  ASSERT_EQ(pattern.size(), 128u);
+  ASSERT_EQ(pattern.size(), static_cast<size_t>(R));
   size_t step_ordered = 0;
   for (const auto& [core, p] : pattern) {
     std::string lockstep;
     while (lockstep.size() < p.size()) lockstep += "SSWW";
-    EXPECT_EQ(p.size(), 4u * 254) << core;  // 254 steps, a send and a landing each way
+    EXPECT_EQ(p.size(), 4u * 2 * static_cast<size_t>(R - 1)) << core;
     step_ordered += p == lockstep;
   }
-  EXPECT_LT(step_ordered, 128u) << "every replica's program is in step order";
+  EXPECT_LT(step_ordered, static_cast<size_t>(R)) << "every replica's program is in step order";
+}
+
+// A bidirectional ring of v4-4x4x4's 128 replicas is a plan of 130,048 events
+// over all replicas, which the ordering run now plans (it took the step order
+// above 20,000 events: all of a step's sends, then its combines, so each step
+// waited for both directions' landings; 1 MiB ran 821,856 cycles, 2.5x its
+// closed form, and 348,461 with the dataflow order). Each program then leaves
+// the step order: bit-exact with the race checker.
+TEST(DpLower, BidirRingOver128ReplicasTakesTheDataflowOrder) {
+  expect_replicated_bit_exact(allreduce_only_ir(128, 1, 1024), PrecisionPolicy::kDefault, kV4x4x4, 128, "bidir-ring");
+  expect_dataflow_order(128);
+}
+
+// 256 replicas (v2-16x16's first 128 chips) are 522,240 events, above the
+// ordering run's old limit of 150,000: since its predecessors come from a sweep
+// over each replica's chunks and each replica's ready events from a heap
+// (session 41) it plans them too (512 replicas, 2.1 M events: 1,233,378 cycles
+// at 4 KiB, 1.025 of the form, against 2,005,252 in the step order; its output
+// equals `tpusim ref --check-races`).
+TEST(DpLower, BidirRingOf256ReplicasTakesTheDataflowOrder) {
+  const Board k16x16{"v2-16x16", ici::Topology(ici::TopologyKind::kTorus2d, {16, 16}), 2};
+  // Without the race checker (its vector clocks over 256 cores took ~40 s here);
+  // the 128-replica test above runs this path with it.
+  expect_replicated_bit_exact(allreduce_only_ir(256, 1, 512), PrecisionPolicy::kDefault, k16x16, 256, "bidir-ring",
+                              false);
+  expect_dataflow_order(256);
 }
 
 // Which boards fork by default (LowerOptions::all_reduce_streams = 0): a blocked
