@@ -2066,7 +2066,9 @@ void Emitter::lower_all_reduce(const Node& n) {
       for (size_t left = total; left > 0; --left) {
         if (candidates.empty()) fail(n, "internal lowering error: the collective's schedule has a dependence cycle");
         const auto [best, br, bi] = *candidates.begin();
-        ready[br].pop();  // the candidate is its heap's top
+        if (ready[br].empty() || ready[br].top().second != bi)  // refresh(br) follows every push to it
+          fail(n, "internal lowering error: replica " + std::to_string(br) + "'s ready events lost its candidate");
+        ready[br].pop();
         const Event& e = evs[br][bi];
         const int64_t tiles = (ev_bytes[br][bi] + tiles_per_byte_div - 1) / tiles_per_byte_div;
         finish[br][bi] = best + 10 + (e.send ? 2 : (adds[br][bi] ? 4 : 2)) * tiles;
