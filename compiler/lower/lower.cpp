@@ -223,17 +223,18 @@ LowerResult Emitter::run() {
   r.hbm_unplanned = opt_.hbm_base + hbm_sum_;
   // A replica's program is assembled and checked once, with every other replica's,
   // by lower_replicated, which takes only its text and I/O entries from here.
-  if (opt_.replicas.replicas <= 1) {
-    try {
-      r.bundle = isa::assemble(r.assembly, g_.name + ".s");
-    } catch (const isa::AsmError& e) {
-      throw CompileError(std::string("internal lowering error: ") + e.what());
-    }
+  if (opt_.replicas.replicas > 1) {
+    r.bundle.io = std::move(io);
+    return r;
+  }
+  try {
+    r.bundle = isa::assemble(r.assembly, g_.name + ".s");
+  } catch (const isa::AsmError& e) {
+    throw CompileError(std::string("internal lowering error: ") + e.what());
   }
   r.bundle.io = std::move(io);
-  if (opt_.replicas.replicas <= 1)
-    if (const std::string err = isa::check_bundle(r.bundle); !err.empty())
-      throw CompileError(g_.name + ": internal lowering error: " + err);
+  const std::string err = isa::check_bundle(r.bundle);
+  if (!err.empty()) throw CompileError(g_.name + ": internal lowering error: " + err);
   return r;
 }
 

@@ -60,6 +60,7 @@ struct Board {
 const Board kV38{"v3-8", ici::Topology(ici::TopologyKind::kTorus2d, {2, 2}), 2};
 const Board kV2x4x4{"v2-4x4", ici::Topology(ici::TopologyKind::kTorus2d, {4, 4}), 2};
 const Board kV4x4x4{"v4-4x4x4", ici::Topology(ici::TopologyKind::kTorus3d, {4, 4, 4}), 2};
+const Board kV2x16x16{"v2-16x16", ici::Topology(ici::TopologyKind::kTorus2d, {16, 16}), 2};
 
 // The tests' small target (32 x 32 MXUs, 16 MiB VMEM, 256 MiB HBM) on every chip
 // of `board`, `replicas` data-parallel replicas running `algorithm`.
@@ -913,11 +914,10 @@ TEST(DpLower, TorusOnLessThanTheBoardsShapeLeavesANote) {
 // flag counts); bit-exact with the race checker in VMEM and in HBM mode (64 KiB of
 // VMEM).
 TEST(DpLower, StepOrderedRingBeyond33ReplicasReturnsCredits) {
-  const Board k16x16{"v2-16x16", ici::Topology(ici::TopologyKind::kTorus2d, {16, 16}), 2};
   auto explain = [](LowerOptions& lo) { lo.explain_collectives = true; };
   for (const int R : {32, 34, 48}) {
     for (const uint64_t vmem : {16ull << 20, 64ull << 10}) {
-      expect_replicated_bit_exact(allreduce_only_ir(R, 1, 256), PrecisionPolicy::kDefault, k16x16, R, "ring", true,
+      expect_replicated_bit_exact(allreduce_only_ir(R, 1, 256), PrecisionPolicy::kDefault, kV2x16x16, R, "ring", true,
                                   vmem, explain);
       size_t tokens = 0;
       for (size_t at = g_last_assembly.find(", bytes=4, flag=f58, rflag=f5"); at != std::string::npos;
@@ -945,7 +945,7 @@ TEST(DpLower, StepOrderedRingBeyond33ReplicasReturnsCredits) {
   ir << "graph ar {\n  input %x : f32[34,1,256]\n"
      << "  %s = reduce_sum(%x) {axes=[0], keepdims=0} : f32[1,256] #0\n"
      << "  %g = all_reduce(%s) : f32[1,256] #1\n  %h = all_reduce(%g) : f32[1,256] #2\n  output %h\n}\n";
-  expect_replicated_bit_exact(ir.str(), PrecisionPolicy::kDefault, k16x16, 34, "ring");
+  expect_replicated_bit_exact(ir.str(), PrecisionPolicy::kDefault, kV2x16x16, 34, "ring");
   std::map<std::string, std::vector<int>> counts;  // each core's waits on its entry-token flag
   for_each_stream_line(g_last_assembly, [&](const std::string& core, int, const std::string& line) {
     if (const auto [f, count] = wait_of(line); !core.empty() && f == 52) counts[core].push_back(count);
@@ -995,10 +995,9 @@ TEST(DpLower, BidirRingOver128ReplicasTakesTheDataflowOrder) {
 // at 4 KiB, 1.025 of the form, against 2,005,252 in the step order; its output
 // equals `tpusim ref --check-races`).
 TEST(DpLower, BidirRingOf256ReplicasTakesTheDataflowOrder) {
-  const Board k16x16{"v2-16x16", ici::Topology(ici::TopologyKind::kTorus2d, {16, 16}), 2};
   // Without the race checker (its vector clocks over 256 cores took ~40 s here);
   // the 128-replica test above runs this path with it.
-  expect_replicated_bit_exact(allreduce_only_ir(256, 1, 512), PrecisionPolicy::kDefault, k16x16, 256, "bidir-ring",
+  expect_replicated_bit_exact(allreduce_only_ir(256, 1, 512), PrecisionPolicy::kDefault, kV2x16x16, 256, "bidir-ring",
                               false);
   expect_dataflow_order(256);
 }
