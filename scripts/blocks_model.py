@@ -32,19 +32,20 @@ bw = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bw)
 
 
-def chain(dims, j, block, ici_b):
-    """Group j's steps: (resource, alpha, bytes, bytes/cycle of the resource)."""
+def chain(dims, j, block):
+    """Group j's steps: (resource, alpha, bytes, bytes/cycle of the resource), at the
+    rates of allreduce_bw (its ICI_B: the link rate the bound is priced at too)."""
     D, G = len(dims), 2 * len(dims)
     onchip = ("onchip", bw.ONCHIP_ALPHA, block / 2 / D, bw.ONCHIP_B)  # the core's half, a share a group
     rs, prod = [], 1
     for h in range(D):
         d = (j + h) % D
         prod *= dims[d]
-        rs += [("link%d" % d, bw.ICI_ALPHA, block / (G * prod), ici_b)] * (dims[d] - 1)
+        rs += [("link%d" % d, bw.ICI_ALPHA, block / (G * prod), bw.ICI_B)] * (dims[d] - 1)
     return [onchip] + rs + rs[::-1] + [onchip]
 
 
-def simulate(dims, n, block, in_flight, gate, ici_b, piece):
+def simulate(dims, n, block, in_flight, gate, piece):
     """The op's cycles: blocks of `block` bytes, at most `in_flight` at once. A step
     goes as pieces of at most `piece` bytes, one after another on its resource, each
     then taking the latency; piece p can leave once the step before has delivered
@@ -87,7 +88,7 @@ def simulate(dims, n, block, in_flight, gate, ici_b, piece):
         while nxt < nb and may_start(nxt):
             start[nxt] = t
             for j in range(D):
-                steps = chain(dims, j, min(block, n - nxt * block), ici_b)  # the last block: what is left
+                steps = chain(dims, j, min(block, n - nxt * block))  # the last block: what is left
                 pieces = []
                 for _, _, size, bps in steps:
                     k = max(1, -(-int(size) // piece))
@@ -139,12 +140,11 @@ def main():
                                                         "lowering's, 1 + the smallest torus dimension - 1)")
     a = ap.parse_args()
     dims = [int(x) for x in a.dims.split(",")]
-    ici_b = a.link_bytes_per_s * 0.8681 / a.clock
-    bw.ICI_B = ici_b  # the bound's link rate
+    bw.ICI_B = a.link_bytes_per_s * 0.8681 / a.clock  # the model's and the bound's link rate
     n, block = bw.parse_size(a.size), bw.parse_size(a.block)
     bw.BLOCK_BYTES = block
     gate = a.gate if a.gate > 0 else min(dims)  # the on-chip step and k - 1 steps
-    cycles = simulate(dims, n, block, a.in_flight, gate, ici_b, bw.parse_size(a.piece) or n)
+    cycles = simulate(dims, n, block, a.in_flight, gate, bw.parse_size(a.piece) or n)
     bound = bw.closed_form_hierarchical_sliced(dims, n)
     print("dims %s, %s a replica in %d blocks of %s, %d in flight, gate %d: %.0f cycles, sliced bound %.0f, %.3f"
           % (a.dims, a.size, max(1, -(-n // block)), a.block, a.in_flight, gate, cycles, bound, cycles / bound))
