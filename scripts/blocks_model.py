@@ -11,7 +11,10 @@ at most PIECE bytes, one after another on its resource (the + link of its
 dimension, or the on-chip path), which the pieces on it at a time share equally;
 each piece then takes the step's latency (alpha). Piece p of a step leaves once
 the step before has delivered the same share of its bytes ((p + 1) / pieces), as
-the lowering orders a move's pieces by their next use. Block b + 1 starts once
+the lowering orders a move's pieces by their next use. With --inner-split N (the
+lowering's default on a 3-D chip torus: 4) a step of at most half the widest
+chip-to-chip chunk goes as up to N pieces of at least 16 KiB, as plan_stream's
+inner_cap cuts it. Block b + 1 starts once
 every group of block b has done its first GATE steps (the lowering's block-start
 gate: the on-chip step and the first dimension's), block b + F once block b is
 over (F slot pools). No HBM, DMA engines, VMEM slots or program order: what the
@@ -19,8 +22,8 @@ pipeline of blocks costs on the links. With one block and whole steps (--piece 0
 it is the hierarchical closed form exactly (tests/scripts/test_blocks_model.py).
 
 usage: blocks_model.py [--dims 4,4] [--clock 700e6] [--link-bytes-per-s 62e9]
-                       [--size 64M] [--block 8M] [--piece 128K] [--in-flight 2]
-                       [--gate 0]"""
+                       [--size 64M] [--block 8M] [--piece 128K] [--inner-split 1]
+                       [--in-flight 2] [--gate 0]"""
 import argparse
 import importlib.util
 import os
@@ -30,6 +33,9 @@ spec = importlib.util.spec_from_file_location("allreduce_bw", os.path.join(HERE,
                                                                           "allreduce_bw.py"))
 bw = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bw)
+
+
+INNER_PIECE_MIN = 16 << 10  # kMinInnerPieceElems of compiler/lower/collective.cpp, in bytes
 
 
 def chain(dims, j, block):
@@ -45,11 +51,12 @@ def chain(dims, j, block):
     return [onchip] + rs + rs[::-1] + [onchip]
 
 
-def simulate(dims, n, block, in_flight, gate, piece):
+def simulate(dims, n, block, in_flight, gate, piece, inner_split=1):
     """The op's cycles: blocks of `block` bytes, at most `in_flight` at once. A step
     goes as pieces of at most `piece` bytes, one after another on its resource, each
     then taking the latency; piece p can leave once the step before has delivered
-    the same share of its bytes ((p + 1) / pieces)."""
+    the same share of its bytes ((p + 1) / pieces); inner steps as up to
+    `inner_split` pieces."""
     nb = max(1, -(-n // block))
     D = len(dims)
     WAIT, READY, SEND, FLY, DONE = range(5)
@@ -89,9 +96,14 @@ def simulate(dims, n, block, in_flight, gate, piece):
             start[nxt] = t
             for j in range(D):
                 steps = chain(dims, j, min(block, n - nxt * block))  # the last block: what is left
+                widest = max(size for res, _, size, _ in steps if res != "onchip")
                 pieces = []
-                for _, _, size, bps in steps:
-                    k = max(1, -(-int(size) // piece))
+                for res, _, size, bps in steps:
+                    cap = piece
+                    if inner_split > 1 and res != "onchip" and 2 * size <= widest:
+                        k = min(max(int(size // min(INNER_PIECE_MIN, piece / 4)), 1), inner_split)
+                        cap = min(piece, -(-size // k))
+                    k = max(1, -(-int(size) // int(cap)))
                     pieces.append([[WAIT, 0.0, size / k / bps] for _ in range(k)])
                 c = {"steps": steps, "pieces": pieces}
                 release(c)
@@ -136,6 +148,8 @@ def main():
     ap.add_argument("--in-flight", type=int, default=2, help="blocks in flight (the slot pools)")
     ap.add_argument("--piece", default="128K", help="bytes a message (0: a step's chunk whole; the lowering's "
                                                     "blocked plans: 128 KiB on v2-4x4, 88 KB on v4-4x4x4)")
+    ap.add_argument("--inner-split", type=int, default=1, help="pieces an inner step goes as, at most (the "
+                                                                 "lowering's: 4 on v4-4x4x4, else 1)")
     ap.add_argument("--gate", type=int, default=0, help="steps of block b before block b + 1 starts (0: the "
                                                         "lowering's, 1 + the smallest torus dimension - 1)")
     a = ap.parse_args()
@@ -144,10 +158,11 @@ def main():
     n, block = bw.parse_size(a.size), bw.parse_size(a.block)
     bw.BLOCK_BYTES = block
     gate = a.gate if a.gate > 0 else min(dims)  # the on-chip step and k - 1 steps
-    cycles = simulate(dims, n, block, a.in_flight, gate, bw.parse_size(a.piece) or n)
+    cycles = simulate(dims, n, block, a.in_flight, gate, bw.parse_size(a.piece) or n, a.inner_split)
     bound = bw.closed_form_hierarchical_sliced(dims, n)
-    print("dims %s, %s a replica in %d blocks of %s, %d in flight, gate %d: %.0f cycles, sliced bound %.0f, %.3f"
-          % (a.dims, a.size, max(1, -(-n // block)), a.block, a.in_flight, gate, cycles, bound, cycles / bound))
+    print("dims %s, %s a replica in %d blocks of %d KiB, %d in flight, gate %d: %.0f cycles, sliced bound %.0f, %.3f"
+          % (a.dims, a.size, max(1, -(-n // block)), min(block, n) >> 10, a.in_flight, gate, cycles, bound,
+             cycles / bound))
 
 
 if __name__ == "__main__":
