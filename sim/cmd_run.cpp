@@ -30,6 +30,7 @@
 #include "hw/timeline/timeline.h"
 #include "isa/bundle/bundle_file.h"
 #include "isa/exec/tensors.h"
+#include "isa/io/npy.h"
 #include "sim/commands.h"
 #include "sim/run/profile.h"
 #include "sim/run/report.h"
@@ -48,6 +49,7 @@ struct RunArgs {
   std::optional<uint64_t> random_seed;
   std::string out = "tpusim-out";
   std::string timeline;
+  std::string critical_path;
   std::string wave;
   std::vector<std::string> wave_scopes;
   std::vector<std::string> timeline_scopes;
@@ -154,6 +156,7 @@ int run_run(const RunArgs& a) {
   ropt.wave_end = a.wave_end;
   ropt.timeline = tl.get();
   ropt.max_cycles = a.max_cycles;
+  ropt.critical_path = !a.critical_path.empty();
 
   // SystemC's informational notes (e.g. the VCD timescale) would land in the
   // middle of the report on stdout; warnings and errors still show.
@@ -210,11 +213,19 @@ int run_run(const RunArgs& a) {
   const nlohmann::json profile = run::fold_profiles(f.units, result.cycles, bundle.op_names);
   f.ops = profile["ops"];
   f.time_by_cause = profile["time_by_cause"];
+  if (!result.critical_path.is_null()) {
+    f.critical_path = result.critical_path;
+    f.critical_path.erase("segments");  // the list goes to the --critical-path file only
+  }
   const auto stats = run::make_stats(f);
   try {
     for (const auto& e : bundle.io)
       if (e.kind == isa::IoKind::kOutput) run::write_output(a.out, e, exec::read_tensor(system->machine(), e), a.raw_bf16);
     if (tl) tl->write(a.timeline);
+    if (!result.critical_path.is_null()) {
+      const std::string text = result.critical_path.dump(1) + "\n";
+      io::write_file_atomic(a.critical_path, std::vector<uint8_t>(text.begin(), text.end()));
+    }
     run::write_stats(stats_path, stats);
   } catch (const std::exception& e) {
     return fail(kExitBadInput, e.what());
@@ -240,6 +251,9 @@ void add_run_command(CLI::App& app, int& exit_code) {
                   "Glob on the timeline's processes to keep, e.g. chip0 (repeatable; default all)");
   cmd->add_option("--timeline-begin", a->timeline_begin, "First cycle of the timeline window");
   cmd->add_option("--timeline-end", a->timeline_end, "Last cycle of the timeline window");
+  cmd->add_option("--critical-path", a->critical_path,
+                  "Walk the run's critical path: its segments to this JSON file, its causes into stats.json and the "
+                  "report");
   cmd->add_option("--wave", a->wave, "Write a waveform (.vcd or .fst)");
   cmd->add_option("--wave-scope", a->wave_scopes, "Glob on hierarchical names to trace (repeatable; default all)");
   cmd->add_option("--wave-begin", a->wave_begin, "First cycle of the waveform window");

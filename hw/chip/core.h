@@ -43,6 +43,11 @@ class TensorCore {
   // Whether any core of the chip has a DMA reading host space (else no wait can be
   // an infeed stall, and the per-cycle test is skipped).
   void set_infeed_possible(bool on) { infeed_possible_ = on; }
+  // Records what the critical path is walked through into `own` (hw/core/path_log.h).
+  void set_path_log(PathLog* own, PathLogs* all) {
+    env_.path = own;
+    env_.paths = all;
+  }
   // Applies the cycles skipped lazily (idle MXUs, a core without a program);
   // call before reading counters.
   void settle();

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hw/core/op_profile.h"
+#include "hw/core/path_log.h"
 #include "hw/core/reg_use.h"
 #include "hw/core/scoreboard.h"
 #include "hw/timeline/timeline.h"
@@ -124,6 +125,7 @@ struct Issued {
   RegUse use;
   std::array<int32_t, isa::kScalarRegs> s{};  // scalar registers at issue (addresses)
   uint64_t vmem_ops_before = 0;               // DMA: vld/vst issued before it
+  uint32_t path_dma = 0;                      // DMA: its record in CoreEnv::path (when recorded)
   // DMA: resolved at issue. Held apart: every vector instruction moves its Issued
   // through two queues, and the plan was a third of it.
   std::unique_ptr<exec::DmaPlan> plan;
@@ -174,6 +176,9 @@ struct CoreEnv {
   // First fault of this core; the run stops at the end of the cycle it happened in.
   std::string fault;
   uint64_t last_activity_cycle = 0;  // the last cycle anything architectural changed
+  // Critical path records (hw/core/path_log.h), or null when the run does not ask.
+  PathLog* path = nullptr;
+  PathLogs* paths = nullptr;
 
   void note_activity(uint64_t cycle) {
     if (cycle > last_activity_cycle) last_activity_cycle = cycle;

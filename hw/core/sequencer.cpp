@@ -1,6 +1,7 @@
 #include "hw/core/sequencer.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace tpusim::hw {
 
@@ -50,6 +51,12 @@ void Sequencer::count(Stall s, uint64_t n) {
   if (s != Stall::kNone) {
     const isa::Instr& in = env_.prog->code[at_pc()];
     env_.profile.stall(in, s == Stall::kFlag ? in.a : -1, s == Stall::kBarrier, n);
+    // The cycles counted end at last_cycle_ (a tick's cycle, or a skip's last).
+    if (env_.path && (s == Stall::kQueueFull || s == Stall::kFence))
+      env_.path->stall(last_cycle_ + 1 - n, n,
+                       s == Stall::kFence                       ? PathLog::Stall::kDrain
+                       : decoded_[at_pc()].unit == Unit::kDma ? PathLog::Stall::kDmaQueue
+                                                                : PathLog::Stall::kUnitQueue);
   }
   switch (s) {
     case Stall::kFlag: counters_["stall_flag_cycles"] += n; break;
@@ -198,6 +205,7 @@ void Sequencer::tick(uint64_t cycle) {
   env_.profile.issue_cycle(retiring_barrier || at_pc() >= code.size() ? nullptr : &code[at_pc()], cycle);
   if (retiring_barrier) {  // released: the barrier instruction retires (its cycle alone)
     at_barrier_ = false;
+    if (env_.path) env_.path->barriers.back().released = cycle;
     ++at_pc();
     return;
   }
@@ -230,6 +238,9 @@ bool Sequencer::issue(uint64_t cycle) {
   const isa::Instr& in = code[pc];
   counters_["instructions"]++;
   ++instructions_;
+  // The cycle this stream reached `in`: when its previous instruction issued.
+  uint64_t reached = 0;
+  if (env_.path) reached = std::exchange(env_.path->reached[static_cast<size_t>(cur_)], cycle);
   try {
     const Unit u = decoded_[pc].unit;
     switch (u) {
@@ -246,6 +257,10 @@ bool Sequencer::issue(uint64_t cycle) {
         if (u != Unit::kMatrix) it.s = env_.state->s;  // addresses: the MXU ops have none
         if (u == Unit::kDma) {
           it.vmem_ops_before = vmem_ops_issued_;
+          if (env_.path) {
+            it.path_dma = static_cast<uint32_t>(env_.path->dmas.size());
+            env_.path->dmas.push_back({cycle, cycle, 0, in.op_id, static_cast<uint8_t>(cur_), PathLog::DmaKind::kHbm});
+          }
           env_.profile.dma_issued(in, env_.state->chip);
           it.plan = std::make_unique<exec::DmaPlan>(exec::plan_dma(*env_.machine, *env_.state, in));  // faults here, as the reference does
         } else {
@@ -262,6 +277,10 @@ bool Sequencer::issue(uint64_t cycle) {
           const size_t t = static_cast<size_t>(exec::fork_target(cur_, running_.data()));
           running_[t] = true;
           pcs_[t] = static_cast<uint32_t>(in.imm);
+          if (env_.path) {
+            env_.path->forks.emplace_back(cycle, static_cast<uint8_t>(t));
+            env_.path->reached[t] = cycle;
+          }
           counters_["forks"]++;
           ++pc;
           return false;
@@ -270,11 +289,13 @@ bool Sequencer::issue(uint64_t cycle) {
           exec::check_barrier(cur_);
           at_barrier_ = true;
           barrier_generation_ = barrier_.arrive(cycle);
+          if (env_.path) env_.path->barriers.push_back({cycle, kNever, barrier_generation_, in.op_id});
           return false;  // retires when released
         }
         // A wait.any that goes on its second condition alone: the later of two
         // pieces of work arrived first (docs/codegen.md "Arrival order").
         if (in.op == Op::kWaitAny && !exec::flag_at_least(*env_.state, in.a, in.imm)) counters_["wait_any_second"]++;
+        if (env_.path) path_sync(in, reached, cycle);
         exec::exec_sync(*env_.state, in);
         ++pc;
         return true;
@@ -283,6 +304,28 @@ bool Sequencer::issue(uint64_t cycle) {
     env_.raise(pc, e.what());
   }
   return false;
+}
+
+void Sequencer::path_sync(const isa::Instr& in, uint64_t reached, uint64_t cycle) {
+  PathLog& pl = *env_.path;
+  const auto raise = [&](int flag) {
+    if (flag >= 0 && flag < isa::kSyncFlags)
+      pl.raised[static_cast<size_t>(flag)] = PathLog::Raise{pl.id, PathLog::kBySelf, cycle, static_cast<uint8_t>(cur_)};
+  };
+  switch (in.op) {
+    case Op::kWait:
+    case Op::kWaitSub:
+    case Op::kWaitAny: {
+      // wait.any passes on its first flag when that one holds, else on its second.
+      const int flag = in.op == Op::kWaitAny && !exec::flag_at_least(*env_.state, in.a, in.imm) ? in.b : in.a;
+      if (flag < 0 || flag >= isa::kSyncFlags) return;
+      pl.waits.push_back({reached, cycle, in.op_id, static_cast<uint8_t>(cur_), pl.raised[static_cast<size_t>(flag)]});
+      return;
+    }
+    case Op::kFset:
+    case Op::kFadd: raise(in.a); return;
+    default: return;
+  }
 }
 
 void Sequencer::skip(uint64_t n) {

@@ -278,6 +278,14 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
   t->start = cycle;
   t->kind = classify(t->it, t->dst_local_vmem, t->src_local_vmem);
   t->hbm_to_hbm = t->kind == Kind::kHbmRead && t->it.in->dst.space == Space::kHbm;
+  if (env_.path) {
+    PathLog::Dma& d = env_.path->dmas[t->it.path_dma];
+    d.started = cycle;
+    d.kind = t->kind == Kind::kRemote ? PathLog::DmaKind::kIci
+             : t->kind == Kind::kHost ? PathLog::DmaKind::kHost
+             : t->kind == Kind::kFixed ? PathLog::DmaKind::kCoreToCore
+                                       : PathLog::DmaKind::kHbm;
+  }
   const exec::DmaPlan& pl = *t->it.plan;
   const isa::Instr& in = *t->it.in;
   const uint64_t total = pl.total_bytes();
@@ -311,6 +319,10 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
     rt.dst_hbm = in.dst.space == Space::kHbm;
     rt.tie_direction = core % 2 ? -1 : +1;
     rt.traffic_class = in.tc;
+    if (env_.path) {
+      rt.path_core = env_.path->id;
+      rt.path_dma = t->it.path_dma;
+    }
     Transfer* tp = t.get();
     rt.complete = [tp](uint64_t c) { tp->done = c; };
     try {
@@ -371,6 +383,7 @@ void DmaEngines::finish(Transfer& t, uint64_t cycle) {
       exec::dma_signal_destination(*t.it.plan);
     }
     exec::dma_signal_issuer(*t.it.plan);
+    if (env_.path) path_done(t, cycle);
   } catch (const exec::Fault& e) {
     env_.raise(t.it.pc, e.what());
   }
@@ -392,6 +405,16 @@ void DmaEngines::finish(Transfer& t, uint64_t cycle) {
     for (const isa::DmaEndpoint* e : {&t.it.in->src, &t.it.in->dst})
       if (e->space == Space::kHbm) hbm_bytes += t.it.plan->total_bytes();
   env_.profile.dma_done(*t.it.in, hbm_bytes, chip_hbm_bytes, t.start, cycle, track_);
+}
+
+void DmaEngines::path_done(const Transfer& t, uint64_t cycle) {
+  const exec::DmaPlan& p = *t.it.plan;
+  const PathLog::Raise by{env_.path->id, t.it.path_dma, cycle, 0};
+  env_.path->dmas[t.it.path_dma].done = cycle;
+  if (p.flag >= 0) env_.path->raised[static_cast<size_t>(p.flag)] = by;
+  // A transfer to another chip raises its rflag when it lands (hw/system).
+  if (p.rflag >= 0 && t.kind != Kind::kRemote && p.rflag_core)
+    env_.paths->at(p.rflag_core->chip, p.rflag_core->core).raised[static_cast<size_t>(p.rflag)] = by;
 }
 
 void DmaEngines::tick(uint64_t cycle) {

@@ -90,6 +90,10 @@ struct RemoteTransfer {
   // spreads a chip's traffic to a 2-wide neighbour over both links.
   int tie_direction = +1;
   uint8_t traffic_class = 0;  // the DMA's tc= (docs/isa.md "Traffic class")
+  // Critical path records (hw/core/path_log.h): the issuer's log index and the
+  // DMA's record there, for the landing's raise of rflag; path_core < 0: none.
+  int32_t path_core = -1;
+  uint32_t path_dma = 0;
   std::function<void(uint64_t)> complete;
 };
 using RemotePort = std::function<void(RemoteTransfer&&)>;  // throws on a request it cannot carry
@@ -173,6 +177,8 @@ class DmaEngines {
   // front once an engine is free, or with remote_own_queue a remote one behind it.
   size_t startable(bool engine_free) const;
   void finish(Transfer& t, uint64_t cycle);
+  // Critical path records (CoreEnv::path): a finished transfer and the flags it raised.
+  void path_done(const Transfer& t, uint64_t cycle);
   uint64_t next_issue_cycle(const Transfer& t) const;
 
   CoreEnv& env_;

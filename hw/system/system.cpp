@@ -15,6 +15,7 @@
 #include "hw/mem/memory_factory.h"
 #include "hw/mem/simple_memory.h"
 #include "hw/mxu/result_values.h"
+#include "hw/system/critical_path.h"
 #include "hw/wave/vcd_filter.h"
 #include "isa/exec/tensors.h"
 
@@ -35,6 +36,7 @@ class Board {
   uint64_t max_cycles = 0;
   uint64_t max_instructions = 0;
   uint64_t last_landing = 0;
+  PathLogs* paths = nullptr;  // critical path records (RunOptions::critical_path), else null
 
   // Fast mode on a pod slice: a chip ticks only at its own event cycles and at the
   // cycles the network touches it; the cycles in between it is behind by are
@@ -112,10 +114,13 @@ class Board {
         last_landing = std::max(last_landing, landed);
         const bool own = t->dst_chip == t->issuer_chip;
         // Runs on the destination chip's tick (or here): its own memory and flags only.
-        auto retire = [t, bytes, own](uint64_t at) {
+        auto retire = [t, bytes, own, paths = paths](uint64_t at) {
           if (t->plan.src != t->plan.dst) dma_scatter(t->plan, *bytes);
           else exec::dma_copy(t->plan);
           exec::dma_signal_destination(t->plan);
+          if (paths && t->path_core >= 0 && t->plan.rflag >= 0)
+            paths->at(t->plan.rflag_core->chip, t->plan.rflag_core->core).raised[static_cast<size_t>(t->plan.rflag)] =
+                PathLog::Raise{t->path_core, t->path_dma, at, 0};
           if (own) t->complete(at + 1);
         };
         RemoteHbm& hbm = chips[t->dst_chip]->remote_hbm();
@@ -627,6 +632,18 @@ RunResult System::run(const RunOptions& opt) {
   for (uint32_t c = 0; c < bundle.target.chips; ++c)
     board.chips.push_back(std::make_unique<Chip>(cp, impl_->machine, bundle, c, make_memory, cycle_ps,
                                                  *board.barrier, opt.timeline, remote, host));
+  PathLogs paths;
+  if (opt.critical_path) {
+    paths.cores_per_chip = static_cast<uint32_t>(board.chips.front()->cores().size());
+    paths.cores.resize(board.chips.size() * paths.cores_per_chip);
+    for (auto& chip : board.chips)
+      for (uint32_t k = 0; k < paths.cores_per_chip; ++k) {
+        PathLog& own = paths.at(chip->index(), k);
+        own.id = static_cast<int32_t>(chip->index() * paths.cores_per_chip + k);
+        chip->cores()[k]->set_path_log(&own, &paths);
+      }
+    board.paths = &paths;
+  }
 
   // SystemC hierarchy with explicit names: chip0.core1.vpu, chip0.core1.mxu0, ...
   std::vector<std::unique_ptr<ChipModule>> chip_modules;
@@ -716,6 +733,12 @@ RunResult System::run(const RunOptions& opt) {
   }
   board.net->add_stats(r.units);
   board.net->flush_timeline();
+  if (opt.critical_path && !r.faulted) {
+    std::vector<uint64_t> ends;
+    for (auto& chip : board.chips)
+      for (auto& core : chip->cores()) ends.push_back(core->has_program() ? core->last_activity_cycle() + 1 : 0);
+    r.critical_path = walk_critical_path(paths, ends);
+  }
   return r;
 }
 

@@ -40,6 +40,9 @@ struct RunOptions {
   // cycle the network could deliver anything (docs/tensorcore.md, "Simulation
   // speed"). Same cycles, values and counters; off only to check that.
   bool windows = true;
+  // Record and walk the run's critical path (hw/system/critical_path.h) into
+  // RunResult::critical_path.
+  bool critical_path = false;
 };
 
 struct RunResult {
@@ -52,6 +55,8 @@ struct RunResult {
   uint64_t flops = 0;              // 2 per MXU multiply-accumulate of the program's data
   uint64_t hbm_bytes_read = 0;     // all chips
   uint64_t hbm_bytes_written = 0;  // all chips
+  // With RunOptions::critical_path: walk_critical_path's document; else null.
+  nlohmann::json critical_path;
 };
 
 // A problem with the preset, the bundle or the inputs: one line naming it.

@@ -83,6 +83,21 @@ std::string format_report(const nlohmann::json& s) {
     }
   }
 
+  // What the run's length is made of, along the chain that set it (--critical-path).
+  if (s.contains("critical_path")) {
+    const auto& c = s["critical_path"];
+    const uint64_t total = c.at("cycles").get<uint64_t>();
+    std::vector<std::pair<uint64_t, std::string>> causes;
+    for (const auto& [cause, n] : c.at("by_cause").items()) causes.emplace_back(n.get<uint64_t>(), cause);
+    std::stable_sort(causes.begin(), causes.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    r += fmt::format("critical path: {} cycles, ending on {} ({} DMA hops, {} barrier hops):\n", total,
+                     c.at("ends_on").get<std::string>(), c.at("dma_hops").get<uint64_t>(),
+                     c.at("barrier_hops").get<uint64_t>());
+    std::string line = " ";
+    for (const auto& [n, cause] : causes) line += fmt::format(" {} {}", cause, percent(n, total));
+    r += line + "\n";
+  }
+
   // The largest VMEM occupancy of any core (by the compiler's plan; bundles
   // without one have none to show).
   if (s.contains("vmem")) {

@@ -31,6 +31,7 @@ json make_stats(const RunFigures& f) {
   if (!f.ops.is_null()) s["ops"] = f.ops;
   if (!f.time_by_cause.is_null()) s["time_by_cause"] = f.time_by_cause;
   if (!f.vmem.is_null()) s["vmem"] = f.vmem;
+  if (!f.critical_path.is_null()) s["critical_path"] = f.critical_path;
   return s;
 }
 
@@ -101,6 +102,19 @@ void check_profile(std::vector<std::string>& p, const json& s) {
             p.push_back("vmem." + core + ".peak_bytes_in_use exceeds capacity_bytes");
         }
       }
+  }
+  if (s.contains("critical_path")) {
+    const json& c = s["critical_path"];
+    uint64_t sum = 0;
+    bool ok = c.is_object() && c.contains("cycles") && c["cycles"].is_number_unsigned() && c.contains("by_cause") &&
+              c["by_cause"].is_object();
+    if (ok)
+      for (const auto& [cause, n] : c["by_cause"].items()) {
+        ok = ok && n.is_number_unsigned();
+        if (ok) sum += n.get<uint64_t>();
+      }
+    if (!ok) p.push_back("critical_path lacks an unsigned cycles or by_cause counts");
+    else if (sum != c["cycles"].get<uint64_t>()) p.push_back("critical_path.by_cause does not sum to its cycles");
   }
   if (s.contains("time_by_cause")) {
     if (!s["time_by_cause"].is_object()) {

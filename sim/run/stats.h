@@ -28,6 +28,9 @@ struct RunFigures {
   nlohmann::json ops;
   nlohmann::json time_by_cause;
   nlohmann::json vmem;  // per core: capacity_bytes [, peak_bytes_in_use] (sim/run/profile.h vmem_use)
+  // `tpusim run --critical-path`: hw::walk_critical_path's document without its
+  // segments (cycles, ends_on, by_cause, by_op, hops); null = absent.
+  nlohmann::json critical_path;
 };
 
 // The stats.json document with every key of the contract (keys sorted, so the

@@ -1,0 +1,148 @@
+// `tpusim run --critical-path` (hw/system/critical_path.h) on programs whose
+// critical path is known by construction, against the published figures the
+// presets are calibrated to (shared/design/architecture.md):
+// - a ping-pong of 64 KiB pushes between two v4 chips: every hop is a neighbour
+//   push, 1941 + 24.77 K cycles, so the path is ici but for a few cycles of issue
+//   (the last push's completion comes back over the link: + 500);
+// - a chain of HBM -> VMEM loads, each waited for before the next: 483.6 + 1.105 K
+//   cycles each, all hbm;
+// - a barrier: the core that arrives first waits for the other's load chain, so
+//   the walk crosses the barrier to the last arrival and finds the loads there;
+// - a core with no waits at all: issue and its unit queues only.
+// Each time the segments tile [0, cycles], by_cause sums to cycles, stats.json
+// and the report carry the summary, and fast and detailed modes write the same file.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/sim/cli_fixture.h"
+
+using tpusim::testing::Completed;
+using tpusim::testing::slurp;
+
+namespace {
+
+class CriticalPath : public tpusim::testing::TpusimCli {
+ protected:
+  // Assembles `text`, runs it on `preset` in `mode` with --critical-path; returns
+  // the path document (and leaves stats.json and the report to look at).
+  nlohmann::json run(const std::string& text, const std::string& preset, const std::string& mode = "fast") {
+    const std::string src = dir_ + "/p.s", bundle = dir_ + "/p.tpb";
+    std::ofstream(src) << text;
+    Completed c = tpusim({"asm", src, "-o", bundle});
+    EXPECT_EQ(c.exit_code, 0) << c.err;
+    const std::string path = dir_ + "/cp_" + mode + ".json";
+    c = tpusim({"run", bundle, "--preset", preset, "--mode", mode, "--out", dir_ + "/out", "--critical-path", path});
+    EXPECT_EQ(c.exit_code, 0) << c.err;
+    report_ = c.out;
+    text_ = slurp(path);
+    return nlohmann::json::parse(text_);
+  }
+  std::string report_, text_;
+};
+
+uint64_t cause(const nlohmann::json& p, const char* c) {
+  return p.at("by_cause").contains(c) ? p["by_cause"][c].get<uint64_t>() : 0;
+}
+
+// The segments cover [0, cycles] end to end, and the causes add up to it.
+void expect_tiles(const nlohmann::json& p) {
+  const auto& s = p.at("segments");
+  ASSERT_FALSE(s.empty());
+  EXPECT_EQ(s.front()["begin"].get<uint64_t>(), 0u);
+  for (size_t i = 1; i < s.size(); ++i) EXPECT_EQ(s[i]["begin"], s[i - 1]["end"]) << "segment " << i;
+  EXPECT_EQ(s.back()["end"], p["cycles"]);
+  uint64_t sum = 0;
+  for (const auto& [k, v] : p.at("by_cause").items()) sum += v.get<uint64_t>();
+  EXPECT_EQ(sum, p["cycles"].get<uint64_t>());
+}
+
+TEST_F(CriticalPath, PingPongOverALinkIsIciAtTheNeighbourFigure) {
+  constexpr int kHops = 6, kKib = 64;
+  std::string a = ".target chips=2 cores=1 mxus=1\n.core chip0.core0\n", b = ".core chip1.core0\n";
+  const std::string push = ", vmem:[s0 + 0], bytes=" + std::to_string(kKib * 1024);
+  for (int i = 0; i < kHops / 2; ++i) {
+    a += "  dma vmem@chip1.c0:[s0 + 0]" + push + ", rflag=f3\n  wait.sub f4, 1\n";
+    b += "  wait.sub f3, 1\n  dma vmem@chip0.c0:[s0 + 0]" + push + ", rflag=f4\n";
+  }
+  const nlohmann::json p = run(a + "  halt\n" + b + "  halt\n", "v4-8");
+  ASSERT_NO_FATAL_FAILURE(expect_tiles(p));
+  // The run ends when chip1's last push is complete back at chip1: that hop is
+  // the figure plus the completion's way back over the link (v4's
+  // ici.link_latency_cycles, 500).
+  EXPECT_EQ(p["ends_on"], "chip1.core0");
+  EXPECT_EQ(p["dma_hops"].get<uint64_t>(), uint64_t{kHops});
+  const double published = kHops * (1941 + 24.77 * kKib) + 500;
+  EXPECT_NEAR(double(cause(p, "ici")), published, 0.01 * published);
+  // The rest is the cores passing each landing on and the first issue.
+  EXPECT_LT(p["cycles"].get<uint64_t>() - cause(p, "ici"), uint64_t{20 * kHops});
+  // The summary is in stats.json (without the segments) and in the report.
+  const nlohmann::json s = nlohmann::json::parse(slurp(dir_ + "/out/stats.json"));
+  EXPECT_EQ(s.at("critical_path").at("by_cause"), p["by_cause"]);
+  EXPECT_FALSE(s["critical_path"].contains("segments"));
+  EXPECT_NE(report_.find("critical path: " + std::to_string(p["cycles"].get<uint64_t>()) + " cycles, ending on chip1.core0"),
+            std::string::npos)
+      << report_;
+  // Both modes walk the same path, to the byte.
+  const std::string fast = text_;
+  run(a + "  halt\n" + b + "  halt\n", "v4-8", "detailed");
+  EXPECT_EQ(text_, fast);
+  // Walking it changes nothing else: the same run without it has the same stats.
+  Completed c = tpusim({"run", dir_ + "/p.tpb", "--preset", "v4-8", "--out", dir_ + "/plain", "-q"});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  nlohmann::json with = nlohmann::json::parse(slurp(dir_ + "/out/stats.json")),
+                 without = nlohmann::json::parse(slurp(dir_ + "/plain/stats.json"));
+  for (auto* j : {&with, &without}) j->at("host").erase("wall_seconds");
+  with.erase("critical_path");
+  with.erase("mode");
+  without.erase("mode");
+  EXPECT_EQ(with, without);
+}
+
+TEST_F(CriticalPath, ChainOfHbmLoadsIsHbmAtThePublishedFigure) {
+  constexpr int kLoads = 4, kKib = 256;
+  std::string t = ".target chips=1 cores=1 mxus=1\n.core chip0.core0\n";
+  for (int i = 0; i < kLoads; ++i)
+    t += "  dma vmem:[s0 + 0], hbm:[s0 + " + std::to_string(i * kKib * 1024) + "], bytes=" +
+         std::to_string(kKib * 1024) + ", flag=f1\n  wait.sub f1, 1\n";
+  const nlohmann::json p = run(t + "  halt\n", "v3");
+  ASSERT_NO_FATAL_FAILURE(expect_tiles(p));
+  EXPECT_EQ(p["dma_hops"].get<uint64_t>(), uint64_t{kLoads});
+  const double published = kLoads * (483.6 + 1.105 * kKib);
+  EXPECT_NEAR(double(cause(p, "hbm")), published, 0.02 * published);
+  EXPECT_EQ(cause(p, "ici") + cause(p, "core_to_core") + cause(p, "host"), 0u);
+}
+
+TEST_F(CriticalPath, BarrierLeadsToTheLastArrivalsLoads) {
+  constexpr int kKib = 512;
+  const std::string load = "  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=" + std::to_string(kKib * 1024) +
+                           ", flag=f1\n  wait.sub f1, 1\n";
+  const std::string t = ".target chips=1 cores=2 mxus=1\n.core chip0.core0\n" + load + load +
+                        "  barrier\n  halt\n.core chip0.core1\n  barrier\n  halt\n";
+  const nlohmann::json p = run(t, "v3");
+  ASSERT_NO_FATAL_FAILURE(expect_tiles(p));
+  EXPECT_EQ(p["dma_hops"].get<uint64_t>(), 2u);
+  // core1 waits at the barrier for core0 (barrier_hops 1) if the walk starts on core1.
+  EXPECT_LE(p["barrier_hops"].get<uint64_t>(), 1u);
+  const double published = 2 * (483.6 + 1.105 * kKib);
+  EXPECT_NEAR(double(cause(p, "hbm")), published, 0.02 * published);
+  bool crossed = false;
+  for (const auto& s : p["segments"]) crossed |= s["core"] == "chip0.core0" && s["cause"] == "hbm";
+  EXPECT_TRUE(crossed);
+}
+
+TEST_F(CriticalPath, ACoreWithoutWaitsIsItsOwnIssue) {
+  std::string t = ".target chips=1 cores=1 mxus=1\n.core chip0.core0\n";
+  for (int i = 0; i < 2000; ++i) t += "  vadd v1, v1, v2\n";
+  const nlohmann::json p = run(t + "  halt\n", "v3");
+  ASSERT_NO_FATAL_FAILURE(expect_tiles(p));
+  EXPECT_EQ(p["dma_hops"].get<uint64_t>(), 0u);
+  EXPECT_EQ(cause(p, "issue") + cause(p, "unit_queue"), p["cycles"].get<uint64_t>());
+  EXPECT_GE(p["cycles"].get<uint64_t>(), 2000u);  // one vector ALU op a cycle
+}
+
+}  // namespace
