@@ -8,6 +8,7 @@
 //   cycles each, all hbm;
 // - a barrier: the core that arrives first waits for the other's load chain, so
 //   the walk crosses the barrier to the last arrival and finds the loads there;
+// - a join of a forked stream: the walk goes into the stream and its load;
 // - a core with no waits at all: issue and its unit queues only.
 // Each time the segments tile [0, cycles], by_cause sums to cycles, stats.json
 // and the report carry the summary, and fast and detailed modes write the same file.
@@ -133,6 +134,21 @@ TEST_F(CriticalPath, BarrierLeadsToTheLastArrivalsLoads) {
   bool crossed = false;
   for (const auto& s : p["segments"]) crossed |= s["core"] == "chip0.core0" && s["cause"] == "hbm";
   EXPECT_TRUE(crossed);
+}
+
+// A join: stream 0 waits for stream 1's fadd, stream 1 for its own load. The walk
+// follows the fadd into stream 1, the load, and back to stream 0 at the fork.
+TEST_F(CriticalPath, JoinLeadsIntoTheForkedStreamsLoad) {
+  constexpr int kKib = 256;
+  const std::string t = ".target chips=1 cores=1 mxus=1\n.core chip0.core0\n  fork child\n  wait f9, 1\n  halt\n"
+                        "child:\n  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=" +
+                        std::to_string(kKib * 1024) + ", flag=f1\n  wait f1, 1\n  fadd f9, 1\n  halt\n";
+  const nlohmann::json p = run(t, "v3");
+  ASSERT_NO_FATAL_FAILURE(expect_tiles(p));
+  EXPECT_EQ(p["dma_hops"].get<uint64_t>(), 1u);
+  const double published = 483.6 + 1.105 * kKib;
+  EXPECT_NEAR(double(cause(p, "hbm")), published, 0.02 * published);
+  EXPECT_LT(cause(p, "issue"), 20u);
 }
 
 TEST_F(CriticalPath, ACoreWithoutWaitsIsItsOwnIssue) {
