@@ -102,7 +102,8 @@ class Walker {
       ++dma_hops;
       s = tail->stream, t = tail->issued, op = tail->op;
     }
-    while (budget-- > 0) {
+    bool at_start = false;
+    while (!at_start && budget-- > 0) {
       const PathLog& l = logs_.cores[static_cast<size_t>(c)];
       const auto& v = binding_[static_cast<size_t>(c)][s];
       auto it = std::upper_bound(v.begin(), v.end(), t, [](uint64_t x, const Binding& b) { return x < b.at; });
@@ -144,9 +145,11 @@ class Walker {
         s = 0, t = fork;
         continue;
       }
-      core_time(c, 0, t, op);
-      break;
+      at_start = true;
     }
+    // The core's own time back to cycle 0 (also if the budget ran out: the
+    // segments tile [0, end] whatever happens).
+    core_time(c, 0, t, op);
     return document(end, last_core, dma_hops, barrier_hops);
   }
 
