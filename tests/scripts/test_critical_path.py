@@ -1,0 +1,65 @@
+#!/usr/bin/python3
+"""scripts/critical_path.py on a path written by hand, whose stretches off the
+links are known: the summary line's totals and the listed stretches, their
+order, lengths and cause mix; --op keeps one op's segments; a file that is not a
+critical path is refused with one line and a non-zero exit."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--script", required=True)
+    a = ap.parse_args()
+    fails = 0
+
+    def report(ok, what):
+        nonlocal fails
+        print("%s %s" % ("ok  " if ok else "FAIL", what))
+        fails += not ok
+
+    seg = lambda b, e, c, op=1: {"core": "chip0.core0", "begin": b, "end": e, "cause": c, "op": op}
+    doc = {"cycles": 400, "segments": [
+        seg(0, 10, "issue", 0), seg(10, 100, "ici"), seg(100, 150, "hbm"), seg(150, 160, "dma_queue"),
+        seg(160, 300, "ici"), seg(300, 305, "issue"), seg(305, 330, "ici"), seg(330, 400, "core_to_core", 2)]}
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "cp.json")
+        with open(path, "w") as f:
+            json.dump(doc, f)
+
+        def run(*extra):
+            return subprocess.run(["/usr/bin/python3", a.script, path, *extra], capture_output=True, text=True)
+
+        r = run()
+        lines = r.stdout.splitlines()
+        report(r.returncode == 0, "runs (%s)" % r.stderr.strip())
+        # ici: 90 + 140 + 25 = 255 in 3 runs; off it 10 + 60 + 5 + 70 = 145 in 4 stretches.
+        report(lines[0] == "the run: 400 cycles of the path, 255 (63.8%) ici in 3 runs, 145 in 4 stretches off it",
+               "summary: " + lines[0])
+        want = ["  at       330        70 cycles: core_to_core 70",
+                "  at       100        60 cycles: hbm 50, dma_queue 10",
+                "  at         0        10 cycles: issue 10",
+                "  at       300         5 cycles: issue 5"]
+        report(lines[1:] == want, "stretches, longest first: %s" % lines[1:])
+        r = run("--op", "1", "--top", "1")
+        lines = r.stdout.splitlines()
+        report(lines[0] == "op 1: 320 cycles of the path, 255 (79.7%) ici in 3 runs, 65 in 2 stretches off it",
+               "--op 1: " + lines[0])
+        report(lines[1:] == ["  at       100        60 cycles: hbm 50, dma_queue 10"], "--top 1: %s" % lines[1:])
+        r = run("--on", "hbm")
+        report(r.stdout.splitlines()[0].startswith("the run: 400 cycles of the path, 50 (12.5%) hbm in 1 runs"),
+               "--on hbm: " + r.stdout.splitlines()[0])
+        with open(path, "w") as f:
+            f.write("{\"cycles\": 1}")
+        r = run()
+        report(r.returncode != 0 and "not a tpusim critical path file" in r.stderr and len(r.stderr.splitlines()) == 1,
+               "a file without segments is refused: " + r.stderr.strip())
+    sys.exit(1 if fails else 0)
+
+
+if __name__ == "__main__":
+    main()
