@@ -105,15 +105,16 @@ void check_profile(std::vector<std::string>& p, const json& s) {
   }
   if (s.contains("critical_path")) {
     const json& c = s["critical_path"];
+    const auto count = [](const json& n) { return n.is_number_integer() && n.get<int64_t>() >= 0; };
     uint64_t sum = 0;
-    bool ok = c.is_object() && c.contains("cycles") && c["cycles"].is_number_unsigned() && c.contains("by_cause") &&
+    bool ok = c.is_object() && c.contains("cycles") && count(c["cycles"]) && c.contains("by_cause") &&
               c["by_cause"].is_object();
     if (ok)
       for (const auto& [cause, n] : c["by_cause"].items()) {
-        ok = ok && n.is_number_unsigned();
+        ok = ok && count(n);
         if (ok) sum += n.get<uint64_t>();
       }
-    if (!ok) p.push_back("critical_path lacks an unsigned cycles or by_cause counts");
+    if (!ok) p.push_back("critical_path lacks a count of cycles or by_cause counts");
     else if (sum != c["cycles"].get<uint64_t>()) p.push_back("critical_path.by_cause does not sum to its cycles");
   }
   if (s.contains("time_by_cause")) {

@@ -51,6 +51,27 @@ TEST(Stats, DerivedFiguresFollowTheContract) {
   EXPECT_TRUE(check_stats(s).empty()) << check_stats(s).front();
 }
 
+// --critical-path's summary: its causes must add up to its cycles, and the report
+// names the core it ends on and the causes, largest first.
+TEST(Stats, CriticalPathSummaryIsCheckedAndReported) {
+  RunFigures f = v3_figures();
+  f.critical_path = {{"cycles", 1880},          {"ends_on", "chip0.core1"},
+                     {"by_cause", {{"ici", 1410}, {"hbm", 470}}},
+                     {"by_op", json::object()}, {"dma_hops", 3}, {"barrier_hops", 0}};
+  json s = make_stats(f);
+  EXPECT_TRUE(check_stats(s).empty()) << check_stats(s).front();
+  const std::string r = format_report(s);
+  EXPECT_NE(r.find("critical path: 1880 cycles, ending on chip0.core1 (3 DMA hops, 0 barrier hops):\n  ici 75.0% hbm 25.0%\n"),
+            std::string::npos)
+      << r;
+  s["critical_path"]["by_cause"]["hbm"] = 469;
+  const auto p = check_stats(s);
+  ASSERT_FALSE(p.empty());
+  EXPECT_NE(p.front().find("critical_path.by_cause does not sum"), std::string::npos) << p.front();
+  s["critical_path"]["by_cause"]["hbm"] = -1;
+  EXPECT_FALSE(check_stats(s).empty());
+}
+
 TEST(Stats, ZeroCycleRunIsValidJsonWithZeroUtilization) {
   RunFigures f = v3_figures();
   f.cycles = 0;
