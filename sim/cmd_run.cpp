@@ -114,6 +114,29 @@ class Progress {
   bool done_ = false;
 };
 
+// The critical path on the timeline: each segment a slice named by its cause on a
+// "coreK.critical path" track of its chip, and an arrow where the path moves to
+// another core, so Perfetto shows the chain hopping from chip to chip.
+void critical_path_slices(const nlohmann::json& path, timeline::Timeline& tl) {
+  std::map<std::string, timeline::TrackId> tracks;
+  const nlohmann::json* prev = nullptr;
+  timeline::TrackId prev_track = 0;
+  for (const auto& s : path.at("segments")) {
+    const std::string core = s.at("core").get<std::string>();
+    auto it = tracks.find(core);
+    if (it == tracks.end()) {
+      const size_t dot = core.find('.');
+      it = tracks.emplace(core, tl.track(core.substr(0, dot), core.substr(dot + 1) + ".critical path")).first;
+    }
+    const uint64_t begin = s.at("begin").get<uint64_t>(), end = s.at("end").get<uint64_t>();
+    tl.slice(it->second, s.at("cause").get<std::string>(), begin, end, {{"op", std::to_string(s.at("op").get<int>())}});
+    if (prev && (*prev)["core"] != s["core"])
+      tl.flow(prev_track, (*prev)["end"].get<uint64_t>() - 1, it->second, begin, "critical path");
+    prev = &s;
+    prev_track = it->second;
+  }
+}
+
 int run_run(const RunArgs& a) {
   config::Params preset;
   isa::Bundle bundle;
@@ -205,6 +228,7 @@ int run_run(const RunArgs& a) {
   f.vmem = run::vmem_use(bundle, f.units);  // reads the profile records fold_profiles removes
   if (tl) {
     run::vmem_counters(bundle, *tl);
+    if (!result.critical_path.is_null()) critical_path_slices(result.critical_path, *tl);
     // Op slices say which graph node they belong to when the bundle names its ops.
     std::map<std::string, std::string> names;
     for (const auto& [id, name] : bundle.op_names) names["op " + std::to_string(id)] = "op " + std::to_string(id) + ": " + name;

@@ -14,8 +14,11 @@
 // and the report carry the summary, and fast and detailed modes write the same file.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -31,13 +34,17 @@ class CriticalPath : public tpusim::testing::TpusimCli {
  protected:
   // Assembles `text`, runs it on `preset` in `mode` with --critical-path; returns
   // the path document (and leaves stats.json and the report to look at).
-  nlohmann::json run(const std::string& text, const std::string& preset, const std::string& mode = "fast") {
+  nlohmann::json run(const std::string& text, const std::string& preset, const std::string& mode = "fast",
+                     const std::vector<std::string>& extra = {}) {
     const std::string src = dir_ + "/p.s", bundle = dir_ + "/p.tpb";
     std::ofstream(src) << text;
     Completed c = tpusim({"asm", src, "-o", bundle});
     EXPECT_EQ(c.exit_code, 0) << c.err;
     const std::string path = dir_ + "/cp_" + mode + ".json";
-    c = tpusim({"run", bundle, "--preset", preset, "--mode", mode, "--out", dir_ + "/out", "--critical-path", path});
+    std::vector<std::string> args = {"run", bundle, "--preset", preset, "--mode", mode, "--out", dir_ + "/out",
+                                     "--critical-path", path};
+    args.insert(args.end(), extra.begin(), extra.end());
+    c = tpusim(args);
     EXPECT_EQ(c.exit_code, 0) << c.err;
     report_ = c.out;
     text_ = slurp(path);
@@ -102,6 +109,27 @@ TEST_F(CriticalPath, PingPongOverALinkIsIciAtTheNeighbourFigure) {
   with.erase("mode");
   without.erase("mode");
   EXPECT_EQ(with, without);
+  // With a timeline: every segment a slice on its core's "critical path" track,
+  // named by its cause, and an arrow where the path changes core.
+  const nlohmann::json q = run(a + "  halt\n" + b + "  halt\n", "v4-8", "fast", {"--timeline", dir_ + "/t.json"});
+  const nlohmann::json tl = nlohmann::json::parse(slurp(dir_ + "/t.json"));
+  std::map<std::pair<int, int>, std::string> threads;  // (pid, tid) -> name
+  for (const auto& e : tl["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name") threads[{e["pid"], e["tid"]}] = e["args"]["name"];
+  size_t slices = 0, arrows = 0, changes = 0;
+  uint64_t ici = 0;
+  for (const auto& e : tl["traceEvents"]) {
+    if (e["ph"] == "X" && threads[{e["pid"], e["tid"]}] == "core0.critical path") {
+      ++slices;
+      if (e["name"] == "ici") ici += static_cast<uint64_t>(std::llround(e["dur"].get<double>() * 1e-6 * 1.05e9));
+    }
+    arrows += e["ph"] == "s" && e["name"] == "critical path";
+  }
+  for (size_t i = 1; i < q["segments"].size(); ++i) changes += q["segments"][i]["core"] != q["segments"][i - 1]["core"];
+  EXPECT_EQ(slices, q["segments"].size());
+  EXPECT_EQ(arrows, changes);
+  EXPECT_GT(changes, 0u);
+  EXPECT_NEAR(double(ici), double(cause(q, "ici")), 2.0 * kHops);  // microsecond timestamps, rounded
 }
 
 TEST_F(CriticalPath, ChainOfHbmLoadsIsHbmAtThePublishedFigure) {
