@@ -187,7 +187,7 @@ class Walker {
       total[g.cause] += g.end - g.begin;
       by_op[g.op][g.cause] += g.end - g.begin;
       // Neighbours of one core, cause and op are one segment in the list.
-      if (!segs.empty() && i > 0) {
+      if (i > 0) {
         const Segment& p = segments_[i - 1];
         if (p.core == g.core && p.cause == g.cause && p.op == g.op && p.end == g.begin) {
           segs.back()["end"] = g.end;

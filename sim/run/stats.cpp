@@ -57,6 +57,10 @@ void check_leaves(std::vector<std::string>& problems, const json& j, const std::
   }
 }
 
+// A count written by tpusim: an integer >= 0 (unsigned once read from a file,
+// possibly signed in a document built in memory).
+bool is_count(const json& n) { return n.is_number_integer() && n.get<int64_t>() >= 0; }
+
 bool close(double a, double b) {
   const double scale = std::max(std::abs(a), std::abs(b));
   return std::abs(a - b) <= 1e-12 * scale + 1e-300;
@@ -76,8 +80,7 @@ void check_profile(std::vector<std::string>& p, const json& s) {
           p.push_back("ops[" + std::to_string(i) + "] is not an object");
           continue;
         }
-        const bool id_ok = op.contains("id") && (op["id"].is_string() || (op["id"].is_number_integer() &&
-                                                                         op["id"].get<int64_t>() >= 0));
+        const bool id_ok = op.contains("id") && (op["id"].is_string() || is_count(op["id"]));
         if (!id_ok) p.push_back("key " + where + "id is not a non-negative integer or a string");
         require(p, op, where, "name", &json::is_string, "a string");
         require(p, op, where, "flops", &json::is_number_unsigned, "an unsigned integer");
@@ -105,13 +108,12 @@ void check_profile(std::vector<std::string>& p, const json& s) {
   }
   if (s.contains("critical_path")) {
     const json& c = s["critical_path"];
-    const auto count = [](const json& n) { return n.is_number_integer() && n.get<int64_t>() >= 0; };
     uint64_t sum = 0;
-    bool ok = c.is_object() && c.contains("cycles") && count(c["cycles"]) && c.contains("by_cause") &&
+    bool ok = c.is_object() && c.contains("cycles") && is_count(c["cycles"]) && c.contains("by_cause") &&
               c["by_cause"].is_object();
     if (ok)
       for (const auto& [cause, n] : c["by_cause"].items()) {
-        ok = ok && count(n);
+        ok = ok && is_count(n);
         if (ok) sum += n.get<uint64_t>();
       }
     if (!ok) p.push_back("critical_path lacks a count of cycles or by_cause counts");
@@ -127,7 +129,7 @@ void check_profile(std::vector<std::string>& p, const json& s) {
       uint64_t sum = 0;
       bool ok = t.is_object();
       for (const char* k : {"compute", "hbm", "infeed", "sync", "idle"}) {
-        ok = ok && t.contains(k) && t[k].is_number_integer() && t[k].get<int64_t>() >= 0;
+        ok = ok && t.contains(k) && is_count(t[k]);
         if (ok) sum += t[k].get<uint64_t>();
       }
       if (!ok) p.push_back("time_by_cause." + core + " lacks a count of compute, hbm, infeed, sync or idle");
