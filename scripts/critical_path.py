@@ -5,8 +5,12 @@ lists the stretches of the path between its segments of one cause (default ici,
 the links), longest first, each with its start, length and the causes it is made
 of. A collective whose path is mostly ici is link-bound; the stretches off the
 links are what keeps the links waiting (on-chip phases, HBM, the cores' order).
+With --detail N the N longest are listed segment by segment: each transfer and
+wait with the pc of its instruction and, given the bundle's `tpusim disasm`
+text, the instruction itself; a core's own time between them on one line.
 
     /usr/bin/python3 scripts/critical_path.py cp.json [--op 1] [--on ici] [--top 10]
+        [--detail 2 [--disasm bundle.s]]
 """
 import argparse
 import json
@@ -15,7 +19,7 @@ import sys
 
 def stretches(segments, on):
     """The maximal runs of consecutive segments whose cause is not `on`:
-    (begin, cycles, {cause: cycles}) in path order."""
+    (begin, cycles, {cause: cycles}, [segments]) in path order."""
     out = []
     for s in segments:
         n = s["end"] - s["begin"]
@@ -23,10 +27,52 @@ def stretches(segments, on):
             out.append(None)
             continue
         if not out or out[-1] is None:
-            out.append([s["begin"], 0, {}])
+            out.append([s["begin"], 0, {}, []])
         out[-1][1] += n
         out[-1][2][s["cause"]] = out[-1][2].get(s["cause"], 0) + n
+        out[-1][3].append(s)
     return [tuple(x) for x in out if x is not None]
+
+
+def read_disasm(path):
+    """{core name: [instruction text by pc]} from `tpusim disasm` output: each
+    `.core NAME` section's indented lines (labels and directives are no pc)."""
+    code, cur = {}, None
+    with open(path) as f:
+        for line in f:
+            if line.startswith(".core "):
+                cur = code.setdefault(line.split()[1], [])
+            elif cur is not None and line[:1].isspace() and line.strip():
+                cur.append(line.strip())
+    return code
+
+
+def mix(causes):
+    return ", ".join("%s %d" % (c, v) for c, v in sorted(causes.items(), key=lambda x: (-x[1], x[0])))
+
+
+def detail(segments, code):
+    """The lines of one stretch: a segment with a pc (a transfer, its queue wait,
+    a wait passing) on its own, with its instruction when `code` has it; the
+    segments without one in a row on one core merged into that core's own time."""
+    lines, own = [], None
+    for s in segments + [None]:
+        if s is not None and "pc" not in s and own is not None and own[1] == s["core"]:
+            own[2][s["cause"]] = own[2].get(s["cause"], 0) + s["end"] - s["begin"]
+            continue
+        if own is not None:
+            lines.append("    %9d  %7d  %-12s own time: %s" % (own[0], sum(own[2].values()), own[1], mix(own[2])))
+            own = None
+        if s is None:
+            break
+        if "pc" not in s:
+            own = [s["begin"], s["core"], {s["cause"]: s["end"] - s["begin"]}]
+            continue
+        text = code.get(s["core"], [])
+        ins = text[s["pc"]] if s["pc"] < len(text) else ""
+        lines.append(("    %9d  %7d  %-12s %-10s pc %d  %s" % (s["begin"], s["end"] - s["begin"], s["core"], s["cause"],
+                                                            s["pc"], ins)).rstrip())
+    return lines
 
 
 def main(argv=None):
@@ -35,6 +81,8 @@ def main(argv=None):
     ap.add_argument("--op", type=int, help="only the segments of this op id")
     ap.add_argument("--on", default="ici", help="the cause whose gaps to list (default ici)")
     ap.add_argument("--top", type=int, default=10, help="how many stretches to list")
+    ap.add_argument("--detail", type=int, default=0, help="list this many of them segment by segment")
+    ap.add_argument("--disasm", help="the bundle's `tpusim disasm` text, to show each pc's instruction")
     a = ap.parse_args(argv)
     try:
         with open(a.path) as f:
@@ -51,9 +99,16 @@ def main(argv=None):
     scope = "op %d" % a.op if a.op is not None else "the run"
     print("%s: %d cycles of the path, %d (%.1f%%) %s in %d runs, %d in %d stretches off it" %
           (scope, total, on, 100.0 * on / total if total else 0.0, a.on, hops, total - on, len(off)))
-    for begin, n, causes in sorted(off, key=lambda x: (-x[1], x[0]))[:a.top]:
-        mix = ", ".join("%s %d" % (c, v) for c, v in sorted(causes.items(), key=lambda x: (-x[1], x[0])))
-        print("  at %9d  %8d cycles: %s" % (begin, n, mix))
+    code = {}
+    if a.disasm:
+        try:
+            code = read_disasm(a.disasm)
+        except OSError as e:
+            sys.exit("%s: cannot read (%s)" % (a.disasm, e.strerror))
+    for i, (begin, n, causes, segs) in enumerate(sorted(off, key=lambda x: (-x[1], x[0]))[:a.top]):
+        print("  at %9d  %8d cycles: %s" % (begin, n, mix(causes)))
+        if i < a.detail:
+            print("\n".join(detail(segs, code)))
 
 
 if __name__ == "__main__":

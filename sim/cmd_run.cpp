@@ -129,7 +129,9 @@ void critical_path_slices(const nlohmann::json& path, timeline::Timeline& tl) {
       it = tracks.emplace(core, tl.track(core.substr(0, dot), core.substr(dot + 1) + ".critical path")).first;
     }
     const uint64_t begin = s.at("begin").get<uint64_t>(), end = s.at("end").get<uint64_t>();
-    tl.slice(it->second, s.at("cause").get<std::string>(), begin, end, {{"op", std::to_string(s.at("op").get<int>())}});
+    std::vector<std::pair<std::string, std::string>> args = {{"op", std::to_string(s.at("op").get<int>())}};
+    if (s.contains("pc")) args.emplace_back("pc", std::to_string(s["pc"].get<int64_t>()));  // the DMA or wait
+    tl.slice(it->second, s.at("cause").get<std::string>(), begin, end, args);
     if (prev && (*prev)["core"] != s["core"])
       tl.flow(prev_track, (*prev)["end"].get<uint64_t>() - 1, it->second, begin, "critical path");
     prev = &s;

@@ -30,6 +30,7 @@ struct PathLog {
     int32_t op = -1;
     uint8_t stream = 0;
     DmaKind kind = DmaKind::kHbm;
+    uint32_t pc = 0;  // the DMA instruction, on `stream`
   };
   // Who last raised a flag, at a cycle: a DMA (its issuer's id and its Dma's
   // index there), or an fset / fadd of this core (dma = kBySelf, from `stream`);
@@ -48,6 +49,7 @@ struct PathLog {
     int32_t op = -1;
     uint8_t stream = 0;
     Raise by;
+    uint32_t pc = 0;  // the wait instruction
   };
   // A barrier this core (stream 0) arrived at and was released from.
   struct Barrier {

@@ -259,7 +259,8 @@ bool Sequencer::issue(uint64_t cycle) {
           it.vmem_ops_before = vmem_ops_issued_;
           if (env_.path) {
             it.path_dma = static_cast<uint32_t>(env_.path->dmas.size());
-            env_.path->dmas.push_back({cycle, cycle, 0, in.op_id, static_cast<uint8_t>(cur_), PathLog::DmaKind::kHbm});
+            env_.path->dmas.push_back(
+                {cycle, cycle, 0, in.op_id, static_cast<uint8_t>(cur_), PathLog::DmaKind::kHbm, pc});
           }
           env_.profile.dma_issued(in, env_.state->chip);
           it.plan = std::make_unique<exec::DmaPlan>(exec::plan_dma(*env_.machine, *env_.state, in));  // faults here, as the reference does
@@ -295,7 +296,7 @@ bool Sequencer::issue(uint64_t cycle) {
         // A wait.any that goes on its second condition alone: the later of two
         // pieces of work arrived first (docs/codegen.md "Arrival order").
         if (in.op == Op::kWaitAny && !exec::flag_at_least(*env_.state, in.a, in.imm)) counters_["wait_any_second"]++;
-        if (env_.path) path_sync(in, reached, cycle);
+        if (env_.path) path_sync(in, pc, reached, cycle);
         exec::exec_sync(*env_.state, in);
         ++pc;
         return true;
@@ -306,7 +307,7 @@ bool Sequencer::issue(uint64_t cycle) {
   return false;
 }
 
-void Sequencer::path_sync(const isa::Instr& in, uint64_t reached, uint64_t cycle) {
+void Sequencer::path_sync(const isa::Instr& in, uint32_t pc, uint64_t reached, uint64_t cycle) {
   PathLog& pl = *env_.path;
   const auto raise = [&](int flag) {
     if (flag >= 0 && flag < isa::kSyncFlags)
@@ -319,7 +320,7 @@ void Sequencer::path_sync(const isa::Instr& in, uint64_t reached, uint64_t cycle
       // wait.any passes on its first flag when that one holds, else on its second.
       const int flag = in.op == Op::kWaitAny && !exec::flag_at_least(*env_.state, in.a, in.imm) ? in.b : in.a;
       if (flag < 0 || flag >= isa::kSyncFlags) return;
-      pl.waits.push_back({reached, cycle, in.op_id, static_cast<uint8_t>(cur_), pl.raised[static_cast<size_t>(flag)]});
+      pl.waits.push_back({reached, cycle, in.op_id, static_cast<uint8_t>(cur_), pl.raised[static_cast<size_t>(flag)], pc});
       return;
     }
     case Op::kFset:

@@ -107,8 +107,8 @@ class Sequencer {
   // Issues the instruction at pc; false when the bundle must end after it
   // (control flow, barrier, halt, a fault).
   bool issue(uint64_t cycle);
-  // Critical path records (CoreEnv::path) of a sync instruction that issues.
-  void path_sync(const isa::Instr& in, uint64_t reached, uint64_t cycle);
+  // Critical path records (CoreEnv::path) of a sync instruction that issues at pc.
+  void path_sync(const isa::Instr& in, uint32_t pc, uint64_t reached, uint64_t cycle);
   // May the instruction at pc join the bundle `b` already holds?
   struct Bundle {
     int size = 0;

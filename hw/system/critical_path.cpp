@@ -38,6 +38,7 @@ struct Segment {
   uint64_t begin, end;
   Cause cause;
   int32_t op;
+  int64_t pc;  // the DMA or wait instruction it is the time of; -1: the core's own time
 };
 
 // A binding event of a stream: a wait (index into waits) or a barrier (into
@@ -97,8 +98,8 @@ class Walker {
     const uint64_t last_wait = lc.waits.empty() ? 0 : lc.waits.back().passed;
     if (tail && tail->done + 1 >= end && tail->done > last_wait) {
       add(c, tail->done, end, kIssue, tail->op);
-      add(c, tail->started, tail->done, transfer_cause(tail->kind), tail->op);
-      add(c, tail->issued, tail->started, kDmaQueue, tail->op);
+      add(c, tail->started, tail->done, transfer_cause(tail->kind), tail->op, tail->pc);
+      add(c, tail->issued, tail->started, kDmaQueue, tail->op, tail->pc);
       ++dma_hops;
       s = tail->stream, t = tail->issued, op = tail->op;
     }
@@ -128,14 +129,14 @@ class Walker {
         const PathLog::Wait& w = l.waits[rec->index];
         if (op < 0) op = w.op;
         core_time(c, rec->at, t, op);
-        add(c, w.by.at, w.passed, kIssue, w.op);  // the raise to the pass: a cycle or so
+        add(c, w.by.at, w.passed, kIssue, w.op, w.pc);  // the raise to the pass: a cycle or so
         if (w.by.dma == PathLog::kBySelf) {
           s = w.by.stream, t = w.by.at, op = w.op;
           continue;
         }
         const PathLog::Dma& d = logs_.cores[static_cast<size_t>(w.by.core)].dmas[w.by.dma];
-        add(w.by.core, d.started, w.by.at, transfer_cause(d.kind), d.op);
-        add(w.by.core, d.issued, d.started, kDmaQueue, d.op);
+        add(w.by.core, d.started, w.by.at, transfer_cause(d.kind), d.op, d.pc);
+        add(w.by.core, d.issued, d.started, kDmaQueue, d.op, d.pc);
         ++dma_hops;
         c = w.by.core, s = d.stream, t = d.issued, op = d.op;
         continue;
@@ -154,8 +155,8 @@ class Walker {
   }
 
  private:
-  void add(int32_t core, uint64_t begin, uint64_t end, Cause cause, int32_t op) {
-    if (end > begin) segments_.push_back({core, begin, end, cause, op});
+  void add(int32_t core, uint64_t begin, uint64_t end, Cause cause, int32_t op, int64_t pc = -1) {
+    if (end > begin) segments_.push_back({core, begin, end, cause, op, pc});
   }
   // [a, b) of core c: its stalls on full queues and drains by their cause, the rest
   // "issue". Added from the end back, as the walk goes.
@@ -189,13 +190,14 @@ class Walker {
       // Neighbours of one core, cause and op are one segment in the list.
       if (i > 0) {
         const Segment& p = segments_[i - 1];
-        if (p.core == g.core && p.cause == g.cause && p.op == g.op && p.end == g.begin) {
+        if (p.core == g.core && p.cause == g.cause && p.op == g.op && p.pc == g.pc && p.end == g.begin) {
           segs.back()["end"] = g.end;
           continue;
         }
       }
       segs.push_back({{"core", name(g.core)}, {"begin", g.begin}, {"end", g.end}, {"cause", kCauseNames[g.cause]},
                       {"op", g.op}});
+      if (g.pc >= 0) segs.back()["pc"] = g.pc;
     }
     auto causes = [](const std::array<uint64_t, kCauses>& a) {
       nlohmann::json j = nlohmann::json::object();

@@ -2,7 +2,9 @@
 """scripts/critical_path.py on a path written by hand, whose stretches off the
 links are known: the summary line's totals and the listed stretches, their
 order, lengths and cause mix; --op keeps one op's segments; a file that is not a
-critical path is refused with one line and a non-zero exit."""
+critical path is refused with one line and a non-zero exit; --detail lists a
+stretch segment by segment, a transfer with its pc and, from a `tpusim disasm`
+text, its instruction, a core's own time merged on one line."""
 import argparse
 import json
 import os
@@ -22,9 +24,15 @@ def main():
         print("%s %s" % ("ok  " if ok else "FAIL", what))
         fails += not ok
 
-    seg = lambda b, e, c, op=1: {"core": "chip0.core0", "begin": b, "end": e, "cause": c, "op": op}
+    def seg(b, e, c, op=1, pc=None, core="chip0.core0"):
+        s = {"core": core, "begin": b, "end": e, "cause": c, "op": op}
+        if pc is not None:
+            s["pc"] = pc
+        return s
+
     doc = {"cycles": 400, "segments": [
-        seg(0, 10, "issue", 0), seg(10, 100, "ici"), seg(100, 150, "hbm"), seg(150, 160, "dma_queue"),
+        seg(0, 10, "issue", 0), seg(10, 100, "ici"), seg(100, 150, "hbm", pc=1, core="chip0.core1"),
+        seg(150, 160, "dma_queue", pc=1, core="chip0.core1"),
         seg(160, 300, "ici"), seg(300, 305, "issue"), seg(305, 330, "ici"), seg(330, 400, "core_to_core", 2)]}
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "cp.json")
@@ -53,6 +61,22 @@ def main():
         r = run("--on", "hbm")
         report(r.stdout.splitlines()[0].startswith("the run: 400 cycles of the path, 50 (12.5%) hbm in 1 runs"),
                "--on hbm: " + r.stdout.splitlines()[0])
+        # The 60-cycle stretch in detail, with the instructions of a disassembly
+        # (core1's pc 1 is its dma: the label is no instruction).
+        dis = os.path.join(d, "b.s")
+        with open(dis, "w") as f:
+            f.write(".target chips=1 cores=2\n\n.core chip0.core0\n  halt\n.core chip0.core1\n  wait f1, 1\n"
+                    "next:\n  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4, flag=f1\n  halt\n")
+        r = run("--top", "2", "--detail", "2", "--disasm", dis)
+        want = ["  at       330        70 cycles: core_to_core 70",
+                "          330       70  chip0.core0  own time: core_to_core 70",
+                "  at       100        60 cycles: hbm 50, dma_queue 10",
+                "          100       50  chip0.core1  hbm        pc 1  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4, flag=f1",
+                "          150       10  chip0.core1  dma_queue  pc 1  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4, flag=f1"]
+        report(r.stdout.splitlines()[1:] == want, "--detail 2 --disasm: %s" % r.stdout.splitlines()[1:])
+        r = run("--top", "2", "--detail", "2")
+        report(r.stdout.splitlines()[1:] == [w[:w.index("pc 1") + 4] if "pc 1" in w else w for w in want],
+               "--detail without a disassembly: %s" % r.stdout.splitlines()[1:])
         with open(path, "w") as f:
             f.write("{\"cycles\": 1}")
         r = run()

@@ -88,6 +88,17 @@ TEST_F(CriticalPath, PingPongOverALinkIsIciAtTheNeighbourFigure) {
   EXPECT_NEAR(double(cause(p, "ici")), published, 0.01 * published);
   // The rest is the cores passing each landing on and the first issue.
   EXPECT_LT(p["cycles"].get<uint64_t>() - cause(p, "ici"), uint64_t{20 * kHops});
+  // Each hop names its push: chip0's at pcs 0, 2, 4 and chip1's at 1, 3, 5 (each
+  // program alternates push and wait, chip1's starting with the wait).
+  size_t named = 0;
+  for (const auto& s : p["segments"])
+    if (s["cause"] == "ici") {
+      ASSERT_TRUE(s.contains("pc")) << s;
+      EXPECT_EQ(s["pc"].get<int>() % 2, s["core"] == "chip0.core0" ? 0 : 1) << s;
+      EXPECT_LT(s["pc"].get<int>(), kHops) << s;
+      ++named;
+    }
+  EXPECT_EQ(named, size_t{kHops});
   // The summary is in stats.json (without the segments) and in the report.
   const nlohmann::json s = nlohmann::json::parse(slurp(dir_ + "/out/stats.json"));
   EXPECT_EQ(s.at("critical_path").at("by_cause"), p["by_cause"]);
@@ -121,7 +132,10 @@ TEST_F(CriticalPath, PingPongOverALinkIsIciAtTheNeighbourFigure) {
   for (const auto& e : tl["traceEvents"]) {
     if (e["ph"] == "X" && threads[{e["pid"], e["tid"]}] == "core0.critical path") {
       ++slices;
-      if (e["name"] == "ici") ici += static_cast<uint64_t>(std::llround(e["dur"].get<double>() * 1e-6 * 1.05e9));
+      if (e["name"] == "ici") {
+        ici += static_cast<uint64_t>(std::llround(e["dur"].get<double>() * 1e-6 * 1.05e9));
+        EXPECT_TRUE(e["args"].contains("pc")) << e;  // the push it is the time of
+      }
     }
     arrows += e["ph"] == "s" && e["name"] == "critical path";
   }
@@ -144,6 +158,11 @@ TEST_F(CriticalPath, ChainOfHbmLoadsIsHbmAtThePublishedFigure) {
   const double published = kLoads * (483.6 + 1.105 * kKib);
   EXPECT_NEAR(double(cause(p, "hbm")), published, 0.02 * published);
   EXPECT_EQ(cause(p, "ici") + cause(p, "core_to_core") + cause(p, "host"), 0u);
+  // Load i is the DMA at pc 2i; its segments name it, in path order.
+  std::vector<int> pcs;
+  for (const auto& s : p["segments"])
+    if (s["cause"] == "hbm") pcs.push_back(s.at("pc").get<int>());
+  EXPECT_EQ(pcs, (std::vector<int>{0, 2, 4, 6}));
 }
 
 TEST_F(CriticalPath, BarrierLeadsToTheLastArrivalsLoads) {
@@ -177,6 +196,10 @@ TEST_F(CriticalPath, JoinLeadsIntoTheForkedStreamsLoad) {
   const double published = 483.6 + 1.105 * kKib;
   EXPECT_NEAR(double(cause(p, "hbm")), published, 0.02 * published);
   EXPECT_LT(cause(p, "issue"), 20u);
+  for (const auto& s : p["segments"])  // the forked stream's load: pc 3, after fork, wait, halt
+    if (s["cause"] == "hbm") {
+      EXPECT_EQ(s.at("pc"), 3) << s;
+    }
 }
 
 TEST_F(CriticalPath, ACoreWithoutWaitsIsItsOwnIssue) {
