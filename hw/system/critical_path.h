@@ -1,6 +1,6 @@
 // The critical path of a run: the chain of transfers, waits and barriers that set
 // its length, walked back from the core that finished last through the records
-// of hw/core/path_log.h (docs/tensorcore.md "Critical path").
+// of hw/core/path_log.h (docs/cli.md "The critical path").
 //
 // From a cycle t on a core's instruction stream the walk looks for the latest
 // *binding* event at or before t: a wait whose flag rose after the stream reached
