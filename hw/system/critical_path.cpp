@@ -187,7 +187,7 @@ class Walker {
       const Segment& g = segments_[i];
       total[g.cause] += g.end - g.begin;
       by_op[g.op][g.cause] += g.end - g.begin;
-      // Neighbours of one core, cause and op are one segment in the list.
+      // Neighbours of one core, cause, op and instruction are one segment in the list.
       if (i > 0) {
         const Segment& p = segments_[i - 1];
         if (p.core == g.core && p.cause == g.cause && p.op == g.op && p.pc == g.pc && p.end == g.begin) {
