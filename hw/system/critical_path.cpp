@@ -92,6 +92,10 @@ class Walker {
     // A core that ends draining a DMA nobody waited for (a push's completion on
     // its way back, a last store) ends on that DMA.
     const PathLog& lc = logs_.cores[static_cast<size_t>(c)];
+    // The walk starts on the stream that issued last: a forked stream may outlive
+    // stream 0 (which may halt without joining it).
+    for (size_t k = 1; k < lc.reached.size(); ++k)
+      if (lc.reached[k] > lc.reached[s]) s = static_cast<uint8_t>(k);
     const PathLog::Dma* tail = nullptr;
     for (const PathLog::Dma& d : lc.dmas)
       if (!tail || d.done > tail->done) tail = &d;

@@ -9,6 +9,7 @@
 // - a barrier: the core that arrives first waits for the other's load chain, so
 //   the walk crosses the barrier to the last arrival and finds the loads there;
 // - a join of a forked stream: the walk goes into the stream and its load;
+// - a forked stream that outlives stream 0: the walk starts in it;
 // - a core with no waits at all: issue and its unit queues only.
 // Each time the segments tile [0, cycles], by_cause sums to cycles, stats.json
 // and the report carry the summary, and fast and detailed modes write the same file.
@@ -200,6 +201,22 @@ TEST_F(CriticalPath, JoinLeadsIntoTheForkedStreamsLoad) {
     if (s["cause"] == "hbm") {
       EXPECT_EQ(s.at("pc"), 3) << s;
     }
+}
+
+// A forked stream that outlives stream 0 (which halts without joining it): the
+// walk starts on the stream that issued last, so its two loads are the path.
+TEST_F(CriticalPath, AForkedStreamThatOutlivesStreamZeroIsWalked) {
+  constexpr int kKib = 256;
+  std::string t = ".target chips=1 cores=1 mxus=1\n.core chip0.core0\n  fork child\n  halt\nchild:\n";
+  for (int i = 0; i < 2; ++i)
+    t += "  dma vmem:[s0 + 0], hbm:[s0 + " + std::to_string(i * kKib * 1024) + "], bytes=" +
+         std::to_string(kKib * 1024) + ", flag=f1\n  wait f1, " + std::to_string(i + 1) + "\n";
+  const nlohmann::json p = run(t + "  vadd v1, v1, v2\n  halt\n", "v3");
+  ASSERT_NO_FATAL_FAILURE(expect_tiles(p));
+  EXPECT_EQ(p["dma_hops"].get<uint64_t>(), 2u);
+  const double published = 2 * (483.6 + 1.105 * kKib);
+  EXPECT_NEAR(double(cause(p, "hbm")), published, 0.02 * published);
+  EXPECT_LT(cause(p, "issue"), 20u);
 }
 
 TEST_F(CriticalPath, ACoreWithoutWaitsIsItsOwnIssue) {
