@@ -71,6 +71,7 @@ HbmChannel::HbmChannel(const HbmConfig& cfg, uint32_t index) : cfg_(&cfg), index
   bank_count_.assign(banks, 0);
   bank_writes_.assign(banks, 0);
   hit_count_.assign(banks, 0);
+  first_hit_.assign(banks, {-1, -1});
   pool_.resize(cfg.queue_entries);
   for (int32_t i = int32_t(cfg.queue_entries) - 1; i >= 0; --i) free_.push_back(i);
   all_banks_mask_ = banks == 64 ? ~uint64_t(0) : bit(banks) - 1;
@@ -99,7 +100,7 @@ void HbmChannel::enqueue(const QueuedBurst& b) {
   account_occupancy(b.arrival_cycle);
   const int32_t idx = free_.back();
   free_.pop_back();
-  pool_[size_t(idx)] = {b, seq_++, -1};
+  pool_[size_t(idx)] = {b, seq_++, -1, bank_tail_[b.bank]};
   if (bank_tail_[b.bank] >= 0) pool_[size_t(bank_tail_[b.bank])].next = idx;
   else bank_head_[b.bank] = idx;
   bank_tail_[b.bank] = idx;
@@ -107,18 +108,36 @@ void HbmChannel::enqueue(const QueuedBurst& b) {
   bank_writes_[b.bank] += b.is_write;
   writes_queued_ += b.is_write;
   nonempty_mask_ |= bit(b.bank);
-  if (open_row_[b.bank] == b.row) ++hit_count_[b.bank];
+  if (open_row_[b.bank] == b.row) {
+    ++hit_count_[b.bank];
+    int32_t& first = first_hit_[b.bank][b.is_write];
+    if (first < 0) first = idx;  // the youngest: first only if it is the only one
+  }
   ++queued_;
   counters_.occupancy_max = std::max<uint64_t>(counters_.occupancy_max, queued_);
   next_try_ = std::min(next_try_, b.arrival_cycle);
 }
 
-void HbmChannel::unlink(int32_t entry, int32_t prev) {
-  const uint32_t b = pool_[size_t(entry)].burst.bank;
-  const int32_t next = pool_[size_t(entry)].next;
+void HbmChannel::unlink(int32_t entry) {
+  const Entry& x = pool_[size_t(entry)];
+  const uint32_t b = x.burst.bank;
+  const int32_t next = x.next, prev = x.prev;
   if (prev >= 0) pool_[size_t(prev)].next = next;
   else bank_head_[b] = next;
-  if (bank_tail_[b] == entry) bank_tail_[b] = prev;
+  if (next >= 0) pool_[size_t(next)].prev = prev;
+  else bank_tail_[b] = prev;
+  // The oldest hit of its kind leaves: the next one is further down the list.
+  int32_t& first = first_hit_[b][x.burst.is_write];
+  if (first == entry) {
+    first = -1;
+    for (int32_t e = next; e >= 0; e = pool_[size_t(e)].next) {
+      const QueuedBurst& y = pool_[size_t(e)].burst;
+      if (y.row == open_row_[b] && y.is_write == x.burst.is_write) {
+        first = e;
+        break;
+      }
+    }
+  }
   bank_writes_[b] -= pool_[size_t(entry)].burst.is_write;
   writes_queued_ -= pool_[size_t(entry)].burst.is_write;
   if (--bank_count_[b] == 0) nonempty_mask_ &= ~bit(b);
@@ -153,9 +172,7 @@ void HbmChannel::issue(uint64_t c, Command cmd, uint32_t bank, uint32_t group, u
     case Command::kAct:
       open_row_[bank] = row;
       open_mask_ |= bit(bank);
-      hit_count_[bank] = 0;
-      for (int32_t e = bank_head_[bank]; e >= 0; e = pool_[size_t(e)].next)
-        hit_count_[bank] += pool_[size_t(e)].burst.row == row;
+      find_first_hits(bank);
       last_acts_[act_ring_pos_] = c;
       last_act_[bank] = c + 1;
       act_ring_pos_ = (act_ring_pos_ + 1) % 4;
@@ -169,6 +186,7 @@ void HbmChannel::issue(uint64_t c, Command cmd, uint32_t bank, uint32_t group, u
       open_row_[bank] = kClosed;
       open_mask_ &= ~bit(bank);
       hit_count_[bank] = 0;
+      first_hit_[bank] = {-1, -1};
       ++counters_.precharges;
       break;
     case Command::kRef:
@@ -179,6 +197,18 @@ void HbmChannel::issue(uint64_t c, Command cmd, uint32_t bank, uint32_t group, u
       break;
   }
   if (record_) log_.push_back({c, cmd, bank, row});
+}
+
+void HbmChannel::find_first_hits(uint32_t b) {
+  hit_count_[b] = 0;
+  first_hit_[b] = {-1, -1};
+  for (int32_t e = bank_head_[b]; e >= 0; e = pool_[size_t(e)].next) {
+    const QueuedBurst& x = pool_[size_t(e)].burst;
+    if (x.row != open_row_[b]) continue;
+    ++hit_count_[b];
+    int32_t& first = first_hit_[b][x.is_write];
+    if (first < 0) first = e;
+  }
 }
 
 void HbmChannel::start_refresh_if_due(uint64_t c) {
@@ -233,7 +263,8 @@ HbmChannel::Choice HbmChannel::choose(uint64_t c) const {
   Choice ch;
   const uint32_t per_group = cfg_->banks_per_group;
   // Column bus, first ready: the oldest row hit whose RD/WR is legal now. Within a
-  // bank only the oldest read hit and the oldest write hit can be that one.
+  // bank only the oldest read hit and the oldest write hit can be that one
+  // (first_hit_).
   // While the channel-wide tCCD_S/turnaround limits forbid every queued kind, no
   // column command is legal, and their earliest time is a lower bound on when one
   // can be: skip the walk (most evaluations right after a RD or WR).
@@ -244,21 +275,16 @@ HbmChannel::Choice HbmChannel::choose(uint64_t c) const {
   if (col_floor > c && (nonempty_mask_ & open_mask_)) ch.min_next = col_floor;
   for (uint64_t m = col_banks; m; m &= m - 1) {
     const uint32_t b = uint32_t(__builtin_ctzll(m));
-    if (!hit_count_[b]) continue;
-    // A kind the bank does not hold counts as seen, so the walk stops at the first hit.
-    bool seen_wr = bank_writes_[b] == 0, seen_rd = bank_writes_[b] == bank_count_[b];
-    for (int32_t e = bank_head_[b], prev = -1; e >= 0 && !(seen_rd && seen_wr); prev = e, e = pool_[size_t(e)].next) {
+    for (int w = 0; w < 2; ++w) {
+      const int32_t e = first_hit_[b][size_t(w)];
+      if (e < 0) continue;
       const Entry& x = pool_[size_t(e)];
-      if (x.burst.row != open_row_[b]) continue;
-      bool& seen = x.burst.is_write ? seen_wr : seen_rd;
-      if (seen) continue;
-      seen = true;
-      const uint64_t t = earliest(x.burst.is_write ? Command::kWr : Command::kRd, b, x.burst.bank_group);
+      const uint64_t t = earliest(w ? Command::kWr : Command::kRd, b, x.burst.bank_group);
       if (t > c) {
         ch.min_next = std::min(ch.min_next, t);
       } else {
         ch.other_col_legal |= ch.col_entry >= 0;
-        if (x.seq < ch.col_seq) ch.col_entry = e, ch.col_prev = prev, ch.col_seq = x.seq;
+        if (x.seq < ch.col_seq) ch.col_entry = e, ch.col_seq = x.seq;
       }
     }
   }
@@ -362,7 +388,7 @@ void HbmChannel::evaluate(uint64_t c, std::vector<BurstDone>& done) {
     if (last_col_was_read_ == e.is_write && counters_.reads + counters_.writes > 1) ++counters_.turnarounds;
     last_col_was_read_ = !e.is_write;
     account_occupancy(c);
-    unlink(ch.col_entry, ch.col_prev);
+    unlink(ch.col_entry);
     --hit_count_[e.bank];
   }
   uint64_t next = ch.min_next;

@@ -103,7 +103,7 @@ class HbmChannel {
   // The best command each bus could issue at cycle c, and the earliest cycle any
   // candidate becomes legal (for next_try_).
   struct Choice {
-    int32_t col_entry = -1, col_prev = -1;
+    int32_t col_entry = -1;
     uint64_t col_seq = kNeverCycle;
     int32_t row_bank = -1;
     Command row_cmd = Command::kAct;
@@ -115,7 +115,9 @@ class HbmChannel {
     bool other_row_legal = false;  // a row command besides the chosen one was legal at c (or not looked at)
   };
   Choice choose(uint64_t c) const;
-  void unlink(int32_t entry, int32_t prev);
+  void unlink(int32_t entry);
+  // first_hit_ of bank b after a change of its open row: a walk of its list.
+  void find_first_hits(uint32_t b);
 
   const HbmConfig* cfg_;
   uint32_t index_;
@@ -141,6 +143,7 @@ class HbmChannel {
     QueuedBurst burst;
     uint64_t seq;  // arrival order within the channel
     int32_t next;  // next entry of the same bank, or -1
+    int32_t prev;  // the one before, or -1
   };
   std::vector<Entry> pool_;
   std::vector<int32_t> free_;
@@ -148,6 +151,11 @@ class HbmChannel {
   std::vector<uint32_t> bank_count_;
   std::vector<uint32_t> bank_writes_;  // of bank_count_, how many are writes
   std::vector<uint32_t> hit_count_;  // queued entries for the bank's open row
+  // Per bank, its oldest queued read [0] and write [1] to the open row (-1: none):
+  // the only column commands first-ready can pick there. Kept up to date on
+  // enqueue, issue and ACT/PRE, so choose() need not walk the bank's list, which
+  // was half of a DMA-heavy run's time (entries out of cache).
+  std::vector<std::array<int32_t, 2>> first_hit_;
   uint64_t nonempty_mask_ = 0;
   size_t writes_queued_ = 0;
   uint64_t seq_ = 0;

@@ -304,6 +304,37 @@ TEST(HbmPolicy, FrFcfsServesAYoungerHitBeforeAnOlderMiss) {
   EXPECT_EQ(r.mem->channel(0).counters().row_conflicts, 1u);
 }
 
+// Hits of both kinds behind misses in one bank's queue: every hit to the open row
+// goes before the misses' PRE, whichever kind and however deep in the queue (the
+// scheduler keeps each kind's oldest hit, and finds the next one past the misses
+// when it issues).
+TEST(HbmPolicy, FrFcfsServesEveryHitOfBothKindsBeforeTheMisses) {
+  Rig r(small_config());
+  r.burst(1, 0, 0, 5, 0);
+  r.run_until(100);
+  r.burst(200, 0, 0, 6, 0);         // miss
+  r.burst(200, 0, 0, 5, 1, true);   // write hit
+  r.burst(200, 0, 0, 6, 1);         // miss
+  r.burst(200, 0, 0, 5, 2);         // read hit
+  r.burst(200, 0, 0, 6, 2, true);   // miss
+  r.burst(200, 0, 0, 5, 3, true);   // write hit
+  r.burst(200, 0, 0, 5, 4);         // read hit
+  r.run_until(2000);
+  std::vector<IssuedCommand> col;
+  for (const auto& c : r.log())
+    if (c.cmd == C::kRd || c.cmd == C::kWr) col.push_back(c);
+  ASSERT_EQ(col.size(), 8u);
+  const uint64_t pre = r.nth(C::kPre).cycle;
+  for (size_t i = 1; i < 5; ++i) {  // after the first read: the four hits, then the PRE
+    EXPECT_EQ(col[i].row, 5u) << i;
+    EXPECT_LT(col[i].cycle, pre) << i;
+  }
+  for (size_t i = 5; i < 8; ++i) EXPECT_EQ(col[i].row, 6u) << i;
+  // 8 bursts: the first read a miss, the first of row 6 a conflict, the rest hits.
+  EXPECT_EQ(r.mem->channel(0).row_hits(), 6u);
+  EXPECT_EQ(r.mem->channel(0).counters().row_conflicts, 1u);
+}
+
 TEST(HbmBackPressure, FullQueueRejectsUntilABurstIssues) {
   Rig r(small_config("{queue_entries: 4}"));
   for (uint32_t i = 0; i < 4; ++i) r.burst(1, 0, 0, 5, i);
