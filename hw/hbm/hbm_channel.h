@@ -153,8 +153,9 @@ class HbmChannel {
   std::vector<uint32_t> hit_count_;  // queued entries for the bank's open row
   // Per bank, its oldest queued read [0] and write [1] to the open row (-1: none):
   // the only column commands first-ready can pick there. Kept up to date on
-  // enqueue, issue and ACT/PRE, so choose() need not walk the bank's list, which
-  // was half of a DMA-heavy run's time (entries out of cache).
+  // enqueue, issue and ACT/PRE, so choose() need not walk the bank's list: that
+  // walk, its entries out of cache, was most of the scheduler's time in a
+  // DMA-heavy run (docs/validation.md, "Simulation speed").
   std::vector<std::array<int32_t, 2>> first_hit_;
   uint64_t nonempty_mask_ = 0;
   size_t writes_queued_ = 0;
