@@ -7,10 +7,14 @@ of. A collective whose path is mostly ici is link-bound; the stretches off the
 links are what keeps the links waiting (on-chip phases, HBM, the cores' order).
 With --detail N the N longest are listed segment by segment: each transfer and
 wait with the pc of its instruction and, given the bundle's `tpusim disasm`
-text, the instruction itself; a core's own time between them on one line.
+text, the instruction itself; a core's own time between them on one line. With
+--by-instruction (and --disasm) the time off the cause is summed by the kind of
+instruction it is the time of: a DMA by its endpoints (e.g. `hbm -> vmem`, a
+load; `vmem -> hbm (other core)`, a store into the chip's other core's HBM), a
+wait, or the cores' own time.
 
     /usr/bin/python3 scripts/critical_path.py cp.json [--op 1] [--on ici] [--top 10]
-        [--detail 2 [--disasm bundle.s]]
+        [--detail 2] [--disasm bundle.s [--by-instruction]]
 """
 import argparse
 import json
@@ -45,6 +49,43 @@ def read_disasm(path):
             elif cur is not None and line[:1].isspace() and line.strip():
                 cur.append(line.strip())
     return code
+
+
+def endpoint(text, chip, core):
+    """`hbm@chip6.c1:[s0 + 4]` seen from chipC.coreK: its space, and where it is."""
+    space, _, where = text.split(":")[0].partition("@")
+    if not where:
+        return space, ""
+    other_chip, _, other_core = where.partition(".c")
+    if other_chip != "chip%s" % chip:
+        return space, " (other chip)"
+    return space, "" if other_core == core else " (other core)"
+
+
+def kind(instruction, core_name):
+    """The kind of an instruction for --by-instruction: a DMA `src -> dst` with
+    each remote end marked, else the opcode."""
+    if not instruction.startswith("dma "):
+        return instruction.split()[0] if instruction else "?"
+    chip, _, core = core_name[len("chip"):].partition(".core")
+    dst, src = [e.strip() for e in instruction[len("dma "):].split("]")[:2]]
+    (ds, dw), (ss, sw) = endpoint(dst, chip, core), endpoint(src.lstrip(", "), chip, core)
+    return "%s%s -> %s%s" % (ss, sw, ds, dw)
+
+
+def by_instruction(segments, on, code):
+    """Cycles off `on` by (instruction kind, cause), the most first."""
+    total = {}
+    for s in segments:
+        if s["cause"] == on:
+            continue
+        if "pc" in s:
+            text = code.get(s["core"], [])
+            k = kind(text[s["pc"]] if s["pc"] < len(text) else "", s["core"])
+        else:
+            k = "own time"
+        total[(k, s["cause"])] = total.get((k, s["cause"]), 0) + s["end"] - s["begin"]
+    return sorted(total.items(), key=lambda x: (-x[1], x[0]))
 
 
 def mix(causes):
@@ -83,7 +124,11 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=10, help="how many stretches to list")
     ap.add_argument("--detail", type=int, default=0, help="list this many of them segment by segment")
     ap.add_argument("--disasm", help="the bundle's `tpusim disasm` text, to show each pc's instruction")
+    ap.add_argument("--by-instruction", action="store_true",
+                    help="sum the time off the cause by the kind of instruction it is the time of (needs --disasm)")
     a = ap.parse_args(argv)
+    if a.by_instruction and not a.disasm:
+        ap.error("--by-instruction needs --disasm")
     try:
         with open(a.path) as f:
             doc = json.load(f)
@@ -109,6 +154,10 @@ def main(argv=None):
         print("  at %9d  %8d cycles: %s" % (begin, n, mix(causes)))
         if i < a.detail:
             print("\n".join(detail(segs, code)))
+    if a.by_instruction:
+        print("off %s by instruction:" % a.on)
+        for (k, cause), n in by_instruction(segments, a.on, code):
+            print("  %9d  %-12s %s" % (n, cause, k))
 
 
 if __name__ == "__main__":

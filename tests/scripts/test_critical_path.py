@@ -4,8 +4,10 @@ links are known: the summary line's totals and the listed stretches, their
 order, lengths and cause mix; --op keeps one op's segments; a file that is not a
 critical path is refused with one line and a non-zero exit; --detail lists a
 stretch segment by segment, a transfer with its pc and, from a `tpusim disasm`
-text, its instruction, a core's own time merged on one line."""
+text, its instruction, a core's own time merged on one line; --by-instruction
+sums the time off the links by instruction kind (a DMA by its endpoints)."""
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -74,6 +76,26 @@ def main():
                 "          100       50  chip0.core1  hbm        pc 1  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4, flag=f1",
                 "          150       10  chip0.core1  dma_queue  pc 1  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4, flag=f1"]
         report(r.stdout.splitlines()[1:] == want, "--detail 2 --disasm: %s" % r.stdout.splitlines()[1:])
+        r = run("--top", "0", "--disasm", dis, "--by-instruction")
+        by_kind = ["off ici by instruction:",
+                "         70  core_to_core own time",
+                "         50  hbm          hbm -> vmem",
+                "         15  issue        own time",
+                "         10  dma_queue    hbm -> vmem"]
+        report(r.stdout.splitlines()[1:] == by_kind, "--by-instruction: %s" % r.stdout.splitlines()[1:])
+        r = run("--by-instruction")
+        report(r.returncode != 0 and "--by-instruction needs --disasm" in r.stderr, "--by-instruction alone: refused")
+        # A DMA's kind from its endpoints, seen from the issuing core.
+        spec = importlib.util.spec_from_file_location("critical_path", a.script)
+        cp = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(cp)
+        kinds = [cp.kind("dma hbm@chip6.c0:[s0 + 64], vmem:[s0 + 0], bytes=4, flag=f1", "chip6.core1"),
+                 cp.kind("dma vmem@chip9.c1:[s0 + 0], vmem:[s0 + 0], bytes=4, rflag=f3", "chip6.core1"),
+                 cp.kind("dma smem@chip6.c1:[s0 + 0], smem:[s0 + 4], bytes=4", "chip6.core1"),
+                 cp.kind("dma vmem:[s0 + 0], hbm@chip2.c0:[s0 + 0], bytes=4", "chip6.core1"),
+                 cp.kind("wait f1, 2", "chip6.core1")]
+        report(kinds == ["vmem -> hbm (other core)", "vmem -> vmem (other chip)", "smem -> smem",
+                         "hbm (other chip) -> vmem", "wait"], "kinds: %s" % kinds)
         r = run("--top", "2", "--detail", "2")
         report(r.stdout.splitlines()[1:] == [w[:w.index("pc 1") + 4] if "pc 1" in w else w for w in want],
                "--detail without a disassembly: %s" % r.stdout.splitlines()[1:])
