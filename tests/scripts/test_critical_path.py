@@ -78,10 +78,10 @@ def main():
         report(r.stdout.splitlines()[1:] == want, "--detail 2 --disasm: %s" % r.stdout.splitlines()[1:])
         r = run("--top", "0", "--disasm", dis, "--by-instruction")
         by_kind = ["off ici by instruction:",
-                "         70  core_to_core own time",
-                "         50  hbm          hbm -> vmem",
-                "         15  issue        own time",
-                "         10  dma_queue    hbm -> vmem"]
+                   "         70  core_to_core own time",
+                   "         50  hbm          hbm -> vmem",
+                   "         15  issue        own time",
+                   "         10  dma_queue    hbm -> vmem"]
         report(r.stdout.splitlines()[1:] == by_kind, "--by-instruction: %s" % r.stdout.splitlines()[1:])
         r = run("--by-instruction")
         report(r.returncode != 0 and "--by-instruction needs --disasm" in r.stderr, "--by-instruction alone: refused")
