@@ -40,14 +40,15 @@ def stretches(segments, on):
 
 def read_disasm(path):
     """{core name: [instruction text by pc]} from `tpusim disasm` output: each
-    `.core NAME` section's indented lines (labels and directives are no pc)."""
+    `.core NAME` section's indented lines (labels and directives are no pc),
+    without comments."""
     code, cur = {}, None
     with open(path) as f:
         for line in f:
             if line.startswith(".core "):
                 cur = code.setdefault(line.split()[1], [])
             elif cur is not None and line[:1].isspace() and line.strip():
-                cur.append(line.strip())
+                cur.append(line.split("#")[0].strip())  # `tpusim disasm --pc` adds "# pc N"
     return code
 
 

@@ -984,7 +984,7 @@ std::string print_instr(const Instr& in, const CoreProgram& prog) {
   return s;
 }
 
-std::string print_bundle(const Bundle& b) {
+std::string print_bundle(const Bundle& b, bool pcs) {
   std::ostringstream o;
   const Target& t = b.target;
   o << ".target chips=" << t.chips << " cores=" << t.cores_per_chip << " mxus=" << t.mxus_per_core
@@ -1035,7 +1035,11 @@ std::string print_bundle(const Bundle& b) {
     for (size_t i = 0; i <= p.code.size(); ++i) {
       for (const auto& l : labels)
         if (l.second == i) o << l.first << ":\n";
-      if (i < p.code.size()) o << "  " << print_instr(p.code[i], p) << "\n";
+      if (i < p.code.size()) {
+        o << "  " << print_instr(p.code[i], p);
+        if (pcs) o << "  # pc " << i;
+        o << "\n";
+      }
     }
   }
   return o.str();

@@ -20,7 +20,10 @@ struct AsmError : std::runtime_error {
 Bundle assemble(const std::string& text, const std::string& filename, const std::string& base_dir = ".");
 Bundle assemble_file(const std::string& path);
 
-std::string print_bundle(const Bundle& b);
+// pcs: each instruction ends with a `# pc N` comment, its index in the core's
+// program (what faults, timelines and the critical path name); still assembles
+// to the same bundle.
+std::string print_bundle(const Bundle& b, bool pcs = false);
 // One instruction in canonical form; branch targets use labels of `prog` (or
 // __L<index> when the target has no label).
 std::string print_instr(const Instr& in, const CoreProgram& prog);

@@ -53,6 +53,14 @@ TEST(IsaAsm, TracesRoundTripThroughTextBinaryAndBundle) {
     const Bundle again = assemble(text, "reprint.s");
     expect_same_program(b, again);
     EXPECT_EQ(print_bundle(again), text);  // printing is a fixed point
+    // With pcs: the same bundle back, and instruction i's line says pc i.
+    const std::string numbered = print_bundle(b, true);
+    expect_same_program(b, assemble(numbered, "numbered.s"));
+    for (const auto& p : b.cores)
+      for (size_t i = 0; i < p.code.size(); ++i) {
+        const std::string line = "  " + print_instr(p.code[i], p) + "  # pc " + std::to_string(i) + "\n";
+        EXPECT_NE(numbered.find(line), std::string::npos) << line;
+      }
     for (const auto& p : b.cores) {
       const auto words = encode(p.code);
       auto decoded = decode(words.data(), words.size());

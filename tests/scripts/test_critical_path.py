@@ -64,11 +64,12 @@ def main():
         report(r.stdout.splitlines()[0].startswith("the run: 400 cycles of the path, 50 (12.5%) hbm in 1 runs"),
                "--on hbm: " + r.stdout.splitlines()[0])
         # The 60-cycle stretch in detail, with the instructions of a disassembly
-        # (core1's pc 1 is its dma: the label is no instruction).
+        # (core1's pc 1 is its dma: the label is no instruction; the comment of
+        # `tpusim disasm --pc` is dropped).
         dis = os.path.join(d, "b.s")
         with open(dis, "w") as f:
             f.write(".target chips=1 cores=2\n\n.core chip0.core0\n  halt\n.core chip0.core1\n  wait f1, 1\n"
-                    "next:\n  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4, flag=f1\n  halt\n")
+                    "next:\n  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4, flag=f1  # pc 1\n  halt\n")
         r = run("--top", "2", "--detail", "2", "--disasm", dis)
         want = ["  at       330        70 cycles: core_to_core 70",
                 "          330       70  chip0.core0  own time: core_to_core 70",
