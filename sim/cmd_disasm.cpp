@@ -18,7 +18,7 @@ void add_disasm_command(CLI::App& app, int& exit_code) {
   auto pcs = std::make_shared<bool>(false);
   cmd->add_option("bundle", *path, "Bundle file")->required();
   cmd->add_flag("--pc", *pcs,
-                "End each instruction with '# pc N', its index in the core's program (as faults, timelines and "
+                "End each instruction with '# pc N', its index in the core's program (as faults and "
                 "--critical-path name it)");
   cmd->callback([path, pcs, &exit_code]() {
     try {

@@ -21,7 +21,7 @@ Bundle assemble(const std::string& text, const std::string& filename, const std:
 Bundle assemble_file(const std::string& path);
 
 // pcs: each instruction ends with a `# pc N` comment, its index in the core's
-// program (what faults, timelines and the critical path name); still assembles
+// program (what faults and the critical path name); still assembles
 // to the same bundle.
 std::string print_bundle(const Bundle& b, bool pcs = false);
 // One instruction in canonical form; branch targets use labels of `prog` (or
