@@ -52,6 +52,13 @@ def read_disasm(path):
     return code
 
 
+def instruction(code, segment):
+    """The text of the instruction a segment names by its pc ("" when `code`
+    does not have it)."""
+    text = code.get(segment["core"], [])
+    return text[segment["pc"]] if segment["pc"] < len(text) else ""
+
+
 def endpoint(text, chip, core):
     """`hbm@chip6.c1:[s0 + 4]` seen from chipC.coreK: its space, and where it is."""
     space, _, where = text.split(":")[0].partition("@")
@@ -81,8 +88,7 @@ def by_instruction(segments, on, code):
         if s["cause"] == on:
             continue
         if "pc" in s:
-            text = code.get(s["core"], [])
-            k = kind(text[s["pc"]] if s["pc"] < len(text) else "", s["core"])
+            k = kind(instruction(code, s), s["core"])
         else:
             k = "own time"
         total[(k, s["cause"])] = total.get((k, s["cause"]), 0) + s["end"] - s["begin"]
@@ -110,8 +116,7 @@ def detail(segments, code):
         if "pc" not in s:
             own = [s["begin"], s["core"], {s["cause"]: s["end"] - s["begin"]}]
             continue
-        text = code.get(s["core"], [])
-        ins = text[s["pc"]] if s["pc"] < len(text) else ""
+        ins = instruction(code, s)
         lines.append(("    %9d  %7d  %-12s %-10s pc %d  %s" % (s["begin"], s["end"] - s["begin"], s["core"], s["cause"],
                                                             s["pc"], ins)).rstrip())
     return lines
