@@ -239,10 +239,10 @@ int run_run(const RunArgs& a) {
   const nlohmann::json profile = run::fold_profiles(f.units, result.cycles, bundle.op_names);
   f.ops = profile["ops"];
   f.time_by_cause = profile["time_by_cause"];
-  if (!result.critical_path.is_null()) {
-    f.critical_path = result.critical_path;
-    f.critical_path.erase("segments");  // the list goes to the --critical-path file only
-  }
+  // The summary without its segments, which go to the --critical-path file only
+  // (not copied: a pod's path has tens of thousands).
+  for (const auto& [key, value] : result.critical_path.items())
+    if (key != "segments") f.critical_path[key] = value;
   const auto stats = run::make_stats(f);
   try {
     for (const auto& e : bundle.io)

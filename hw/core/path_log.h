@@ -83,6 +83,11 @@ struct PathLogs {
   uint32_t cores_per_chip = 1;
   std::vector<PathLog> cores;
   PathLog& at(uint32_t chip, uint32_t core) { return cores[chip * cores_per_chip + core]; }
+  // A DMA's rflag raised on (chip, core): a landing there, by `by` (see above on
+  // which thread may call this).
+  void raised_by(uint32_t chip, uint32_t core, int flag, const PathLog::Raise& by) {
+    at(chip, core).raised[static_cast<size_t>(flag)] = by;
+  }
 };
 
 }  // namespace tpusim::hw

@@ -414,7 +414,7 @@ void DmaEngines::path_done(const Transfer& t, uint64_t cycle) {
   if (p.flag >= 0) env_.path->raised[static_cast<size_t>(p.flag)] = by;
   // A transfer to another chip raises its rflag when it lands (hw/system).
   if (p.rflag >= 0 && t.kind != Kind::kRemote && p.rflag_core)
-    env_.paths->at(p.rflag_core->chip, p.rflag_core->core).raised[static_cast<size_t>(p.rflag)] = by;
+    env_.paths->raised_by(p.rflag_core->chip, p.rflag_core->core, p.rflag, by);
 }
 
 void DmaEngines::tick(uint64_t cycle) {

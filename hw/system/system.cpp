@@ -119,8 +119,8 @@ class Board {
           else exec::dma_copy(t->plan);
           exec::dma_signal_destination(t->plan);
           if (paths && t->path_core >= 0 && t->plan.rflag >= 0)
-            paths->at(t->plan.rflag_core->chip, t->plan.rflag_core->core).raised[static_cast<size_t>(t->plan.rflag)] =
-                PathLog::Raise{t->path_core, t->path_dma, at, 0};
+            paths->raised_by(t->plan.rflag_core->chip, t->plan.rflag_core->core, t->plan.rflag,
+                             PathLog::Raise{t->path_core, t->path_dma, at, 0});
           if (own) t->complete(at + 1);
         };
         RemoteHbm& hbm = chips[t->dst_chip]->remote_hbm();
