@@ -51,7 +51,8 @@ struct PathLog {
     Raise by;
     uint32_t pc = 0;  // the wait instruction
   };
-  // A barrier this core (stream 0) arrived at and was released from.
+  // A barrier this core (stream 0) arrived at and was released from (released:
+  // UINT64_MAX, the sequencer's kNever, until then).
   struct Barrier {
     uint64_t arrived = 0, released = 0, generation = 0;
     int32_t op = -1;
