@@ -52,6 +52,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int urgent = 0;
     int arrival_order = 0;
     int inner_split = 0;
+    int onchip_when_needed = 1;
     std::vector<std::string> batched;
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
     bool infeed = false;
@@ -83,8 +84,13 @@ void add_compile_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--all-reduce-streams", opt->all_reduce_streams,
                   "Instruction streams of a blocked all-reduce: 1, 2 or 3 (as many slot pools, each pool's blocks "
                   "in its own stream; docs/codegen.md \"Two streams\"), or 0 = 2 where the chips form a 3-D torus, "
-                  "else 1")
+                  "3 for the hierarchical algorithm on a 2-D one (else 1 where no such plan is found), else 1")
       ->check(CLI::Range(0, 3));
+  cmd->add_option("--onchip-when-needed", opt->onchip_when_needed,
+                  "With three slot pools, send a piece of a block's on-chip reduce-scatter only once the sender "
+                  "is done with the steps before its use (on, the default), or as soon as a slot frees (off; "
+                  "docs/codegen.md \"On-chip pieces when needed\")")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"on", 1}, {"off", 0}}));
   cmd->add_option("--urgent", opt->urgent,
                   "A streamed all-reduce's inner-dimension sends, credits and entry tokens as urgent ICI traffic "
                   "(tc=1, docs/codegen.md \"Urgent messages\"): on, off, or auto = credits and entry tokens on "
@@ -162,6 +168,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.urgent_sends = opt->urgent;
       lo.arrival_order = opt->arrival_order;
       lo.inner_split = opt->inner_split;
+      lo.onchip_when_needed = opt->onchip_when_needed != 0;
       lo.replicas.batched = opt->batched;
       lo.inputs_from_host = opt->infeed;
       lo.explain_collectives = opt->explain;

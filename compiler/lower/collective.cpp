@@ -209,7 +209,7 @@ enum class LateSends { kNone, kInStream, kOutside };
 // does not stream (then the caller lowers it the other way).
 std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<int>>& move_pool, int pools, StreamPlan& sp,
                         bool fuse, LateSends late, int64_t piece, const std::vector<std::vector<int64_t>>& move_gate,
-                        int inner_split) {
+                        int inner_split, bool onchip_when_needed) {
   const size_t P = static_cast<size_t>(sch.chips), T = sch.steps.size();
   auto pool_of = [&](size_t t, size_t k) { return move_pool.empty() ? 0 : move_pool[t][k]; };
   // The hierarchical schedule numbers a chip's two cores' replicas 2c, 2c + 1.
@@ -380,6 +380,29 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     // and (a consume) its sends of it up to the step.
     std::vector<int> need_writes, need_sends;
     size_t piece_id = 0;  // piece_of(step, move, atom): a consume's landing
+    // A send that waits until the replica has done its events of steps (e.step,
+    // when_done] (on-chip pieces when needed, below); -1: none.
+    int64_t when_done = -1;
+  };
+  // On-chip pieces when needed (docs/codegen.md "On-chip pieces when needed"): with
+  // three slot pools (three blocks in flight, the kept-sum VMEM a third each), a
+  // piece of the on-chip reduce-scatter that its receiver next uses in step u > t + 1
+  // is sent from x only once the sender has done its events of the steps before u.
+  // Sent as soon as a slot frees, a block's whole reduce-scatter ran ahead at the
+  // HBM's pace: its sums overflowed the kept-sum VMEM into y and back (5.0 n of HBM
+  // a chip on v2-4x4 64 MiB against the 4 n floor) while the links waited.
+  // Step u of the receiver (the first later step that sends or adds into one of
+  // the piece's atoms there), per on-chip move piece sent from x.
+  const bool when_needed = onchip_when_needed && hier && pools >= 3;
+  auto next_use = [&](int d, size_t t, int a0, int a1) -> size_t {
+    for (size_t u = t + 1; u < T; ++u)
+      for (size_t k = 0; k < sch.steps[u].size(); ++k) {
+        const ici::Move& m = sch.steps[u][k];
+        if (m.src != d && m.dst != d) continue;
+        for (const auto& [p0, p1] : sp.move_pieces[u][k])
+          if (p0 < a1 && a0 < p1) return u;
+      }
+    return T;
   };
   std::vector<std::vector<Cand>> cands(P);
   for (size_t r = 0; r < P; ++r) {
@@ -478,6 +501,10 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
             // A piece is read from x or from y as a whole.
             if (xs != 0 && xs != a1 - a0) return "a piece partly written before its step";
             c.e.local_from_x = c.e.from_x = xs != 0;
+            if (when_needed && pass == 0 && c.e.from_x && on_chip(static_cast<int>(r), sch.steps[t][k].dst)) {
+              const size_t u = next_use(sch.steps[t][k].dst, t, a0, a1);
+              if (u < T && u - 1 > t) c.when_done = static_cast<int64_t>(u - 1);
+            }
             if (pass == 1) {
               const bool reduce = sch.steps[t][k].reduce;
               for (const auto& [st, mv, is_send] : acc[static_cast<size_t>(a0)])
@@ -660,6 +687,8 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   auto start_of = [&](size_t r, const Cand& c) -> int64_t {
     const StreamEvent& e = c.e;
     if (!move_gate.empty() && move_gate[e.step][e.move] >= static_cast<int64_t>(lowest[r])) return -1;
+    for (int64_t q = static_cast<int64_t>(e.step) + 1; q <= c.when_done; ++q)
+      if (step_left[r][static_cast<size_t>(q)] > 0) return -1;
     const ici::Move& mv = sch.steps[e.step][e.move];
     int64_t t = clock[r], stored = 0;
     for (int b = e.atom; b < e.atom_end; ++b) {
@@ -947,11 +976,13 @@ void Emitter::lower_all_reduce(const Node& n) {
     //    run expects to finish first.
     // A blocked schedule (all_reduce_blocks, 16 chips or more) is already staggered:
     // its blocks stand for the slices, block b in pool b % 2 in try 2.
-    // Instruction streams (docs/codegen.md "Two streams"): LowerOptions::
-    // all_reduce_streams, or by default two where the chips form a 3-D torus (a
-    // core forwards three rings; v4-4x4x4 32 / 64 MiB 384,874 / 783,331 -> 368,140 /
-    // 742,241 cycles) and one on a 2-D one (v2-4x4 16 MiB 141,326 -> 149,339 with
-    // two: there half the kept-sum VMEM a stream costs more HBM than the order gains).
+    // Instruction streams (docs/codegen.md "Two streams", "Three streams"):
+    // LowerOptions::all_reduce_streams, or by default two where the chips form a
+    // 3-D torus (a core forwards three rings; v4-4x4x4 32 / 64 MiB 384,874 / 783,331
+    // -> 368,140 / 742,241 cycles; three pools do not plan there) and three for the
+    // hierarchical algorithm on a 2-D one, whose kept-sum VMEM in thirds holds
+    // enough only with the on-chip pieces when needed (plan_stream): v2-4x4 64 MiB
+    // 521,630 cycles on one stream, 526,194 on three without them, 463,398 with.
     int torus_dims = 0, kmin = INT32_MAX;  // the chip torus's dimensions of 2 or more, the smallest of them
     const ici::Topology chips = chip_topology(s);
     for (int d : chips.dims())
@@ -959,8 +990,12 @@ void Emitter::lower_all_reduce(const Node& n) {
         ++torus_dims;
         kmin = std::min(kmin, d);
       }
-    const int streams =
-        std::min(kMaxAllReduceStreams, opt_.all_reduce_streams > 0 ? opt_.all_reduce_streams : torus_dims >= 3 ? 2 : 1);
+    // Where no plan with three pools is found by default, the one-stream plans below.
+    const bool hier = sch.algorithm == ici::Algorithm::kHierarchical;
+    const int streams = std::min(kMaxAllReduceStreams, opt_.all_reduce_streams > 0 ? opt_.all_reduce_streams
+                                                       : torus_dims >= 3                 ? 2
+                                                       : torus_dims == 2 && hier         ? 3
+                                                                                         : 1);
     // docs/codegen.md "Inner pieces": by default where the chips form a 3-D torus,
     // whose two inner dimensions make 12 of a block's 18 torus steps latency-bound.
     const int inner_split = opt_.inner_split > 0 ? opt_.inner_split : torus_dims >= 3 ? kInnerSplit : 1;
@@ -976,7 +1011,8 @@ void Emitter::lower_all_reduce(const Node& n) {
                             std::to_string(opt_.stream_slice_elems) + "|" + std::to_string(opt_.target.vmem_bytes) +
                             (streams >= 2 ? "|streams=" + std::to_string(streams) : "") +
                             (inner_split > 1 ? "|inner=" + std::to_string(inner_split) : "") +
-                            (opt_.late_sends != 0 ? "|late=" + std::to_string(opt_.late_sends) : "");
+                            (opt_.late_sends != 0 ? "|late=" + std::to_string(opt_.late_sends) : "") +
+                            (opt_.onchip_when_needed ? "" : "|onchip-asap");
     std::shared_ptr<const StreamPlan> plan;
     {
       std::lock_guard<std::mutex> lock(stream_mutex);
@@ -993,7 +1029,8 @@ void Emitter::lower_all_reduce(const Node& n) {
         std::vector<std::vector<int>> move_pool;
         fresh->sched = slice_schedule(sch, slice_elems, pc, pools, move_pool, blocks);
         if (pools > 1 && move_pool.empty()) return nullptr;  // not sliced: the same as try 1
-        const std::string why = plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, late, pc, block_gate, inner_split);
+        const std::string why = plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, late, pc, block_gate, inner_split,
+                                            opt_.onchip_when_needed);
         if (!why.empty()) {
           const std::string tried = (pools > 1 ? std::to_string(pools) + " slot pools: " : "one slot pool: ") + why;
           if (fuse && std::find(fused_whys.begin(), fused_whys.end(), tried) == fused_whys.end()) fused_whys.push_back(tried);
@@ -1011,14 +1048,19 @@ void Emitter::lower_all_reduce(const Node& n) {
             if (auto p = attempt(pools, pc, true, late, sliced)) return p;
         return std::shared_ptr<StreamPlan>();
       };
-      std::shared_ptr<StreamPlan> fresh = streams >= 2 && blocks.size() > 1 ? nullptr : fused_attempt(1, piece);
-      if (!fresh) {
-        const int64_t most = most_peers(sch);
-        const int64_t per_piece = stream_vmem_pieces(most, most, pooled_slots(most)) * 4;
-        const int64_t cap = static_cast<int64_t>(opt_.target.vmem_bytes) * 7 / 8 / per_piece / kTileElems * kTileElems;
-        // A pool a stream (three streams: three pools of 5 slots), else two.
-        if (cap >= kTileElems) fresh = fused_attempt(std::max(2, streams), std::min(piece, cap));
-      }
+      auto fused_plan = [&](int n) {
+        std::shared_ptr<StreamPlan> p = n >= 2 && blocks.size() > 1 ? nullptr : fused_attempt(1, piece);
+        if (!p) {
+          const int64_t most = most_peers(sch);
+          const int64_t per_piece = stream_vmem_pieces(most, most, pooled_slots(most)) * 4;
+          const int64_t cap = static_cast<int64_t>(opt_.target.vmem_bytes) * 7 / 8 / per_piece / kTileElems * kTileElems;
+          // A pool a stream (three streams: three pools of 5 slots), else two.
+          if (cap >= kTileElems) p = fused_attempt(std::max(2, n), std::min(piece, cap));
+        }
+        return p;
+      };
+      std::shared_ptr<StreamPlan> fresh = fused_plan(streams);
+      if (!fresh && opt_.all_reduce_streams == 0 && streams == 3) fresh = fused_plan(1);
       if (!fresh) {
         // Unfused, slices only hold the ring up (a sum is stored and read back
         // anyway): v4-4x4x4 256 MiB planned 8.3 M cycles on 2 slices, 2.2 M whole.

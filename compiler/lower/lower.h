@@ -53,8 +53,13 @@ struct LowerOptions {
   // Instruction streams of a blocked streamed all-reduce (docs/codegen.md "Two
   // streams"): 2 or 3 plans with as many slot pools only and runs each pool's
   // blocks in its own stream (fork); 1, one program order; 0, the default: 2
-  // where the chips form a 3-D torus, else 1.
+  // where the chips form a 3-D torus, 3 for the hierarchical algorithm on a 2-D
+  // one (where no plan with three pools is found, one), else 1.
   int all_reduce_streams = 0;
+  // With three slot pools, a piece of a block's on-chip reduce-scatter is sent only
+  // once the sender is done with the steps before its use (docs/codegen.md "On-chip
+  // pieces when needed"); false sends it as soon as a slot frees, for comparison.
+  bool onchip_when_needed = true;
   // The streamed all-reduce's inner-dimension sends, credits and entry tokens as
   // urgent ICI traffic (tc=1; docs/codegen.md "Urgent messages"): 1 on, 2 off
   // (everything bulk), 0 the default: credits and entry tokens on every board,

@@ -819,6 +819,47 @@ TEST(DpLower, BlockedAllReduceRunsOnThreeStreams) {
   }
 }
 
+// Bytes of the all-reduce's (op 1) DMAs from the issuing core's HBM into its own
+// VMEM, over every core: the operand loads (x, and partial sums stored to y and
+// loaded back).
+uint64_t op1_hbm_loads(const std::string& assembly) {
+  uint64_t bytes = 0;
+  bool in_op = false;
+  std::istringstream in(assembly);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("  op ", 0) == 0) in_op = line == "  op 1";
+    if (!in_op || line.rfind("  dma vmem:[", 0) != 0 || line.find(", hbm:[") == std::string::npos) continue;
+    bytes += std::stoull(line.substr(line.find("bytes=") + 6));
+  }
+  return bytes;
+}
+
+// docs/codegen.md "On-chip pieces when needed": with three slot pools a block's
+// on-chip reduce-scatter no longer runs ahead of its uses, so its sums wait in the
+// kept-sum VMEM (a third a stream) instead of going to y and back. Blocks of 64 Ki
+// elements in pieces of 2 Ki, so a torus group's first chunk spans several pieces
+// (most pieces are next used steps later), and 1 MiB of VMEM, so the kept sums
+// are the limit. Each way bit-exact under the race checker.
+TEST(DpLower, ThreeStreamsSendOnChipPiecesWhenNeeded) {
+  constexpr int64_t kCols = 12288;  // 16 x 12288 fp32 = 3 blocks a replica
+  auto loads = [](bool when_needed) {
+    expect_replicated_bit_exact(allreduce_only_ir(32, 16, kCols), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
+                                1ull << 20, [&](LowerOptions& lo) {
+                                  small_blocks_three_streams(lo);
+                                  lo.stream_piece_elems = 2048;
+                                  lo.replicas.block_elems = 65536;
+                                  lo.onchip_when_needed = when_needed;
+                                });
+    EXPECT_TRUE(g_last_notes.empty()) << g_last_notes.front();
+    return op1_hbm_loads(g_last_assembly);
+  };
+  // x read once: each of the 32 cores loads its half of the buffer as the on-chip
+  // reduce-scatter's local operand, and no partial sum comes back from y.
+  const uint64_t x_once = 32ull * 16 * kCols * 4 / 2;
+  EXPECT_EQ(loads(true), x_once);
+  EXPECT_GT(loads(false), x_once * 5 / 4);  // 15,876,096 bytes: a quarter more
+}
+
 // Streams asked for that the lowering cannot give leave a note (LowerResult::
 // notes, printed by `tpusim compile`) instead of a silent fallback: on v4-4x4x4
 // with 2 blocks of 131072 elements and pieces of one tile, a first torus step
@@ -1005,17 +1046,22 @@ TEST(DpLower, BidirRingOf256ReplicasTakesTheDataflowOrder) {
 // Which boards fork by default (LowerOptions::all_reduce_streams = 0): a blocked
 // all-reduce on a 3-D chip torus (v4-4x4x4) runs on two streams, every core
 // forking once, bit-exact; on a 2-D one (v2-4x4) on one.
-TEST(DpLower, BlockedAllReduceOnA3DTorusForksByDefault) {
+TEST(DpLower, BlockedAllReduceForksByDefault) {
+  auto forks = [](const char* label) {
+    size_t n = 0;
+    for (size_t at = g_last_assembly.find(label); at != std::string::npos; at = g_last_assembly.find(label, at + 1)) ++n;
+    return n;
+  };
+  // Two streams where the chips form a 3-D torus, ...
   expect_replicated_bit_exact(allreduce_only_ir(128, 16, 1031), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", true,
                               16ull << 20, small_blocks);
-  size_t forks = 0;
-  for (size_t at = g_last_assembly.find("  fork stream1_"); at != std::string::npos;
-       at = g_last_assembly.find("  fork stream1_", at + 1))
-    ++forks;
-  EXPECT_EQ(forks, 128u);
+  EXPECT_EQ(forks("  fork stream1_"), 128u);
+  EXPECT_EQ(forks("  fork stream2_"), 0u);
+  // ... three for the hierarchical algorithm on a 2-D one.
   expect_replicated_bit_exact(allreduce_only_ir(32, 16, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
                               16ull << 20, small_blocks);
-  EXPECT_EQ(g_last_assembly.find("fork"), std::string::npos);
+  EXPECT_EQ(forks("  fork stream1_"), 32u);
+  EXPECT_EQ(forks("  fork stream2_"), 32u);
 }
 
 // The replica's epilogue (the gather of batched outputs to chip 0) belongs to
