@@ -1045,7 +1045,8 @@ TEST(DpLower, BidirRingOf256ReplicasTakesTheDataflowOrder) {
 
 // Which boards fork by default (LowerOptions::all_reduce_streams = 0): a blocked
 // all-reduce on a 3-D chip torus (v4-4x4x4) runs on two streams, every core
-// forking once, bit-exact; on a 2-D one (v2-4x4) on one.
+// forking once; on a 2-D one (v2-4x4, the hierarchical algorithm) on three, every
+// core forking twice (since session 45); bit-exact either way.
 TEST(DpLower, BlockedAllReduceForksByDefault) {
   auto forks = [](const char* label) {
     size_t n = 0;
