@@ -327,6 +327,11 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   // together instead of each after the groups whose chunks lie before its own
   // (v2-4x4, 16 MiB: 207,196 -> 179,690 cycles). Within a step no element is
   // written twice, so the add order is the schedule's whatever the piece order.
+  // With the on-chip pieces when needed (below), the receiver's next use of each
+  // piece of an on-chip move, from the same uses: (step, move, first atom) -> the
+  // earliest later step using any of its atoms (T: none).
+  const bool when_needed = onchip_when_needed && hier && pools >= 3;
+  std::map<std::tuple<size_t, size_t, int>, size_t> onchip_next_use;
   {
     // (replica, atom) -> its uses (step, piece index in the move, move), steps ascending
     std::map<std::pair<int, int>, std::vector<std::tuple<size_t, size_t, size_t>>> uses;
@@ -345,6 +350,15 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
           // the first use in a later step (the entries of one step are in move order)
           auto it = std::find_if(u.begin(), u.end(), [&](const auto& x) { return std::get<0>(x) > t; });
           keyed.emplace_back(it == u.end() ? std::make_tuple(T, size_t(0), size_t(0)) : *it, pc);
+          if (!when_needed || !on_chip(sch.steps[t][k].src, d)) continue;
+          // for the pacing, the earliest later use of any of the piece's atoms
+          size_t& next = onchip_next_use[{t, k, pc.first}] = T;
+          for (int a = pc.first; a < pc.second; ++a)
+            for (const auto& x : uses[{d, a}])
+              if (std::get<0>(x) > t) {
+                next = std::min(next, std::get<0>(x));
+                break;
+              }
         }
         std::stable_sort(keyed.begin(), keyed.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
         for (size_t i = 0; i < pieces.size(); ++i) pieces[i] = keyed[i].second;
@@ -391,19 +405,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   // Sent as soon as a slot frees, a block's whole reduce-scatter ran ahead at the
   // HBM's pace: its sums overflowed the kept-sum VMEM into y and back (5.0 n of HBM
   // a chip on v2-4x4 64 MiB against the 4 n floor) while the links waited.
-  // Step u of the receiver (the first later step that sends or adds into one of
-  // the piece's atoms there), per on-chip move piece sent from x.
-  const bool when_needed = onchip_when_needed && hier && pools >= 3;
-  auto next_use = [&](int d, size_t t, int a0, int a1) -> size_t {
-    for (size_t u = t + 1; u < T; ++u)
-      for (size_t k = 0; k < sch.steps[u].size(); ++k) {
-        const ici::Move& m = sch.steps[u][k];
-        if (m.src != d && m.dst != d) continue;
-        for (const auto& [p0, p1] : sp.move_pieces[u][k])
-          if (p0 < a1 && a0 < p1) return u;
-      }
-    return T;
-  };
+  // Step u: onchip_next_use (above).
   std::vector<std::vector<Cand>> cands(P);
   for (size_t r = 0; r < P; ++r) {
     // (step -> list of (move, reduce)) per atom, built sparsely.
@@ -502,7 +504,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
             if (xs != 0 && xs != a1 - a0) return "a piece partly written before its step";
             c.e.local_from_x = c.e.from_x = xs != 0;
             if (when_needed && pass == 0 && c.e.from_x && on_chip(static_cast<int>(r), sch.steps[t][k].dst)) {
-              const size_t u = next_use(sch.steps[t][k].dst, t, a0, a1);
+              const size_t u = onchip_next_use.at({t, k, a0});
               if (u < T && u - 1 > t) c.when_done = static_cast<int64_t>(u - 1);
             }
             if (pass == 1) {
@@ -990,12 +992,13 @@ void Emitter::lower_all_reduce(const Node& n) {
         ++torus_dims;
         kmin = std::min(kmin, d);
       }
-    // Where no plan with three pools is found by default, the one-stream plans below.
+    // Three only for blocks (without them every plan below is one stream's); where
+    // no plan with three pools is found by default, the one-stream plans below.
     const bool hier = sch.algorithm == ici::Algorithm::kHierarchical;
     const int streams = std::min(kMaxAllReduceStreams, opt_.all_reduce_streams > 0 ? opt_.all_reduce_streams
-                                                       : torus_dims >= 3                 ? 2
-                                                       : torus_dims == 2 && hier         ? 3
-                                                                                         : 1);
+                                                       : torus_dims >= 3                              ? 2
+                                                       : torus_dims == 2 && hier && blocks.size() > 1 ? 3
+                                                                                                      : 1);
     // docs/codegen.md "Inner pieces": by default where the chips form a 3-D torus,
     // whose two inner dimensions make 12 of a block's 18 torus steps latency-bound.
     const int inner_split = opt_.inner_split > 0 ? opt_.inner_split : torus_dims >= 3 ? kInnerSplit : 1;
