@@ -53,6 +53,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int arrival_order = 0;
     int inner_split = 0;
     int onchip_when_needed = 1;
+    int deferred_sends = 1;
     std::vector<std::string> batched;
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
     bool infeed = false;
@@ -90,6 +91,11 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   "With three slot pools, send a piece of a block's on-chip reduce-scatter only once the sender "
                   "is done with the steps before its use (on, the default), or as soon as a slot frees (off; "
                   "docs/codegen.md \"On-chip pieces when needed\")")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"on", 1}, {"off", 0}}));
+  cmd->add_option("--deferred-sends", opt->deferred_sends,
+                  "A streamed all-reduce's consume whose one fused send goes on a stream credits its source and goes "
+                  "on, the send waiting for its slot later (on, the default), or waits for that slot first (off; "
+                  "docs/codegen.md \"Deferred sends\")")
       ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"on", 1}, {"off", 0}}));
   cmd->add_option("--urgent", opt->urgent,
                   "A streamed all-reduce's inner-dimension sends, credits and entry tokens as urgent ICI traffic "
@@ -169,6 +175,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.arrival_order = opt->arrival_order;
       lo.inner_split = opt->inner_split;
       lo.onchip_when_needed = opt->onchip_when_needed != 0;
+      lo.deferred_sends = opt->deferred_sends != 0;
       lo.replicas.batched = opt->batched;
       lo.inputs_from_host = opt->infeed;
       lo.explain_collectives = opt->explain;

@@ -157,6 +157,8 @@ struct StreamEvent {
   std::vector<std::pair<int, int>> store;  // runs of atoms whose sum is read again: stored to y
   bool local_from_x = false;  // a reducing consume: the local operand is still x
   bool from_x = false;        // a send: the value is still x
+  bool defer_first = false;   // a consume: its first fused send is a deferred send event of its own
+  bool deferred = false;      // a send: a consume's deferred fused send, from that consume's send buffer
 };
 
 struct StreamPlan {
@@ -209,7 +211,7 @@ enum class LateSends { kNone, kInStream, kOutside };
 // does not stream (then the caller lowers it the other way).
 std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<int>>& move_pool, int pools, StreamPlan& sp,
                         bool fuse, LateSends late, int64_t piece, const std::vector<std::vector<int64_t>>& move_gate,
-                        int inner_split, bool onchip_when_needed) {
+                        int inner_split, bool onchip_when_needed, bool defer_sends) {
   const size_t P = static_cast<size_t>(sch.chips), T = sch.steps.size();
   auto pool_of = [&](size_t t, size_t k) { return move_pool.empty() ? 0 : move_pool[t][k]; };
   // The hierarchical schedule numbers a chip's two cores' replicas 2c, 2c + 1.
@@ -648,14 +650,25 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     const auto& c = credit_at[sid(src, dst)];
     return static_cast<size_t>(prev) < c.size() ? c[static_cast<size_t>(prev)] : 0;
   };
-  auto do_send = [&](int src, size_t t, size_t k, int a, int a_end, int64_t at) {
+  // Deferred sends (docs/codegen.md "Deferred sends"): a consume whose one fused
+  // send goes on a stream makes its sum in that send's buffer, credits its source
+  // and is done; the send is an event of its own, taken once the receiver's slot
+  // is free. A piece's send is reserved (its place m in the stream, so its slot and
+  // buffer) when its consume is taken and timed when the send is.
+  // Per stream and piece m: the piece before it in its slot (-1: none), when its
+  // send is through the link (-1: not yet), whether it is a deferred send.
+  std::vector<std::vector<int64_t>> prev_in_slot(static_cast<size_t>(streams)), send_end(static_cast<size_t>(streams));
+  std::vector<std::vector<char>> deferred_piece(static_cast<size_t>(streams));
+  struct Deferred {
+    StreamEvent e;
+    int64_t ready, m;
+  };
+  std::vector<std::vector<Deferred>> deferred(P);
+  size_t deferred_left = 0;
+  // A piece's place in its stream (its slot, so the receiver's landing flag and
+  // the sender's buffer), and the bookkeeping of a send taken.
+  auto reserve = [&](int src, size_t t, size_t k, int a, int a_end) -> int64_t {
     const int dst = sch.steps[t][k].dst, pool = pool_of(t, k);
-    if (sp.is_outside(t, k, a)) {  // outside the streams: only the link's time
-      for (int b = a; b < a_end; ++b) ++sends_done[static_cast<size_t>(src)][static_cast<size_t>(b)];
-      int64_t& lf = link_free[sid(src, dst)];
-      lf = std::max(lf, at + 414) + bytes_of(a, a_end) / 512;
-      return;
-    }
     auto& v = sp.stream[{src, dst}];
     const int64_t m = static_cast<int64_t>(v.size());
     sp.index[{src, t, k, a}] = m;
@@ -663,6 +676,9 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     const auto slot = next_slot(src, dst, pool);
     sp.slot_use[{src, dst}].push_back(slot);
     const size_t st = sid(src, dst);
+    prev_in_slot[st].push_back(last_in_slot[st * Ks + static_cast<size_t>(slot.first)]);
+    deferred_piece[st].push_back(0);
+    send_end[st].push_back(-1);
     last_in_slot[st * Ks + static_cast<size_t>(slot.first)] = m;
     ++pool_sent[st * Pl + static_cast<size_t>(pool)];
     used[st].push_back(0);
@@ -670,10 +686,27 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     auto& pend = to_send[st * Pl + static_cast<size_t>(pool)];
     if (--pend[t] == 0) pend.erase(t);
     for (int b = a; b < a_end; ++b) ++sends_done[static_cast<size_t>(src)][static_cast<size_t>(b)];
+    return m;
+  };
+  // A reserved piece's send at `at`: the link's time and the landing's.
+  auto time_send = [&](int src, int dst, int64_t m, size_t t, size_t k, int a, int a_end, int64_t at) {
+    const size_t st = sid(src, dst);
     const bool oc = on_chip(src, dst);
     int64_t& lf = link_free[st];
     lf = std::max(lf, at + (oc ? 414 : 1243)) + bytes_of(a, a_end) / (oc ? 512 : 64);
     land_at[piece_of(t, k, a)] = lf + (oc ? 0 : 698);
+    send_end[st][static_cast<size_t>(m)] = lf;
+  };
+  auto do_send = [&](int src, size_t t, size_t k, int a, int a_end, int64_t at) {
+    const int dst = sch.steps[t][k].dst;
+    if (sp.is_outside(t, k, a)) {  // outside the streams: only the link's time
+      for (int b = a; b < a_end; ++b) ++sends_done[static_cast<size_t>(src)][static_cast<size_t>(b)];
+      int64_t& lf = link_free[sid(src, dst)];
+      lf = std::max(lf, at + 414) + bytes_of(a, a_end) / 512;
+      return;
+    }
+    const int64_t m = reserve(src, t, k, a, a_end);
+    time_send(src, dst, m, t, k, a, a_end, at);
   };
   // move_gate[t][k] >= 0: the move's events wait until the replica has done all its
   // events of steps up to that one (lowest[r]: its first step with events left).
@@ -685,6 +718,13 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     while (lowest[r] < T && step_left[r][lowest[r]] == 0) ++lowest[r];
   };
   for (size_t r = 0; r < P; ++r) advance_lowest(r);
+  // A reducing consume whose one fused send is a stream's, with nothing to store
+  // (so its send buffer's flag counts only sends): its send is deferred.
+  auto deferrable = [&](const Cand& c) {
+    const StreamEvent& e = c.e;
+    return defer_sends && !e.send && e.fused.size() == 1 && e.store.empty() && sch.steps[e.step][e.move].reduce &&
+           !sp.is_outside(e.fused.front().first, e.fused.front().second, e.atom);
+  };
   // When a candidate of replica r could start, or -1 if it cannot yet.
   auto start_of = [&](size_t r, const Cand& c) -> int64_t {
     const StreamEvent& e = c.e;
@@ -707,6 +747,29 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     const int64_t landed = land_at[c.piece_id];
     if (landed < 0) return -1;
     t = std::max(t, landed);
+    if (deferrable(c)) {
+      // No wait for the receiver's slot, only for the reservation's order (a
+      // pool's steps in order) and the send buffer: the slot's previous piece
+      // sent (a deferred send taken) and through the link.
+      const auto [t2, k2] = e.fused.front();
+      const int d = sch.steps[t2][k2].dst, pool = pool_of(t2, k2);
+      const auto& pend = to_send[sid(static_cast<int>(r), d) * Pl + static_cast<size_t>(pool)];
+      if (!pend.empty() && pend.begin()->first < t2) return -1;
+      const int64_t prev = slot_prev(static_cast<int>(r), d, pool);
+      const size_t st = sid(static_cast<int>(r), d);
+      if (prev >= 0 && !deferred_piece[st][static_cast<size_t>(prev)]) {
+        // The buffer's last send counted on the send flag: the program waits for
+        // the credit that frees the slot, as an undeferred consume does.
+        if (!used[st][static_cast<size_t>(prev)]) return -1;
+        return std::max(t, slot_time(static_cast<int>(r), d, pool));
+      }
+      if (prev >= 0) {
+        const int64_t done_at = send_end[st][static_cast<size_t>(prev)];
+        if (done_at < 0) return -1;
+        t = std::max(t, done_at);
+      }
+      return t;
+    }
     for (const auto& [t2, k2] : e.fused) {
       if (sp.is_outside(t2, k2, e.atom)) continue;
       const int d = sch.steps[t2][k2].dst, pool = pool_of(t2, k2);
@@ -734,6 +797,22 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
       }
       for (const auto& [b0, b1] : e.store)
         for (int b = b0; b < b1; ++b) stored_at[r][static_cast<size_t>(b)] = end + 700;
+      if (deferrable(c)) {
+        const auto [t2, k2] = e.fused.front();
+        const int64_t m2 = reserve(static_cast<int>(r), t2, k2, e.atom, e.atom_end);
+        deferred_piece[sid(static_cast<int>(r), sch.steps[t2][k2].dst)][static_cast<size_t>(m2)] = 1;
+        StreamEvent ds{true, t2, k2, e.atom, e.atom_end, {}, {}, false, false};
+        ds.deferred = true;
+        deferred[r].push_back(Deferred{ds, end, m2});
+        ++deferred_left;
+        StreamEvent ce = e;
+        ce.defer_first = true;
+        sp.prog[r].push_back(ce);
+        clock[r] = end;
+        --step_left[r][e.step];
+        advance_lowest(r);
+        return;
+      }
       for (const auto& [t2, k2] : e.fused) do_send(static_cast<int>(r), t2, k2, e.atom, e.atom_end, end);
       clock[r] = end;
     }
@@ -755,10 +834,26 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
       const int64_t t = start_of(r, cands[r][i]);
       if (t >= 0 && (best[r].first < 0 || t < best[r].first)) best[r] = {t, i};
     }
+    // The deferred sends waiting for their slots (best[r].second past the window:
+    // deferred[r][second - cands[r].size()]).
+    for (size_t i = 0; i < deferred[r].size(); ++i) {
+      const Deferred& x = deferred[r][i];
+      const int d = sch.steps[x.e.step][x.e.move].dst;
+      const size_t st = sid(static_cast<int>(r), d);
+      const int64_t prev = prev_in_slot[st][static_cast<size_t>(x.m)];
+      if (prev >= 0 && !used[st][static_cast<size_t>(prev)]) continue;
+      int64_t t = std::max(clock[r], x.ready);
+      if (prev >= 0) {
+        const auto& cr = credit_at[st];
+        if (static_cast<size_t>(prev) < cr.size()) t = std::max(t, cr[static_cast<size_t>(prev)]);
+      }
+      // first on a tie: the link waits for it
+      if (best[r].first < 0 || t <= best[r].first) best[r] = {t, cands[r].size() + i};
+    }
     if (best[r].first >= 0) ready.insert({best[r].first, r});
   };
   for (size_t r = 0; r < P; ++r) refresh(r, false);
-  while (left > 0) {
+  while (left > 0 || deferred_left > 0) {
     bool progress = false;
     // A short window first (the run costs events x window); the whole list only
     // when nothing in the windows can go.
@@ -769,6 +864,19 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
       const size_t br = ready.begin()->second;
       const auto [at, bi] = best[br];
       progress = true;
+      if (bi >= cands[br].size()) {
+        const Deferred x = deferred[br][bi - cands[br].size()];
+        deferred[br].erase(deferred[br].begin() + static_cast<std::ptrdiff_t>(bi - cands[br].size()));
+        --deferred_left;
+        const int d = sch.steps[x.e.step][x.e.move].dst;
+        time_send(static_cast<int>(br), d, x.m, x.e.step, x.e.move, x.e.atom, x.e.atom_end, at);
+        sp.prog[br].push_back(x.e);
+        clock[br] = at + 8;
+        refresh(br, false);
+        for (int q : sp.sources[br]) refresh(static_cast<size_t>(q), false);
+        for (int q : sp.dests[br]) refresh(static_cast<size_t>(q), false);
+        continue;
+      }
       take(br, cands[br][bi], at);
       done[br][bi] = 1;
       --left;
@@ -1015,7 +1123,7 @@ void Emitter::lower_all_reduce(const Node& n) {
                             (streams >= 2 ? "|streams=" + std::to_string(streams) : "") +
                             (inner_split > 1 ? "|inner=" + std::to_string(inner_split) : "") +
                             (opt_.late_sends != 0 ? "|late=" + std::to_string(opt_.late_sends) : "") +
-                            (opt_.onchip_when_needed ? "" : "|onchip-asap");
+                            (opt_.onchip_when_needed ? "" : "|onchip-asap") + (opt_.deferred_sends ? "" : "|undeferred");
     std::shared_ptr<const StreamPlan> plan;
     {
       std::lock_guard<std::mutex> lock(stream_mutex);
@@ -1033,7 +1141,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         fresh->sched = slice_schedule(sch, slice_elems, pc, pools, move_pool, blocks);
         if (pools > 1 && move_pool.empty()) return nullptr;  // not sliced: the same as try 1
         const std::string why = plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, late, pc, block_gate, inner_split,
-                                            opt_.onchip_when_needed);
+                                            opt_.onchip_when_needed, opt_.deferred_sends);
         if (!why.empty()) {
           const std::string tried = (pools > 1 ? std::to_string(pools) + " slot pools: " : "one slot pool: ") + why;
           if (fuse && std::find(fused_whys.begin(), fused_whys.end(), tried) == fused_whys.end()) fused_whys.push_back(tried);
@@ -1163,6 +1271,18 @@ void Emitter::lower_all_reduce(const Node& n) {
         auto it = slot_uses.find({src, dst, j});
         return it == slot_uses.end() ? int64_t(0) : it->second;
       };
+      // Deferred sends (plan_stream): this replica's, as (destination, m); and
+      // whether the buffer of its piece m was last sent from by one (whose DMA its
+      // flag counts, so a wait there frees the buffer) or by none.
+      std::set<std::pair<int, int64_t>> deferred_m;
+      for (const StreamEvent& e : sp.prog[static_cast<size_t>(me)])
+        if (e.deferred) deferred_m.emplace(ssch.steps[e.step][e.move].dst, sp.index.at({me, e.step, e.move, e.atom}));
+      auto buffer_on_flag = [&](int d, int64_t m) {
+        const auto& su = sp.slot_use.at({me, d});
+        for (int64_t q = m - 1; q >= 0; --q)
+          if (su[static_cast<size_t>(q)].first == su[static_cast<size_t>(m)].first) return deferred_m.count({d, q}) > 0;
+        return true;
+      };
       auto land_flag = [&](int dst, int src, int64_t m) { return land_flag_of(dst, src, slot_of(src, dst, m)); };
       auto credit_flag = [&](int src, int dst, int64_t m) { return credit_flag_of(src, dst, slot_of(src, dst, m)); };
       std::map<int, int64_t> base;  // this node's landings and credits count on from here
@@ -1261,6 +1381,17 @@ void Emitter::lower_all_reduce(const Node& n) {
         int stream = 0;  // its instruction stream (the arrival-order dispatch's registers)
       };
       auto emit_events = [&](const std::vector<StreamEvent>& prog, const StreamRes& res) {
+      // A fused send's buffer (VMEM) and the buffer's own flag: its store to y and
+      // its second send, both from its last use. One flag for every buffer made each
+      // use wait for the stores of the one before (~1 K cycles a piece); the core
+      // then fell behind the three links it feeds (v4-4x4x4 64 MiB).
+      auto send_buffer_of = [&](int d, int64_t m2) {
+        const int buffer = idx(dsts, d) * K + slot_of(me, d, m2);
+        const int Kp = K / sp.pools;  // the stream's own buffers: those of its pool's slots when it has one
+        const int flag = res.buf_flag + (res.buf_flags < kSendBufFlags ? idx(dsts, d) * Kp + slot_of(me, d, m2) % Kp : buffer) %
+                                            res.buf_flags;
+        return std::make_pair(SEND + buffer * PzB, flag);
+      };
       // Partial sums kept in VMEM: a reducing consume whose local operand is an
       // earlier consume's sum reads it from a copy of that sum's tiles in the VMEM
       // above the slots (written by one more vst as the sum is made) instead of
@@ -1290,7 +1421,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         for (size_t i = 0; i < prog.size(); ++i) {
           const StreamEvent& e = prog[i];
           if (e.send) {
-            if (!e.from_x)
+            if (!e.from_x && !e.deferred)
               for (int b = e.atom; b < e.atom_end; ++b) y_read[static_cast<size_t>(b)] = true;
             continue;
           }
@@ -1442,6 +1573,22 @@ void Emitter::lower_all_reduce(const Node& n) {
         } after{this, res.after.count(i) ? &res.after.at(i) : nullptr};
         const int64_t lo = sp.atoms[static_cast<size_t>(e.atom)].first, hi = sp.atoms[static_cast<size_t>(e.atom_end - 1)].second;
         const int64_t elems = hi - lo;
+        if (e.send && e.deferred) {  // a consume's deferred send, from its send buffer
+          const int d = ssch.steps[e.step][e.move].dst;
+          const int64_t m2 = sp.index.at({me, e.step, e.move, e.atom});
+          const auto [buf, flag] = send_buffer_of(d, m2);
+          // Its credit wait is the event's front for the arrival-order dispatch:
+          // the events after it may go while the credit is not there.
+          const int cf = credit_flag(me, d, m2);
+          const int64_t need = 1 + use_of(me, d, m2);
+          if (need > credits_seen[cf]) {
+            arrival[i].flag = cf;
+            arrival[i].count = base[cf] + need;
+          }
+          send(e.step, e.move, e.atom, e.atom_end, vmem(buf), flag);
+          flag_pending[flag] = true;
+          return;
+        }
         if (e.send) {
           // The stores to y still go first: a partial sum's store must land before
           // the sum it feeds comes back as the final value into the same bytes.
@@ -1518,17 +1665,9 @@ void Emitter::lower_all_reduce(const Node& n) {
           const auto& [t, k] = e.fused.front();
           const int d = ssch.steps[t][k].dst;
           const int64_t m2 = sp.index.at({me, t, k, e.atom});
-          wait_credit(d, m2);
-          const int buffer = idx(dsts, d) * K + slot_of(me, d, m2);
-          out = SEND + buffer * PzB;
+          if (!e.defer_first || !buffer_on_flag(d, m2)) wait_credit(d, m2);
+          std::tie(out, store_flag) = send_buffer_of(d, m2);
           send_buffer = true;
-          // The buffer's own flag: its store to y and its second send, both from
-          // its last use. One flag for every buffer made each use wait for the
-          // stores of the one before (~1 K cycles a piece); the core then fell
-          // behind the three links it feeds (v4-4x4x4 64 MiB).
-          const int Kp = K / sp.pools;  // the stream's own buffers: those of its pool's slots when it has one
-          store_flag = res.buf_flag + (res.buf_flags < kSendBufFlags ? idx(dsts, d) * Kp + slot_of(me, d, m2) % Kp : buffer) %
-                                          res.buf_flags;
           wait_flag_if_pending(store_flag);
         } else if (res.pooled) {  // in place: the operand's piece, else the use's own
           store_flag = pool_flag(pool_piece(use));
@@ -1555,7 +1694,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           if (put != keep_put.end()) line("vst " + res.va + ", " + at(put->second));
         }
         give_credit();
-        for (size_t q = 0; q < e.fused.size(); ++q) {
+        for (size_t q = e.defer_first ? 1 : 0; q < e.fused.size(); ++q) {
           // The first stream send counts on the send flag (the receiver's credit
           // frees the buffer); every other send on the buffer's flag, which its next
           // use waits for: a second send, and any outside the streams (no credit).

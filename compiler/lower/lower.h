@@ -60,6 +60,11 @@ struct LowerOptions {
   // once the sender is done with the steps before its use (docs/codegen.md "On-chip
   // pieces when needed"); false sends it as soon as a slot frees, for comparison.
   bool onchip_when_needed = true;
+  // A streamed all-reduce's consume whose one fused send goes on a stream credits
+  // its source and goes on, its send an event of its own once the receiver's slot
+  // is free (docs/codegen.md "Deferred sends"); false: the consume waits for that
+  // slot first, for comparison.
+  bool deferred_sends = true;
   // The streamed all-reduce's inner-dimension sends, credits and entry tokens as
   // urgent ICI traffic (tc=1; docs/codegen.md "Urgent messages"): 1 on, 2 off
   // (everything bulk), 0 the default: credits and entry tokens on every board,
