@@ -158,6 +158,9 @@ struct StreamEvent {
   bool local_from_x = false;  // a reducing consume: the local operand is still x
   bool from_x = false;        // a send: the value is still x
   bool defer_first = false;   // a consume: its first fused send is a deferred send event of its own
+  // A deferring consume whose send buffer was last sent from by an undeferred send
+  // (counted on the send flag): the credit of its own piece's slot frees the buffer.
+  bool credit_frees_buffer = false;
   bool deferred = false;      // a send: a consume's deferred fused send, from that consume's send buffer
 };
 
@@ -799,14 +802,17 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
         for (int b = b0; b < b1; ++b) stored_at[r][static_cast<size_t>(b)] = end + 700;
       if (deferrable(c)) {
         const auto [t2, k2] = e.fused.front();
+        const size_t st = sid(static_cast<int>(r), sch.steps[t2][k2].dst);
         const int64_t m2 = reserve(static_cast<int>(r), t2, k2, e.atom, e.atom_end);
-        deferred_piece[sid(static_cast<int>(r), sch.steps[t2][k2].dst)][static_cast<size_t>(m2)] = 1;
+        deferred_piece[st][static_cast<size_t>(m2)] = 1;
+        const int64_t prev = prev_in_slot[st][static_cast<size_t>(m2)];
         StreamEvent ds{true, t2, k2, e.atom, e.atom_end, {}, {}, false, false};
         ds.deferred = true;
         deferred[r].push_back(Deferred{ds, end, m2});
         ++deferred_left;
         StreamEvent ce = e;
         ce.defer_first = true;
+        ce.credit_frees_buffer = prev >= 0 && !deferred_piece[st][static_cast<size_t>(prev)];
         sp.prog[r].push_back(ce);
         clock[r] = end;
         --step_left[r][e.step];
@@ -864,7 +870,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
       const size_t br = ready.begin()->second;
       const auto [at, bi] = best[br];
       progress = true;
-      if (bi >= cands[br].size()) {
+      if (bi >= cands[br].size()) {  // a deferred send
         const Deferred x = deferred[br][bi - cands[br].size()];
         deferred[br].erase(deferred[br].begin() + static_cast<std::ptrdiff_t>(bi - cands[br].size()));
         --deferred_left;
@@ -872,14 +878,11 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
         time_send(static_cast<int>(br), d, x.m, x.e.step, x.e.move, x.e.atom, x.e.atom_end, at);
         sp.prog[br].push_back(x.e);
         clock[br] = at + 8;
-        refresh(br, false);
-        for (int q : sp.sources[br]) refresh(static_cast<size_t>(q), false);
-        for (int q : sp.dests[br]) refresh(static_cast<size_t>(q), false);
-        continue;
+      } else {
+        take(br, cands[br][bi], at);
+        done[br][bi] = 1;
+        --left;
       }
-      take(br, cands[br][bi], at);
-      done[br][bi] = 1;
-      --left;
       refresh(br, false);
       for (int q : sp.sources[br]) refresh(static_cast<size_t>(q), false);
       for (int q : sp.dests[br]) refresh(static_cast<size_t>(q), false);
@@ -1271,18 +1274,6 @@ void Emitter::lower_all_reduce(const Node& n) {
         auto it = slot_uses.find({src, dst, j});
         return it == slot_uses.end() ? int64_t(0) : it->second;
       };
-      // Deferred sends (plan_stream): this replica's, as (destination, m); and
-      // whether the buffer of its piece m was last sent from by one (whose DMA its
-      // flag counts, so a wait there frees the buffer) or by none.
-      std::set<std::pair<int, int64_t>> deferred_m;
-      for (const StreamEvent& e : sp.prog[static_cast<size_t>(me)])
-        if (e.deferred) deferred_m.emplace(ssch.steps[e.step][e.move].dst, sp.index.at({me, e.step, e.move, e.atom}));
-      auto buffer_on_flag = [&](int d, int64_t m) {
-        const auto& su = sp.slot_use.at({me, d});
-        for (int64_t q = m - 1; q >= 0; --q)
-          if (su[static_cast<size_t>(q)].first == su[static_cast<size_t>(m)].first) return deferred_m.count({d, q}) > 0;
-        return true;
-      };
       auto land_flag = [&](int dst, int src, int64_t m) { return land_flag_of(dst, src, slot_of(src, dst, m)); };
       auto credit_flag = [&](int src, int dst, int64_t m) { return credit_flag_of(src, dst, slot_of(src, dst, m)); };
       std::map<int, int64_t> base;  // this node's landings and credits count on from here
@@ -1300,12 +1291,14 @@ void Emitter::lower_all_reduce(const Node& n) {
           ++sent;
         }
       std::map<int, int64_t> credits_seen;
-      auto wait_credit = [&](int d, int64_t m) {
+      // Returns the wait it emitted, (flag, count), or (-1, 0) when an earlier one covers it.
+      auto wait_credit = [&](int d, int64_t m) -> std::pair<int, int64_t> {
         const int f = credit_flag(me, d, m);
         const int64_t need = 1 + use_of(me, d, m);  // the token and the uses of the slot before piece m
-        if (need <= credits_seen[f]) return;
+        if (need <= credits_seen[f]) return {-1, 0};
         line("wait f" + std::to_string(f) + ", " + std::to_string(base[f] + need));
         credits_seen[f] = need;
+        return {f, base[f] + need};
       };
       // A copying piece that its receiver sends on lands in a VMEM slot too: the
       // receiver copies it to a send buffer, sends it from there and stores it to y,
@@ -1579,12 +1572,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           const auto [buf, flag] = send_buffer_of(d, m2);
           // Its credit wait is the event's front for the arrival-order dispatch:
           // the events after it may go while the credit is not there.
-          const int cf = credit_flag(me, d, m2);
-          const int64_t need = 1 + use_of(me, d, m2);
-          if (need > credits_seen[cf]) {
-            arrival[i].flag = cf;
-            arrival[i].count = base[cf] + need;
-          }
+          std::tie(arrival[i].flag, arrival[i].count) = wait_credit(d, m2);
           send(e.step, e.move, e.atom, e.atom_end, vmem(buf), flag);
           flag_pending[flag] = true;
           return;
@@ -1665,7 +1653,7 @@ void Emitter::lower_all_reduce(const Node& n) {
           const auto& [t, k] = e.fused.front();
           const int d = ssch.steps[t][k].dst;
           const int64_t m2 = sp.index.at({me, t, k, e.atom});
-          if (!e.defer_first || !buffer_on_flag(d, m2)) wait_credit(d, m2);
+          if (!e.defer_first || e.credit_frees_buffer) wait_credit(d, m2);
           std::tie(out, store_flag) = send_buffer_of(d, m2);
           send_buffer = true;
           wait_flag_if_pending(store_flag);
