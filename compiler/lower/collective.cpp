@@ -629,11 +629,12 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   for (size_t r = 0; r < P; ++r)
     for (Cand& c : cands[r])
       if (!c.e.send) c.piece_id = piece_of(c.e.step, c.e.move, c.e.atom);
+  // Piece prev of stream st (-1: none) used by its receiver: its slot is free again.
+  auto slot_freed = [&](size_t st, int64_t prev) { return prev < 0 || used[st][static_cast<size_t>(prev)]; };
   auto slot_free = [&](int src, int dst, size_t t, int pool) {
     const auto& pend = to_send[sid(src, dst) * Pl + static_cast<size_t>(pool)];
     if (!pend.empty() && pend.begin()->first < t) return false;
-    const int64_t prev = slot_prev(src, dst, pool);
-    return prev < 0 || used[sid(src, dst)][static_cast<size_t>(prev)];
+    return slot_freed(sid(src, dst), slot_prev(src, dst, pool));
   };
   // The run is timed with a rough cost model (the preset-independent v4 fit of a
   // neighbour message, 64 B/cycle on a link, 512 on chip, an add 4 cycles per tile)
@@ -647,12 +648,13 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   auto bytes_of = [&](int a0, int a1) {
     return (sp.atoms[static_cast<size_t>(a1 - 1)].second - sp.atoms[static_cast<size_t>(a0)].first) * 4;
   };
-  auto slot_time = [&](int src, int dst, int pool) -> int64_t {
-    const int64_t prev = slot_prev(src, dst, pool);
+  // When piece prev's credit is back at its sender (0: no piece, or not used yet).
+  auto credit_time = [&](size_t st, int64_t prev) -> int64_t {
     if (prev < 0) return 0;
-    const auto& c = credit_at[sid(src, dst)];
+    const auto& c = credit_at[st];
     return static_cast<size_t>(prev) < c.size() ? c[static_cast<size_t>(prev)] : 0;
   };
+  auto slot_time = [&](int src, int dst, int pool) { return credit_time(sid(src, dst), slot_prev(src, dst, pool)); };
   // Deferred sends (docs/codegen.md "Deferred sends"): a consume whose one fused
   // send goes on a stream makes its sum in that send's buffer, credits its source
   // and is done; the send is an event of its own, taken once the receiver's slot
@@ -763,8 +765,8 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
       if (prev >= 0 && !deferred_piece[st][static_cast<size_t>(prev)]) {
         // The buffer's last send counted on the send flag: the program waits for
         // the credit that frees the slot, as an undeferred consume does.
-        if (!used[st][static_cast<size_t>(prev)]) return -1;
-        return std::max(t, slot_time(static_cast<int>(r), d, pool));
+        if (!slot_freed(st, prev)) return -1;
+        return std::max(t, credit_time(st, prev));
       }
       if (prev >= 0) {
         const int64_t done_at = send_end[st][static_cast<size_t>(prev)];
@@ -847,12 +849,8 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
       const int d = sch.steps[x.e.step][x.e.move].dst;
       const size_t st = sid(static_cast<int>(r), d);
       const int64_t prev = prev_in_slot[st][static_cast<size_t>(x.m)];
-      if (prev >= 0 && !used[st][static_cast<size_t>(prev)]) continue;
-      int64_t t = std::max(clock[r], x.ready);
-      if (prev >= 0) {
-        const auto& cr = credit_at[st];
-        if (static_cast<size_t>(prev) < cr.size()) t = std::max(t, cr[static_cast<size_t>(prev)]);
-      }
+      if (!slot_freed(st, prev)) continue;
+      const int64_t t = std::max({clock[r], x.ready, credit_time(st, prev)});
       // first on a tie: the link waits for it
       if (best[r].first < 0 || t <= best[r].first) best[r] = {t, cands[r].size() + i};
     }
