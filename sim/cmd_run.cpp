@@ -25,6 +25,7 @@
 #include "hw/config/params.h"
 #include "hw/core/op_profile.h"
 #include "hw/config/peaks.h"
+#include "hw/mem/memory_factory.h"
 #include "hw/mxu/result_values.h"
 #include "hw/system/system.h"
 #include "hw/timeline/timeline.h"
@@ -195,6 +196,11 @@ int run_run(const RunArgs& a) {
     // The preset cannot host the bundle (too few cores, memory too small, ...).
     return fail(kExitBadInput, e.what());
   }
+  // An HBM pipe whose requests in flight cannot cover its latency runs below the
+  // bytes_per_s asked for; say so, as a bandwidth sweep would otherwise flatten.
+  const std::string memory_note = mem::simple_memory_note(
+      preset.node("hbm"), preset.source(), static_cast<uint32_t>(preset.get_int("core.dma.chunk_bytes")));
+  if (!memory_note.empty()) std::fprintf(stderr, "tpusim run: note: %s\n", memory_note.c_str());
   // Wall time covers the simulation only: loading and output writing are not
   // what a cycles-per-second figure should measure.
   const auto t0 = std::chrono::steady_clock::now();

@@ -1,5 +1,9 @@
 #include "hw/mem/memory_factory.h"
 
+#include <fmt/core.h>
+
+#include <cmath>
+
 #include "hw/config/params.h"
 #include "hw/hbm/hbm_config.h"
 #include "hw/hbm/hbm_memory.h"
@@ -7,13 +11,10 @@
 
 namespace tpusim::mem {
 
+namespace {
 
-std::unique_ptr<MemoryPort> make_memory(const YAML::Node& hbm, const std::string& source) {
+SimpleMemoryConfig simple_config(const YAML::Node& hbm, const std::string& source) {
   using config::ConfigError;
-  if (!hbm || !hbm.IsMap()) throw ConfigError(source + ": hbm: expected a mapping");
-  const std::string model = hbm["model"] ? hbm["model"].as<std::string>() : "hbm";
-  if (model == "hbm") return std::make_unique<hbm::HbmMemory>(hbm::hbm_config_from_yaml(hbm, source));
-  if (model != "simple") throw ConfigError(source + ": hbm.model: expected hbm or simple, got '" + model + "'");
   const YAML::Node s = hbm["simple"];
   if (!s || !s.IsMap()) throw ConfigError(source + ": hbm.simple: missing (latency_ps, bytes_per_s, max_outstanding)");
   SimpleMemoryConfig cfg;
@@ -27,7 +28,31 @@ std::unique_ptr<MemoryPort> make_memory(const YAML::Node& hbm, const std::string
   }
   if (!(cfg.bytes_per_s > 0) || cfg.max_outstanding == 0)
     throw ConfigError(source + ": hbm.simple: bytes_per_s and max_outstanding must be positive");
-  return std::make_unique<SimpleMemory>(cfg);
+  return cfg;
+}
+
+}  // namespace
+
+std::unique_ptr<MemoryPort> make_memory(const YAML::Node& hbm, const std::string& source) {
+  using config::ConfigError;
+  if (!hbm || !hbm.IsMap()) throw ConfigError(source + ": hbm: expected a mapping");
+  const std::string model = hbm["model"] ? hbm["model"].as<std::string>() : "hbm";
+  if (model == "hbm") return std::make_unique<hbm::HbmMemory>(hbm::hbm_config_from_yaml(hbm, source));
+  if (model != "simple") throw ConfigError(source + ": hbm.model: expected hbm or simple, got '" + model + "'");
+  return std::make_unique<SimpleMemory>(simple_config(hbm, source));
+}
+
+std::string simple_memory_note(const YAML::Node& hbm, const std::string& source, uint32_t request_bytes) {
+  if (!hbm || !hbm.IsMap() || !hbm["model"] || hbm["model"].as<std::string>() != "simple" || request_bytes == 0)
+    return "";
+  const SimpleMemoryConfig cfg = simple_config(hbm, source);
+  const double cap = cfg.sustained_bytes_per_s(request_bytes);
+  if (cap >= cfg.bytes_per_s * (1 - 1e-9)) return "";
+  return fmt::format("{}: hbm.simple: {} requests in flight of {} B over a {} ps latency carry at most {:.3g} B/s, "
+                     "below bytes_per_s {:.3g} (raise hbm.simple.max_outstanding to at least {})",
+                     source, cfg.max_outstanding, request_bytes, cfg.latency_ps, cap, cfg.bytes_per_s,
+                     static_cast<uint64_t>(std::ceil(cfg.bytes_per_s * static_cast<double>(cfg.latency_ps) * 1e-12 /
+                                                     static_cast<double>(request_bytes))) + 1);
 }
 
 std::unique_ptr<MemoryPort> make_memory_from_preset(const std::string& name_or_path,

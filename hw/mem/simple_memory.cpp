@@ -1,10 +1,16 @@
 #include "hw/mem/simple_memory.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
 
 namespace tpusim::mem {
+
+double SimpleMemoryConfig::sustained_bytes_per_s(uint32_t request_bytes) const {
+  const double lifetime_s = static_cast<double>(latency_ps) * 1e-12 + static_cast<double>(request_bytes) / bytes_per_s;
+  return std::min(bytes_per_s, static_cast<double>(max_outstanding) * static_cast<double>(request_bytes) / lifetime_s);
+}
 
 SimpleMemory::SimpleMemory(const SimpleMemoryConfig& cfg) : cfg_(cfg) {
   if (!(cfg_.bytes_per_s > 0)) throw std::invalid_argument("simple memory: bytes_per_s must be > 0");

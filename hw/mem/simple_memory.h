@@ -16,6 +16,13 @@ struct SimpleMemoryConfig {
   uint64_t latency_ps = 100000;
   double bytes_per_s = 900e9;
   uint32_t max_outstanding = 256;  // back-pressure beyond this many requests in flight
+
+  // The most bytes/s requests of `request_bytes` can get through, by Little's law:
+  // a request is counted from its entry until it completes, at least its own
+  // pipe time plus the latency, so at most max_outstanding x request_bytes per
+  // that time, and never more than bytes_per_s. With the defaults and 512 B
+  // requests that is 1.31e12 B/s however high bytes_per_s is set.
+  double sustained_bytes_per_s(uint32_t request_bytes) const;
 };
 
 class SimpleMemory final : public MemoryPort {

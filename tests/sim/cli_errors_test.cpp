@@ -126,6 +126,33 @@ TEST_F(RunCli, DmaFiguresOutOfRangeAreBadInput) {
                2, {"core.dma.hbm_to_vmem", "0..1e9"});
 }
 
+// A pipe whose requests in flight cannot cover its latency carries less than its
+// bytes_per_s (SimpleMemoryConfig::sustained_bytes_per_s): the run goes on, with
+// one note on stderr naming the ceiling and the key to raise; none where the
+// pipe reaches its rate.
+TEST_F(RunCli, SimpleMemoryBelowItsRateSaysSo) {
+  const std::vector<std::string> run = {"run", bundle_, "--preset", "v4", "--input", input_arg(good_input_),
+                                        "--out", out(), "-q", "--set", "hbm.model=simple"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = run;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return tpusim(args);
+  };
+  const Completed at_peak = with({});
+  EXPECT_EQ(at_peak.exit_code, 0) << at_peak.err;
+  EXPECT_EQ(at_peak.err, "");
+  const Completed fast = with({"--set", "hbm.simple.bytes_per_s=1.2e13"});
+  EXPECT_EQ(fast.exit_code, 0) << fast.err;
+  EXPECT_EQ(testing::count_lines(fast.err), 1) << fast.err;
+  for (const char* n : {"note:", "256 requests in flight of 512 B over a 100000 ps latency carry at most 1.31e+12 B/s",
+                        "bytes_per_s 1.2e+13", "hbm.simple.max_outstanding to at least 2345"})
+    EXPECT_NE(fast.err.find(n), std::string::npos) << "'" << n << "' not in: " << fast.err;
+  EXPECT_TRUE(fs::exists(out() + "/stats.json"));
+  const Completed deep = with({"--set", "hbm.simple.bytes_per_s=1.2e13", "--set", "hbm.simple.max_outstanding=2345"});
+  EXPECT_EQ(deep.exit_code, 0) << deep.err;
+  EXPECT_EQ(deep.err, "");
+}
+
 TEST_F(RunCli, MissingInputNamesIt) {
   expect_error(tpusim({"run", bundle_, "--preset", "v4", "--out", out()}), 2, {"'x'", "--random-inputs"});
 }

@@ -47,5 +47,39 @@ TEST(SimpleMemory, CompletionsComeOutByTimeNotIdAndBadInputThrows) {
   EXPECT_THROW(SimpleMemory({1, 0.0, 1}), std::invalid_argument);
 }
 
+// Requests of 512 B kept coming as fast as the memory takes them: the bytes it
+// carries per second are sustained_bytes_per_s, the pipe's rate where enough are
+// in flight to cover the latency, and max_outstanding x 512 B per (latency + a
+// request's pipe time) where not: 256 x 512 B per 100.05 ns is 1.31e12 B/s, so
+// a pipe set to ~10 TB/s carries that (as the "12 TB/s" runs of
+// docs/validation.md before session 50 did). 1.024e13 B/s makes a request's pipe
+// time a whole 50 ps; the rate is measured from the first completion to the last.
+TEST(SimpleMemory, SustainedRateIsThePipeOrLittlesLawWhicheverIsLower) {
+  const auto carried = [](const SimpleMemoryConfig& cfg) {
+    SimpleMemory m(cfg);
+    const uint64_t n = 200000;
+    uint64_t t = 0, sent = 0, id = 0, first_done = 0, last_done = 0;
+    MemCompletion c;
+    while (sent < n) {
+      while (sent < n && m.try_enqueue({++id, 0, 512, false, 0}, t)) ++sent;
+      t = m.next_event_ps();
+      m.advance_to(t);
+      while (m.pop_completion(c)) (first_done == 0 ? first_done : last_done) = c.done_ps;
+    }
+    while (m.next_event_ps() != kNever) {
+      m.advance_to(m.next_event_ps());
+      while (m.pop_completion(c)) last_done = c.done_ps;
+    }
+    return double((n - 1) * 512) / (double(last_done - first_done) * 1e-12);
+  };
+  const SimpleMemoryConfig v4_pipe{100000, 1.2e12, 256}, fast_pipe{100000, 1.024e13, 256}, deep{100000, 1.024e13, 4096};
+  EXPECT_DOUBLE_EQ(v4_pipe.sustained_bytes_per_s(512), 1.2e12);
+  EXPECT_NEAR(fast_pipe.sustained_bytes_per_s(512), 256 * 512 / (100e-9 + 512 / 1.024e13), 1e3);
+  EXPECT_NEAR(fast_pipe.sustained_bytes_per_s(512), 1.31e12, 0.01e12);
+  EXPECT_DOUBLE_EQ(deep.sustained_bytes_per_s(512), 1.024e13);
+  for (const SimpleMemoryConfig& cfg : {v4_pipe, fast_pipe, deep})
+    EXPECT_NEAR(carried(cfg) / cfg.sustained_bytes_per_s(512), 1.0, 0.002) << cfg.bytes_per_s << " " << cfg.max_outstanding;
+}
+
 }  // namespace
 }  // namespace tpusim::mem
