@@ -198,9 +198,13 @@ int run_run(const RunArgs& a) {
   }
   // An HBM pipe whose requests in flight cannot cover its latency runs below the
   // bytes_per_s asked for; say so, as a bandwidth sweep would otherwise flatten.
-  const std::string memory_note = mem::simple_memory_note(
-      preset.node("hbm"), preset.source(), static_cast<uint32_t>(preset.get_int("core.dma.chunk_bytes")));
-  if (!memory_note.empty()) std::fprintf(stderr, "tpusim run: note: %s\n", memory_note.c_str());
+  try {
+    const std::string memory_note = mem::simple_memory_note(
+        preset.node("hbm"), preset.source(), static_cast<uint32_t>(preset.get_int("core.dma.chunk_bytes")));
+    if (!memory_note.empty()) std::fprintf(stderr, "tpusim run: note: %s\n", memory_note.c_str());
+  } catch (const std::exception& e) {
+    return fail(kExitBadInput, e.what());  // a malformed hbm.simple section
+  }
   // Wall time covers the simulation only: loading and output writing are not
   // what a cycles-per-second figure should measure.
   const auto t0 = std::chrono::steady_clock::now();
