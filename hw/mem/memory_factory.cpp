@@ -13,6 +13,9 @@ namespace tpusim::mem {
 
 namespace {
 
+// The `model` key, `hbm` when absent.
+std::string model_of(const YAML::Node& hbm) { return hbm["model"] ? hbm["model"].as<std::string>() : "hbm"; }
+
 SimpleMemoryConfig simple_config(const YAML::Node& hbm, const std::string& source) {
   using config::ConfigError;
   const YAML::Node s = hbm["simple"];
@@ -36,15 +39,14 @@ SimpleMemoryConfig simple_config(const YAML::Node& hbm, const std::string& sourc
 std::unique_ptr<MemoryPort> make_memory(const YAML::Node& hbm, const std::string& source) {
   using config::ConfigError;
   if (!hbm || !hbm.IsMap()) throw ConfigError(source + ": hbm: expected a mapping");
-  const std::string model = hbm["model"] ? hbm["model"].as<std::string>() : "hbm";
+  const std::string model = model_of(hbm);
   if (model == "hbm") return std::make_unique<hbm::HbmMemory>(hbm::hbm_config_from_yaml(hbm, source));
   if (model != "simple") throw ConfigError(source + ": hbm.model: expected hbm or simple, got '" + model + "'");
   return std::make_unique<SimpleMemory>(simple_config(hbm, source));
 }
 
 std::string simple_memory_note(const YAML::Node& hbm, const std::string& source, uint32_t request_bytes) {
-  if (!hbm || !hbm.IsMap() || !hbm["model"] || hbm["model"].as<std::string>() != "simple" || request_bytes == 0)
-    return "";
+  if (!hbm || !hbm.IsMap() || model_of(hbm) != "simple" || request_bytes == 0) return "";
   const SimpleMemoryConfig cfg = simple_config(hbm, source);
   const double cap = cfg.sustained_bytes_per_s(request_bytes);
   if (cap >= cfg.bytes_per_s * (1 - 1e-9)) return "";
