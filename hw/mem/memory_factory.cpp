@@ -53,8 +53,7 @@ std::string simple_memory_note(const YAML::Node& hbm, const std::string& source,
   return fmt::format("{}: hbm.simple: {} requests in flight of {} B over a {} ps latency carry at most {:.3g} B/s, "
                      "below bytes_per_s {:.3g} (raise hbm.simple.max_outstanding to at least {})",
                      source, cfg.max_outstanding, request_bytes, cfg.latency_ps, cap, cfg.bytes_per_s,
-                     static_cast<uint64_t>(std::ceil(cfg.bytes_per_s * static_cast<double>(cfg.latency_ps) * 1e-12 /
-                                                     static_cast<double>(request_bytes))) + 1);
+                     cfg.outstanding_for_peak(request_bytes));
 }
 
 std::unique_ptr<MemoryPort> make_memory_from_preset(const std::string& name_or_path,

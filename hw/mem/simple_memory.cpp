@@ -12,6 +12,20 @@ double SimpleMemoryConfig::sustained_bytes_per_s(uint32_t request_bytes) const {
   return std::min(bytes_per_s, static_cast<double>(max_outstanding) * static_cast<double>(request_bytes) / lifetime_s);
 }
 
+uint32_t SimpleMemoryConfig::outstanding_for_peak(uint32_t request_bytes) const {
+  // bytes_per_s x latency / request_bytes, in an order exact for round figures.
+  const double in_flight = bytes_per_s * static_cast<double>(latency_ps) / (1e12 * static_cast<double>(request_bytes));
+  return static_cast<uint32_t>(std::min(std::ceil(in_flight) + 1, 4294967295.0));
+}
+
+SimpleMemoryConfig SimpleMemoryConfig::peak_pipe(double bytes_per_s, uint32_t request_bytes) {
+  SimpleMemoryConfig cfg;
+  cfg.bytes_per_s = bytes_per_s;
+  if (request_bytes > 0 && bytes_per_s > 0)
+    cfg.max_outstanding = std::max(cfg.max_outstanding, cfg.outstanding_for_peak(request_bytes));
+  return cfg;
+}
+
 SimpleMemory::SimpleMemory(const SimpleMemoryConfig& cfg) : cfg_(cfg) {
   if (!(cfg_.bytes_per_s > 0)) throw std::invalid_argument("simple memory: bytes_per_s must be > 0");
   if (cfg_.max_outstanding == 0) throw std::invalid_argument("simple memory: max_outstanding must be > 0");

@@ -23,6 +23,15 @@ struct SimpleMemoryConfig {
   // that time, and never more than bytes_per_s. With the defaults and 512 B
   // requests that is 1.31e12 B/s however high bytes_per_s is set.
   double sustained_bytes_per_s(uint32_t request_bytes) const;
+  // The fewest requests in flight that carry bytes_per_s with requests of
+  // `request_bytes`: Little's law, N x request_bytes >= bytes_per_s x (latency +
+  // request_bytes / bytes_per_s).
+  uint32_t outstanding_for_peak(uint32_t request_bytes) const;
+
+  // The memory of a preset without an HBM timing table (no `hbm.model`): a pipe at
+  // `bytes_per_s` with the default latency and enough requests of `request_bytes`
+  // in flight to carry that rate (at least the default 256).
+  static SimpleMemoryConfig peak_pipe(double bytes_per_s, uint32_t request_bytes);
 };
 
 class SimpleMemory final : public MemoryPort {

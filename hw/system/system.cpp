@@ -609,10 +609,10 @@ RunResult System::run(const RunOptions& opt) {
   if (hbm["model"]) {
     make_memory = [hbm, &preset] { return mem::make_memory(hbm, preset.source()); };
   } else {
-    // A preset without an HBM timing table: a latency + bandwidth pipe at its peak.
-    mem::SimpleMemoryConfig sc;
-    sc.bytes_per_s = preset.get_double("hbm.peak_bytes_per_s");
-    sc.latency_ps = 100000;
+    // A preset without an HBM timing table: a latency + bandwidth pipe at its peak,
+    // with enough DMA beats in flight to cover the latency at that rate.
+    const mem::SimpleMemoryConfig sc =
+        mem::SimpleMemoryConfig::peak_pipe(preset.get_double("hbm.peak_bytes_per_s"), cp.dma.chunk_bytes);
     make_memory = [sc] { return std::make_unique<mem::SimpleMemory>(sc); };
   }
 
