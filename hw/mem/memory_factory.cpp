@@ -2,8 +2,6 @@
 
 #include <fmt/core.h>
 
-#include <cmath>
-
 #include "hw/config/params.h"
 #include "hw/hbm/hbm_config.h"
 #include "hw/hbm/hbm_memory.h"
