@@ -11,8 +11,9 @@ namespace tpusim::mem {
 
 namespace {
 
-// The `model` key, `hbm` when absent.
-std::string model_of(const YAML::Node& hbm) { return hbm["model"] ? hbm["model"].as<std::string>() : "hbm"; }
+// The `model` key; `peak` when absent: a preset without a timing table, whose
+// memory is a pipe at its `peak_bytes_per_s` (make_memory).
+std::string model_of(const YAML::Node& hbm) { return hbm["model"] ? hbm["model"].as<std::string>() : "peak"; }
 
 SimpleMemoryConfig simple_config(const YAML::Node& hbm, const std::string& source) {
   using config::ConfigError;
@@ -34,11 +35,22 @@ SimpleMemoryConfig simple_config(const YAML::Node& hbm, const std::string& sourc
 
 }  // namespace
 
-std::unique_ptr<MemoryPort> make_memory(const YAML::Node& hbm, const std::string& source) {
+std::unique_ptr<MemoryPort> make_memory(const YAML::Node& hbm, const std::string& source, uint32_t request_bytes) {
   using config::ConfigError;
   if (!hbm || !hbm.IsMap()) throw ConfigError(source + ": hbm: expected a mapping");
   const std::string model = model_of(hbm);
   if (model == "hbm") return std::make_unique<hbm::HbmMemory>(hbm::hbm_config_from_yaml(hbm, source));
+  if (model == "peak") {
+    double peak = 0;
+    try {
+      peak = hbm["peak_bytes_per_s"] ? hbm["peak_bytes_per_s"].as<double>() : 0.0;
+    } catch (const YAML::Exception&) {
+      throw ConfigError(source + ": hbm.peak_bytes_per_s: expected a number");
+    }
+    if (!(peak > 0))
+      throw ConfigError(source + ": hbm: no model (hbm | simple) and no positive peak_bytes_per_s for the fallback pipe");
+    return std::make_unique<SimpleMemory>(SimpleMemoryConfig::peak_pipe(peak, request_bytes));
+  }
   if (model != "simple") throw ConfigError(source + ": hbm.model: expected hbm or simple, got '" + model + "'");
   return std::make_unique<SimpleMemory>(simple_config(hbm, source));
 }
@@ -55,11 +67,11 @@ std::string simple_memory_note(const YAML::Node& hbm, const std::string& source,
 }
 
 std::unique_ptr<MemoryPort> make_memory_from_preset(const std::string& name_or_path,
-                                                    const std::vector<std::string>& overrides) {
+                                                    const std::vector<std::string>& overrides, uint32_t request_bytes) {
   const std::string path = hbm::find_hbm_preset(name_or_path);
   config::Params p = config::Params::load(path);
   for (const auto& o : overrides) p.set(o);
-  return make_memory(p.node("hbm"), path);
+  return make_memory(p.node("hbm"), path, request_bytes);
 }
 
 }  // namespace tpusim::mem

@@ -13,7 +13,6 @@
 #include "hw/chip/chip.h"
 #include "hw/ici/network.h"
 #include "hw/mem/memory_factory.h"
-#include "hw/mem/simple_memory.h"
 #include "hw/mxu/result_values.h"
 #include "hw/system/critical_path.h"
 #include "hw/wave/vcd_filter.h"
@@ -604,17 +603,13 @@ RunResult System::run(const RunOptions& opt) {
   const uint64_t cycle_ps = std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(1e12 / clock_hz)));
 
   CoreParams cp = CoreParams::from_config(preset, static_cast<int>(bundle.target.mxus_per_core));
-  std::function<std::unique_ptr<mem::MemoryPort>()> make_memory;
+  // The HBM model the preset names, or its latency + bandwidth fallback at
+  // hbm.peak_bytes_per_s when it has no timing table (mem::make_memory).
   const YAML::Node hbm = preset.node("hbm");
-  if (hbm["model"]) {
-    make_memory = [hbm, &preset] { return mem::make_memory(hbm, preset.source()); };
-  } else {
-    // A preset without an HBM timing table: a latency + bandwidth pipe at its peak,
-    // with enough DMA beats in flight to cover the latency at that rate.
-    const mem::SimpleMemoryConfig sc =
-        mem::SimpleMemoryConfig::peak_pipe(preset.get_double("hbm.peak_bytes_per_s"), cp.dma.chunk_bytes);
-    make_memory = [sc] { return std::make_unique<mem::SimpleMemory>(sc); };
-  }
+  const uint32_t beat = cp.dma.chunk_bytes;
+  const std::function<std::unique_ptr<mem::MemoryPort>()> make_memory = [hbm, &preset, beat] {
+    return mem::make_memory(hbm, preset.source(), beat);
+  };
 
   Board board;
   board.max_cycles = opt.max_cycles;

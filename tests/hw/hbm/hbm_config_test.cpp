@@ -2,6 +2,7 @@
 // capacities match, every key can be overridden, and bad input fails with a message
 // naming the key. Address mapping: decode and encode are inverse, and a 4 KiB block
 // spreads evenly over every pseudo-channel.
+#include "hw/config/peaks.h"
 #include "hw/hbm/hbm_config.h"
 #include "hw/hbm/hbm_memory.h"
 #include "hw/mem/memory_factory.h"
@@ -130,6 +131,27 @@ TEST(HbmFactory, BuildsEitherModelFromThePreset) {
   auto simple = mem::make_memory_from_preset("hbm2_v3", {"hbm.model=simple", "hbm.simple.latency_ps=5000"});
   EXPECT_EQ(simple->stats_json()["model"], "simple");
   EXPECT_THROW(mem::make_memory_from_preset("hbm2_v3", {"hbm.model=magic"}), config::ConfigError);
+}
+
+// No `model` key: a chip without a timing table. The factory, like peaks.h, reads
+// that as the pipe at hbm.peak_bytes_per_s with enough DMA beats in flight for its
+// rate, and a section with neither is an error naming the key, not an HBM
+// controller built from missing timings.
+TEST(HbmFactory, NoModelIsThePipeAtThePeak) {
+  const YAML::Node peak = YAML::Load("{peak_bytes_per_s: 4.8e12, bytes: 1048576}");
+  auto pipe = mem::make_memory(peak, "chip.yaml", 512);
+  EXPECT_EQ(pipe->stats_json()["model"], "simple");
+  EXPECT_DOUBLE_EQ(pipe->peak_bytes_per_s(), 4.8e12);
+  config::Params p = config::Params::parse("hbm: {peak_bytes_per_s: 4.8e12}\n", "chip.yaml");
+  EXPECT_DOUBLE_EQ(config::hbm_peak_bytes_per_s(p), pipe->peak_bytes_per_s());
+  try {
+    mem::make_memory(YAML::Load("{bytes: 1048576}"), "chip.yaml", 512);
+    FAIL() << "no model and no peak accepted";
+  } catch (const config::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("chip.yaml: hbm: no model"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("peak_bytes_per_s"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(mem::make_memory(YAML::Load("{peak_bytes_per_s: fast}"), "chip.yaml", 512), config::ConfigError);
 }
 
 TEST(HbmAddressMapping, BurstDecoderEqualsDecodingEveryBurst) {
