@@ -80,7 +80,8 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0, 1000));
   cmd->add_option("--block-bytes", opt->block_bytes,
                   "Per-replica bytes of fp32 in each block of a blocked all-reduce (docs/codegen.md \"Blocks\"); "
-                  "0 = 8 MiB for the hierarchical algorithm, 4 MiB for the torus one; at most 256 blocks")
+                  "0 = 8 MiB for the hierarchical algorithm, 4 MiB for the torus one; at most 256 blocks; "
+                  "on a 3-D chip torus more than half a block runs as two")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--all-reduce-streams", opt->all_reduce_streams,
                   "Instruction streams of a blocked all-reduce: 1, 2 or 3 (as many slot pools, each pool's blocks "

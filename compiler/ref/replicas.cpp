@@ -139,8 +139,16 @@ static int64_t block_size(const ReplicaSpec& s, int64_t elements) {
 
 std::vector<int64_t> all_reduce_blocks(const ReplicaSpec& s, int64_t elements) {
   const int64_t size = block_size(s, elements);
-  if (size <= 0 || elements <= size) return {0};
-  const int64_t nb = (elements + size - 1) / size;
+  if (size <= 0) return {0};
+  // On a 3-D chip torus a buffer of more than half a block goes as two blocks: one
+  // block's plan there has one slot pool, whose ordering run stalls from 5 MiB a
+  // replica (v4-4x4x4: 5-8 MiB went unfused, every sum through y), while two
+  // blocks plan fused on two pools (8 MiB, detailed HBM: 166,600 -> 124,814
+  // cycles; docs/codegen.md "Blocks").
+  const bool halves = choose_algorithm(s, elements) == ici::Algorithm::kHierarchical &&
+                      ring_dims(chip_topology(s)) >= 3 && 2 * elements > size;
+  if (elements <= size && !halves) return {0};
+  const int64_t nb = std::max<int64_t>(2, (elements + size - 1) / size);
   // The ordering run and the program grow with the blocks (v2-4x4, 1 MiB a replica:
   // 16 blocks compile in 1.5 s, 256 in 27 s, 262,144 ran out of memory), and the
   // defaults take at most 64 at 256 MiB, so a tiny --block-bytes is refused rather

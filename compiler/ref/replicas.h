@@ -67,7 +67,8 @@ ici::Schedule all_reduce_schedule(const ReplicaSpec& s, int64_t elements);
 std::shared_ptr<const ici::Schedule> shared_all_reduce_schedule(const ReplicaSpec& s, int64_t elements);
 // Where the contiguous blocks of an all-reduce of `elements` per replica start
 // (docs/codegen.md "Blocks"): ceil(elements / block_elems) blocks, cut on whole
-// tiles, for the hierarchical algorithm on a chip topology of 16 chips or more;
+// tiles, for the hierarchical algorithm on a chip topology of 16 chips or more
+// (and two where a 3-D chip torus has more than half a block);
 // ceil(elements / torus_block_elems) for the torus algorithm on a chip torus of at
 // most 2 dimensions; else one block, {0}. all_reduce_schedule runs each block's
 // own schedule, block b + 1's steps block_lag (default ceil(T / 2), T: one

@@ -132,14 +132,18 @@ BLOCK_BYTES = (2 << 20) * 4
 
 def slices_hierarchical(chip_dims, n):
     """S of the lowering: on 16 chips or more, the contiguous blocks of
-    all_reduce_blocks (ceil(n / 8 MiB) above 8 MiB); else ceil(n / 4 MiB), but no
-    more than a segment between two chunk boundaries (n / (2 D P): 2 cores, D groups
-    each, P chips) holds pieces."""
+    all_reduce_blocks (ceil(n / 8 MiB) above 8 MiB, and 2 above 4 MiB where the
+    chips form a 3-D torus); else ceil(n / 4 MiB), but no more than a segment
+    between two chunk boundaries (n / (2 D P): 2 cores, D groups each, P chips)
+    holds pieces."""
     D, P = len(chip_dims), 1
     for k in chip_dims:
         P *= k
     if P >= 16:
-        return max(1, -(-n // BLOCK_BYTES))
+        blocks = max(1, -(-n // BLOCK_BYTES))
+        if sum(k > 1 for k in chip_dims) >= 3 and 2 * n > BLOCK_BYTES:
+            blocks = max(blocks, 2)
+        return blocks
     seg = n // (2 * D * P)
     return max(1, min(-(-n // SLICE_BYTES), seg // PIECE_BYTES))
 

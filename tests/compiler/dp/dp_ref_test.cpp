@@ -304,6 +304,38 @@ TEST(DpRef, LargeHierarchicalAllReducesRunOnBlocks) {
   EXPECT_EQ(all_reduce_blocks(s, E), (std::vector<int64_t>{0}));
 }
 
+// On a 3-D chip torus (v4-4x4x4) the hierarchical all-reduce runs more than half a
+// block as two blocks (docs/codegen.md "Blocks": there a one-block plan above 4 MiB
+// found no fused plan), each block's result that block's own all-reduce; half a
+// block or less stays whole, and a 2-D board (v2-4x4) keeps one block up to a
+// whole block.
+TEST(DpRef, ThreeDimensionalTorusRunsMoreThanHalfABlockAsTwo) {
+  ReplicaSpec s;
+  s.cores_per_chip = 2;
+  s.board = ici::Topology(ici::TopologyKind::kTorus3d, {4, 4, 4});
+  s.replicas = 128;
+  s.block_elems = 4096;
+  EXPECT_EQ(all_reduce_blocks(s, 2048), (std::vector<int64_t>{0}));
+  EXPECT_EQ(all_reduce_blocks(s, 2049), (std::vector<int64_t>{0, 1024}));  // halves of 1024.5 on whole tiles
+  EXPECT_EQ(all_reduce_blocks(s, 4096), (std::vector<int64_t>{0, 2048}));
+  EXPECT_EQ(all_reduce_blocks(s, 4097), (std::vector<int64_t>{0, 2048}));  // ceil(4097 / 4096) = 2 anyway
+  EXPECT_EQ(all_reduce_blocks(s, 8193).size(), 3u);
+  const int64_t E = 3000;
+  const std::vector<int64_t> cut{0, 1500, E};  // under two tiles a block: cut on elements
+  ASSERT_EQ(all_reduce_blocks(s, E), (std::vector<int64_t>{0, 1500}));
+  const std::vector<std::vector<float>> x = signed_wide_rows(128, E, 11);
+  const auto y = all_reduce_values(s, x);
+  ReplicaSpec whole = s;
+  whole.block_elems = 0;
+  size_t differ_from_whole = 0;
+  ASSERT_NO_FATAL_FAILURE(check_each_block_alone(whole, x, y, cut, &differ_from_whole));
+  EXPECT_GT(differ_from_whole, 0u);
+  s.board = ici::Topology(ici::TopologyKind::kTorus2d, {4, 4});
+  s.replicas = 32;
+  EXPECT_EQ(all_reduce_blocks(s, 4096), (std::vector<int64_t>{0}));
+  EXPECT_EQ(all_reduce_blocks(s, 4097).size(), 2u);
+}
+
 // The torus algorithm on a chip torus of at most 2 dimensions runs above
 // torus_block_elems on blocks too (on v3-8's replica topology [2, 2, 2]): each
 // block of the result is, bit for bit, the torus all-reduce of that block alone,
