@@ -938,7 +938,8 @@ TEST(DpLower, StreamsThatDoNotPlanLeaveANote) {
 // 16777216`) its one-pool plan stalls in the ordering run and every sum goes
 // through y ("streamed unfused"; 166,600 cycles at 8 MiB with the detailed HBM);
 // more than half a block runs as two blocks on a 3-D chip torus
-// (all_reduce_blocks), which plan fused on two pools (124,814 at 8 MiB).
+// (all_reduce_blocks), which plan fused on two pools (124,814 at 8 MiB), and
+// run bit-exact with the reference.
 TEST(DpLower, ThreeDimensionalTorusPlansHalfABlockAndMoreFused) {
   const Graph g = parse_graph(allreduce_only_ir(128, 1536, 1024), "test.ir");
   LowerOptions lo = board_options(kV4x4x4, 128);
@@ -948,6 +949,15 @@ TEST(DpLower, ThreeDimensionalTorusPlansHalfABlockAndMoreFused) {
   ASSERT_EQ(lr.notes.size(), 1u);
   EXPECT_NE(lr.notes.front().find("|blocks=2|"), std::string::npos) << lr.notes.front();
   EXPECT_NE(lr.notes.front().find("streamed fused, 2 slot pools"), std::string::npos) << lr.notes.front();
+  // At test scale, 6 x 1031 elements against blocks of 8192 are two blocks: bit-exact
+  // with the reference, each core forking its second block's stream.
+  expect_replicated_bit_exact(allreduce_only_ir(128, 6, 1031), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", true,
+                              16ull << 20, small_blocks);
+  size_t forks = 0;
+  for (size_t at = g_last_assembly.find("  fork stream1_"); at != std::string::npos;
+       at = g_last_assembly.find("  fork stream1_", at + 1))
+    ++forks;
+  EXPECT_EQ(forks, 128u);
 }
 
 // `tpusim compile --explain` (LowerOptions::explain_collectives): one note per
