@@ -141,8 +141,8 @@ std::vector<int64_t> all_reduce_blocks(const ReplicaSpec& s, int64_t elements) {
   const int64_t size = block_size(s, elements);
   if (size <= 0) return {0};
   // On a 3-D chip torus a buffer of more than half a block goes as two blocks: one
-  // block's plan there has one slot pool, whose ordering run stalls from 5 MiB a
-  // replica (v4-4x4x4: 5-8 MiB went unfused, every sum through y), while two
+  // block's plan there has one slot pool, whose ordering run stalls above 4 MiB a
+  // replica (v4-4x4x4: 4.5-8 MiB went unfused, every sum through y), while two
   // blocks plan fused on two pools (8 MiB, detailed HBM: 166,600 -> 124,814
   // cycles; docs/codegen.md "Blocks").
   const bool halves = choose_algorithm(s, elements) == ici::Algorithm::kHierarchical &&
