@@ -316,12 +316,12 @@ TEST(DpRef, ThreeDimensionalTorusRunsMoreThanHalfABlockAsTwo) {
   s.replicas = 128;
   s.block_elems = 4096;
   EXPECT_EQ(all_reduce_blocks(s, 2048), (std::vector<int64_t>{0}));
-  EXPECT_EQ(all_reduce_blocks(s, 2049), (std::vector<int64_t>{0, 1024}));  // halves of 1024.5 on whole tiles
-  EXPECT_EQ(all_reduce_blocks(s, 4096), (std::vector<int64_t>{0, 2048}));
+  EXPECT_EQ(all_reduce_blocks(s, 2049), (std::vector<int64_t>{0, 1024}));  // under two tiles a block: cut on elements
+  EXPECT_EQ(all_reduce_blocks(s, 4096), (std::vector<int64_t>{0, 2048}));  // two whole tiles each
   EXPECT_EQ(all_reduce_blocks(s, 4097), (std::vector<int64_t>{0, 2048}));  // ceil(4097 / 4096) = 2 anyway
   EXPECT_EQ(all_reduce_blocks(s, 8193).size(), 3u);
   const int64_t E = 3000;
-  const std::vector<int64_t> cut{0, 1500, E};  // under two tiles a block: cut on elements
+  const std::vector<int64_t> cut{0, 1500, E};
   ASSERT_EQ(all_reduce_blocks(s, E), (std::vector<int64_t>{0, 1500}));
   const std::vector<std::vector<float>> x = signed_wide_rows(128, E, 11);
   const auto y = all_reduce_values(s, x);
