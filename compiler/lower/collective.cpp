@@ -937,14 +937,18 @@ ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int6
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
   int64_t shortest = sch.elements;
   for (size_t i = 0; i + 1 < cuts.size(); ++i) shortest = std::min(shortest, cuts[i + 1] - cuts[i]);
-  // Parts of at least a piece, so slicing never cuts the messages smaller; with
-  // pools, the fewest slices whose parts are at most a piece, so a part is one
-  // message and a pool's slots can hold twice a step's pieces.
+  // The fewest slices whose parts are at most a piece, so a part is one message
+  // (and, with pools, a pool's slots can hold twice a step's pieces); one pool
+  // takes no more slices than slice_elems makes. Parts of at least a piece, as
+  // before session 52, sent a part just over a piece as a piece and a sliver,
+  // whose extra messages stalled the one-pool plan: v3-8 9 / 13 / 17 MiB took the
+  // two-pool one, 86,392 / 118,856 / 141,435 cycles, against 65,780 / 86,794 /
+  // 113,733 now (docs/codegen.md "Streamed lowering").
   int64_t longest = 0;
   for (size_t i = 0; i + 1 < cuts.size(); ++i) longest = std::max(longest, cuts[i + 1] - cuts[i]);
   const int64_t S = (sch.elements + slice_elems - 1) / slice_elems < 2 ? 1
                     : pools > 1 ? (longest + piece - 1) / piece
-                                : std::min((sch.elements + slice_elems - 1) / slice_elems, shortest / piece);
+                                : std::min((sch.elements + slice_elems - 1) / slice_elems, (shortest + piece - 1) / piece);
   if (S < 2) return sch;
   ici::Schedule out = sch;
   out.name = sch.name + "|slices=" + std::to_string(S);
