@@ -125,30 +125,33 @@ ici::Algorithm choose_algorithm(const ReplicaSpec& s, int64_t elements) {
 }
 
 // The elements per block of a blocked all-reduce, or 0 where it runs whole
-// (docs/codegen.md "Blocks"): the hierarchical algorithm on 16 chips or more, and
+// (docs/codegen.md "Blocks"): the hierarchical algorithm on 16 chips or more (half
+// the buffer where a 3-D chip torus holds more than half a block), and
 // the torus algorithm on a chip torus of at most 2 dimensions (v2/v3 boards, v4-8), whose
 // size-2 on-chip dimension sends its + and - groups to the same peer, so a first
 // step of a whole 16 MiB buffer is ~11 pieces a stream, more than the slots of any
 // fused plan (docs/validation.md "The other algorithms, streamed").
 static int64_t block_size(const ReplicaSpec& s, int64_t elements) {
   const ici::Algorithm a = choose_algorithm(s, elements);
-  if (a == ici::Algorithm::kHierarchical) return chip_topology(s).chips() >= 16 ? s.block_elems : 0;
+  if (a == ici::Algorithm::kHierarchical) {
+    const ici::Topology chips = chip_topology(s);
+    if (chips.chips() < 16) return 0;
+    // On a 3-D chip torus a buffer of more than half a block goes as two blocks: one
+    // block's plan there has one slot pool, whose ordering run stalls above 4 MiB a
+    // replica (v4-4x4x4: 4.5-8 MiB went unfused, every sum through y), while two
+    // blocks plan fused on two pools (8 MiB, detailed HBM: 166,600 -> 124,814
+    // cycles; docs/codegen.md "Blocks").
+    if (ring_dims(chips) >= 3 && s.block_elems < 2 * elements && elements <= s.block_elems) return (elements + 1) / 2;
+    return s.block_elems;
+  }
   if (a != ici::Algorithm::kTorus) return 0;
   return ring_dims(chip_topology(s)) <= 2 ? s.torus_block_elems : 0;
 }
 
 std::vector<int64_t> all_reduce_blocks(const ReplicaSpec& s, int64_t elements) {
   const int64_t size = block_size(s, elements);
-  if (size <= 0) return {0};
-  // On a 3-D chip torus a buffer of more than half a block goes as two blocks: one
-  // block's plan there has one slot pool, whose ordering run stalls above 4 MiB a
-  // replica (v4-4x4x4: 4.5-8 MiB went unfused, every sum through y), while two
-  // blocks plan fused on two pools (8 MiB, detailed HBM: 166,600 -> 124,814
-  // cycles; docs/codegen.md "Blocks").
-  const bool halves = choose_algorithm(s, elements) == ici::Algorithm::kHierarchical &&
-                      ring_dims(chip_topology(s)) >= 3 && 2 * elements > size;
-  if (elements <= size && !halves) return {0};
-  const int64_t nb = std::max<int64_t>(2, (elements + size - 1) / size);
+  if (size <= 0 || elements <= size) return {0};
+  const int64_t nb = (elements + size - 1) / size;
   // The ordering run and the program grow with the blocks (v2-4x4, 1 MiB a replica:
   // 16 blocks compile in 1.5 s, 256 in 27 s, 262,144 ran out of memory), and the
   // defaults take at most 64 at 256 MiB, so a tiny --block-bytes is refused rather
