@@ -157,8 +157,8 @@ def main():
     bw.ICI_B = a.link_bytes_per_s * 0.8681 / a.clock  # the model's and the bound's link rate
     n, block = bw.parse_size(a.size), bw.parse_size(a.block)
     bw.BLOCK_BYTES = block
-    if sum(k > 1 for k in dims) >= 3 and block < 2 * n <= 2 * block:
-        block = -(-n // 2)  # a 3-D chip torus runs more than half a block as two (all_reduce_blocks)
+    if bw.two_blocks(dims, n, block):
+        block = -(-n // 2)
     gate = a.gate if a.gate > 0 else min(dims)  # the on-chip step and k - 1 steps
     cycles = simulate(dims, n, block, a.in_flight, gate, bw.parse_size(a.piece) or n, a.inner_split)
     bound = bw.closed_form_hierarchical_sliced(dims, n)

@@ -130,6 +130,12 @@ SLICE_BYTES = 4 << 20
 BLOCK_BYTES = (2 << 20) * 4
 
 
+def two_blocks(chip_dims, n, block):
+    """Whether all_reduce_blocks runs n bytes a replica as two blocks of half of it
+    though it fits one block: on a 3-D chip torus, more than half a block."""
+    return sum(k > 1 for k in chip_dims) >= 3 and block < 2 * n <= 2 * block
+
+
 def slices_hierarchical(chip_dims, n):
     """S of the lowering: on 16 chips or more, the contiguous blocks of
     all_reduce_blocks (ceil(n / 8 MiB) above 8 MiB, and 2 above 4 MiB where the
@@ -140,10 +146,7 @@ def slices_hierarchical(chip_dims, n):
     for k in chip_dims:
         P *= k
     if P >= 16:
-        blocks = max(1, -(-n // BLOCK_BYTES))
-        if sum(k > 1 for k in chip_dims) >= 3 and 2 * n > BLOCK_BYTES:
-            blocks = max(blocks, 2)
-        return blocks
+        return 2 if two_blocks(chip_dims, n, BLOCK_BYTES) else max(1, -(-n // BLOCK_BYTES))
     seg = n // (2 * D * P)
     return max(1, min(-(-n // SLICE_BYTES), seg // PIECE_BYTES))
 
