@@ -81,6 +81,13 @@ LowerOptions board_options(const Board& board, int replicas, const std::string& 
 
 // Assembly and notes (LowerResult::notes) of the last bundle expect_replicated_bit_exact compiled.
 std::string g_last_assembly;
+
+// How many times `what` occurs in `text` (overlapping ones too).
+size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
 std::vector<std::string> g_last_notes;
 
 void expect_replicated_bit_exact(const std::string& ir, PrecisionPolicy policy, const Board& board, int replicas,
@@ -229,9 +236,7 @@ TEST(DpLower, AllReduceSendSlotRingWraps) {
   for (uint64_t kib : {176, 192, 208, 224}) {
     expect_replicated_bit_exact(allreduce_only_ir(8, 20, 100), PrecisionPolicy::kDefault, kV38, 8, "torus", true,
                                 kib << 10);
-    size_t waits = 0;
-    for (size_t at = g_last_assembly.find("wait f58"); at != std::string::npos; at = g_last_assembly.find("wait f58", at + 1))
-      ++waits;
+    const size_t waits = occurrences(g_last_assembly, "wait f58");
     const bool vmem_mode = g_last_assembly.find("vmem@chip") != std::string::npos;
     wrapped += vmem_mode && waits > 8;  // more than the one closing wait per replica
   }
@@ -276,12 +281,7 @@ TEST(DpLower, AllReduceInSlicesOnV38) {
   EXPECT_NE(whole.find("vmem@chip3.c1"), std::string::npos);
   EXPECT_NE(g_last_assembly, whole);
   // Partial sums kept in VMEM: the sum's tiles a later add reads get a second vst.
-  auto count = [](const std::string& text, const std::string& what) {
-    size_t c = 0;
-    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++c;
-    return c;
-  };
-  EXPECT_GT(count(g_last_assembly, "vst v1"), count(g_last_assembly, "vadd v1"));
+  EXPECT_GT(occurrences(g_last_assembly, "vst v1"), occurrences(g_last_assembly, "vadd v1"));
 }
 
 // Slices whose parts are at most a piece (slice_schedule): 9 MiB a replica on v3-8
@@ -970,11 +970,7 @@ TEST(DpLower, ThreeDimensionalTorusPlansHalfABlockAndMoreFused) {
   // with the reference, each core forking its second block's stream.
   expect_replicated_bit_exact(allreduce_only_ir(128, 6, 1031), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", true,
                               16ull << 20, small_blocks);
-  size_t forks = 0;
-  for (size_t at = g_last_assembly.find("  fork stream1_"); at != std::string::npos;
-       at = g_last_assembly.find("  fork stream1_", at + 1))
-    ++forks;
-  EXPECT_EQ(forks, 128u);
+  EXPECT_EQ(occurrences(g_last_assembly, "  fork stream1_"), 128u);
 }
 
 // `tpusim compile --explain` (LowerOptions::explain_collectives): one note per
@@ -1053,10 +1049,7 @@ TEST(DpLower, StepOrderedRingBeyond33ReplicasReturnsCredits) {
     for (const uint64_t vmem : {16ull << 20, 64ull << 10}) {
       expect_replicated_bit_exact(allreduce_only_ir(R, 1, 256), PrecisionPolicy::kDefault, kV2x16x16, R, "ring", true,
                                   vmem, explain);
-      size_t tokens = 0;
-      for (size_t at = g_last_assembly.find(", bytes=4, flag=f58, rflag=f5"); at != std::string::npos;
-           at = g_last_assembly.find(", bytes=4, flag=f58, rflag=f5", at + 1))
-        ++tokens;
+      const size_t tokens = occurrences(g_last_assembly, ", bytes=4, flag=f58, rflag=f5");
       const size_t messages = 2 * static_cast<size_t>(R - 1), credits = R > 33 ? (messages - 32 + 15) / 16 : 0;
       EXPECT_EQ(tokens, static_cast<size_t>(R) * (1 + credits)) << R << " replicas";
       // Each replica waits for its one destination's token and then for each credit.
@@ -1141,11 +1134,7 @@ TEST(DpLower, BidirRingOf256ReplicasTakesTheDataflowOrder) {
 // forking once; on a 2-D one (v2-4x4, the hierarchical algorithm) on three, every
 // core forking twice (since session 45); bit-exact either way.
 TEST(DpLower, BlockedAllReduceForksByDefault) {
-  auto forks = [](const char* label) {
-    size_t n = 0;
-    for (size_t at = g_last_assembly.find(label); at != std::string::npos; at = g_last_assembly.find(label, at + 1)) ++n;
-    return n;
-  };
+  auto forks = [](const char* label) { return occurrences(g_last_assembly, label); };
   // Two streams where the chips form a 3-D torus, ...
   expect_replicated_bit_exact(allreduce_only_ir(128, 16, 1031), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", true,
                               16ull << 20, small_blocks);
