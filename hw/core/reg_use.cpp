@@ -31,7 +31,7 @@ RegUse reg_use(const isa::Instr& in) {
       const char* sig = isa::op_info(in.op).signature;
       if (isa::op_info(in.op).unit != isa::Unit::kVector) break;
       // Plain vector ops: "VV" / "VVV", destination first.
-      const uint8_t f[4] = {in.a, in.b, in.c, in.d};
+      const uint16_t f[4] = {in.a, in.b, in.c, in.d};
       for (int i = 0; sig[i] && i < 4; ++i) {
         if (sig[i] != 'V') continue;
         if (i == 0) u.write(f[i]);

@@ -119,7 +119,7 @@ void scalar_use(const isa::Instr& in, uint32_t* reads, uint32_t* writes) {
     *reads = (1u << in.dst.reg) | (1u << in.src.reg);
     return;
   }
-  const uint8_t f[4] = {in.a, in.b, in.c, in.d};
+  const uint16_t f[4] = {in.a, in.b, in.c, in.d};
   const bool dest_first = info.unit == Unit::kScalar && in.op != Op::kSt && in.op != Op::kBeq &&
                           in.op != Op::kBne && in.op != Op::kBlt && in.op != Op::kBge;
   int r = 0;

@@ -419,7 +419,7 @@ void Assembler::parse_with(const OpInfo& info, const std::vector<Token>& t, cons
     error(k, std::string("'") + info.mnemonic + "' takes " + std::to_string(npos) + " operand(s), got " +
                  std::to_string(positional));
   }
-  uint8_t* regs[4] = {&in.a, &in.b, &in.c, &in.d};
+  uint16_t* regs[4] = {&in.a, &in.b, &in.c, &in.d};
   int r = 0, imms = 0;
   auto put_imm = [&](int32_t v) { (imms++ == 0 ? in.imm : in.imm2) = v; };
   if (info.op == Op::kDma) {
@@ -433,7 +433,7 @@ void Assembler::parse_with(const OpInfo& info, const std::vector<Token>& t, cons
         case 'V': *regs[r++] = static_cast<uint8_t>(reg(t, o, 'v', kVectorRegs, "a vector register")); break;
         case 'M': *regs[r++] = static_cast<uint8_t>(reg(t, o, 'm', kMaskRegs, "a mask register")); break;
         case 'X': *regs[r++] = static_cast<uint8_t>(reg(t, o, 'x', 16, "an MXU (mxuN)")); break;
-        case 'F': *regs[r++] = static_cast<uint8_t>(flag_operand(t, o)); break;
+        case 'F': *regs[r++] = static_cast<uint16_t>(flag_operand(t, o)); break;
         case 'I': put_imm(imm32(t, o)); break;
         case 'R': put_imm(static_cast<int32_t>(float_bits(t, o, false))); break;
         case 'L':
@@ -444,7 +444,9 @@ void Assembler::parse_with(const OpInfo& info, const std::vector<Token>& t, cons
           break;
         case 'A': {
           int32_t off;
-          address(t, o, *regs[r++], off);
+          uint8_t base;
+          address(t, o, base, off);
+          *regs[r++] = base;
           put_imm(off);
           break;
         }
@@ -931,7 +933,7 @@ std::string print_instr(const Instr& in, const CoreProgram& prog) {
   const OpInfo& info = op_info(in.op);
   std::string s = info.mnemonic;
   std::vector<std::string> ops;
-  const uint8_t regs[4] = {in.a, in.b, in.c, in.d};
+  const uint16_t regs[4] = {in.a, in.b, in.c, in.d};
   int r = 0, imms = 0;
   auto next_imm = [&]() { return imms++ == 0 ? in.imm : in.imm2; };
   if (in.op == Op::kDma) {

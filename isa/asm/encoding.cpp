@@ -1,5 +1,6 @@
 #include "isa/asm/encoding.h"
 
+#include <cstring>
 #include <string>
 
 namespace tpusim::isa {
@@ -31,6 +32,25 @@ FieldUse field_use(Op op) {
   u.imm2 = imms >= 2;
   return u;
 }
+
+// The register fields (0 = a, 1 = b) that hold the op's sync-flag operands, in
+// operand order. A flag is 9 bits: the low 8 in its field, bit 8 of the k-th flag
+// operand in bit k of field c, which no op with a flag operand uses (docs/isa.md
+// section 5): below f255 the same words as before the flags grew.
+struct FlagFields {
+  int n = 0;
+  int field[2] = {0, 0};
+};
+FlagFields flag_fields(Op op) {
+  FlagFields f;
+  int r = 0;
+  for (const char* s = op_info(op).signature; *s; ++s) {
+    if (*s == 'F' && f.n < 2) f.field[f.n++] = r;
+    if (std::strchr("SVMXFA", *s)) ++r;
+  }
+  return f;
+}
+static_assert(kSyncFlags + 1 <= 1 << 9, "a DMA names flag + 1 in 9 bits");
 
 uint64_t u32(int32_t v) { return static_cast<uint64_t>(static_cast<uint32_t>(v)); }
 int32_t s32(uint64_t w) { return static_cast<int32_t>(static_cast<uint32_t>(w & 0xFFFFFFFFu)); }
@@ -70,10 +90,9 @@ size_t encoded_words(const Instr& in) {
 void encode_instr(const Instr& in, std::vector<uint64_t>& out) {
   const uint64_t op = static_cast<uint64_t>(in.op);
   if (in.op == Op::kDma) {
-    out.push_back(op | static_cast<uint64_t>(static_cast<uint8_t>(in.flag + 1)) << 8 |
-                  static_cast<uint64_t>(static_cast<uint8_t>(in.rflag + 1)) << 16 |
-                  static_cast<uint64_t>(in.ndims & 0xF) << 24 | static_cast<uint64_t>(in.tc & 0xF) << 28 |
-                  u32(in.imm) << 32);
+    const uint64_t flag1 = static_cast<uint64_t>(in.flag + 1) & 0x1FF, rflag1 = static_cast<uint64_t>(in.rflag + 1) & 0x1FF;
+    out.push_back(op | (flag1 & 0xFF) << 8 | (rflag1 & 0xFF) << 16 | static_cast<uint64_t>(in.ndims & 0xF) << 24 |
+                  static_cast<uint64_t>(in.tc & 1) << 28 | (flag1 >> 8) << 29 | (rflag1 >> 8) << 30 | u32(in.imm) << 32);
     out.push_back(encode_endpoint(in.dst));
     out.push_back(encode_endpoint(in.src));
     for (int i = 0; i < in.ndims && i < kMaxDmaDims; ++i) {
@@ -82,8 +101,13 @@ void encode_instr(const Instr& in, std::vector<uint64_t>& out) {
     }
     return;
   }
-  out.push_back(op | static_cast<uint64_t>(in.a) << 8 | static_cast<uint64_t>(in.b) << 16 |
-                static_cast<uint64_t>(in.c) << 24 | u32(in.imm) << 32);
+  uint64_t field[3] = {in.a, in.b, in.c};
+  const FlagFields fl = flag_fields(in.op);
+  for (int k = 0; k < fl.n; ++k) {
+    field[2] |= (field[fl.field[k]] >> 8) << k;
+    field[fl.field[k]] &= 0xFF;
+  }
+  out.push_back(op | (field[0] & 0xFF) << 8 | (field[1] & 0xFF) << 16 | (field[2] & 0xFF) << 24 | u32(in.imm) << 32);
   if (op_info(in.op).flags & kOpLong) out.push_back(u32(in.imm2) | static_cast<uint64_t>(in.d) << 32);
 }
 
@@ -103,13 +127,12 @@ std::vector<Instr> decode(const uint64_t* w, size_t n) {
     Instr in;
     in.op = static_cast<Op>(w0 & 0xFF);
     if (in.op == Op::kDma) {
-      in.flag = static_cast<int16_t>(static_cast<int>((w0 >> 8) & 0xFF) - 1);
-      in.rflag = static_cast<int16_t>(static_cast<int>((w0 >> 16) & 0xFF) - 1);
+      in.flag = static_cast<int16_t>(static_cast<int>(((w0 >> 8) & 0xFF) | ((w0 >> 29) & 1) << 8) - 1);
+      in.rflag = static_cast<int16_t>(static_cast<int>(((w0 >> 16) & 0xFF) | ((w0 >> 30) & 1) << 8) - 1);
       in.ndims = static_cast<uint8_t>((w0 >> 24) & 0xF);
-      in.tc = static_cast<uint8_t>((w0 >> 28) & 0xF);
-      if (in.tc >= kTrafficClasses) bad(at, "DMA traffic class out of range");
+      in.tc = static_cast<uint8_t>((w0 >> 28) & 1);
+      if ((w0 >> 31) & 1) bad(at, "nonzero reserved bit 31 in a DMA");
       in.imm = s32(w0 >> 32);
-      if (((w0 >> 8) & 0xFF) > kSyncFlags || ((w0 >> 16) & 0xFF) > kSyncFlags) bad(at, "DMA flag out of range");
       if (in.ndims > kMaxDmaDims) bad(at, "more than 3 DMA dimensions");
       if (n - i < 2 + 2 * static_cast<size_t>(in.ndims)) bad(at, "truncated DMA instruction");
       in.dst = decode_endpoint(w[i], i);
@@ -131,6 +154,12 @@ std::vector<Instr> decode(const uint64_t* w, size_t n) {
     in.b = static_cast<uint8_t>(w0 >> 16);
     in.c = static_cast<uint8_t>(w0 >> 24);
     in.imm = s32(w0 >> 32);
+    const FlagFields fl = flag_fields(in.op);
+    for (int k = 0; k < fl.n; ++k) {
+      uint16_t& f = fl.field[k] == 0 ? in.a : in.b;
+      f = static_cast<uint16_t>(f | ((in.c >> k) & 1) << 8);
+    }
+    in.c = static_cast<uint16_t>(in.c >> fl.n);  // with flag operands, what is left must be zero (below)
     const uint32_t flags = op_info(in.op).flags;
     if (flags & kOpLong) {
       if (i >= n) bad(at, "truncated instruction");
@@ -140,7 +169,7 @@ std::vector<Instr> decode(const uint64_t* w, size_t n) {
       if (w1 >> 40) bad(at + 1, "nonzero reserved bits");
     }
     const FieldUse u = field_use(in.op);
-    const uint8_t regs[4] = {in.a, in.b, in.c, in.d};
+    const uint16_t regs[4] = {in.a, in.b, in.c, in.d};
     for (int r = u.regs; r < 4; ++r)
       if (regs[r]) bad(at, std::string("nonzero unused register field in ") + op_info(in.op).mnemonic);
     if ((!u.imm && in.imm) || (!u.imm2 && in.imm2))

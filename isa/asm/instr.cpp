@@ -24,7 +24,7 @@ std::string check_instr(const Target& t, const CoreProgram& p, size_t i) {
   const Instr& in = p.code[i];
   if (static_cast<int>(in.op) >= op_count()) return where(p, i) + ": unknown opcode";
   const OpInfo& info = op_info(in.op);
-  const uint8_t regs[4] = {in.a, in.b, in.c, in.d};
+  const uint16_t regs[4] = {in.a, in.b, in.c, in.d};
   int r = 0, imms = 0;
   for (const char* s = info.signature; *s; ++s) {
     switch (*s) {

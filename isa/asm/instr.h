@@ -157,7 +157,9 @@ const char* trap_reason(int64_t code);
 inline constexpr int kScalarRegs = 32;
 inline constexpr int kVectorRegs = 32;
 inline constexpr int kMaskRegs = 8;
-inline constexpr int kSyncFlags = 255;  // a DMA names a flag in 8 bits as flag + 1 (0: none)
+// A DMA names a flag in 9 bits as flag + 1 (0: none); f255.. were added for the
+// streamed all-reduce's slots (docs/isa.md section 5, docs/codegen.md "Wide slots").
+inline constexpr int kSyncFlags = 511;
 // Instruction streams per core: stream 0 starts at instruction 0, `fork` starts
 // the lowest-numbered idle one of the others (docs/isa.md, "Streams").
 inline constexpr int kStreams = 4;
@@ -197,7 +199,8 @@ struct DmaDim {
 
 struct Instr {
   Op op = Op::kNop;
-  uint8_t a = 0, b = 0, c = 0, d = 0;  // register fields (meaning per signature)
+  // Register fields (meaning per signature), wide enough for a sync flag (9 bits).
+  uint16_t a = 0, b = 0, c = 0, d = 0;
   int32_t imm = 0;                     // immediate / fp32 bits / branch target index / DMA bytes
   int32_t imm2 = 0;                    // second immediate (sublane stride, lanes)
   // DMA only.

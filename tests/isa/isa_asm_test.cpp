@@ -96,7 +96,7 @@ Instr random_instr(std::mt19937& g, Op op, uint32_t code_size, int mxus) {
     in.tc = static_cast<uint8_t>(u(isa::kTrafficClasses));
     return in;
   }
-  uint8_t* regs[4] = {&in.a, &in.b, &in.c, &in.d};
+  uint16_t* regs[4] = {&in.a, &in.b, &in.c, &in.d};
   int r = 0, imms = 0;
   auto put = [&](int32_t v) { (imms++ == 0 ? in.imm : in.imm2) = v; };
   for (const char* s = info.signature; *s; ++s) {
@@ -105,7 +105,7 @@ Instr random_instr(std::mt19937& g, Op op, uint32_t code_size, int mxus) {
       case 'V': *regs[r++] = static_cast<uint8_t>(op == Op::kVxpose ? u(17) : u(32)); break;
       case 'M': *regs[r++] = static_cast<uint8_t>(u(8)); break;
       case 'X': *regs[r++] = static_cast<uint8_t>(u(mxus)); break;
-      case 'F': *regs[r++] = static_cast<uint8_t>(u(isa::kSyncFlags)); break;
+      case 'F': *regs[r++] = static_cast<uint16_t>(u(isa::kSyncFlags)); break;
       case 'L': put(static_cast<int32_t>(g() % (code_size + 1))); break;
       case 'R': {
         uint32_t bits = g();
@@ -221,7 +221,7 @@ TEST(IsaAsmErrors, EachClassNamesFileLineColumn) {
       {".input x f32 [4] vmem:0x1000000\n", "does not fit in vmem"},
       {"  vbcast v1, 1.5.3\n", "t.s:1:"},
       {"  vxpose v0, v20\n", "vxpose needs 16 consecutive registers"},
-      {"  wait f255, 1\n", "t.s:1:8: error: sync flag 'f255' out of range"},
+      {"  wait f511, 1\n", "t.s:1:8: error: sync flag 'f511' out of range"},
       {"  li s1, (3\n", "t.s:1:"},
       {"  dma vmem:[s0], hbm:[s0], bytes=4, tc=2\n", "t.s:1:40: error: expected tc=0 (bulk) or tc=1 (urgent)"},
       {"  op 3\n  op -2\n", "t.s:2: error: chip0.core0 instruction 1 (line 2): op id -2 is negative"},
@@ -294,11 +294,45 @@ TEST(IsaBundleErrors, BadEncoding) {
   EXPECT_THROW(decode(words.data(), words.size()), DecodeError);
   words[0] = 0xFE;  // unknown opcode
   EXPECT_THROW(decode(words.data(), words.size()), DecodeError);
-  // A DMA's traffic class (bits 28..31 of its first word) is 0 or 1.
+  // A DMA's traffic class is bit 28 of its first word; bits 29 and 30 are bit 8 of
+  // flag + 1 and rflag + 1; bit 31 is reserved.
   auto dma = encode(assemble("  dma vmem:[s0], hbm:[s0], bytes=4, tc=1\n  halt\n", "d.s").cores[0].code);
   EXPECT_EQ(decode(dma.data(), dma.size())[0].tc, 1);
-  dma[0] = (dma[0] & ~(0xFull << 28)) | 2ull << 28;
+  dma[0] |= 1ull << 31;
   EXPECT_THROW(decode(dma.data(), dma.size()), DecodeError);
+}
+
+// Sync flags are 9 bits (f0..f510). Below f255 every word is what it was with 8-bit
+// flags, so older bundles load unchanged; bit 8 of a DMA's flag + 1 / rflag + 1 is
+// bit 29 / 30 of its first word, and bit 8 of an instruction's k-th flag operand is
+// bit k of its field c (bits 24..31), which no op with a flag operand uses.
+TEST(IsaBundleErrors, NineBitFlagsKeepTheOldWords) {
+  const auto code = [](const std::string& text) { return assemble(text + "  halt\n", "f.s").cores[0].code; };
+  const uint64_t dma_op = static_cast<uint64_t>(Op::kDma), wait_op = static_cast<uint64_t>(Op::kWait);
+  // 8-bit flags: the words of the old encoding, written out here.
+  auto w = encode(code("  dma vmem:[s0], hbm:[s0], bytes=4, flag=f253, rflag=f254, tc=1\n"));
+  EXPECT_EQ(w[0], dma_op | 254ull << 8 | 255ull << 16 | 1ull << 28 | 4ull << 32);
+  w = encode(code("  wait f254, 7\n"));
+  EXPECT_EQ(w[0], wait_op | 254ull << 8 | 7ull << 32);
+  // Flags from f255: (flag + 1) = 0x12d for f300, 0x1ff for f510.
+  w = encode(code("  dma vmem:[s0], hbm:[s0], bytes=4, flag=f300, rflag=f510\n"));
+  EXPECT_EQ(w[0], dma_op | 0x2dull << 8 | 0xffull << 16 | 1ull << 29 | 1ull << 30 | 4ull << 32);
+  auto in = decode(w.data(), w.size());
+  EXPECT_EQ(in[0].flag, 300);
+  EXPECT_EQ(in[0].rflag, 510);
+  w = encode(code("  wait f300, 7\n"));
+  EXPECT_EQ(w[0], wait_op | 0x2cull << 8 | 1ull << 24 | 7ull << 32);
+  EXPECT_EQ(decode(w.data(), w.size())[0].a, 300);
+  w[0] |= 1ull << 25;  // a second flag bit where wait has one flag operand
+  EXPECT_THROW(decode(w.data(), w.size()), DecodeError);
+  // ftest's flag is its second operand (field b), wait.any's are a and b.
+  w = encode(code("  ftest s3, f400, 1\n  wait.any f10, 1, f509, 2\n"));
+  in = decode(w.data(), w.size());
+  EXPECT_EQ(w[0] >> 24 & 0xFF, 1u);
+  EXPECT_EQ(in[0].b, 400);
+  EXPECT_EQ(w[1] >> 24 & 0xFF, 2u);
+  EXPECT_EQ(in[1].a, 10);
+  EXPECT_EQ(in[1].b, 509);
 }
 
 // ---- .npy --------------------------------------------------------------------
