@@ -75,13 +75,14 @@ static_assert(kMaxAllReduceStreams <= isa::kStreams);
 // m - K (credit 0 is the entry token). So the uses of a slot and its flags are
 // sequential, a landing count names the piece whatever the delivery order, and the
 // receiver may use different slots' pieces in any order.
-// The streams' landing flags (sources x K) and credit flags (destinations x K): f64..f191.
+// The streams' landing flags (sources x K) and credit flags (destinations x K): f64..f191
+// (f255..f510 with wide slots, below).
 // The send buffers' own DMAs (stores to y, second sends): f192..f254, one flag per
 // buffer while there are as many flags (63: v4-4x4x4's 4 x 16 buffers share one
 // pair), never a landing or credit flag, so a wait there counts only this core's
 // DMAs (an entry token may land on a credit flag while its receiver is still in
 // its previous node).
-constexpr int kSendBufFirstFlag = 192, kSendBufFlags = isa::kSyncFlags - kSendBufFirstFlag;
+constexpr int kSendBufFirstFlag = 192, kSendBufFlags = 63;
 constexpr int kStreamFirstFlag = 64, kStreamFlags = kSendBufFirstFlag - kStreamFirstFlag;
 
 // Inner-step pieces (LowerOptions::inner_split): by default an inner chunk goes as
@@ -95,6 +96,18 @@ constexpr int64_t kMinInnerPieceElems = 4096;
 // Slots per stream with two pools: 16 (8 a pool, twice the 4 pieces a first torus
 // step of a slice sends on a stream), fewer if the flags run out.
 int pooled_slots(int64_t most) { return static_cast<int>(std::min<int64_t>(16, kStreamFlags / (2 * most))); }
+
+// Wide slots (docs/codegen.md "Wide slots"): where the pooled try stalls with fewer
+// than 8 slots a pool (three pools share the 16 above: 5 each), one more try with 8
+// a pool, the streams' flags then in f255..f510, which only this lowering's landings
+// and credits use (so an early entry token there is as harmless as in f64..f191).
+// v2-4x4 at 9-11 and 17 MiB: three pools of 5 stalled, and the two pools of 8 then
+// taken ran 9-15% longer than three of 8 (docs/validation.md "Session 53").
+constexpr int kWideStreamFirstFlag = kSendBufFirstFlag + kSendBufFlags, kWideStreamFlags = isa::kSyncFlags - kWideStreamFirstFlag;
+constexpr int kSlotsAPool = 8;
+int wide_slots(int64_t most, int pools) {
+  return static_cast<int>(std::min<int64_t>(kSlotsAPool * pools, kWideStreamFlags / (2 * most)));
+}
 
 // The widest chunk a move of the schedule carries between chips (the
 // hierarchical schedule's on-chip moves, between replicas 2c and 2c + 1, left out).
@@ -181,6 +194,7 @@ struct StreamPlan {
   // (src, dst) -> per piece m: its slot and how many pieces used that slot before it
   std::map<std::pair<int, int>, std::vector<std::pair<int, int64_t>>> slot_use;
   int K = 0, most = 0;
+  int stream_first = kStreamFirstFlag;  // the streams' first landing flag: f64, or f255 with wide slots
   int pools = 1;           // slot pools: a piece of pool p takes slots [p K / pools, (p + 1) K / pools)
   std::vector<std::vector<int64_t>> gates;  // block_start_gates, as planned with
   ici::Schedule sched;     // the schedule planned: the collective's, or its slices
@@ -214,7 +228,7 @@ enum class LateSends { kNone, kInStream, kOutside };
 // does not stream (then the caller lowers it the other way).
 std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<int>>& move_pool, int pools, StreamPlan& sp,
                         bool fuse, LateSends late, int64_t piece, const std::vector<std::vector<int64_t>>& move_gate,
-                        int inner_split, bool onchip_when_needed, bool defer_sends) {
+                        int inner_split, bool onchip_when_needed, bool defer_sends, bool wide) {
   const size_t P = static_cast<size_t>(sch.chips), T = sch.steps.size();
   auto pool_of = [&](size_t t, size_t k) { return move_pool.empty() ? 0 : move_pool[t][k]; };
   // The hierarchical schedule numbers a chip's two cores' replicas 2c, 2c + 1.
@@ -379,7 +393,8 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   if (most > 6) return "a replica exchanges with more than 6 others";
   // One pool: 6 slots a stream, 4 with 4 peers (38 flags' worth, the budget these
   // plans were tuned with before the streams' flags moved to f64..).
-  sp.K = pools > 1 ? pooled_slots(most) : std::min<int>(6, 38 / (2 * static_cast<int>(most)));
+  sp.K = wide ? wide_slots(most, pools) : pools > 1 ? pooled_slots(most) : std::min<int>(6, 38 / (2 * static_cast<int>(most)));
+  sp.stream_first = wide ? kWideStreamFirstFlag : kStreamFirstFlag;
   sp.most = static_cast<int>(most);
   if (sp.K / pools < 1) return "fewer slots per stream than pools";
   const int Kp = sp.K / pools;
@@ -547,8 +562,8 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
   }
   // An outside late send's receiver has nothing to do for it until the op's end.
   if (!sp.outside.empty()) {
-    sp.outside_flag = kStreamFirstFlag + 2 * sp.most * sp.K;
-    if (sp.outside_flag >= kSendBufFirstFlag) return "no flag left for the late sends outside the streams";
+    sp.outside_flag = sp.stream_first + 2 * sp.most * sp.K;
+    if (sp.outside_flag >= (wide ? isa::kSyncFlags : kSendBufFirstFlag)) return "no flag left for the late sends outside the streams";
     for (size_t r = 0; r < P; ++r)
       cands[r].erase(std::remove_if(cands[r].begin(), cands[r].end(),
                                     [&](const Cand& c) { return !c.e.send && sp.is_outside(c.e.step, c.e.move, c.e.atom); }),
@@ -1140,15 +1155,17 @@ void Emitter::lower_all_reduce(const Node& n) {
           kmin == INT32_MAX ? std::vector<std::vector<int64_t>>{} : block_start_gates(sch, blocks, kmin);
       // slice_elems: LowerOptions::stream_slice_elems, or E for the whole buffer.
       std::vector<std::string> fused_whys;  // each fused try's reason not to plan, once each
-      auto attempt = [&](int pools, int64_t pc, bool fuse, LateSends late, int64_t slice_elems) -> std::shared_ptr<StreamPlan> {
+      auto attempt = [&](int pools, int64_t pc, bool fuse, LateSends late, int64_t slice_elems,
+                         bool wide = false) -> std::shared_ptr<StreamPlan> {
         auto fresh = std::make_shared<StreamPlan>();
         std::vector<std::vector<int>> move_pool;
         fresh->sched = slice_schedule(sch, slice_elems, pc, pools, move_pool, blocks);
         if (pools > 1 && move_pool.empty()) return nullptr;  // not sliced: the same as try 1
         const std::string why = plan_stream(fresh->sched, move_pool, pools, *fresh, fuse, late, pc, block_gate, inner_split,
-                                            opt_.onchip_when_needed, opt_.deferred_sends);
+                                            opt_.onchip_when_needed, opt_.deferred_sends, wide);
         if (!why.empty()) {
-          const std::string tried = (pools > 1 ? std::to_string(pools) + " slot pools: " : "one slot pool: ") + why;
+          const std::string tried =
+              (pools > 1 ? std::to_string(pools) + " slot pools" + (wide ? " of wide slots: " : ": ") : "one slot pool: ") + why;
           if (fuse && std::find(fused_whys.begin(), fused_whys.end(), tried) == fused_whys.end()) fused_whys.push_back(tried);
           return nullptr;
         }
@@ -1158,21 +1175,26 @@ void Emitter::lower_all_reduce(const Node& n) {
       const int64_t sliced = opt_.stream_slice_elems, no_slices = sch.elements;  // ceil(E / E) = 1 slice
       // Each fused try with the late fused sends in the streams, else outside them
       // (LateSends), else without.
-      auto fused_attempt = [&](int pools, int64_t pc) {
+      auto fused_attempt = [&](int pools, int64_t pc, bool wide) {
         for (LateSends late : {LateSends::kInStream, LateSends::kOutside, LateSends::kNone})
           if (late != LateSends::kInStream || opt_.late_sends == 0)
-            if (auto p = attempt(pools, pc, true, late, sliced)) return p;
+            if (auto p = attempt(pools, pc, true, late, sliced, wide)) return p;
         return std::shared_ptr<StreamPlan>();
       };
       auto fused_plan = [&](int n) {
-        std::shared_ptr<StreamPlan> p = n >= 2 && blocks.size() > 1 ? nullptr : fused_attempt(1, piece);
-        if (!p) {
-          const int64_t most = most_peers(sch);
-          const int64_t per_piece = stream_vmem_pieces(most, most, pooled_slots(most)) * 4;
-          const int64_t cap = static_cast<int64_t>(opt_.target.vmem_bytes) * 7 / 8 / per_piece / kTileElems * kTileElems;
-          // A pool a stream (three streams: three pools of 5 slots), else two.
-          if (cap >= kTileElems) p = fused_attempt(std::max(2, n), std::min(piece, cap));
-        }
+        std::shared_ptr<StreamPlan> p = n >= 2 && blocks.size() > 1 ? nullptr : fused_attempt(1, piece, false);
+        const int64_t most = most_peers(sch);
+        // Pieces as large as the VMEM allows with K slots a stream.
+        auto piece_cap = [&](int K) {
+          const int64_t per_piece = stream_vmem_pieces(most, most, K) * 4;
+          return std::min(piece, static_cast<int64_t>(opt_.target.vmem_bytes) * 7 / 8 / per_piece / kTileElems * kTileElems);
+        };
+        // A pool a stream (three streams: three pools of 5 slots), else two; then,
+        // where that has fewer than 8 slots a pool, the same with wide slots.
+        const int pools = std::max(2, n);
+        if (!p && piece_cap(pooled_slots(most)) >= kTileElems) p = fused_attempt(pools, piece_cap(pooled_slots(most)), false);
+        if (!p && pooled_slots(most) / pools < kSlotsAPool && piece_cap(wide_slots(most, pools)) >= kTileElems)
+          p = fused_attempt(pools, piece_cap(wide_slots(most, pools)), true);
         return p;
       };
       std::shared_ptr<StreamPlan> fresh = fused_plan(streams);
@@ -1219,7 +1241,9 @@ void Emitter::lower_all_reduce(const Node& n) {
       if (opt_.explain_collectives)
         op_note(ssch.name + "; streamed " + (sp.unfused_why.empty() ? "fused" : "unfused") + ", " +
                 std::to_string(sp.pools) + " slot pool" + (sp.pools > 1 ? "s" : "") + " of " +
-                std::to_string(K / sp.pools) + " slots a stream, pieces up to " + std::to_string(sp.max_piece * 4 / 1024) +
+                std::to_string(K / sp.pools) + " slots a stream" +
+                (sp.stream_first != kStreamFirstFlag ? " (wide: flags from f" + std::to_string(sp.stream_first) + ")" : "") +
+                ", pieces up to " + std::to_string(sp.max_piece * 4 / 1024) +
                 " KiB; the ordering run's estimate " + std::to_string(sp.makespan) +
                 " cycles (links and adds, no HBM or DMA engines)");
       // Traffic classes (docs/codegen.md "Urgent messages"): a step whose chunks are
@@ -1260,10 +1284,10 @@ void Emitter::lower_all_reduce(const Node& n) {
       int64_t& sent = coll_sent_;
       // Slot j of a stream: landing flag on the receiver, credit flag on the sender.
       auto land_flag_of = [&](int dst, int src, int j) {
-        return kStreamFirstFlag + idx(sp.sources[static_cast<size_t>(dst)], src) * K + j;
+        return sp.stream_first + idx(sp.sources[static_cast<size_t>(dst)], src) * K + j;
       };
       auto credit_flag_of = [&](int src, int dst, int j) {
-        return kStreamFirstFlag + sp.most * K + idx(sp.dests[static_cast<size_t>(src)], dst) * K + j;
+        return sp.stream_first + sp.most * K + idx(sp.dests[static_cast<size_t>(src)], dst) * K + j;
       };
       // Piece m of a stream: its slot and how many pieces used that slot before it;
       // uses(j): how many pieces go through slot j.

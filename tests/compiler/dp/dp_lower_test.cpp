@@ -973,6 +973,50 @@ TEST(DpLower, ThreeDimensionalTorusPlansHalfABlockAndMoreFused) {
   EXPECT_EQ(occurrences(g_last_assembly, "  fork stream1_"), 128u);
 }
 
+// v2-4x4's three slot pools share the 16 slots a stream that f64..f191 hold, 5 a
+// pool. At 9 MiB a replica (blocks of 8 + 1 MiB) that stalls the ordering run, and
+// the plan took two pools (97,028 cycles with the detailed HBM); with wide slots,
+// 8 a pool whose landing and credit flags are f255..f510, it takes three (89,144).
+// At test scale, 72 and 136 rows of 1024 against blocks of 65536 and pieces of 1024
+// stall alike, and the wide plans run bit-exact with the reference.
+TEST(DpLower, ThreePoolsThatStallTakeWideSlots) {
+  const Graph g = parse_graph(allreduce_only_ir(32, 2304, 1024), "test.ir");
+  LowerOptions lo = board_options(kV2x4x4, 32);
+  lo.target.hbm_bytes = 2ull << 30;  // the 32 inputs start on chip 0
+  lo.explain_collectives = true;
+  const LowerResult lr = lower_graph(g, lo);
+  ASSERT_EQ(lr.notes.size(), 1u);
+  EXPECT_NE(lr.notes.front().find("|blocks=2|"), std::string::npos) << lr.notes.front();
+  EXPECT_NE(lr.notes.front().find("streamed fused, 3 slot pools of 8 slots a stream (wide: flags from f255)"),
+            std::string::npos)
+      << lr.notes.front();
+  // Every landing and credit flag of the wide plan is f255 or above.
+  auto stream_flags = [](const std::string& assembly) {
+    std::pair<int, int> range{INT32_MAX, -1};
+    for (size_t at = assembly.find("rflag=f"); at != std::string::npos; at = assembly.find("rflag=f", at + 1)) {
+      const int f = std::stoi(assembly.substr(at + 7, 4));
+      if (f >= 64 && f < 192) range.first = std::min(range.first, f);  // a landing or credit flag below f255
+      if (f >= 255) range.second = std::max(range.second, f);
+    }
+    return range;
+  };
+  const auto big = stream_flags(lr.assembly);
+  EXPECT_EQ(big.first, INT32_MAX);
+  EXPECT_GE(big.second, 255 + 4 * 24);  // credits too, after 4 sources x 24 slots of landing flags
+  EXPECT_LT(big.second, isa::kSyncFlags);
+  for (int64_t rows : {72, 136}) {
+    expect_replicated_bit_exact(allreduce_only_ir(32, rows, 1024), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
+                                16ull << 20, [](LowerOptions& o) {
+                                  o.stream_piece_elems = 1024;
+                                  o.replicas.block_elems = 65536;
+                                  o.explain_collectives = true;
+                                });
+    ASSERT_EQ(g_last_notes.size(), 1u);
+    EXPECT_NE(g_last_notes.front().find("3 slot pools of 8 slots a stream (wide"), std::string::npos) << g_last_notes.front();
+    EXPECT_GE(stream_flags(g_last_assembly).second, 255);
+  }
+}
+
 // `tpusim compile --explain` (LowerOptions::explain_collectives): one note per
 // all_reduce saying how it was lowered, and the same assembly as without it. On
 // v3-8 (auto = the hierarchical algorithm over the 2x2 chip torus) a buffer of
