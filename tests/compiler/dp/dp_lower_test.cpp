@@ -79,7 +79,8 @@ LowerOptions board_options(const Board& board, int replicas, const std::string& 
   return lo;
 }
 
-// Assembly and notes (LowerResult::notes) of the last bundle expect_replicated_bit_exact compiled.
+// Assembly and notes (LowerResult::notes) of the last bundle expect_replicated_bit_exact
+// compiled (the assembly: or explain_note, below).
 std::string g_last_assembly;
 
 // How many times `what` occurs in `text` (overlapping ones too).
@@ -211,6 +212,19 @@ std::string allreduce_only_ir(int batch, int64_t rows, int64_t cols) {
   return s.str();
 }
 
+// The `--explain` note of allreduce_only_ir(replicas, rows, cols) on `board` at the
+// real piece and block sizes (the inputs start on chip 0: its HBM is `hbm_bytes`);
+// the assembly goes to g_last_assembly.
+std::string explain_note(const Board& board, int replicas, int64_t rows, int64_t cols, uint64_t hbm_bytes) {
+  LowerOptions lo = board_options(board, replicas);
+  lo.target.hbm_bytes = hbm_bytes;
+  lo.explain_collectives = true;
+  const LowerResult lr = lower_graph(parse_graph(allreduce_only_ir(replicas, rows, cols), "test.ir"), lo);
+  g_last_assembly = lr.assembly;
+  EXPECT_EQ(lr.notes.size(), 1u);
+  return lr.notes.empty() ? std::string() : lr.notes.front();
+}
+
 TEST(DpLower, AllReduceOnV38EveryAlgorithm) {
   for (int R : {2, 4, 8})
     for (const char* alg : {"ring", "bidir-ring", "torus", "auto"})
@@ -290,15 +304,10 @@ TEST(DpLower, AllReduceInSlicesOnV38) {
 // piece and a 32 KiB sliver) that plan stalled and the two-pool one ran 5 slices:
 // 86,392 cycles against 65,780 (docs/codegen.md "Streamed lowering").
 TEST(DpLower, SlicesBetweenMultiplesOfTheirSizePlanOnOnePool) {
-  const Graph g = parse_graph(allreduce_only_ir(8, 2304, 1024), "test.ir");
-  LowerOptions lo = board_options(kV38, 8);
-  lo.target.hbm_bytes = 2ull << 30;  // the 8 inputs start on chip 0
-  lo.explain_collectives = true;
-  const LowerResult lr = lower_graph(g, lo);
-  ASSERT_EQ(lr.notes.size(), 1u);
-  EXPECT_NE(lr.notes.front().find("|slices=3"), std::string::npos) << lr.notes.front();
-  EXPECT_NE(lr.notes.front().find("streamed fused, 1 slot pool"), std::string::npos) << lr.notes.front();
-  EXPECT_NE(lr.notes.front().find("pieces up to 192 KiB"), std::string::npos) << lr.notes.front();
+  const std::string note = explain_note(kV38, 8, 2304, 1024, 2ull << 30);
+  EXPECT_NE(note.find("|slices=3"), std::string::npos) << note;
+  EXPECT_NE(note.find("streamed fused, 1 slot pool"), std::string::npos) << note;
+  EXPECT_NE(note.find("pieces up to 192 KiB"), std::string::npos) << note;
 }
 
 // Ring, bidir-ring and torus stream like the hierarchical algorithm once a step's
@@ -958,14 +967,9 @@ TEST(DpLower, StreamsThatDoNotPlanLeaveANote) {
 // (all_reduce_blocks), which plan fused on two pools (124,814 at 8 MiB), and
 // run bit-exact with the reference.
 TEST(DpLower, ThreeDimensionalTorusPlansHalfABlockAndMoreFused) {
-  const Graph g = parse_graph(allreduce_only_ir(128, 1536, 1024), "test.ir");
-  LowerOptions lo = board_options(kV4x4x4, 128);
-  lo.target.hbm_bytes = 32ull << 30;  // v4's: the 128 inputs start on chip 0
-  lo.explain_collectives = true;
-  const LowerResult lr = lower_graph(g, lo);
-  ASSERT_EQ(lr.notes.size(), 1u);
-  EXPECT_NE(lr.notes.front().find("|blocks=2|"), std::string::npos) << lr.notes.front();
-  EXPECT_NE(lr.notes.front().find("streamed fused, 2 slot pools"), std::string::npos) << lr.notes.front();
+  const std::string note = explain_note(kV4x4x4, 128, 1536, 1024, 32ull << 30);  // v4's HBM
+  EXPECT_NE(note.find("|blocks=2|"), std::string::npos) << note;
+  EXPECT_NE(note.find("streamed fused, 2 slot pools"), std::string::npos) << note;
   // At test scale, 6 x 1031 elements against blocks of 8192 are two blocks: bit-exact
   // with the reference, each core forking its second block's stream.
   expect_replicated_bit_exact(allreduce_only_ir(128, 6, 1031), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", true,
@@ -980,16 +984,10 @@ TEST(DpLower, ThreeDimensionalTorusPlansHalfABlockAndMoreFused) {
 // At test scale, 72 and 136 rows of 1024 against blocks of 65536 and pieces of 1024
 // stall alike, and the wide plans run bit-exact with the reference.
 TEST(DpLower, ThreePoolsThatStallTakeWideSlots) {
-  const Graph g = parse_graph(allreduce_only_ir(32, 2304, 1024), "test.ir");
-  LowerOptions lo = board_options(kV2x4x4, 32);
-  lo.target.hbm_bytes = 2ull << 30;  // the 32 inputs start on chip 0
-  lo.explain_collectives = true;
-  const LowerResult lr = lower_graph(g, lo);
-  ASSERT_EQ(lr.notes.size(), 1u);
-  EXPECT_NE(lr.notes.front().find("|blocks=2|"), std::string::npos) << lr.notes.front();
-  EXPECT_NE(lr.notes.front().find("streamed fused, 3 slot pools of 8 slots a stream (wide: flags from f255)"),
-            std::string::npos)
-      << lr.notes.front();
+  const std::string note = explain_note(kV2x4x4, 32, 2304, 1024, 2ull << 30);
+  EXPECT_NE(note.find("|blocks=2|"), std::string::npos) << note;
+  EXPECT_NE(note.find("streamed fused, 3 slot pools of 8 slots a stream (wide: flags from f255)"), std::string::npos)
+      << note;
   // Every landing and credit flag of the wide plan is f255 or above.
   auto stream_flags = [](const std::string& assembly) {
     std::pair<int, int> range{INT32_MAX, -1};
@@ -1000,7 +998,7 @@ TEST(DpLower, ThreePoolsThatStallTakeWideSlots) {
     }
     return range;
   };
-  const auto big = stream_flags(lr.assembly);
+  const auto big = stream_flags(g_last_assembly);
   EXPECT_EQ(big.first, INT32_MAX);
   EXPECT_GE(big.second, 255 + 4 * 24);  // credits too, after 4 sources x 24 slots of landing flags
   EXPECT_LT(big.second, isa::kSyncFlags);
