@@ -1183,6 +1183,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       };
       auto fused_plan = [&](int n) {
         std::shared_ptr<StreamPlan> p = n >= 2 && blocks.size() > 1 ? nullptr : fused_attempt(1, piece, false);
+        if (p) return p;
         const int64_t most = most_peers(sch);
         // Pieces as large as the VMEM allows with K slots a stream.
         auto piece_cap = [&](int K) {
@@ -1192,9 +1193,9 @@ void Emitter::lower_all_reduce(const Node& n) {
         // A pool a stream (three streams: three pools of 5 slots), else two; then,
         // where that has fewer than 8 slots a pool, the same with wide slots.
         const int pools = std::max(2, n);
-        if (!p && piece_cap(pooled_slots(most)) >= kTileElems) p = fused_attempt(pools, piece_cap(pooled_slots(most)), false);
-        if (!p && pooled_slots(most) / pools < kSlotsAPool && piece_cap(wide_slots(most, pools)) >= kTileElems)
-          p = fused_attempt(pools, piece_cap(wide_slots(most, pools)), true);
+        if (const int64_t cap = piece_cap(pooled_slots(most)); cap >= kTileElems) p = fused_attempt(pools, cap, false);
+        if (!p && pooled_slots(most) / pools < kSlotsAPool)
+          if (const int64_t cap = piece_cap(wide_slots(most, pools)); cap >= kTileElems) p = fused_attempt(pools, cap, true);
         return p;
       };
       std::shared_ptr<StreamPlan> fresh = fused_plan(streams);
