@@ -23,6 +23,13 @@ NetworkParams NetworkParams::from_params(const config::Params& p) {
   n.dma_setup_cycles = p.get_int("ici.dma_setup_cycles");
   n.remote_setup_cycles = p.get_int("ici.remote_setup_cycles");
   n.completion_cycles = p.get_int("ici.completion_cycles");
+  const std::string order = p.get_string("ici.inject_order");
+  if (order == "oldest_per_output")
+    n.inject_order = NetworkParams::InjectOrder::kOldestPerOutput;
+  else if (order == "round_robin")
+    n.inject_order = NetworkParams::InjectOrder::kRoundRobin;
+  else
+    throw IciError(p.source() + ": ici.inject_order must be oldest_per_output or round_robin, not '" + order + "'");
   try {
     n.validate();
   } catch (const IciError& e) {
@@ -114,6 +121,7 @@ void Network::build() {
   }
   for (auto& l : links_) {
     if (l.kind == LinkKind::kInject) continue;
+    l.inject_served_q16.assign(size_t(cores), 0);
     const auto& inputs = router_inputs_[l.chip];
     // Per input, four buffers: two VCs (before and after the dateline) for each
     // traffic class, so an urgent packet never queues behind bulk ones.
@@ -410,9 +418,17 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
     uint32_t best_msg = 0, best_idx = 0;
     int best_src = 0, best_cls = 0;
     bool any = false;
-    // `order` is the packet's age at a router; at a core's inject link it is when
-    // the message was last served, so concurrent DMAs interleave packet by packet
-    // (round robin) instead of the oldest one bursting through all its credits.
+    // `order` is the packet's age at a router. At a core's inject link the
+    // transfers queue per router output, as a router's inputs do: the outputs
+    // take turns (`order` is when the core last sent a packet towards the
+    // transfer's output, so 4-6 transfers to different neighbours start
+    // together instead of the oldest one bursting through all its credits
+    // first), and to one output the oldest transfer goes first (the tie falls to
+    // the smallest message id, the earliest sent), so a pipelined ring's next
+    // piece lands at the link's rate instead of sharing it with every later
+    // piece (docs/ici.md "Injection"). ici.inject_order: round_robin interleaves
+    // every transfer packet by packet (`order`: when it was last served).
+    const bool per_output = prm_.inject_order == NetworkParams::InjectOrder::kOldestPerOutput;
     auto consider = [&](int cand, uint64_t order, uint64_t ready, uint32_t msg, uint32_t idx, uint32_t hop) {
       any = true;
       const Message& m = msgs_[msg];
@@ -444,7 +460,9 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
       for (size_t i = 0; i < act.size(); ++i) {
         const Message& m = msgs_[act[i]];
         if (m.injected >= m.released) continue;  // its next packet's bytes are still being read
-        consider(int(i), m.last_served_q16, std::max(m.active, m.released_at), act[i], m.injected, 0);
+        const uint64_t order =
+            per_output ? links_[m.route[1].link].inject_served_q16[size_t(L.port)] : m.last_served_q16;
+        consider(int(i), order, std::max(m.active, m.released_at), act[i], m.injected, 0);
       }
     } else {
       for (size_t w = 0; w < L.busy_slots.size(); ++w)
@@ -495,7 +513,10 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
     const uint64_t ser = ser_q16(L, p.bytes);
     const uint64_t end = start + ser;
     const uint64_t start_cycle = std::max(t, ceil16(start));
-    if (L.kind == LinkKind::kInject) m.last_served_q16 = start + 1;
+    if (L.kind == LinkKind::kInject) {
+      m.last_served_q16 = start + 1;
+      links_[m.route[1].link].inject_served_q16[size_t(L.port)] = start + 1;
+    }
     L.free_q16 = end;
     L.busy_q16 += ser;
     L.ctr.bytes += p.bytes;

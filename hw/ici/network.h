@@ -58,6 +58,11 @@ struct NetworkParams {
   int64_t dma_setup_cycles = 250;          // descriptor to first packet, every message
   int64_t remote_setup_cycles = 993;       // extra for a message to another chip
   int64_t completion_cycles = 50;          // last packet in to data visible + sync flag
+  // How a core's inject link picks among its transfers in flight (docs/ici.md
+  // "Injection"): per router output, the oldest first, and round robin among the
+  // outputs; or round robin among all the transfers, packet by packet.
+  enum class InjectOrder : uint8_t { kOldestPerOutput, kRoundRobin };
+  InjectOrder inject_order = InjectOrder::kOldestPerOutput;
 
   static NetworkParams from_params(const config::Params& p);  // throws IciError / ConfigError
   double link_payload_bytes_per_cycle() const { return link_bytes_per_s * link_payload_efficiency / clock_hz; }
@@ -209,6 +214,9 @@ class Network {
     uint64_t busy_q16 = 0;
     uint64_t window = kNever;      // traffic counter: the open window and its bytes
     uint64_t window_bytes = 0;
+    // Router outputs: per core of the chip, when its inject link last sent a
+    // packet bound for this output (InjectOrder::kOldestPerOutput's round robin).
+    std::vector<uint64_t> inject_served_q16;
   };
   struct Hop {
     uint32_t link = 0;
