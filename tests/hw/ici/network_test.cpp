@@ -251,18 +251,19 @@ TEST(InjectOrder, OldestTransferToAnOutputGoesFirstAndOutputsTakeTurns) {
   const double one = ab.alpha_cycles + double(n) * ab.beta_cycles_per_byte;
   const double two = ab.alpha_cycles + 2.0 * double(n) * ab.beta_cycles_per_byte;
   using O = NetworkParams::InjectOrder;
-  const Pair same = run(O::kOldestPerOutput, x, x);
-  EXPECT_NEAR(double(same.first), one, 0.005 * one);
-  EXPECT_NEAR(double(same.second), two, 0.005 * two);
-  const Pair apart = run(O::kOldestPerOutput, x, y);
-  EXPECT_NEAR(double(apart.first), one, 0.005 * one);
-  EXPECT_NEAR(double(apart.second), one, 0.005 * one);
-  const Pair rr = run(O::kRoundRobin, x, x);
-  EXPECT_NEAR(double(rr.first), two, 0.005 * two);
-  EXPECT_NEAR(double(rr.second), two, 0.005 * two);
-  const Pair rr_apart = run(O::kRoundRobin, x, y);
-  EXPECT_NEAR(double(rr_apart.first), one, 0.005 * one);
-  EXPECT_NEAR(double(rr_apart.second), one, 0.005 * one);
+  const struct {
+    O order;
+    int to_b;
+    double first, second;  // the expected delivery cycles
+  } cases[] = {{O::kOldestPerOutput, x, one, two},
+               {O::kOldestPerOutput, y, one, one},
+               {O::kRoundRobin, x, two, two},
+               {O::kRoundRobin, y, one, one}};
+  for (const auto& c : cases) {
+    const Pair got = run(c.order, x, c.to_b);
+    EXPECT_NEAR(double(got.first), c.first, 0.005 * c.first) << int(c.order) << " to chip " << c.to_b;
+    EXPECT_NEAR(double(got.second), c.second, 0.005 * c.second) << int(c.order) << " to chip " << c.to_b;
+  }
   // The key is read from the preset, and a value it does not know is an error.
   EXPECT_EQ(NetworkParams::from_params(config::load_preset("v4-8", {"ici.inject_order=round_robin"})).inject_order,
             O::kRoundRobin);
