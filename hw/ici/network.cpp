@@ -113,6 +113,7 @@ void Network::build() {
       links_[inject_link_[ep]].endpoint = ep;
       links_[eject_link_[ep]].endpoint = ep;
     }
+  inject_served_q16_.assign(links_.size() * size_t(cores), 0);
   // Router inputs: the chip links arriving at a chip, then its cores' inject links.
   for (uint32_t i = 0; i < links_.size(); ++i) {
     const Link& l = links_[i];
@@ -121,7 +122,6 @@ void Network::build() {
   }
   for (auto& l : links_) {
     if (l.kind == LinkKind::kInject) continue;
-    l.inject_served_q16.assign(size_t(cores), 0);
     const auto& inputs = router_inputs_[l.chip];
     // Per input, four buffers: two VCs (before and after the dateline) for each
     // traffic class, so an urgent packet never queues behind bulk ones.
@@ -232,6 +232,7 @@ MessageId Network::send(Endpoint src, Endpoint dst, uint64_t bytes, uint64_t at,
     chip = topo_.neighbour(chip, port);
   }
   m.route.push_back({eject_link_[m.dst_ep], slot_of(chip, prev, vc)});
+  m.inject_queue = m.route[1].link * uint32_t(prm_.cores_per_chip) + uint32_t(src.core);
   m.issued = at;
   const bool remote = src.chip != dst.chip;
   m.active = at + uint64_t(prm_.dma_setup_cycles) + (remote ? uint64_t(prm_.remote_setup_cycles) : 0);
@@ -460,8 +461,7 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
       for (size_t i = 0; i < act.size(); ++i) {
         const Message& m = msgs_[act[i]];
         if (m.injected >= m.released) continue;  // its next packet's bytes are still being read
-        const uint64_t order =
-            per_output ? links_[m.route[1].link].inject_served_q16[size_t(L.port)] : m.last_served_q16;
+        const uint64_t order = per_output ? inject_served_q16_[m.inject_queue] : m.last_served_q16;
         consider(int(i), order, std::max(m.active, m.released_at), act[i], m.injected, 0);
       }
     } else {
@@ -515,7 +515,7 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
     const uint64_t start_cycle = std::max(t, ceil16(start));
     if (L.kind == LinkKind::kInject) {
       m.last_served_q16 = start + 1;
-      links_[m.route[1].link].inject_served_q16[size_t(L.port)] = start + 1;
+      inject_served_q16_[m.inject_queue] = start + 1;
     }
     L.free_q16 = end;
     L.busy_q16 += ser;

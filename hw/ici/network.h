@@ -214,9 +214,6 @@ class Network {
     uint64_t busy_q16 = 0;
     uint64_t window = kNever;      // traffic counter: the open window and its bytes
     uint64_t window_bytes = 0;
-    // Router outputs: per core of the chip, when its inject link last sent a
-    // packet bound for this output (InjectOrder::kOldestPerOutput's round robin).
-    std::vector<uint64_t> inject_served_q16;
   };
   struct Hop {
     uint32_t link = 0;
@@ -229,6 +226,7 @@ class Network {
     uint64_t issued = 0;
     uint64_t active = kNever;
     uint64_t last_served_q16 = 0;  // when its last packet left the core; 0 = never
+    uint32_t inject_queue = 0;     // its (first router output, source core) in inject_served_q16_
     uint32_t packets = 0, injected = 0, arrived = 0;
     uint32_t released = UINT32_MAX;  // packets whose bytes are available (gated messages)
     uint64_t released_at = 0;        // cycle of the last release
@@ -279,6 +277,9 @@ class Network {
   std::vector<uint32_t> inject_link_, eject_link_;  // per endpoint
   std::vector<std::vector<uint32_t>> router_inputs_;  // per chip: input links
   std::vector<std::vector<uint32_t>> active_;         // per endpoint: messages still injecting
+  // Per (router output link, core of that chip): when the core's inject link last
+  // sent a packet bound for that output (InjectOrder::kOldestPerOutput's turns).
+  std::vector<uint64_t> inject_served_q16_;
   std::vector<Message> msgs_;
   // Pending events: a timing wheel for the next kWheel cycles (every latency of
   // the model falls in it; a bucket holds one cycle's events in the order they
