@@ -408,6 +408,7 @@ void Network::process_cycle(uint64_t t) {
 
 void Network::arbitrate(uint32_t li, uint64_t t) {
   Link& L = links_[li];
+  const bool per_output = prm_.inject_order == NetworkParams::InjectOrder::kOldestPerOutput;
   for (;;) {
     if (ceil16(L.free_q16) > t) {
       wake(li, ceil16(L.free_q16));
@@ -429,7 +430,6 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
     // piece lands at the link's rate instead of sharing it with every later
     // piece (docs/ici.md "Injection"). ici.inject_order: round_robin interleaves
     // every transfer packet by packet (`order`: when it was last served).
-    const bool per_output = prm_.inject_order == NetworkParams::InjectOrder::kOldestPerOutput;
     auto consider = [&](int cand, uint64_t order, uint64_t ready, uint32_t msg, uint32_t idx, uint32_t hop) {
       any = true;
       const Message& m = msgs_[msg];
@@ -513,10 +513,7 @@ void Network::arbitrate(uint32_t li, uint64_t t) {
     const uint64_t ser = ser_q16(L, p.bytes);
     const uint64_t end = start + ser;
     const uint64_t start_cycle = std::max(t, ceil16(start));
-    if (L.kind == LinkKind::kInject) {
-      m.last_served_q16 = start + 1;
-      inject_served_q16_[m.inject_queue] = start + 1;
-    }
+    if (L.kind == LinkKind::kInject) (per_output ? inject_served_q16_[m.inject_queue] : m.last_served_q16) = start + 1;
     L.free_q16 = end;
     L.busy_q16 += ser;
     L.ctr.bytes += p.bytes;

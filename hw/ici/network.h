@@ -225,7 +225,7 @@ class Network {
     bool urgent = false;  // traffic class 1: ahead of bulk at every arbitration, own buffers
     uint64_t issued = 0;
     uint64_t active = kNever;
-    uint64_t last_served_q16 = 0;  // when its last packet left the core; 0 = never
+    uint64_t last_served_q16 = 0;  // round_robin: when its last packet left the core; 0 = never
     uint32_t inject_queue = 0;     // its (first router output, source core) in inject_served_q16_
     uint32_t packets = 0, injected = 0, arrived = 0;
     uint32_t released = UINT32_MAX;  // packets whose bytes are available (gated messages)

@@ -221,7 +221,7 @@ TEST(FlowControl, TwoStreamsShareALinkFairlyEnough) {
     }
 }
 
-// A core's inject link (docs/ici.md "Routers"): two transfers to one neighbour
+// A core's inject link (docs/ici.md "Injection"): two transfers to one neighbour
 // go one after the other, the older first at the link's rate, as a router's
 // oldest-first output takes them; two to different neighbours share only the
 // inject link (512 B a cycle against a chip link's ~41) and both land at the
@@ -307,7 +307,7 @@ TEST(TrafficClass, UrgentMessageOvertakesQueuedBulkPackets) {
   // and the one on the chip link when it arrives (and whole-cycle rounding).
   EXPECT_GE(double(urgent.urgent_latency), alone - 4.0);
   EXPECT_LE(double(urgent.urgent_latency), alone + ser + inject_ser + 4.0);
-  // Bulk: behind the router buffer's packets of the long message.
+  // Bulk: behind the long message's packets (all of them, below).
   EXPECT_GT(double(bulk_class.urgent_latency), alone + 0.5 * double(prm.buffer_packets) * ser);
   // Either way the link carries both messages back to back: the urgent one
   // ends the long one its serialisation later; a bulk one waits for all of the
