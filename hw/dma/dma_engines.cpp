@@ -251,7 +251,8 @@ size_t DmaEngines::startable(bool engine_free) const {
   return queue_.size();
 }
 
-DmaEngines::Kind DmaEngines::classify(const Issued& it, bool& dst_local_vmem, bool& src_local_vmem) const {
+DmaEngines::Kind DmaEngines::classify(const Issued& it, bool& dst_local_vmem, bool& src_local_vmem,
+                                      bool* other_core) const {
   const isa::Instr& in = *it.in;
   const uint32_t chip = env_.state->chip, core = env_.state->core;
   auto where = [&](const isa::DmaEndpoint& e, uint32_t& c, uint32_t& k) {
@@ -264,6 +265,7 @@ DmaEngines::Kind DmaEngines::classify(const Issued& it, bool& dst_local_vmem, bo
   where(in.src, sc, sk);
   dst_local_vmem = in.dst.space == Space::kVmem && dc == chip && dk == core;
   src_local_vmem = in.src.space == Space::kVmem && sc == chip && sk == core;
+  if (other_core) *other_core = dk != core || sk != core;
   if (dc != chip || sc != chip) return Kind::kRemote;
   if (in.src.space == Space::kHost || in.dst.space == Space::kHost) return Kind::kHost;
   if (in.src.space == Space::kHbm) return Kind::kHbmRead;
@@ -276,7 +278,7 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
   t->it = std::move(it);
   t->engine = engine;
   t->start = cycle;
-  t->kind = classify(t->it, t->dst_local_vmem, t->src_local_vmem);
+  t->kind = classify(t->it, t->dst_local_vmem, t->src_local_vmem, &t->other_core);
   t->hbm_to_hbm = t->kind == Kind::kHbmRead && t->it.in->dst.space == Space::kHbm;
   if (env_.path) {
     PathLog::Dma& d = env_.path->dmas[t->it.path_dma];
@@ -295,8 +297,17 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
     return cycle + std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(
                                              p.latency_cycles + static_cast<double>(total) * p.cycles_per_kib / 1024.0)));
   };
-  if (t->kind == Kind::kFixed) {
-    t->done = fixed_done(p_.core_to_core);
+  if (t->kind == Kind::kFixed && t->other_core) {
+    // The on-chip path to the chip's other core carries this core's transfers one
+    // after another at its rate; each lands the path's latency after its turn came.
+    // One alone takes the published figure (fixed_done at `cycle`).
+    const uint64_t turn = std::max(cycle, onchip_path_free_);
+    core_to_core_wait_cycles_ += turn - cycle;
+    onchip_path_free_ = turn + static_cast<uint64_t>(std::llround(static_cast<double>(total) *
+                                                                   p_.core_to_core.cycles_per_kib / 1024.0));
+    t->done = fixed_done(p_.core_to_core) + (turn - cycle);
+  } else if (t->kind == Kind::kFixed) {
+    t->done = fixed_done(p_.core_to_core);  // a copy within this core's memories: on its engine
   } else if (t->kind == Kind::kHost) {
     t->done = host_.transfer(total, in.src.space == Space::kHost, cycle);
   } else if (t->kind == Kind::kRemote) {
@@ -360,10 +371,11 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
         }
     if (t->beats.empty()) t->done = cycle + 1;
   }
-  if (t->kind == Kind::kRemote) {
-    // Handed to the chip's ICI interface: the engine is free from the next cycle;
-    // the transfer's packets share the core's inject link and the links' credits,
-    // and its flag rises when the completion is back.
+  if (t->kind == Kind::kRemote || (t->kind == Kind::kFixed && t->other_core)) {
+    // Handed to the chip's ICI interface or to the on-chip path: the engine is free
+    // from the next cycle. A remote transfer's packets share the core's inject link
+    // and the links' credits, and its flag rises when the completion is back; one
+    // to the other core waits for the on-chip path above.
     handed_off_.push_back(std::move(t));
     return;
   }
@@ -561,6 +573,7 @@ nlohmann::json DmaEngines::engine_json(int e) const {
     j["stall_ordering_cycles"] = stall_ordering_cycles_;
     j["stall_no_engine_cycles"] = stall_no_engine_cycles_;
     j["stall_memory_backpressure_cycles"] = stall_backpressure_cycles_;
+    j["core_to_core_wait_cycles"] = core_to_core_wait_cycles_;
   }
   return j;
 }

@@ -3,9 +3,13 @@
 // engine then moves it in beats of core.dma.chunk_bytes. Beats to or from HBM go
 // through the chip's memory port (hw/mem/memory_port.h), which decides when each
 // completes; the engine issues beats no faster than its path's streaming rate.
-// A transfer between the cores of one chip is a latency + rate figure from the
-// preset. A transfer to or from `host:` space goes over the chip's host link
-// (hw/host/host_link.h: PCIe FIFO and the infeed source). A transfer with an
+// A transfer between the cores of one chip goes on the core's on-chip path to the
+// other core: the engine hands it over (like one to another chip) and the path
+// carries the core's transfers in turn at the preset's rate, each landing the
+// preset's latency after its turn (alone: the published figure). A copy within
+// the core's own VMEM and SMEM keeps an engine for that figure. A transfer to or
+// from `host:` space goes over the chip's host link (hw/host/host_link.h: PCIe
+// FIFO and the infeed source). A transfer with an
 // endpoint on another chip goes to the board's ICI network through a RemotePort
 // (hw/system): its bytes are read when it leaves, written and the rflag raised
 // when it lands, and the issuer's flag rises when the completion is back. Local
@@ -162,13 +166,15 @@ class DmaEngines {
     uint64_t done = kNever;          // known for fixed/remote paths, set when the last beat lands
     std::vector<uint64_t> land_cycles;  // beats landed this cycle (VMEM bank claims)
     bool dst_local_vmem = false, src_local_vmem = false;
+    bool other_core = false;  // an end is another core's (a kFixed goes on the on-chip path)
     // HBM -> HBM on this chip (a kHbmRead): each beat read is then written, and the
     // transfer is done when the last write lands.
     bool hbm_to_hbm = false;
     std::deque<size_t> writes_due;  // beats read, their writes not yet accepted
     size_t written = 0;
   };
-  Kind classify(const Issued& it, bool& dst_local_vmem, bool& src_local_vmem) const;
+  // `other_core`, if given: an end is the other core's (for a kFixed: the on-chip path).
+  Kind classify(const Issued& it, bool& dst_local_vmem, bool& src_local_vmem, bool* other_core = nullptr) const;
   // A local DMA that reads host space: the flags it raises mark an infeed wait.
   bool is_infeed(const Issued& it) const;
   void mark_infeed(const Issued& it, int delta);
@@ -193,7 +199,8 @@ class DmaEngines {
   std::deque<Issued> queue_;
   std::vector<std::unique_ptr<Transfer>> active_;  // by engine, null when free
   std::vector<Transfer*> by_age_;                  // the active HBM transfers in start order
-  // Remote transfers after their start: the ICI interface carries them, no engine.
+  // Remote and core-to-core transfers after their start: the ICI interface or the
+  // on-chip path carries them, no engine.
   std::vector<std::unique_ptr<Transfer>> handed_off_;
   std::function<uint64_t()> vmem_ops_retired_;
   MemoryHub::Sink sink_;
@@ -202,6 +209,9 @@ class DmaEngines {
   bool ordering_stall_ = false;
   uint64_t stall_ordering_cycles_ = 0, stall_no_engine_cycles_ = 0, stall_backpressure_cycles_ = 0;
   bool backpressured_ = false;
+  // The on-chip path to the other core: free from this cycle; cycles transfers
+  // waited for it behind earlier ones.
+  uint64_t onchip_path_free_ = 0, core_to_core_wait_cycles_ = 0;
   timeline::TrackId track_ = 0;
   int recorded_active_ = 0;
 };

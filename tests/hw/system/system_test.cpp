@@ -373,6 +373,52 @@ TEST(MultiChip, RemoteQueueOwnLetsAPushPassLoadsWaitingForEngines) {
   EXPECT_NE(bad.status, 0);
 }
 
+// A transfer to the chip's other core (docs/tensorcore.md "DMA") goes on the
+// core's on-chip path, which takes the core's transfers in turn at the published
+// 2.0 cycles/KiB; the engine hands it over as it does one to another chip. So, on
+// v4 (414 + 2.0 K cycles alone): one 256 KiB transfer lands at that figure, two
+// land one after the other (the second at 414 + 2 x 2.0 x 256); and with a single
+// engine a 4 KiB HBM load issued behind the 256 KiB transfer still lands at the
+// load's own figure (483.6 + 1.105 x 4), not after the transfer's 926 cycles.
+// The landing is the receiver's sequencer's active cycles (wait, then halt) - 2.
+TEST(TwoCores, TransfersToTheOtherCoreTakeTurnsOnTheOnChipPathAndFreeTheEngine) {
+  const std::string head = ".target chips=1 cores=2 mxus=1\n.input x f32 [65536] vmem@chip0.c0:0x0\n"
+                           ".output y f32 [65536] vmem@chip0.c1:0x0\n.core chip0.core0\n";
+  const auto push = [](int i) {
+    return "  dma vmem@chip0.c1:[s0 + " + std::to_string(0x40000 * i) + "], vmem:[s0 + " + std::to_string(0x40000 * i) +
+           "], bytes=262144, rflag=f3\n";
+  };
+  const auto landed = [](const RunOut& r, const char* core) {
+    return double(r.j["units"][std::string("chip0.") + core + ".sequencer"]["active_cycles"].get<uint64_t>()) - 2;
+  };
+  const double one = 414 + 2.0 * 256, load = 483.6 + 1.105 * 4;
+  struct Case {
+    const char* name;
+    std::string text;
+    std::vector<std::string> set;
+    const char* core;  // whose landing
+    double want;
+  };
+  const Case cases[] = {
+      {"alone", head + push(0) + "  halt\n.core chip0.core1\n  wait.sub f3, 1\n  halt\n", {}, "core1", one},
+      {"two in turn", head + push(0) + push(1) + "  halt\n.core chip0.core1\n  wait.sub f3, 2\n  halt\n", {}, "core1",
+       414 + 2 * 2.0 * 256},
+      {"engine freed",
+       head + push(0) + "  dma vmem:[s0 + 0x100000], hbm:[s0 + 0], bytes=4096, flag=f1\n  wait.sub f1, 1\n  halt\n"
+                        ".core chip0.core1\n  wait.sub f3, 1\n  halt\n",
+       {"--set", "core.dma.engines=1"}, "core0", load},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string p = temp_program("onchip_path", c.text);
+    const RunOut fast = core_run(p, "fast", c.set);
+    const RunOut det = core_run(p, "detailed", c.set);
+    fs::remove(p);
+    ASSERT_NO_FATAL_FAILURE(expect_clean_and_modes_agree(fast, det));
+    EXPECT_NEAR(landed(fast, c.core), c.want, 0.01 * c.want);
+  }
+}
+
 // On more than one chip the waveform has each ICI link's payload bytes and
 // packets so far (chip0.ici.x+.bytes, ...): a 16 KiB push from chip0 to chip1
 // shows on one of chip0's chip links, rising from 0 in steps no earlier than the
