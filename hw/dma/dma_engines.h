@@ -9,10 +9,10 @@
 // preset's latency after its turn (alone: the published figure). A copy within
 // the core's own VMEM and SMEM keeps an engine for that figure. A transfer to or
 // from `host:` space goes over the chip's host link (hw/host/host_link.h: PCIe
-// FIFO and the infeed source). A transfer with an
-// endpoint on another chip goes to the board's ICI network through a RemotePort
-// (hw/system): its bytes are read when it leaves, written and the rflag raised
-// when it lands, and the issuer's flag rises when the completion is back. Local
+// FIFO and the infeed source). A transfer with an endpoint on another chip goes
+// to the board's ICI network through a RemotePort (hw/system): its bytes are
+// read when it leaves, written and the rflag raised when it lands, and the
+// issuer's flag rises when the completion is back. Local
 // transfers move their data (exec::dma_copy) and count their flags (flag on the
 // issuing core, rflag on the destination core) at the cycle the last beat lands,
 // so a program that waits on the flags sees exactly the reference.

@@ -380,7 +380,7 @@ TEST(MultiChip, RemoteQueueOwnLetsAPushPassLoadsWaitingForEngines) {
 // land one after the other (the second at 414 + 2 x 2.0 x 256); and with a single
 // engine a 4 KiB HBM load issued behind the 256 KiB transfer still lands at the
 // load's own figure (483.6 + 1.105 x 4), not after the transfer's 926 cycles.
-// The landing is the receiver's sequencer's active cycles (wait, then halt) - 2.
+// A landing is the waiting core's sequencer's active cycles (wait, then halt) - 2.
 TEST(TwoCores, TransfersToTheOtherCoreTakeTurnsOnTheOnChipPathAndFreeTheEngine) {
   const std::string head = ".target chips=1 cores=2 mxus=1\n.input x f32 [65536] vmem@chip0.c0:0x0\n"
                            ".output y f32 [65536] vmem@chip0.c1:0x0\n.core chip0.core0\n";
