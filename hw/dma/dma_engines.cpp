@@ -297,7 +297,9 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
     return cycle + std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(
                                              p.latency_cycles + static_cast<double>(total) * p.cycles_per_kib / 1024.0)));
   };
-  if (t->kind == Kind::kFixed && t->other_core) {
+  // To the chip's other core: handed to the on-chip path below, no engine held.
+  const bool onchip = t->kind == Kind::kFixed && t->other_core;
+  if (onchip) {
     // The on-chip path to the chip's other core carries this core's transfers one
     // after another at its rate; each lands the path's latency after its turn came.
     // One alone takes the published figure (fixed_done at `cycle`).
@@ -371,7 +373,7 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
         }
     if (t->beats.empty()) t->done = cycle + 1;
   }
-  if (t->kind == Kind::kRemote || (t->kind == Kind::kFixed && t->other_core)) {
+  if (t->kind == Kind::kRemote || onchip) {
     // Handed to the chip's ICI interface or to the on-chip path: the engine is free
     // from the next cycle. A remote transfer's packets share the core's inject link
     // and the links' credits, and its flag rises when the completion is back; one
