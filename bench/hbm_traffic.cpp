@@ -20,16 +20,18 @@ int main(int argc, char** argv) {
   CLI::App app{"HBM traffic generator: bandwidth, latency and simulation speed per preset and pattern"};
   std::vector<std::string> presets, patterns, overrides;
   uint64_t requests = 0;
+  uint32_t streams = 8;
   bool json = false;
   app.add_option("--preset", presets, "HBM preset name(s) in configs/hbm (default: all)");
-  app.add_option("--pattern", patterns, "sequential, strided, random_read, random_write, mix (default: all)");
+  app.add_option("--pattern", patterns, "sequential, strided, random_read, random_write, mix, streams (default: all)");
+  app.add_option("--streams", streams, "streams: DMA-like streams at once (default 8)")->check(CLI::Range(1, 4096));
   app.add_option("--requests", requests, "requests per run (default: 64 MiB worth for 4 KiB, 200000 otherwise)");
   app.add_option("--set", overrides, "hbm.KEY=VALUE override (repeatable)");
   app.add_flag("--json", json, "print the controller's stats as JSON after each run");
   CLI11_PARSE(app, argc, argv);
   try {
     if (presets.empty()) presets = hbm::hbm_preset_names();
-    if (patterns.empty()) patterns = {"sequential", "strided", "random_read", "random_write", "mix"};
+    if (patterns.empty()) patterns = {"sequential", "strided", "random_read", "random_write", "mix", "streams"};
     // Every preset and pattern checked before any output, so an error is the only line.
     std::vector<hbm::HbmConfig> configs;
     for (const auto& preset : presets) configs.push_back(hbm::load_hbm_preset(preset, overrides));
@@ -40,11 +42,14 @@ int main(int argc, char** argv) {
       for (const auto& pname : patterns) {
         const hbm::Pattern p = hbm::parse_pattern(pname);
         hbm::HbmMemory mem(cfg);
-        const uint64_t n = requests ? requests : (p == hbm::Pattern::kSequential || p == hbm::Pattern::kMix)
-                                                     ? 16384
-                                                     : 200000;
+        const uint64_t n = requests ? requests
+                           : (p == hbm::Pattern::kSequential || p == hbm::Pattern::kMix) ? 16384
+                           : p == hbm::Pattern::kStreams                                 ? 131072
+                                                                                         : 200000;
         const auto t0 = std::chrono::steady_clock::now();
-        const hbm::TrafficResult r = hbm::run_traffic(mem, hbm::TrafficSpec::defaults(p, n), cfg.capacity_bytes());
+        hbm::TrafficSpec spec = hbm::TrafficSpec::defaults(p, n);
+        spec.streams = streams;
+        const hbm::TrafficResult r = hbm::run_traffic(mem, spec, cfg.capacity_bytes());
         const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         fmt::print("{:<10} {:<13} {:>9.1f} {:>6.1f}% {:>7.1f}ns {:>7}ns {:>7}ns {:>11} {:>8.3f} {:>10.2f}\n",
                    cfg.name, pname, r.bytes_per_s / 1e9, 100 * r.fraction_of_peak, r.latency_ns.mean(),

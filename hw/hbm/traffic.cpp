@@ -8,10 +8,11 @@
 namespace tpusim::hbm {
 
 Pattern parse_pattern(const std::string& name) {
-  for (Pattern p : {Pattern::kSequential, Pattern::kStrided, Pattern::kRandomRead, Pattern::kRandomWrite, Pattern::kMix})
+  for (Pattern p : {Pattern::kSequential, Pattern::kStrided, Pattern::kRandomRead, Pattern::kRandomWrite, Pattern::kMix,
+                    Pattern::kStreams})
     if (name == pattern_name(p)) return p;
   throw std::invalid_argument("unknown traffic pattern '" + name +
-                              "' (known: sequential, strided, random_read, random_write, mix)");
+                              "' (known: sequential, strided, random_read, random_write, mix, streams)");
 }
 
 const char* pattern_name(Pattern p) {
@@ -21,6 +22,7 @@ const char* pattern_name(Pattern p) {
     case Pattern::kRandomRead: return "random_read";
     case Pattern::kRandomWrite: return "random_write";
     case Pattern::kMix: return "mix";
+    case Pattern::kStreams: return "streams";
   }
   return "?";
 }
@@ -35,6 +37,7 @@ TrafficSpec TrafficSpec::defaults(Pattern p, uint64_t requests) {
     case Pattern::kStrided: s.request_bytes = 512, s.stride_bytes = 16384; break;
     case Pattern::kRandomRead:
     case Pattern::kRandomWrite: s.request_bytes = 64; break;
+    case Pattern::kStreams: s.request_bytes = 512; break;
   }
   return s;
 }
@@ -44,8 +47,16 @@ TrafficResult run_traffic(mem::MemoryPort& port, const TrafficSpec& spec, uint64
   const uint64_t region = spec.region_bytes ? std::min(spec.region_bytes, capacity_bytes) : capacity_bytes;
   if (spec.request_bytes == 0 || spec.request_bytes > region)
     throw std::invalid_argument("traffic: request_bytes must be in 1..region");
+  if (spec.pattern == Pattern::kStreams && (spec.streams == 0 || spec.transfer_bytes < spec.request_bytes ||
+                                            spec.transfer_bytes % spec.request_bytes || spec.transfer_bytes > region))
+    throw std::invalid_argument("traffic: streams needs streams > 0 and transfer_bytes a multiple of request_bytes "
+                                "within the region");
   std::mt19937_64 rng(spec.seed);
   const uint64_t slots = region / spec.request_bytes;
+  // streams: where each stream's current transfer starts, drawn as the stream begins
+  // it (requests are made in order, so the draws are too).
+  std::vector<uint64_t> transfer_start(spec.pattern == Pattern::kStreams ? spec.streams : 0);
+  const uint64_t beats = spec.pattern == Pattern::kStreams ? spec.transfer_bytes / spec.request_bytes : 1;
   auto make = [&](uint64_t i) {
     mem::MemRequest r;
     r.id = i;
@@ -60,6 +71,14 @@ TrafficResult run_traffic(mem::MemoryPort& port, const TrafficSpec& spec, uint64
         const uint64_t half = std::max<uint64_t>(1, slots / 2);
         r.is_write = (i % 8) < spec.writes_per_8;
         r.addr = ((i % half) + (r.is_write ? half : 0)) * spec.request_bytes;
+        break;
+      }
+      case Pattern::kStreams: {
+        const uint64_t s = i % spec.streams, beat = (i / spec.streams) % beats;
+        if (beat == 0) transfer_start[s] = (rng() % ((region - spec.transfer_bytes) / 64 + 1)) * 64;
+        r.addr = transfer_start[s] + beat * spec.request_bytes;
+        r.is_write = s % 8 < spec.writes_per_8;
+        r.source = static_cast<uint32_t>(s);
         break;
       }
     }

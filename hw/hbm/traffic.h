@@ -14,8 +14,9 @@
 
 namespace tpusim::hbm {
 
-enum class Pattern { kSequential, kStrided, kRandomRead, kRandomWrite, kMix };
-// "sequential", "strided", "random_read", "random_write", "mix"; throws on others.
+enum class Pattern { kSequential, kStrided, kRandomRead, kRandomWrite, kMix, kStreams };
+// "sequential", "strided", "random_read", "random_write", "mix", "streams"; throws on
+// others.
 Pattern parse_pattern(const std::string& name);
 const char* pattern_name(Pattern p);
 
@@ -23,13 +24,19 @@ struct TrafficSpec {
   Pattern pattern = Pattern::kSequential;
   uint32_t request_bytes = 4096;
   uint64_t stride_bytes = 16384;     // strided: distance between request starts
-  uint32_t writes_per_8 = 3;         // mix: of every 8 requests, this many are writes
+  uint32_t writes_per_8 = 3;         // mix: of every 8 requests, this many are writes;
+                                     // streams: of every 8 streams, this many write
+  // streams: this many DMA-like streams at once, requests taken from each in turn;
+  // each moves transfers of transfer_bytes (request_bytes at a time) from random
+  // 64 B-aligned starts, as a collective's pieces do.
+  uint32_t streams = 8;
+  uint64_t transfer_bytes = 87552;
   uint64_t requests = 10000;
   uint32_t max_outstanding = 1u << 16;  // the port's back-pressure is the real limit
   uint64_t region_bytes = 0;         // 0 = the whole capacity
   uint64_t seed = 1;
   // Typical DMA sizes and strides per pattern (sequential and mix: 4 KiB; strided:
-  // 512 B every 16 KiB; random: 64 B).
+  // 512 B every 16 KiB; random: 64 B; streams: 512 B beats of 85.5 KiB transfers).
   static TrafficSpec defaults(Pattern p, uint64_t requests);
 };
 

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace tpusim::hbm {
 namespace {
@@ -94,6 +95,23 @@ TEST_P(PresetBandwidth, TheBankHashKeepsACopysReadsAndWritesInTheirOwnBanks) {
   EXPECT_LT(h.activates, p.activates);
   EXPECT_GE(h.fraction, 0.90);
   EXPECT_GE(h.fraction, p.fraction + 0.08) << p.fraction;
+}
+
+// The streams pattern with one reading stream and one long transfer is a sequential
+// read in 512 B beats: it must stream like the sequential pattern's 4 KiB requests
+// (the pattern's beats and starts, not its contention, are checked here).
+TEST_P(PresetBandwidth, OneStreamOfOneTransferIsSequential) {
+  const HbmConfig cfg = load_hbm_preset(GetParam());
+  TrafficSpec one = TrafficSpec::defaults(Pattern::kStreams, 32768);  // 16 MiB
+  one.streams = 1;
+  one.writes_per_8 = 0;
+  one.transfer_bytes = uint64_t(32768) * one.request_bytes;
+  HbmMemory mem(cfg);
+  const double f = run_traffic(mem, one, cfg.capacity_bytes()).fraction_of_peak;
+  const double seq = run(cfg, Pattern::kSequential, 4096).fraction_of_peak;
+  EXPECT_NEAR(f, seq, 0.03);
+  one.transfer_bytes = one.request_bytes + 1;
+  EXPECT_THROW(run_traffic(mem, one, cfg.capacity_bytes()), std::invalid_argument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, PresetBandwidth, ::testing::Values("hbm2_v2", "hbm2_v3", "hbm2_v4", "hbm2e_v5e"));
