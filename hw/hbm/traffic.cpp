@@ -77,7 +77,9 @@ TrafficResult run_traffic(mem::MemoryPort& port, const TrafficSpec& spec, uint64
         const uint64_t s = i % spec.streams, beat = (i / spec.streams) % beats;
         if (beat == 0) transfer_start[s] = (rng() % ((region - spec.transfer_bytes) / 64 + 1)) * 64;
         r.addr = transfer_start[s] + beat * spec.request_bytes;
-        r.is_write = s % 8 < spec.writes_per_8;
+        // Writers spread over every run of streams (3 of 8: streams 0, 3, 6), so
+        // two streams are a copy and four two of each.
+        r.is_write = (s * spec.writes_per_8) % 8 < spec.writes_per_8;
         r.source = static_cast<uint32_t>(s);
         break;
       }

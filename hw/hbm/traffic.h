@@ -26,6 +26,7 @@ struct TrafficSpec {
   uint64_t stride_bytes = 16384;     // strided: distance between request starts
   uint32_t writes_per_8 = 3;         // mix: of every 8 requests, this many are writes;
                                      // streams: of every 8 streams, this many write
+                                     // (spread: 3 of 8 are streams 0, 3, 6)
   // streams: this many DMA-like streams at once, requests taken from each in turn;
   // each moves transfers of transfer_bytes (request_bytes at a time) from random
   // 64 B-aligned starts, as a collective's pieces do.
