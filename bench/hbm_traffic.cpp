@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (presets.empty()) presets = hbm::hbm_preset_names();
-    if (patterns.empty()) patterns = {"sequential", "strided", "random_read", "random_write", "mix", "streams"};
+    if (patterns.empty())
+      for (hbm::Pattern p : hbm::kAllPatterns) patterns.push_back(hbm::pattern_name(p));
     // Every preset and pattern checked before any output, so an error is the only line.
     std::vector<hbm::HbmConfig> configs;
     for (const auto& preset : presets) configs.push_back(hbm::load_hbm_preset(preset, overrides));

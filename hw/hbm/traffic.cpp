@@ -8,11 +8,12 @@
 namespace tpusim::hbm {
 
 Pattern parse_pattern(const std::string& name) {
-  for (Pattern p : {Pattern::kSequential, Pattern::kStrided, Pattern::kRandomRead, Pattern::kRandomWrite, Pattern::kMix,
-                    Pattern::kStreams})
+  std::string known;
+  for (Pattern p : kAllPatterns) {
     if (name == pattern_name(p)) return p;
-  throw std::invalid_argument("unknown traffic pattern '" + name +
-                              "' (known: sequential, strided, random_read, random_write, mix, streams)");
+    known += (known.empty() ? "" : ", ") + std::string(pattern_name(p));
+  }
+  throw std::invalid_argument("unknown traffic pattern '" + name + "' (known: " + known + ")");
 }
 
 const char* pattern_name(Pattern p) {

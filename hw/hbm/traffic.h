@@ -15,6 +15,9 @@
 namespace tpusim::hbm {
 
 enum class Pattern { kSequential, kStrided, kRandomRead, kRandomWrite, kMix, kStreams };
+// Every pattern, in the order tools list and run them.
+inline constexpr Pattern kAllPatterns[] = {Pattern::kSequential, Pattern::kStrided, Pattern::kRandomRead,
+                                           Pattern::kRandomWrite, Pattern::kMix,     Pattern::kStreams};
 // "sequential", "strided", "random_read", "random_write", "mix", "streams"; throws on
 // others.
 Pattern parse_pattern(const std::string& name);

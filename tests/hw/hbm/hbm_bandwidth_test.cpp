@@ -102,10 +102,11 @@ TEST_P(PresetBandwidth, TheBankHashKeepsACopysReadsAndWritesInTheirOwnBanks) {
 // (the pattern's beats and starts, not its contention, are checked here).
 TEST_P(PresetBandwidth, OneStreamOfOneTransferIsSequential) {
   const HbmConfig cfg = load_hbm_preset(GetParam());
-  TrafficSpec one = TrafficSpec::defaults(Pattern::kStreams, 32768);  // 16 MiB
+  const uint64_t beats = 32768;  // 16 MiB
+  TrafficSpec one = TrafficSpec::defaults(Pattern::kStreams, beats);
   one.streams = 1;
   one.writes_per_8 = 0;
-  one.transfer_bytes = uint64_t(32768) * one.request_bytes;
+  one.transfer_bytes = beats * one.request_bytes;
   HbmMemory mem(cfg);
   const double f = run_traffic(mem, one, cfg.capacity_bytes()).fraction_of_peak;
   const double seq = run(cfg, Pattern::kSequential, 4096).fraction_of_peak;
