@@ -55,10 +55,12 @@ TrafficResult run_traffic(mem::MemoryPort& port, const TrafficSpec& spec, uint64
   std::mt19937_64 rng(spec.seed);
   const uint64_t slots = region / spec.request_bytes;
   // streams: where each stream's current transfer starts, drawn as the stream begins
-  // it (requests are made in order, so the draws are too).
+  // it (in the run's order of offers, which the port decides, so deterministic).
   std::vector<uint64_t> transfer_start(spec.pattern == Pattern::kStreams ? spec.streams : 0);
   const uint64_t beats = spec.pattern == Pattern::kStreams ? spec.transfer_bytes / spec.request_bytes : 1;
-  auto make = [&](uint64_t i) {
+  // streams: beats made so far by each stream (its next beat's index overall).
+  std::vector<uint64_t> stream_beats(transfer_start.size(), 0);
+  auto make = [&](uint64_t i, uint32_t stream) {
     mem::MemRequest r;
     r.id = i;
     r.bytes = spec.request_bytes;
@@ -75,13 +77,14 @@ TrafficResult run_traffic(mem::MemoryPort& port, const TrafficSpec& spec, uint64
         break;
       }
       case Pattern::kStreams: {
-        const uint64_t s = i % spec.streams, beat = (i / spec.streams) % beats;
+        const uint32_t s = stream;
+        const uint64_t beat = stream_beats[s]++ % beats;
         if (beat == 0) transfer_start[s] = (rng() % ((region - spec.transfer_bytes) / 64 + 1)) * 64;
         r.addr = transfer_start[s] + beat * spec.request_bytes;
         // Writers spread over every run of streams (3 of 8: streams 0, 3, 6), so
         // two streams are a copy and four two of each.
         r.is_write = (s * spec.writes_per_8) % 8 < spec.writes_per_8;
-        r.source = static_cast<uint32_t>(s);
+        r.source = s;
         break;
       }
     }
@@ -94,13 +97,27 @@ TrafficResult run_traffic(mem::MemoryPort& port, const TrafficSpec& spec, uint64
   std::unordered_map<uint64_t, uint64_t> issued_at;
   issued_at.reserve(spec.max_outstanding * 2);
   uint64_t now = start_ps, next = 0;
-  mem::MemRequest pending = make(0);
+  // One offering queue, in order; the streams pattern has one a stream, each going
+  // on while another is pushed back, as a core's DMA engines do (hw/dma): with one
+  // queue for all, the first stream refused stopped every stream behind it.
+  const uint32_t queues = spec.pattern == Pattern::kStreams ? spec.streams : 1;
+  std::vector<mem::MemRequest> pending;
+  for (uint32_t q = 0; q < queues && next < spec.requests; ++q) pending.push_back(make(next++, q));
+  std::vector<bool> has_pending(pending.size(), true);
+  uint32_t first_queue = 0;  // round robin: who offers first moves on by one each time
   while (res.requests < spec.requests) {
-    while (next < spec.requests && issued_at.size() < spec.max_outstanding) {
-      if (!port.try_enqueue(pending, now)) break;
-      issued_at.emplace(pending.id, now);
-      if (++next < spec.requests) pending = make(next);
+    for (bool offered = true; offered;) {  // a request from each queue in turn while any goes in
+      offered = false;
+      for (uint32_t k = 0; k < pending.size() && issued_at.size() < spec.max_outstanding; ++k) {
+        const uint32_t q = (first_queue + k) % uint32_t(pending.size());
+        if (!has_pending[q] || !port.try_enqueue(pending[q], now)) continue;
+        issued_at.emplace(pending[q].id, now);
+        offered = true;
+        has_pending[q] = next < spec.requests;
+        if (has_pending[q]) pending[q] = make(next++, q);
+      }
     }
+    first_queue = (first_queue + 1) % std::max<uint32_t>(1, uint32_t(pending.size()));
     const uint64_t t = port.next_event_ps();
     if (t == mem::kNever) throw std::logic_error("traffic: the port has no next event but requests are outstanding");
     now = t;

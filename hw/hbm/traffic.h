@@ -30,9 +30,11 @@ struct TrafficSpec {
   uint32_t writes_per_8 = 3;         // mix: of every 8 requests, this many are writes;
                                      // streams: of every 8 streams, this many write
                                      // (spread: 3 of 8 are streams 0, 3, 6)
-  // streams: this many DMA-like streams at once, requests taken from each in turn;
-  // each moves transfers of transfer_bytes (request_bytes at a time) from random
-  // 64 B-aligned starts, as a collective's pieces do.
+  // streams: this many DMA-like streams at once, each offering its own requests in
+  // order, in turn with the others; a stream the port pushes back does not hold up
+  // the rest (as a core's DMA engines, hw/dma). Each moves transfers of
+  // transfer_bytes (request_bytes at a time) from random 64 B-aligned starts, as a
+  // collective's pieces do.
   uint32_t streams = 8;
   uint64_t transfer_bytes = 87552;
   uint64_t requests = 10000;

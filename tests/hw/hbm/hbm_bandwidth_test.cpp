@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <vector>
 
 namespace tpusim::hbm {
 namespace {
@@ -116,6 +117,56 @@ TEST_P(PresetBandwidth, OneStreamOfOneTransferIsSequential) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, PresetBandwidth, ::testing::Values("hbm2_v2", "hbm2_v3", "hbm2_v4", "hbm2e_v5e"));
+
+// A port that refuses source 0 until kOpen and completes every request it takes
+// kLatency after taking it: what the streams pattern offers, and when, is then
+// known exactly.
+class GatedPort : public mem::MemoryPort {
+ public:
+  static constexpr uint64_t kOpen = 1000000, kLatency = 1000;
+  bool try_enqueue(const mem::MemRequest& req, uint64_t now_ps) override {
+    advance_to(now_ps);
+    if (req.source == 0 && now_ps < kOpen) return false;
+    due_.push_back({req.id, now_ps + kLatency});
+    return true;
+  }
+  void advance_to(uint64_t t_ps) override { now_ = std::max(now_, t_ps); }
+  uint64_t next_event_ps() const override {
+    uint64_t t = now_ < kOpen ? kOpen : mem::kNever;
+    for (const mem::MemCompletion& c : due_) t = std::min(t, c.done_ps);
+    return t;
+  }
+  bool pop_completion(mem::MemCompletion& out) override {
+    auto it = std::min_element(due_.begin(), due_.end(), [](const mem::MemCompletion& a, const mem::MemCompletion& b) {
+      return a.done_ps != b.done_ps ? a.done_ps < b.done_ps : a.id < b.id;
+    });
+    if (it == due_.end() || it->done_ps > now_) return false;
+    out = *it;
+    due_.erase(it);
+    return true;
+  }
+  uint64_t outstanding() const override { return due_.size(); }
+  double peak_bytes_per_s() const override { return 1e12; }
+  nlohmann::json stats_json() const override { return nlohmann::json::object(); }
+
+ private:
+  uint64_t now_ = 0;
+  std::vector<mem::MemCompletion> due_;
+};
+
+// Streams go on while one is pushed back, as a core's DMA engines do: stream 0's
+// first beat (request 0) waits for the gate, stream 1 takes every other request at
+// time 0. Offered through one queue, all would have waited for the gate.
+TEST(StreamsPattern, AStreamPushedBackDoesNotHoldUpTheOthers) {
+  TrafficSpec two = TrafficSpec::defaults(Pattern::kStreams, 40);
+  two.streams = 2;
+  two.transfer_bytes = 4 * two.request_bytes;
+  GatedPort port;
+  const TrafficResult r = run_traffic(port, two, uint64_t(1) << 30, 0, true);
+  ASSERT_EQ(r.completions.size(), 40u);
+  for (const mem::MemCompletion& c : r.completions)
+    EXPECT_EQ(c.done_ps, c.id == 0 ? GatedPort::kOpen + GatedPort::kLatency : GatedPort::kLatency) << "request " << c.id;
+}
 
 }  // namespace
 }  // namespace tpusim::hbm
