@@ -97,9 +97,9 @@ TrafficResult run_traffic(mem::MemoryPort& port, const TrafficSpec& spec, uint64
   std::unordered_map<uint64_t, uint64_t> issued_at;
   issued_at.reserve(spec.max_outstanding * 2);
   uint64_t now = start_ps, next = 0;
-  // One offering queue, in order; the streams pattern has one a stream, each going
-  // on while another is pushed back, as a core's DMA engines do (hw/dma): with one
-  // queue for all, the first stream refused stopped every stream behind it.
+  // Requests are offered in order from one queue; the streams pattern has a queue a
+  // stream, each going on while another is pushed back, as a core's DMA engines do
+  // (hw/dma): with one queue for all, the first stream refused stopped the others.
   const uint32_t queues = spec.pattern == Pattern::kStreams ? spec.streams : 1;
   std::vector<mem::MemRequest> pending;
   for (uint32_t q = 0; q < queues && next < spec.requests; ++q) pending.push_back(make(next++, q));

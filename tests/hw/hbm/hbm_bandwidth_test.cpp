@@ -155,8 +155,8 @@ class GatedPort : public mem::MemoryPort {
 };
 
 // Streams go on while one is pushed back, as a core's DMA engines do: stream 0's
-// first beat (request 0) waits for the gate, stream 1 takes every other request at
-// time 0. Offered through one queue, all would have waited for the gate.
+// first beat (request 0) waits for the gate, stream 1 takes all the other requests
+// at time 0. Offered through one queue, all would have waited for the gate.
 TEST(StreamsPattern, AStreamPushedBackDoesNotHoldUpTheOthers) {
   TrafficSpec two = TrafficSpec::defaults(Pattern::kStreams, 40);
   two.streams = 2;
