@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
   app.add_option("--preset", presets, "HBM preset name(s) in configs/hbm (default: all)");
   app.add_option("--pattern", patterns, "sequential, strided, random_read, random_write, mix, streams (default: all)");
   app.add_option("--streams", streams, "streams: DMA-like streams at once (default 8)")->check(CLI::Range(1, 4096));
-  app.add_option("--requests", requests, "requests per run (default: 64 MiB worth for 4 KiB, 200000 otherwise)");
+  app.add_option("--requests", requests,
+                 "requests per run (default: 64 MiB worth for sequential, mix and streams, 200000 otherwise)");
   app.add_option("--set", overrides, "hbm.KEY=VALUE override (repeatable)");
   app.add_flag("--json", json, "print the controller's stats as JSON after each run");
   CLI11_PARSE(app, argc, argv);
@@ -43,13 +44,13 @@ int main(int argc, char** argv) {
       for (const auto& pname : patterns) {
         const hbm::Pattern p = hbm::parse_pattern(pname);
         hbm::HbmMemory mem(cfg);
-        const uint64_t n = requests ? requests
-                           : (p == hbm::Pattern::kSequential || p == hbm::Pattern::kMix) ? 16384
-                           : p == hbm::Pattern::kStreams                                 ? 131072
-                                                                                         : 200000;
-        const auto t0 = std::chrono::steady_clock::now();
-        hbm::TrafficSpec spec = hbm::TrafficSpec::defaults(p, n);
+        // Streaming patterns move 64 MiB whatever their request size; the small
+        // random and strided requests run a fixed count.
+        const bool streaming = p == hbm::Pattern::kSequential || p == hbm::Pattern::kMix || p == hbm::Pattern::kStreams;
+        hbm::TrafficSpec spec = hbm::TrafficSpec::defaults(p, 0);
+        spec.requests = requests ? requests : streaming ? (uint64_t(64) << 20) / spec.request_bytes : 200000;
         spec.streams = streams;
+        const auto t0 = std::chrono::steady_clock::now();
         const hbm::TrafficResult r = hbm::run_traffic(mem, spec, cfg.capacity_bytes());
         const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         fmt::print("{:<10} {:<13} {:>9.1f} {:>6.1f}% {:>7.1f}ns {:>7}ns {:>7}ns {:>11} {:>8.3f} {:>10.2f}\n",
