@@ -7,6 +7,7 @@
 
 #include "isa/asm/assembler.h"
 #include "isa/bundle/bundle_file.h"
+#include "isa/io/printable.h"
 #include "sim/commands.h"
 
 namespace tpusim::cli {
@@ -25,7 +26,7 @@ void add_asm_command(CLI::App& app, int& exit_code) {
       isa::write_bundle(opt->output, b);
       exit_code = kExitOk;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", e.what());
+      std::fprintf(stderr, "%s\n", io::one_line(e.what()).c_str());
       exit_code = kExitBadInput;
     }
   });

@@ -15,6 +15,7 @@
 #include "hw/config/params.h"
 #include "hw/ici/topology.h"
 #include "isa/bundle/bundle_file.h"
+#include "isa/io/printable.h"
 #include "sim/commands.h"
 
 namespace tpusim::cli {
@@ -191,7 +192,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   opt->output.c_str());
       exit_code = kExitOk;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", e.what());
+      std::fprintf(stderr, "%s\n", io::one_line(e.what()).c_str());
       exit_code = kExitBadInput;
     }
   });

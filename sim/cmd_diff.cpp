@@ -12,6 +12,7 @@
 #include <string>
 
 #include "isa/io/npy.h"
+#include "isa/io/printable.h"
 #include "sim/commands.h"
 
 namespace tpusim::cli {
@@ -67,7 +68,7 @@ int run_diff(const std::string& a, const std::string& b, uint64_t max_ulp) {
         if (e.path().extension() == ".npy") names.insert(e.path().filename().string());
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tpusim diff: error: %s\n", e.what());
+    std::fprintf(stderr, "tpusim diff: error: %s\n", io::one_line(e.what()).c_str());
     return kExitBadInput;
   }
   int differences = 0;
@@ -83,7 +84,7 @@ int run_diff(const std::string& a, const std::string& b, uint64_t max_ulp) {
       x = io::read_npy(pa);
       y = io::read_npy(pb);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "tpusim diff: error: %s\n", e.what());
+      std::fprintf(stderr, "tpusim diff: error: %s\n", io::one_line(e.what()).c_str());
       return kExitBadInput;
     }
     if (x.dtype != y.dtype || x.shape != y.shape) {

@@ -8,12 +8,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <new>
 #include <string>
 #include <vector>
 
 #include "compiler/compiler.h"
 #include "isa/exec/tensors.h"
 #include "isa/io/npy.h"
+#include "isa/io/printable.h"
 #include "sim/commands.h"
 
 namespace tpusim::cli {
@@ -108,8 +110,15 @@ int run_model_reference(const ModelRefArgs& o) {
     const auto policy = num::parse_precision_policy(o.precision);
     if (!policy) throw std::runtime_error("--precision must be default or bf16, not '" + o.precision + "'");
     outputs = naming_file<compiler::CompileError>(o.model, [&] { return compiler::evaluate(g, inputs, *policy); });
+  } catch (const std::bad_alloc&) {
+    // The reference holds every tensor of the graph at once, in host memory.
+    std::fprintf(stderr,
+                 "tpusim ref: error: %s: out of host memory (the graph reference holds every tensor of the graph "
+                 "at once)\n",
+                 io::one_line(o.model).c_str());
+    return kExitBadInput;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tpusim ref: error: %s\n", e.what());
+    std::fprintf(stderr, "tpusim ref: error: %s\n", io::one_line(e.what()).c_str());
     return kExitBadInput;
   }
   try {
@@ -123,7 +132,7 @@ int run_model_reference(const ModelRefArgs& o) {
       io::write_npy(o.out + "/" + name + ".npy", a);
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tpusim ref: error: writing outputs: %s\n", e.what());
+    std::fprintf(stderr, "tpusim ref: error: writing outputs: %s\n", io::one_line(e.what()).c_str());
     return kExitBadInput;
   }
   std::fprintf(stderr, "tpusim ref: graph reference, %zu output(s) in %s\n", outputs.size(), o.out.c_str());

@@ -32,6 +32,7 @@
 #include "isa/bundle/bundle_file.h"
 #include "isa/exec/tensors.h"
 #include "isa/io/npy.h"
+#include "isa/io/printable.h"
 #include "sim/commands.h"
 #include "sim/run/profile.h"
 #include "sim/run/report.h"
@@ -66,7 +67,7 @@ struct RunArgs {
 };
 
 int fail(int code, const std::string& message) {
-  std::fprintf(stderr, "tpusim run: error: %s\n", message.c_str());
+  std::fprintf(stderr, "tpusim run: error: %s\n", io::one_line(message).c_str());
   return code;
 }
 
@@ -144,6 +145,7 @@ int run_run(const RunArgs& a) {
   config::Params preset;
   isa::Bundle bundle;
   std::map<std::string, std::vector<uint8_t>> inputs;
+  double clock_hz = 0;
   const std::string stats_path = a.out + "/stats.json";
   // Everything that can be wrong with the command line or its files is found
   // before the simulation starts.
@@ -158,13 +160,13 @@ int run_run(const RunArgs& a) {
                                               a.timeline_end));
     if (!a.wave.empty()) run::check_writable_file(a.wave, "--wave");
     hw::mxu::set_matmul_threads(a.threads);
+    clock_hz = preset.get_double("clock_hz");
   } catch (const std::exception& e) {
     return fail(kExitBadInput, e.what());
   }
   std::error_code ec;
   std::filesystem::remove(stats_path, ec);
 
-  const double clock_hz = preset.get_double("clock_hz");
   std::unique_ptr<timeline::Timeline> tl;
   if (!a.timeline.empty()) {
     timeline::Options topt;

@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 
+#include "isa/io/printable.h"
+
 namespace tpusim::compiler {
 
 namespace {
@@ -679,7 +681,7 @@ class Parser {
 
   void expect(char c) {
     skip();
-    if (peek() != c) error(std::string("expected '") + c + "'" + (at_end() ? " before the end of the text" : std::string(", found '") + peek() + "'"));
+    if (peek() != c) error(std::string("expected '") + c + "'" + (at_end() ? " before the end of the text" : ", found '" + io::printable(peek()) + "'"));
     ++p_;
   }
 
@@ -694,7 +696,7 @@ class Parser {
     skip();
     const size_t s = p_;
     while (!at_end() && (std::isalnum(static_cast<unsigned char>(peek())) || peek() == '_')) ++p_;
-    if (s == p_) error(at_end() ? "unexpected end of text" : std::string("unexpected '") + peek() + "'");
+    if (s == p_) error(at_end() ? "unexpected end of text" : "unexpected '" + io::printable(peek()) + "'");
     return t_.substr(s, p_ - s);
   }
 

@@ -51,20 +51,49 @@ YAML::Node load_yaml_file(const fs::path& path) {
   }
 }
 
-// Replaces every `include:` mapping below `node` by the merge it stands for.
-YAML::Node resolve_includes(const YAML::Node& node, const fs::path& dir, int depth) {
-  if (depth > 16) throw ConfigError(dir.string() + ": includes nested too deep (a cycle?)");
+// "FILE:LINE:COLUMN" of a node read from FILE (just FILE for a node built here).
+std::string where(const fs::path& file, const YAML::Node& n) {
+  const YAML::Mark m = n.Mark();
+  if (m.is_null()) return file.string();
+  return file.string() + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+// The text of a key or an include path; yaml-cpp would throw a "bad conversion" that
+// names no file for a list or a mapping written there.
+std::string scalar_text(const YAML::Node& n, const fs::path& file, const char* what) {
+  if (!n.IsScalar()) throw ConfigError(where(file, n) + ": " + what + " must be a plain word, not a list or a section");
+  return n.Scalar();
+}
+
+// Replaces every `include:` mapping below `node`, read from `file`, by the merge it
+// stands for. `chain` is the files being included, outermost first, to name a cycle.
+YAML::Node resolve_includes(const YAML::Node& node, const fs::path& file, std::vector<fs::path>& chain) {
   if (!node.IsMap()) return node;
   YAML::Node own(YAML::NodeType::Map);
   for (const auto& kv : node) {
-    const std::string k = kv.first.as<std::string>();
-    if (k != "include") own[k] = resolve_includes(kv.second, dir, depth);
+    const std::string k = scalar_text(kv.first, file, "a key");
+    if (k != "include") own[k] = resolve_includes(kv.second, file, chain);
   }
   const YAML::Node include = child(node, "include");
   if (!include) return own;
-  const fs::path inc = dir / include.as<std::string>();
-  YAML::Node base = resolve_includes(load_yaml_file(inc), inc.parent_path(), depth + 1);
-  if (!base.IsMap()) throw ConfigError(inc.string() + ": an included file must hold a mapping");
+  const std::string rel = scalar_text(include, file, "an include");
+  const fs::path inc = file.parent_path() / rel;
+  const std::string at = where(file, include) + ": include '" + rel + "': ";
+  for (const fs::path& f : chain) {
+    std::error_code ec;
+    if (fs::equivalent(f, inc, ec)) throw ConfigError(at + "includes itself (through " + f.string() + ")");
+  }
+  if (chain.size() > 16) throw ConfigError(at + "includes nested more than 16 deep");
+  YAML::Node loaded;
+  try {
+    loaded = load_yaml_file(inc);
+  } catch (const ConfigError& e) {
+    throw ConfigError(at + e.what());
+  }
+  chain.push_back(inc);
+  YAML::Node base = resolve_includes(loaded, inc, chain);
+  chain.pop_back();
+  if (!base.IsMap()) throw ConfigError(at + inc.string() + ": an included file must hold a mapping");
   return merged(base, own);
 }
 
@@ -132,7 +161,8 @@ T convert_or_throw(const YAML::Node& n, const std::string& source, const std::st
 Params Params::load(const std::string& path) {
   Params p;
   p.source_ = path;
-  p.root_ = resolve_includes(load_yaml_file(path), fs::path(path).parent_path(), 0);
+  std::vector<fs::path> chain{path};
+  p.root_ = resolve_includes(load_yaml_file(path), path, chain);
   if (!p.root_.IsMap()) throw ConfigError(path + ": a preset must be a mapping of parameters");
   return p;
 }
@@ -145,23 +175,32 @@ Params Params::parse(const std::string& yaml_text, const std::string& source_nam
   } catch (const YAML::Exception& e) {
     throw ConfigError(source_name + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }
-  p.root_ = resolve_includes(p.root_, fs::current_path(), 0);
+  // Includes are relative to the folder source_name names, the working directory
+  // for a bare name.
+  std::vector<fs::path> chain;
+  p.root_ = resolve_includes(p.root_, source_name, chain);
   if (!p.root_.IsMap()) throw ConfigError(source_name + ": a preset must be a mapping of parameters");
   return p;
+}
+
+std::string Params::nearest_key(const std::string& key) const {
+  std::string best;
+  size_t best_d = 4;  // suggest only near misses
+  for (const auto& k : leaf_keys()) {
+    const size_t d = edit_distance(k, key);
+    if (d < best_d) best_d = d, best = k;
+  }
+  return best;
 }
 
 YAML::Node Params::find(const std::string& key) const {
   YAML::Node walk = root_;
   for (const auto& part : split_key(key)) {
     if (!walk.IsMap() || !child(walk, part)) {
-      std::string msg = source_ + ": unknown parameter '" + key + "'";
-      std::string best;
-      size_t best_d = 4;  // suggest only near misses
-      for (const auto& k : leaf_keys()) {
-        size_t d = edit_distance(k, key);
-        if (d < best_d) best_d = d, best = k;
-      }
-      if (!best.empty()) msg += " (did you mean '" + best + "'?)";
+      // A unit asked for a key the preset lacks: the file left it out, or misspelt it.
+      std::string msg = source_ + ": missing parameter '" + key + "'";
+      const std::string near = nearest_key(key);
+      if (!near.empty()) msg += " (the preset has '" + near + "')";
       throw ConfigError(msg);
     }
     walk.reset(child(walk, part));  // reset, not =: Node::operator= would rewrite the tree
@@ -186,6 +225,13 @@ void Params::set(const std::string& assignment) {
 }
 
 void Params::set(const std::string& key, const std::string& value) {
+  if (!has(key)) {
+    // Every parameter is in the preset file, so an override of another key is a typo.
+    std::string msg = source_ + ": unknown parameter '" + key + "'";
+    const std::string near = nearest_key(key);
+    if (!near.empty()) msg += " (did you mean '" + near + "'?)";
+    throw ConfigError(msg);
+  }
   const YAML::Node old = find(key);
   const Kind want = kind_of(old);
   if (want == Kind::kMap) throw ConfigError("--set " + key + ": names a section, not a parameter");

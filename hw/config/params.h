@@ -54,6 +54,7 @@ class Params {
 
  private:
   YAML::Node find(const std::string& key) const;  // throws on a missing key
+  std::string nearest_key(const std::string& key) const;  // "" when none is near
   YAML::Node root_;
   std::string source_;
 };

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "isa/io/npy.h"
+#include "isa/io/printable.h"
 #include "isa/numerics/bf16.h"
 
 namespace tpusim::isa {
@@ -131,7 +132,7 @@ std::vector<Token> Assembler::tokenize(const std::string& s) {
       out.push_back({Tok::kPunct, std::string(1, c), col});
       ++i;
     } else {
-      error_at(col, std::string("unexpected character '") + (std::isprint(static_cast<unsigned char>(c)) ? std::string(1, c) : "\\x" + std::to_string(static_cast<unsigned char>(c))) + "'");
+      error_at(col, std::string("unexpected character '") + io::printable(c) + "'");
     }
   }
   return out;

@@ -230,6 +230,9 @@ TEST(GraphIr, ParserErrorsNameLineAndColumn) {
   expect_parse_error("graph g {\n}\n trailing", "text after the end");
   expect_parse_error("graph g {\n  input %x : f32[100000000,100000000,1000]\n}\n", "has more than 2^40 elements");
   expect_parse_error("", "p.ir:1:1: unexpected end of text");
+  // A control byte is shown as \xNN, so the error stays one readable line.
+  expect_parse_error("graph g {\n  input %x : f32[2\x1e]\n}\n", "p.ir:2:19: expected ']', found '\\x1e'");
+  expect_parse_error("graph g {\n  input\x1b %x : f32[2]\n}\n", "p.ir:2:8: expected '%', found '\\x1b'");
 }
 
 }  // namespace

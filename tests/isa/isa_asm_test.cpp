@@ -214,6 +214,7 @@ TEST(IsaAsmErrors, EachClassNamesFileLineColumn) {
       {".target mxu_rows=100\n", "t.s:1:1: error: mxu_rows must be a multiple of 8"},
       {".bogus 1\n", "t.s:1:1: error: unknown directive '.bogus'"},
       {"  li s1, 3 $\n", "t.s:1:12: error: unexpected character '$'"},
+      {"  li s1, 3 \x1e\n", "t.s:1:12: error: unexpected character '\\x1e'"},
       {".input x f32 [4] hbm:0\n.input x f32 [4] hbm:64\n", "t.s:2:8: error: 'x' is already defined"},
       {".const k f32 [3] hbm:0 data=[1, 2]\n", "t.s:1:24: error: data has 2 values, shape needs 3"},
       {".const k f32 [3] hbm:0 file=\"missing.npy\"\n", "missing.npy: No such file or directory"},

@@ -227,6 +227,18 @@ TEST_F(RunCli, AFolderForAFileNamesIt) {
   EXPECT_FALSE(fs::exists(dir_ + "/m.tpb"));
 }
 
+// A preset file of the user's own: a key it lacks is missing (it was "unknown", from
+// the top-level handler, as if the user had misspelt it), and a control byte in it
+// is shown as \xNN so the error stays one line.
+TEST_F(RunCli, AHandWrittenPresetsFaultsAreOneLineNamingTheFile) {
+  std::ofstream(dir_ + "/lacks.yaml") << "core: {mxu: {rows: 8}}\n";
+  expect_error(tpusim({"run", bundle_, "--preset", dir_ + "/lacks.yaml", "--random-inputs", "1", "--out", out()}), 2,
+               {"tpusim run: error: " + dir_ + "/lacks.yaml: missing parameter 'clock_hz'"});
+  std::ofstream(dir_ + "/cr.yaml") << "include: ../chips/v4\r.yaml\n";
+  expect_error(tpusim({"run", bundle_, "--preset", dir_ + "/cr.yaml", "--random-inputs", "1", "--out", out()}), 2,
+               {dir_ + "/cr.yaml:1:10: include '../chips/v4\\x0d.yaml': ", ": cannot open"});
+}
+
 // `tpusim run` takes bundles; a program's text gets the command that makes one.
 TEST_F(RunCli, ProgramTextForABundleSaysToAssembleIt) {
   expect_error(tpusim({"run", dir_ + "/prog.s", "--preset", "v4", "--random-inputs", "1", "--out", out()}), 2,

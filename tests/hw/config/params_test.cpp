@@ -50,7 +50,48 @@ TEST(Params, IncludeCycleIsAnErrorNotAHang) {
   TempDir dir;
   const auto a = dir.write("a.yaml", "include: b.yaml\nx: 1\n");
   dir.write("b.yaml", "include: a.yaml\ny: 2\n");
-  EXPECT_THROW(Params::load(a), ConfigError);
+  try {
+    Params::load(a);
+    FAIL() << "a cycle of includes was accepted";
+  } catch (const ConfigError& e) {
+    // Named where the cycle closes: b.yaml's include of a.yaml, line 1, column 10.
+    EXPECT_NE(std::string(e.what()).find("b.yaml:1:10: include 'a.yaml': includes itself"), std::string::npos)
+        << e.what();
+  }
+}
+
+std::string load_error(const std::string& path) {
+  try {
+    Params::load(path);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Params, BadIncludesAndKeysNameFileLineAndColumn) {
+  TempDir dir;
+  // A file that cannot be read is named with the include that asked for it.
+  EXPECT_NE(load_error(dir.write("c.yaml", "x: 1\ninclude: gone.yaml\n")).find("c.yaml:2:10: include 'gone.yaml': "),
+            std::string::npos);
+  // yaml-cpp alone would say "bad conversion" with no file.
+  for (const char* text : {"include: [1, 2]\n", "include: {a: 1}\n"}) {
+    const std::string msg = load_error(dir.write("d.yaml", text));
+    EXPECT_NE(msg.find("d.yaml:1:10: an include must be a plain word"), std::string::npos) << msg;
+  }
+  const std::string msg = load_error(dir.write("e.yaml", "a: 1\n? [b, c]\n: 3\n"));
+  EXPECT_NE(msg.find("e.yaml:2:3: a key must be a plain word"), std::string::npos) << msg;
+}
+
+TEST(Params, AKeyThePresetLacksIsMissingNotUnknown) {
+  // Reading: the file left the key out (or misspelt it), which is not the reader's typo.
+  const Params p = Params::parse("core: {mxu: {rowz: 128}}\n", "chip.yaml");
+  try {
+    p.get_int("core.mxu.rows");
+    FAIL() << "a missing key was read";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "chip.yaml: missing parameter 'core.mxu.rows' (the preset has 'core.mxu.rowz')");
+  }
 }
 
 TEST(Params, SetKeepsTypes) {
