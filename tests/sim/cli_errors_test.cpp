@@ -126,6 +126,26 @@ TEST_F(RunCli, DmaFiguresOutOfRangeAreBadInput) {
                2, {"core.dma.hbm_to_vmem", "0..1e9"});
 }
 
+// The chip's cycle is its period rounded to the model's 1 ps step: a clock whose
+// period that rounds by more than 1% ran off its own clock_hz without a word
+// (7e11 Hz ran a 1 ps cycle, 43% fast), and a non-positive one exited 1, as if
+// the program had faulted.
+TEST_F(RunCli, AChipClockTheTimeStepCannotHoldIsBadInput) {
+  for (const char* bad : {"clock_hz=700000000000", "clock_hz=2000000000000"})
+    expect_error(tpusim({"run", bundle_, "--preset", "v4", "--set", bad, "--input", input_arg(good_input_), "--out",
+                         out()}),
+                 2, {"clock_hz", "round by more than 1%"});
+  expect_error(tpusim({"run", bundle_, "--preset", "v4", "--set", "clock_hz=-5", "--input", input_arg(good_input_),
+                       "--out", out()}),
+               2, {"clock_hz must be positive"});
+  // 20 GHz (50 ps) and 1 THz (exactly 1 ps) are held exactly.
+  for (const char* good : {"clock_hz=20000000000", "clock_hz=1000000000000"}) {
+    const Completed c = tpusim({"run", bundle_, "--preset", "v4", "--set", good, "--input", input_arg(good_input_),
+                                "--out", out(), "-q"});
+    EXPECT_EQ(c.exit_code, 0) << good << ": " << c.err;
+  }
+}
+
 // A pipe whose requests in flight cannot cover its latency carries less than its
 // bytes_per_s (SimpleMemoryConfig::sustained_bytes_per_s): the run goes on, with
 // one note on stderr naming the ceiling and the key to raise; none where the

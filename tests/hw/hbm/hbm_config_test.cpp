@@ -81,6 +81,9 @@ TEST(HbmOverrides, BadKeysAndValuesFailClearly) {
   expect_error({"hbm.bank_hash=xor"}, "expected none or xor_row");
   expect_error({"hbm.stacks=3"}, "power of two");
   expect_error({"hbm.queue_entries=0"}, "positive");
+  // Cycles below 1 ps: a 1e15 Hz clock took minutes to simulate a 1,490-cycle run.
+  expect_error({"hbm.clock_hz=1000000000001"}, "hbm.clock_hz");
+  expect_error({"hbm.clock_hz=1000000000001"}, "at most 1e12");
   expect_error({"hbm.tRC=10"}, "at least tRAS + tRP");
   expect_error({"hbm.tCCD_S=1"}, "BL/2");
   expect_error({"hbm.address_mapping=row bank column"}, "needs");
