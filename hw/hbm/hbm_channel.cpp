@@ -419,6 +419,12 @@ void HbmChannel::sample(uint64_t cycle) {
                       uint64_t(queued_)});
 }
 
+void HbmChannel::keep_samples_at_multiples_of(uint64_t interval) {
+  samples_.erase(std::remove_if(samples_.begin(), samples_.end(),
+                                [interval](const ChannelSample& x) { return x.cycle % interval != 0; }),
+                 samples_.end());
+}
+
 nlohmann::json HbmChannel::stats_json(uint64_t elapsed_cycles) const {
   const uint64_t burst = cfg_->burst_bytes();
   const double cycles = double(std::max<uint64_t>(1, elapsed_cycles));
@@ -445,11 +451,15 @@ nlohmann::json HbmChannel::stats_json(uint64_t elapsed_cycles) const {
       {"latency_cycles", latency_cycles_.to_json()},
   };
   if (!samples_.empty()) {
-    nlohmann::json s = nlohmann::json::array();
-    for (const auto& x : samples_)
-      s.push_back({{"cycle", x.cycle}, {"reads", x.reads}, {"writes", x.writes}, {"activates", x.activates},
-                   {"refreshes", x.refreshes}, {"queued", x.queued}});
-    j["samples"] = std::move(s);
+    // One array per counter (a column each, ready for numpy): an object per sample
+    // cost ~2.4 KB of memory each on the way to stats.json.
+    std::vector<uint64_t> cycle, reads, writes, activates, refreshes, queued;
+    for (const auto& x : samples_) {
+      cycle.push_back(x.cycle), reads.push_back(x.reads), writes.push_back(x.writes);
+      activates.push_back(x.activates), refreshes.push_back(x.refreshes), queued.push_back(x.queued);
+    }
+    j["samples"] = {{"cycle", cycle}, {"reads", reads}, {"writes", writes}, {"activates", activates},
+                    {"refreshes", refreshes}, {"queued", queued}};
   }
   return j;
 }

@@ -76,6 +76,9 @@ class HbmChannel {
 
   void account_occupancy(uint64_t up_to_cycle);
   void sample(uint64_t cycle);
+  // Drops the samples whose cycle is not a multiple of `interval` (HbmMemory's
+  // coarsening when the samples reach their cap).
+  void keep_samples_at_multiples_of(uint64_t interval);
   const ChannelCounters& counters() const { return counters_; }
   uint64_t row_hits() const {
     return counters_.reads + counters_.writes - counters_.row_misses - counters_.row_conflicts;

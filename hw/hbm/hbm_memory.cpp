@@ -13,7 +13,8 @@ HbmMemory::HbmMemory(const HbmConfig& cfg) : cfg_(cfg), clock_(cfg.clock_hz), de
   // Channels keep a pointer to cfg_, which lives as long as they do.
   for (uint32_t i = 0; i < cfg_.channels(); ++i) channels_.emplace_back(cfg_, i);
   bursts_per_channel_.assign(cfg_.channels(), 0);
-  next_sample_ = cfg_.sample_interval_cycles;
+  sample_interval_ = cfg_.sample_interval_cycles;
+  next_sample_ = sample_interval_;
 }
 
 bool HbmMemory::try_enqueue(const mem::MemRequest& req, uint64_t now_ps) {
@@ -153,9 +154,18 @@ void HbmMemory::timeline_until(uint64_t c) {
 
 void HbmMemory::take_samples_until(uint64_t c) {
   if (tl_) timeline_until(c);
-  if (cfg_.sample_interval_cycles == 0) return;
-  for (; next_sample_ <= c; next_sample_ += cfg_.sample_interval_cycles)
+  if (sample_interval_ == 0) return;
+  while (next_sample_ <= c) {
+    if (channels_[0].samples().size() >= kMaxSamplesPerChannel) {
+      // Every channel samples at the same boundaries, so channel 0's count is all's.
+      sample_interval_ *= 2;
+      for (auto& ch : channels_) ch.keep_samples_at_multiples_of(sample_interval_);
+      next_sample_ = (next_sample_ + sample_interval_ - 1) / sample_interval_ * sample_interval_;
+      continue;
+    }
     for (auto& ch : channels_) ch.sample(next_sample_);
+    next_sample_ += sample_interval_;
+  }
 }
 
 void HbmMemory::run_cycle(uint64_t c, bool all_channels) {
@@ -243,6 +253,7 @@ nlohmann::json HbmMemory::stats_json() const {
       {"refreshes", sum.refreshes},
       {"request_latency_ps", request_latency_ps_.to_json()},
       {"burst_latency_cycles", burst_latency.to_json()},
+      {"sample_interval_cycles", sample_interval_},
       {"channels", per_channel},
   };
 }

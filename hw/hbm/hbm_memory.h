@@ -38,6 +38,11 @@ class HbmMemory final : public mem::MemoryPort {
   // a counter is written only when its value changes, so idle channels cost nothing.
   void set_timeline(timeline::Timeline* tl, const std::string& process, uint64_t cycle_ps) override;
   static constexpr uint64_t kTimelineIntervalCycles = 1024;
+  // Channel samples (sample_interval_cycles) kept per pseudo-channel: at the cap the
+  // interval doubles and every other sample goes, so a long run or a short interval
+  // still spans the whole run in bounded memory (an interval of 3 cycles on a v3-8
+  // training step was killed for memory). stats_json() reports the interval used.
+  static constexpr size_t kMaxSamplesPerChannel = 1024;
 
   // The unit-core view, in DRAM cycles.
   void tick();
@@ -81,6 +86,7 @@ class HbmMemory final : public mem::MemoryPort {
   uint64_t next_cycle_ = 0;
   uint64_t now_ps_ = 0;
   uint64_t next_sample_ = 0;
+  uint64_t sample_interval_ = 0;  // sample_interval_cycles, doubled at each coarsening
   bool every_cycle_ = false;
 
   std::vector<Slot> slots_;

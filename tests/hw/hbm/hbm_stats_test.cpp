@@ -75,6 +75,50 @@ TEST(HbmStats, TurnaroundsAreTheChangesOfKindInTheCommandStream) {
   }
 }
 
+// A sample interval that would take more than kMaxSamplesPerChannel samples doubles
+// until it does not, dropping every other sample each time: what is left is the
+// series a run sampled at the final interval from the start takes, to the sample.
+TEST(HbmStats, SamplesPastTheCapCoarsenToTheSeriesOfTheFinalInterval) {
+  auto run = [](uint64_t interval) {
+    const HbmConfig cfg = load_hbm_preset("hbm2_v3", {"hbm.stacks=1", "hbm.sample_interval_cycles=" +
+                                                                          std::to_string(interval)});
+    auto mem = std::make_unique<HbmMemory>(cfg);
+    TrafficSpec spec = TrafficSpec::defaults(Pattern::kMix, 400);
+    run_traffic(*mem, spec, cfg.capacity_bytes());
+    mem->skip(3000);
+    return mem;
+  };
+  const auto fine = run(3);
+  const uint64_t cycles = fine->cycle();
+  const uint64_t used = fine->stats_json()["sample_interval_cycles"].get<uint64_t>();
+  // 3 x 2^k, the least that keeps the run's cycles / interval samples within the cap.
+  uint64_t want = 3;
+  while (cycles / want > HbmMemory::kMaxSamplesPerChannel) want *= 2;
+  ASSERT_GT(want, 3u) << "the run is too short to reach the cap: " << cycles << " cycles";
+  EXPECT_EQ(used, want);
+  const auto direct = run(used);
+  ASSERT_EQ(direct->cycle(), cycles);  // sampling does not change the run
+  for (uint32_t i : {0u, 7u, 15u}) {
+    SCOPED_TRACE(i);
+    const auto& a = fine->channel(i).samples();
+    const auto& b = direct->channel(i).samples();
+    ASSERT_EQ(a.size(), cycles / used);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t k = 0; k < a.size(); ++k) {
+      EXPECT_EQ(a[k].cycle, (k + 1) * used);
+      EXPECT_EQ(a[k].cycle, b[k].cycle);
+      EXPECT_EQ(a[k].reads, b[k].reads);
+      EXPECT_EQ(a[k].writes, b[k].writes);
+      EXPECT_EQ(a[k].activates, b[k].activates);
+      EXPECT_EQ(a[k].queued, b[k].queued);
+    }
+  }
+  // stats.json carries them as one array per counter.
+  const auto j = fine->stats_json()["channels"][0]["samples"];
+  EXPECT_EQ(j["cycle"].size(), cycles / used);
+  EXPECT_EQ(j["reads"].back().get<uint64_t>(), fine->channel(0).samples().back().reads);
+}
+
 // The timeline's per-channel counters follow the channel samples taken at the same
 // boundaries: bandwidth = bursts in the interval x 32 B / interval, queued = queue.
 TEST(HbmStats, TimelineCountersFollowTheChannelSamples) {
