@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "compiler/compiler.h"
 #include "compiler/lower/lower.h"
@@ -15,6 +16,7 @@
 #include "hw/config/params.h"
 #include "hw/ici/topology.h"
 #include "isa/bundle/bundle_file.h"
+#include "isa/io/npy.h"
 #include "isa/io/printable.h"
 #include "sim/commands.h"
 
@@ -155,11 +157,9 @@ void add_compile_command(CLI::App& app, int& exit_code) {
         g = naming_file<compiler::CompileError>(opt->model, [&] { return compiler::build_training_graph(g, to); });
       }
       if (!opt->emit_graph.empty()) {
-        std::FILE* f = std::fopen(opt->emit_graph.c_str(), "w");
+        // Whole or not at all, like the bundle: a full disk leaves no half a graph.
         const std::string text = compiler::print_graph(g);
-        if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size())
-          throw std::runtime_error(opt->emit_graph + ": cannot write");
-        std::fclose(f);
+        io::write_file_atomic(opt->emit_graph, std::vector<uint8_t>(text.begin(), text.end()));
       }
       compiler::LowerOptions lo;
       lo.target = target_from_preset(preset);
