@@ -4,11 +4,12 @@
 // The result compiles (`tpusim compile OUT.ir`) and evaluates (`tpusim ref OUT.ir`)
 // like any graph. Exit 2 with one line on stderr for a bad model or option.
 #include <cstdio>
-#include <fstream>
 #include <string>
+#include <vector>
 
 #include "compiler/compiler.h"
 #include "compiler/train/train.h"
+#include "isa/io/npy.h"
 
 using namespace tpusim::compiler;
 
@@ -45,9 +46,8 @@ int main(int argc, char** argv) {
     parse_train_spec(train, loss, &o);
     o.replicas = replicas;
     const Graph g = build_training_graph(load_model(model), o);
-    std::ofstream f(out);
-    f << print_graph(g);
-    if (!f) throw CompileError(out + ": cannot write");
+    const std::string text = print_graph(g);
+    io::write_file_atomic(out, std::vector<uint8_t>(text.begin(), text.end()));  // whole or not at all
     std::printf("%s: training step, %zu nodes, %zu outputs -> %s\n", model.c_str(), g.nodes.size(), g.outputs.size(),
                 out.c_str());
     return 0;
