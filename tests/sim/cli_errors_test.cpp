@@ -127,7 +127,7 @@ TEST_F(RunCli, DmaFiguresOutOfRangeAreBadInput) {
 }
 
 // The chip's cycle is its period rounded to the model's 1 ps step: a clock whose
-// period that rounds by more than 1% ran off its own clock_hz without a word
+// period rounds by more than 1% ran off its own clock_hz without a word
 // (7e11 Hz ran a 1 ps cycle, 43% fast), and a non-positive one exited 1, as if
 // the program had faulted.
 TEST_F(RunCli, AChipClockTheTimeStepCannotHoldIsBadInput) {
