@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
     o.replicas = replicas;
     const Graph g = build_training_graph(load_model(model), o);
     const std::string text = print_graph(g);
-    io::write_file_atomic(out, std::vector<uint8_t>(text.begin(), text.end()));  // whole or not at all
+    tpusim::io::write_file_atomic(out, std::vector<uint8_t>(text.begin(), text.end()));  // whole or not at all
     std::printf("%s: training step, %zu nodes, %zu outputs -> %s\n", model.c_str(), g.nodes.size(), g.outputs.size(),
                 out.c_str());
     return 0;
