@@ -7,7 +7,6 @@
 
 #include "isa/asm/assembler.h"
 #include "isa/bundle/bundle_file.h"
-#include "isa/io/printable.h"
 #include "sim/commands.h"
 
 namespace tpusim::cli {
@@ -26,7 +25,7 @@ void add_asm_command(CLI::App& app, int& exit_code) {
       isa::write_bundle(opt->output, b);
       exit_code = kExitOk;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", io::one_line(e.what()).c_str());
+      print_error(e.what());
       exit_code = kExitBadInput;
     }
   });

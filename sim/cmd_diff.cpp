@@ -12,7 +12,6 @@
 #include <string>
 
 #include "isa/io/npy.h"
-#include "isa/io/printable.h"
 #include "sim/commands.h"
 
 namespace tpusim::cli {
@@ -68,7 +67,7 @@ int run_diff(const std::string& a, const std::string& b, uint64_t max_ulp) {
         if (e.path().extension() == ".npy") names.insert(e.path().filename().string());
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tpusim diff: error: %s\n", io::one_line(e.what()).c_str());
+    print_error(std::string("tpusim diff: error: ") + e.what());
     return kExitBadInput;
   }
   int differences = 0;
@@ -84,7 +83,7 @@ int run_diff(const std::string& a, const std::string& b, uint64_t max_ulp) {
       x = io::read_npy(pa);
       y = io::read_npy(pb);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "tpusim diff: error: %s\n", io::one_line(e.what()).c_str());
+      print_error(std::string("tpusim diff: error: ") + e.what());
       return kExitBadInput;
     }
     if (x.dtype != y.dtype || x.shape != y.shape) {

@@ -8,7 +8,6 @@
 
 #include "isa/asm/assembler.h"
 #include "isa/bundle/bundle_file.h"
-#include "isa/io/printable.h"
 #include "sim/commands.h"
 
 namespace tpusim::cli {
@@ -28,7 +27,7 @@ void add_disasm_command(CLI::App& app, int& exit_code) {
       std::fwrite(text.data(), 1, text.size(), stdout);
       exit_code = kExitOk;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "tpusim disasm: %s\n", io::one_line(e.what()).c_str());
+      print_error(std::string("tpusim disasm: ") + e.what());
       exit_code = kExitBadInput;
     }
   });

@@ -14,7 +14,6 @@
 #include "isa/exec/interpreter.h"
 #include "isa/exec/tensors.h"
 #include "isa/io/npy.h"
-#include "isa/io/printable.h"
 #include "sim/run/tensor_io.h"
 #include "sim/commands.h"
 
@@ -51,7 +50,7 @@ int run_ref(const RefOptions& o) {
     data = run::bind_inputs(b, o.bundle, o.inputs,
                             o.seed >= 0 ? std::optional<uint64_t>(static_cast<uint64_t>(o.seed)) : std::nullopt);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tpusim ref: error: %s\n", io::one_line(e.what()).c_str());
+    print_error(std::string("tpusim ref: error: ") + e.what());
     return kExitBadInput;
   }
   exec::Interpreter interp(b);
@@ -59,7 +58,7 @@ int run_ref(const RefOptions& o) {
     for (const auto& e : b.io)
       if (e.kind == isa::IoKind::kInput) exec::write_tensor(interp.machine(), e, data[e.name]);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tpusim ref: error: placing inputs: %s\n", io::one_line(e.what()).c_str());
+    print_error(std::string("tpusim ref: error: placing inputs: ") + e.what());
     return kExitBadInput;
   }
   exec::RunOptions ro;
@@ -67,7 +66,7 @@ int run_ref(const RefOptions& o) {
   ro.check_races = o.check_races;
   const exec::RunResult r = interp.run(ro);
   if (!r.ok()) {
-    std::fprintf(stderr, "tpusim ref: %s: %s\n", o.bundle.c_str(), io::one_line(r.message).c_str());
+    print_error("tpusim ref: " + o.bundle + ": " + r.message);
     return kExitProgramFault;
   }
   try {
@@ -78,7 +77,7 @@ int run_ref(const RefOptions& o) {
                     exec::tensor_to_npy(e, exec::read_tensor(interp.machine(), e), o.raw_bf16));
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tpusim ref: error: writing outputs: %s\n", io::one_line(e.what()).c_str());
+    print_error(std::string("tpusim ref: error: writing outputs: ") + e.what());
     return kExitBadInput;
   }
   std::fprintf(stderr, "tpusim ref: %llu instructions, outputs in %s\n",

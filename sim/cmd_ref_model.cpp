@@ -15,7 +15,6 @@
 #include "compiler/compiler.h"
 #include "isa/exec/tensors.h"
 #include "isa/io/npy.h"
-#include "isa/io/printable.h"
 #include "sim/commands.h"
 
 namespace tpusim::cli {
@@ -112,13 +111,11 @@ int run_model_reference(const ModelRefArgs& o) {
     outputs = naming_file<compiler::CompileError>(o.model, [&] { return compiler::evaluate(g, inputs, *policy); });
   } catch (const std::bad_alloc&) {
     // The reference holds every tensor of the graph at once, in host memory.
-    std::fprintf(stderr,
-                 "tpusim ref: error: %s: out of host memory (the graph reference holds every tensor of the graph "
-                 "at once)\n",
-                 io::one_line(o.model).c_str());
+    print_error("tpusim ref: error: " + o.model +
+                ": out of host memory (the graph reference holds every tensor of the graph at once)");
     return kExitBadInput;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tpusim ref: error: %s\n", io::one_line(e.what()).c_str());
+    print_error(std::string("tpusim ref: error: ") + e.what());
     return kExitBadInput;
   }
   try {
@@ -132,7 +129,7 @@ int run_model_reference(const ModelRefArgs& o) {
       io::write_npy(o.out + "/" + name + ".npy", a);
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tpusim ref: error: writing outputs: %s\n", io::one_line(e.what()).c_str());
+    print_error(std::string("tpusim ref: error: writing outputs: ") + e.what());
     return kExitBadInput;
   }
   std::fprintf(stderr, "tpusim ref: graph reference, %zu output(s) in %s\n", outputs.size(), o.out.c_str());

@@ -8,7 +8,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "isa/io/printable.h"
 #include "sim/commands.h"
 #include "sim/run/report.h"
 #include "sim/run/stats.h"
@@ -23,7 +22,7 @@ int run_report(const std::string& path) {
     fmt::print("{}", run::format_report(stats));
     return kExitOk;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tpusim report: error: %s\n", io::one_line(e.what()).c_str());
+    print_error(std::string("tpusim report: error: ") + e.what());
     return kExitBadInput;
   }
 }

@@ -32,7 +32,6 @@
 #include "isa/bundle/bundle_file.h"
 #include "isa/exec/tensors.h"
 #include "isa/io/npy.h"
-#include "isa/io/printable.h"
 #include "sim/commands.h"
 #include "sim/run/profile.h"
 #include "sim/run/report.h"
@@ -67,7 +66,7 @@ struct RunArgs {
 };
 
 int fail(int code, const std::string& message) {
-  std::fprintf(stderr, "tpusim run: error: %s\n", io::one_line(message).c_str());
+  print_error("tpusim run: error: " + message);
   return code;
 }
 

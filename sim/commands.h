@@ -2,9 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "isa/io/printable.h"
 
 namespace CLI {
 class App;
@@ -23,6 +26,10 @@ auto naming_file(const std::string& file, Step&& step) {
     throw std::runtime_error(file + ": " + e.what());
   }
 }
+
+// Every command's error: one line on stderr, control bytes of the input it names
+// (a path, a key, a file's text) shown as \xNN so none can split or end the line.
+inline void print_error(const std::string& line) { std::fprintf(stderr, "%s\n", io::one_line(line).c_str()); }
 
 // Exit codes of shared/spec/cli.md.
 inline constexpr int kExitOk = 0;

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <exception>
 
-#include "isa/io/printable.h"
 #include "sim/commands.h"
 
 int main(int argc, char** argv) {
@@ -26,7 +25,7 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : tpusim::cli::kExitBadInput;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tpusim: error: %s\n", tpusim::io::one_line(e.what()).c_str());
+    tpusim::cli::print_error(std::string("tpusim: error: ") + e.what());
     return tpusim::cli::kExitBadInput;
   }
   return exit_code;
