@@ -8,7 +8,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "compiler/compiler.h"
 #include "compiler/lower/lower.h"
@@ -17,7 +16,6 @@
 #include "hw/ici/topology.h"
 #include "isa/bundle/bundle_file.h"
 #include "isa/io/npy.h"
-#include "isa/io/printable.h"
 #include "sim/commands.h"
 
 namespace tpusim::cli {
@@ -158,8 +156,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       }
       if (!opt->emit_graph.empty()) {
         // Whole or not at all, like the bundle: a full disk leaves no half a graph.
-        const std::string text = compiler::print_graph(g);
-        io::write_file_atomic(opt->emit_graph, std::vector<uint8_t>(text.begin(), text.end()));
+        io::write_file_atomic(opt->emit_graph, compiler::print_graph(g));
       }
       compiler::LowerOptions lo;
       lo.target = target_from_preset(preset);
@@ -192,7 +189,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   opt->output.c_str());
       exit_code = kExitOk;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", io::one_line(e.what()).c_str());
+      print_error(e.what());
       exit_code = kExitBadInput;
     }
   });

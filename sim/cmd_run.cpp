@@ -261,7 +261,7 @@ int run_run(const RunArgs& a) {
     if (tl) tl->write(a.timeline);
     if (!result.critical_path.is_null()) {
       const std::string text = result.critical_path.dump(1) + "\n";
-      io::write_file_atomic(a.critical_path, std::vector<uint8_t>(text.begin(), text.end()));
+      io::write_file_atomic(a.critical_path, text);
     }
     run::write_stats(stats_path, stats);
   } catch (const std::exception& e) {

@@ -5,7 +5,6 @@
 // like any graph. Exit 2 with one line on stderr for a bad model or option.
 #include <cstdio>
 #include <string>
-#include <vector>
 
 #include "compiler/compiler.h"
 #include "compiler/train/train.h"
@@ -46,8 +45,7 @@ int main(int argc, char** argv) {
     parse_train_spec(train, loss, &o);
     o.replicas = replicas;
     const Graph g = build_training_graph(load_model(model), o);
-    const std::string text = print_graph(g);
-    tpusim::io::write_file_atomic(out, std::vector<uint8_t>(text.begin(), text.end()));  // whole or not at all
+    tpusim::io::write_file_atomic(out, print_graph(g));  // whole or not at all
     std::printf("%s: training step, %zu nodes, %zu outputs -> %s\n", model.c_str(), g.nodes.size(), g.outputs.size(),
                 out.c_str());
     return 0;

@@ -193,12 +193,14 @@ std::vector<uint8_t> read_file(const std::string& path) {
   return b;
 }
 
-void write_file_atomic(const std::string& path, const std::vector<uint8_t>& bytes) {
+namespace {
+
+void write_bytes_atomic(const std::string& path, const char* data, size_t size) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) throw std::runtime_error(path + ": cannot write: " + std::strerror(errno));
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    f.write(data, static_cast<std::streamsize>(size));
     f.flush();
     if (!f) {
       std::remove(tmp.c_str());
@@ -209,6 +211,16 @@ void write_file_atomic(const std::string& path, const std::vector<uint8_t>& byte
     std::remove(tmp.c_str());
     throw std::runtime_error(path + ": cannot rename into place: " + std::strerror(errno));
   }
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::vector<uint8_t>& bytes) {
+  write_bytes_atomic(path, reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  write_bytes_atomic(path, text.data(), text.size());
 }
 
 NpyArray read_npy(const std::string& path) {

@@ -47,6 +47,8 @@ void write_npy(const std::string& path, const NpyArray& a);
 
 // Writes a file atomically (temp name + rename); throws std::runtime_error.
 void write_file_atomic(const std::string& path, const std::vector<uint8_t>& bytes);
+// The same for text (JSON, graph IR, assembly), without copying it into bytes first.
+void write_file_atomic(const std::string& path, const std::string& text);
 // Reads a whole file; throws std::runtime_error "<path>: <strerror>".
 std::vector<uint8_t> read_file(const std::string& path);
 

@@ -196,7 +196,7 @@ std::string stats_text(const json& s) { return s.dump(2) + "\n"; }
 
 void write_stats(const std::string& path, const json& s) {
   const std::string text = stats_text(s);
-  io::write_file_atomic(path, std::vector<uint8_t>(text.begin(), text.end()));
+  io::write_file_atomic(path, text);
 }
 
 json read_stats(const std::string& path) {

@@ -155,7 +155,7 @@ std::vector<std::string> materialise(uint64_t seed, const std::string& dir, std:
   const auto p = randprog::generate(seed, gen_options(seed));
   fs::create_directories(dir);
   const std::string src = dir + "/prog.s";
-  io::write_file_atomic(src, std::vector<uint8_t>(p.assembly.begin(), p.assembly.end()));
+  io::write_file_atomic(src, p.assembly);
   std::vector<std::string> args;
   for (const auto& [name, arr] : p.inputs) {
     io::write_npy(dir + "/" + name + ".npy", arr);

@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   try {
     std::filesystem::create_directories(out);
     const auto p = tpusim::randprog::generate(seed, opt);
-    tpusim::io::write_file_atomic(out + "/prog.s", std::vector<uint8_t>(p.assembly.begin(), p.assembly.end()));
+    tpusim::io::write_file_atomic(out + "/prog.s", p.assembly);
     for (const auto& [name, arr] : p.inputs) {
       tpusim::io::write_npy(out + "/" + name + ".npy", arr);
       std::printf("--input %s=%s/%s.npy ", name.c_str(), out.c_str(), name.c_str());
