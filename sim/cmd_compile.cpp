@@ -1,5 +1,6 @@
 // `tpusim compile MODEL --preset NAME -o BUNDLE [--batch N] [--precision default|bf16]
-// [--cores N] [--replicas N [--batched NAME,..] [--collective auto|ring|bidir-ring|torus|hierarchical]] [--infeed]`:
+// [--cores N] [--replicas N [--batched NAME,..] [--collective auto|ring|bidir-ring|torus|hierarchical]] [--infeed]
+// [--set KEY=VALUE]...`:
 // a model (.onnx or graph IR text) lowered to a program bundle for the preset's
 // TensorCores (compiler/lower, docs/codegen.md; replicas: its "Replicas" section).
 #include <CLI/CLI.hpp>
@@ -14,6 +15,7 @@
 #include "compiler/train/train.h"
 #include "hw/config/params.h"
 #include "hw/ici/topology.h"
+#include "hw/mxu/mxu_params.h"
 #include "isa/bundle/bundle_file.h"
 #include "isa/io/npy.h"
 #include "sim/commands.h"
@@ -56,6 +58,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int onchip_when_needed = 1;
     int deferred_sends = 1;
     std::vector<std::string> batched;
+    std::vector<std::string> sets;  // --set KEY=VALUE, as `tpusim run` takes them
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
     bool infeed = false;
     bool explain = false;
@@ -64,6 +67,10 @@ void add_compile_command(CLI::App& app, int& exit_code) {
   cmd->add_option("model", opt->model, "Model: .onnx or graph IR text")->required();
   cmd->add_option("--preset", opt->preset, "Chip preset (tpusim presets)")->required();
   cmd->add_option("-o,--output", opt->output, "Bundle file to write")->required();
+  // The bundle is built for the preset's MXU shape, memories and board, so a
+  // what-if array size has to reach the compiler too, not only `tpusim run`.
+  cmd->add_option("--set", opt->sets,
+                  "Override a preset parameter, KEY=VALUE (repeatable), as for `tpusim run`; give the run the same");
   cmd->add_option("--batch", opt->batch, "Batch size (must equal the model's for now)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--precision", opt->precision, "Precision policy: default | bf16");
@@ -130,7 +137,10 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     try {
       const auto policy = num::parse_precision_policy(opt->precision);
       if (!policy) throw std::runtime_error("--precision: '" + opt->precision + "' is not default or bf16");
-      const config::Params preset = config::load_preset(opt->preset);
+      const config::Params preset = config::load_preset(opt->preset, opt->sets);
+      // A shape the MXU cannot take is the preset's fault: say so, naming it, before
+      // the model is read (the target check would blame the model).
+      for (int64_t i = 0; i < preset.get_int("core.mxu.count"); ++i) hw::mxu::MxuParams::from_config(preset, int(i));
       const int per_chip = static_cast<int>(preset.get_int("cores_per_chip"));
       const int board_chips = static_cast<int>(preset.get_int("system.chips"));
       if (opt->cores > per_chip && board_chips > 1 && opt->replicas == 1) {

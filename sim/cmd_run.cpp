@@ -231,7 +231,6 @@ int run_run(const RunArgs& a) {
   f.mode = a.mode;
   f.clock_hz = clock_hz;
   f.cycles = result.cycles;
-  f.flops = result.flops;
   f.peak_flops_per_s = config::peak_figures(preset).flops_per_s;
   f.hbm_bytes_read = result.hbm_bytes_read;
   f.hbm_bytes_written = result.hbm_bytes_written;
@@ -247,8 +246,12 @@ int run_run(const RunArgs& a) {
     for (const auto& [id, name] : bundle.op_names) names["op " + std::to_string(id)] = "op " + std::to_string(id) + ": " + name;
     tl->rename_slices(std::move(names));
   }
-  const nlohmann::json profile = run::fold_profiles(f.units, result.cycles, bundle.op_names);
+  const nlohmann::json profile = run::fold_profiles(f.units, result.cycles, bundle.op_names, bundle.op_flops);
   f.ops = profile["ops"];
+  // The ops' FLOPs: the model's where the bundle says (the MXU counts padded
+  // tiles), else the MXUs' own count, which result.flops is.
+  f.flops = 0;
+  for (const auto& op : f.ops) f.flops += op["flops"].get<uint64_t>();
   f.time_by_cause = profile["time_by_cause"];
   // The summary without its segments, which go to the --critical-path file only
   // (not copied: a pod's path has tens of thousands).

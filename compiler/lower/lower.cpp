@@ -310,6 +310,7 @@ LowerResult lower_graph(const Graph& graph, const LowerOptions& options) {
     LowerResult r = lower_replicated(graph, options);
     record_vmem_plan(r.bundle);
     record_op_names(r.bundle, graph);
+    record_op_flops(r.bundle, graph);
     return r;
   }
   Graph g = graph;
@@ -323,6 +324,7 @@ LowerResult lower_graph(const Graph& graph, const LowerOptions& options) {
   LowerResult r = e.run();
   record_vmem_plan(r.bundle);  // after assembly: the plan is read off the final code
   record_op_names(r.bundle, g);  // after the passes: fused members are marked
+  record_op_flops(r.bundle, g);
   return r;
 }
 

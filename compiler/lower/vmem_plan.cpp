@@ -128,4 +128,33 @@ void record_op_names(isa::Bundle& bundle, const Graph& graph) {
   }
 }
 
+void record_op_flops(isa::Bundle& bundle, const Graph& graph) {
+  std::set<int32_t> used;
+  for (const auto& p : bundle.cores)
+    for (const auto& in : p.code) used.insert(in.op_id);
+  const std::map<std::string, TensorType> types = graph.types();
+  auto elements = [](const Shape& s) {
+    uint64_t n = 1;
+    for (int64_t d : s) n *= static_cast<uint64_t>(d);
+    return n;
+  };
+  bundle.op_flops.clear();
+  for (const Node& n : graph.nodes) {
+    if (!used.count(n.id)) continue;
+    const Shape& out = n.type.shape;
+    if (n.op == OpKind::kMatmul && out.size() >= 2) {
+      // Every output element is a K-long dot product (batch dims included).
+      const Shape& a = types.at(n.inputs[0]).shape;
+      const bool ta = n.has_attr("trans_a") && n.attr_int("trans_a");
+      const uint64_t k = static_cast<uint64_t>(ta ? a[a.size() - 2] : a[a.size() - 1]);
+      bundle.op_flops[n.id] = 2 * elements(out) * k;
+    } else if (n.op == OpKind::kConv2d) {
+      // Every output element sums its group's Cin/G channels over the KH x KW taps
+      // (OIHW weights: dims 1..3), padding taps included as the graph defines them.
+      const Shape& w = types.at(n.inputs[1]).shape;
+      bundle.op_flops[n.id] = 2 * elements(out) * static_cast<uint64_t>(w[1] * w[2] * w[3]);
+    }
+  }
+}
+
 }  // namespace tpusim::compiler

@@ -23,4 +23,11 @@ void record_vmem_plan(isa::Bundle& bundle);
 // control character) become '_'.
 void record_op_names(isa::Bundle& bundle, const Graph& graph);
 
+// The model FLOPs of each op id of the bundle's code whose node runs on the MXUs
+// (matmul, conv2d): 2 per multiply-accumulate of its unpadded operands, over all
+// replicas and cores. The MXU itself only sees padded tiles (8-row LHS vregs, C
+// result columns, a depthwise conv's one column of 128), so stats.json's `flops`
+// and MXU utilization take these (docs/cli.md), as a profiler counts an HLO's.
+void record_op_flops(isa::Bundle& bundle, const Graph& graph);
+
 }  // namespace tpusim::compiler

@@ -807,6 +807,15 @@ void Assembler::directive(const std::vector<Token>& t) {
       if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) error(t.back(), "control character in an op name");
     if (!bundle_.op_names.emplace(static_cast<int32_t>(id), name).second)
       error(t[1], "op " + std::to_string(id) + " already has a name");
+  } else if (d == ".opflops") {
+    // The model FLOPs of the graph op behind an op id: .opflops N F (stats' flops).
+    if (t.size() < 3) error(t[0], "usage: .opflops N FLOPS");
+    const int64_t id = full_expr(t, {1, 2});
+    if (id < 0 || id > INT32_MAX) error(t[1], "op id out of range (0..2^31-1)");
+    const int64_t flops = full_expr(t, {2, t.size()});
+    if (flops < 0) error(t[2], "FLOPs must be non-negative");
+    if (!bundle_.op_flops.emplace(static_cast<int32_t>(id), static_cast<uint64_t>(flops)).second)
+      error(t[1], "op " + std::to_string(id) + " already has FLOPs");
   } else if (d == ".input") {
     io_directive(t, IoKind::kInput);
   } else if (d == ".output") {
@@ -1022,6 +1031,7 @@ std::string print_bundle(const Bundle& b, bool pcs) {
     o << "\n";
   }
   for (const auto& [id, name] : b.op_names) o << ".opname " << id << " \"" << name << "\"\n";
+  for (const auto& [id, flops] : b.op_flops) o << ".opflops " << id << " " << flops << "\n";
   for (const auto& p : b.cores) {
     o << "\n.core chip" << p.chip << ".core" << p.core << "\n";
     for (const auto& v : p.vmem_plan)

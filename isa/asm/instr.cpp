@@ -243,6 +243,8 @@ std::string check_bundle(const Bundle& b) {
       if (ch == '"' || static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
         return "op " + std::to_string(id) + ": name holds a quote or a control character";
   }
+  for (const auto& [id, flops] : b.op_flops)
+    if (id < 0) return "op FLOPs for a negative op id " + std::to_string(id);
   std::set<std::string> names;
   for (const auto& e : b.io) {
     const std::string what = std::string(io_kind_name(e.kind)) + " '" + e.name + "'";

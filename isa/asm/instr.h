@@ -304,8 +304,13 @@ struct Bundle {
   // Optional names of the graph ops behind the op ids (`.opname`), for timelines;
   // printable text without '"', at most kMaxOpNameBytes bytes.
   std::map<int32_t, std::string> op_names;
+  // Optional model FLOPs of the graph op behind an op id (`.opflops`): 2 per
+  // multiply-accumulate of its unpadded operands. The MXU sees only padded tiles
+  // (8-row LHS vregs, C result columns), so this is where stats.json's `flops`
+  // comes from for the ops that carry it (docs/cli.md).
+  std::map<int32_t, uint64_t> op_flops;
   bool operator==(const Bundle& o) const {
-    return target == o.target && cores == o.cores && io == o.io && op_names == o.op_names;
+    return target == o.target && cores == o.cores && io == o.io && op_names == o.op_names && op_flops == o.op_flops;
   }
 };
 inline constexpr size_t kMaxOpNameBytes = 256;

@@ -92,8 +92,10 @@ std::vector<uint8_t> serialize_bundle(const Bundle& b) {
   // Version 2 sections: the cores' VMEM plans and the op name table.
   bool plan = !b.op_names.empty();
   for (const auto& p : b.cores) plan |= !p.vmem_plan.empty();
+  const bool flops = !b.op_flops.empty();
+  plan |= flops;  // version 3 has version 2's sections too
   for (char c : kBundleMagic) w.u8(static_cast<uint8_t>(c));
-  w.u32(plan ? kBundleVersion : kBundleVersionNoPlan);
+  w.u32(flops ? kBundleVersionFlops : plan ? kBundleVersion : kBundleVersionNoPlan);
   const Target& t = b.target;
   w.u32(t.chips);
   w.u32(t.cores_per_chip);
@@ -154,6 +156,13 @@ std::vector<uint8_t> serialize_bundle(const Bundle& b) {
       w.str(name);
     }
   }
+  if (flops) {
+    w.u32(static_cast<uint32_t>(b.op_flops.size()));
+    for (const auto& [id, n] : b.op_flops) {
+      w.u32(static_cast<uint32_t>(id));
+      w.u64(n);
+    }
+  }
   // Trailer: total length, so truncation at any section boundary is detected.
   w.u64(w.out.size() + 8);
   return std::move(w.out);
@@ -168,9 +177,9 @@ Bundle parse_bundle(const std::vector<uint8_t>& bytes, const std::string& name) 
                                       : ""));
   for (int i = 0; i < 8; ++i) r.u8("magic");
   const uint32_t version = r.u32("version");
-  if (version != kBundleVersion && version != kBundleVersionNoPlan)
+  if (version != kBundleVersionFlops && version != kBundleVersion && version != kBundleVersionNoPlan)
     throw BundleError(name + ": bundle format version " + std::to_string(version) + ", this tpusim reads versions " +
-                      std::to_string(kBundleVersionNoPlan) + " and " + std::to_string(kBundleVersion) +
+                      std::to_string(kBundleVersionNoPlan) + " to " + std::to_string(kBundleVersionFlops) +
                       " (re-assemble or re-compile it)");
   Bundle b;
   Target& t = b.target;
@@ -251,6 +260,14 @@ Bundle parse_bundle(const std::vector<uint8_t>& bytes, const std::string& name) 
       const auto id = static_cast<int32_t>(r.u32("op name table"));
       std::string name = r.str("op name table");
       if (!b.op_names.emplace(id, std::move(name)).second) r.fail("op " + std::to_string(id) + " named twice");
+    }
+  }
+  if (version >= 3) {
+    const uint64_t n = r.count("op FLOPs table", 12);
+    for (uint64_t i = 0; i < n; ++i) {
+      const auto id = static_cast<int32_t>(r.u32("op FLOPs table"));
+      if (!b.op_flops.emplace(id, r.u64("op FLOPs table")).second)
+        r.fail("op " + std::to_string(id) + " has FLOPs twice");
     }
   }
   const uint64_t total = r.u64("trailer");

@@ -14,8 +14,10 @@ namespace tpusim::isa {
 
 inline constexpr char kBundleMagic[8] = {'T', 'P', 'U', 'S', 'I', 'M', 'B', 0x1A};
 // Version 2 adds each core's VMEM plan and the op name table (docs/isa.md,
-// "Bundle file"). A bundle with neither is written as version 1, so tools that read only version 1
-// still read it; this tpusim reads both.
+// "Bundle file"), version 3 the op FLOPs table after them. A bundle is written at
+// the lowest version that holds what it carries, so tools that read only an older
+// version still read it; this tpusim reads all three.
+inline constexpr uint32_t kBundleVersionFlops = 3;
 inline constexpr uint32_t kBundleVersion = 2;
 inline constexpr uint32_t kBundleVersionNoPlan = 1;
 

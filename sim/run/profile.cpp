@@ -30,7 +30,8 @@ uint64_t take(uint64_t& from, uint64_t want) {
 
 }  // namespace
 
-json fold_profiles(json& units, uint64_t run_cycles, const std::map<int32_t, std::string>& node_names) {
+json fold_profiles(json& units, uint64_t run_cycles, const std::map<int32_t, std::string>& node_names,
+                   const std::map<int32_t, uint64_t>& op_flops) {
   std::map<int64_t, json> ops;  // id -> folded entry
   json time = json::object();
   std::vector<std::string> profiled;
@@ -44,7 +45,7 @@ json fold_profiles(json& units, uint64_t run_cycles, const std::map<int32_t, std
       json& f = ops[id];
       if (f.is_null()) {
         f = {{"id", id}, {"name", id >= 0 ? "op " + std::to_string(id) : std::string("unmarked")},
-             {"cycles", 0}, {"core_cycles", 0}, {"cores", 0}, {"flops", 0}};
+             {"cycles", 0}, {"core_cycles", 0}, {"cores", 0}, {"flops", 0}, {"mxu_flops", 0}};
         for (const char* k : kSum) f[k] = 0;
         for (const char* c : kCauses) f["stall_cycles"][c] = 0;
         if (id < 0) f["id"] = "unmarked";
@@ -54,7 +55,7 @@ json fold_profiles(json& units, uint64_t run_cycles, const std::map<int32_t, std
       f["cycles"] = std::max(f["cycles"].get<uint64_t>(), cycles);
       f["core_cycles"] = f["core_cycles"].get<uint64_t>() + cycles;
       f["cores"] = f["cores"].get<uint64_t>() + 1;
-      f["flops"] = f["flops"].get<uint64_t>() + 2 * u(op, "macs");
+      f["mxu_flops"] = f["mxu_flops"].get<uint64_t>() + 2 * u(op, "macs");
       for (const char* k : kSum) f[k] = f[k].get<uint64_t>() + u(op, k);
       for (const char* c : kCauses)
         f["stall_cycles"][c] = f["stall_cycles"][c].get<uint64_t>() + u(op, ("stall_" + std::string(c) + "_cycles").c_str());
@@ -92,6 +93,8 @@ json fold_profiles(json& units, uint64_t run_cycles, const std::map<int32_t, std
   for (auto& [id, f] : ops) {
     // plot.py's schema needs positive cycles; every op the sequencer met took at least one.
     if (f["cycles"].get<uint64_t>() == 0) f["cycles"] = 1;
+    const auto model = op_flops.find(static_cast<int32_t>(id));
+    f["flops"] = id >= 0 && model != op_flops.end() ? json(model->second) : f["mxu_flops"];
     list.push_back(std::move(f));
   }
   return {{"ops", list}, {"time_by_cause", time}};

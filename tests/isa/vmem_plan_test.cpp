@@ -87,6 +87,36 @@ TEST(VmemPlan, OpNamesRoundTripAndAreVersion2) {
       << load_error(bad);
 }
 
+// Op FLOPs (`.opflops`): text and file round trips, version 3 only when present
+// (a bundle without them keeps the version older readers take), every truncation
+// of the new section an error, and the directive's own errors.
+TEST(VmemPlan, OpFlopsRoundTripAndAreVersion3) {
+  const char* text = ".opname 3 \"matmul %h\"\n.opflops 3 1920000\n.opflops 7 1099511627776 + 2\n.core 0\n  op 3\n  halt\n";
+  const Bundle b = assemble(text, "p.s");
+  const std::map<int32_t, uint64_t> want = {{3, 1920000}, {7, (uint64_t(1) << 40) + 2}};
+  EXPECT_EQ(b.op_flops, want);
+  const std::string printed = print_bundle(b);
+  EXPECT_NE(printed.find(".opflops 7 1099511627778\n"), std::string::npos) << printed;
+  EXPECT_EQ(assemble(printed, "p.s").op_flops, want);
+  EXPECT_EQ(print_bundle(assemble(printed, "p.s")), printed);
+  const auto bytes = serialize_bundle(b);
+  EXPECT_EQ(version_of(bytes), 3u);
+  EXPECT_TRUE(parse_bundle(bytes, "b.tpb") == b);
+  Bundle named = b;
+  named.op_flops.clear();
+  EXPECT_EQ(version_of(serialize_bundle(named)), 2u);
+  // The section is the last before the trailer: cut anywhere in it, the file is bad.
+  for (size_t n = bytes.size() - 8 - 4 - 2 * 12; n < bytes.size(); ++n) {
+    std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
+    EXPECT_EQ(load_error(cut).rfind("b.tpb: bad bundle: ", 0), 0u) << n << ": " << load_error(cut);
+  }
+  EXPECT_NE(asm_error(".opflops 1 5\n.opflops 1 6\n").find("t.s:2:10: error: op 1 already has FLOPs"),
+            std::string::npos)
+      << asm_error(".opflops 1 5\n.opflops 1 6\n");
+  EXPECT_NE(asm_error(".opflops 1 -5\n").find("FLOPs must be non-negative"), std::string::npos);
+  EXPECT_NE(asm_error(".opflops 1\n").find("usage: .opflops N FLOPS"), std::string::npos);
+}
+
 TEST(VmemPlan, BundlesWithoutAPlanStayVersion1) {
   const char* plain = ".core 0\n  op 1\n  halt\n";
   const auto bytes = serialize_bundle(assemble(plain, "p.s"));
@@ -123,8 +153,8 @@ TEST(VmemPlan, BadPlansAreOneLineErrors) {
     EXPECT_EQ(load_error(cut).rfind("b.tpb: bad bundle: ", 0), 0u) << n << ": " << load_error(cut);
   }
   bad = bytes;
-  bad[8] = 3;
-  EXPECT_NE(load_error(bad).find("b.tpb: bundle format version 3, this tpusim reads versions 1 and 2"),
+  bad[8] = 4;
+  EXPECT_NE(load_error(bad).find("b.tpb: bundle format version 4, this tpusim reads versions 1 to 3"),
             std::string::npos);
 }
 

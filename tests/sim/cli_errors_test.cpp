@@ -392,6 +392,60 @@ TEST_F(RunCli, DeadlockExitsOne) {
   expect_error(c, 1, {"f3"});
 }
 
+// A what-if array size reaches the compiler too: `compile --set` builds the bundle
+// for the overridden MXU shape, the run with the same --set gives the functional
+// reference's values bit for bit and the same real FLOPs (2 M K N, the shape does
+// not change the work), the preset without it refuses the bundle, and a shape the
+// ISA cannot take (past a vreg's 128 lanes) is the preset's one-line error on
+// `presets` and `compile`, with no bundle written.
+TEST_F(RunCli, CompileTakesTheRunsSetsSoAWhatIfArrayRuns) {
+  const std::string model = dir_ + "/mm.ir";
+  std::ofstream(model) << "graph mm {\n  input %x : f32[16,300]\n  input %w : f32[300,200]\n"
+                          "  %h = matmul(%x, %w) {} : f32[16,200] #0\n  output %h\n}\n";
+  const std::vector<std::string> sets = {"--set", "core.mxu.rows=64", "--set", "core.mxu.cols=64"};
+  auto with_sets = [&](std::vector<std::string> args) {
+    args.insert(args.end(), sets.begin(), sets.end());
+    return args;
+  };
+  const std::string bundle = dir_ + "/mm64.tpb";
+  Completed c = tpusim(with_sets({"compile", model, "--preset", "v4", "-o", bundle}));
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  c = tpusim({"disasm", bundle});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_NE(c.out.find("mxu_rows=64 mxu_cols=64"), std::string::npos) << c.out.substr(0, 200);
+
+  c = tpusim(with_sets({"run", bundle, "--preset", "v4", "--random-inputs", "3", "--out", out(), "-q"}));
+  if (chip_model_missing(c)) GTEST_SKIP() << c.err;
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  // The model's FLOPs; the arrays ran 8-row LHS vregs by whole 64-column tiles
+  // (200 -> 256 columns), which the op's mxu_flops counts.
+  const nlohmann::json stats = run::read_stats(out() + "/stats.json");
+  EXPECT_EQ(stats["flops"].get<uint64_t>(), 2u * 16 * 300 * 200);
+  ASSERT_EQ(stats["ops"].size(), 1u);
+  EXPECT_EQ(stats["ops"][0]["flops"].get<uint64_t>(), 2u * 16 * 300 * 200);
+  EXPECT_EQ(stats["ops"][0]["mxu_flops"].get<uint64_t>(), 2u * 16 * 300 * 256);
+  c = tpusim({"ref", bundle, "--random-inputs", "3", "--out", dir_ + "/ref"});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  c = tpusim({"diff", dir_ + "/ref", out()});
+  EXPECT_EQ(c.exit_code, 0) << c.out << c.err;
+
+  c = tpusim({"run", bundle, "--preset", "v4", "--random-inputs", "3", "--out", dir_ + "/plain"});
+  EXPECT_EQ(c.exit_code, 2) << c.err;
+  EXPECT_NE(c.err.find("MXU 64x64, the preset's is 128x128"), std::string::npos) << c.err;
+
+  const std::string too_wide = dir_ + "/mm256.tpb";
+  c = tpusim({"compile", model, "--preset", "v4", "-o", too_wide, "--set", "core.mxu.rows=256"});
+  EXPECT_EQ(c.exit_code, 2) << c.err;
+  EXPECT_EQ(testing::count_lines(c.err), 1) << c.err;
+  EXPECT_NE(c.err.find("v4.yaml: core.mxu: rows=256 must be a multiple of 8 in 8..128"), std::string::npos) << c.err;
+  EXPECT_FALSE(fs::exists(too_wide));
+  c = tpusim({"presets", "v4", "--set", "core.mxu.cols=136"});
+  EXPECT_EQ(c.exit_code, 2) << c.err;
+  EXPECT_EQ(testing::count_lines(c.err), 1) << c.err;
+  EXPECT_NE(c.err.find("cols=136 must be a multiple of 8 in 8..128"), std::string::npos) << c.err;
+  EXPECT_EQ(c.out.find("peak bf16"), std::string::npos) << c.out;
+}
+
 // Op ids are any non-negative 32-bit value: the largest runs and is profiled under
 // its own id (the per-op profile used to be a vector sized by the id, and a run
 // died in the SystemC kernel); a negative one is refused when assembling.

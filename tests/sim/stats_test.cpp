@@ -241,6 +241,7 @@ TEST(Profile, FoldsOpsOverCoresAndTimeByCauseSumsToTheRun) {
   EXPECT_EQ(op3["core_cycles"], 1300u);  // 600 + 700
   EXPECT_EQ(op3["cores"], 2u);
   EXPECT_EQ(op3["flops"], 8000u);  // 2 x (1000 + 3000)
+  EXPECT_EQ(op3["mxu_flops"], 8000u);
   EXPECT_EQ(op3["hbm_bytes"], 12288u);
   EXPECT_EQ(op3["stall_cycles"]["hbm"], 400u);
   EXPECT_EQ(op3["stall_cycles"]["infeed"], 50u);
@@ -253,6 +254,18 @@ TEST(Profile, FoldsOpsOverCoresAndTimeByCauseSumsToTheRun) {
   // 50: they come out of sync (40 -> 10). compute 700 - 100 - 80 - 10 = 510.
   const json& t1 = p["time_by_cause"]["chip0.core1"];
   EXPECT_EQ(t1, (json{{"compute", 510}, {"hbm", 100}, {"infeed", 80}, {"sync", 10}, {"idle", 300}}));
+}
+
+// With the bundle's op FLOPs an op's flops are the model's, once for all its cores;
+// mxu_flops keeps the arrays' padded count; an op without an entry keeps the MXUs'.
+TEST(Profile, TheBundlesOpFlopsReplaceThePaddedCount) {
+  json units = two_core_units();
+  const json p = fold_profiles(units, 1000, {}, {{3, 2500}, {9, 77}});
+  ASSERT_EQ(p["ops"].size(), 2u);
+  EXPECT_EQ(p["ops"][0]["flops"], 2500u);
+  EXPECT_EQ(p["ops"][0]["mxu_flops"], 8000u);
+  EXPECT_EQ(p["ops"][1]["flops"], 0u);  // op 4: no entry, no MXU work
+  EXPECT_EQ(p["ops"][1]["mxu_flops"], 0u);
 }
 
 TEST(Profile, StatsWithOpsPassTheCheckAndBadOnesAreNamed) {

@@ -186,6 +186,9 @@ TEST(DpLower, MlpBatchSplitEqualsTheWholeBatchReference) {
     for (size_t k = 0; k < whole.at("y").f.size(); ++k) ASSERT_EQ(bits(whole.at("y").f[k]), bits(rep.at("y").f[k]));
     for (PrecisionPolicy p : {PrecisionPolicy::kDefault, PrecisionPolicy::kBf16})
       expect_replicated_bit_exact(ir, p, kV38, R);
+    // The op FLOPs are the whole batch's, once, not each replica's padded tiles.
+    const std::map<int32_t, uint64_t> flops = {{0, 2ull * 8 * R * 40 * 48}, {2, 2ull * 8 * R * 48 * 10}};
+    EXPECT_EQ(lower_graph(g, board_options(kV38, R)).bundle.op_flops, flops);
   }
 }
 

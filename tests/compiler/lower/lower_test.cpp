@@ -330,6 +330,48 @@ TEST(LowerGraph, WorkSplitAcrossCores) {
                      PrecisionPolicy::kDefault, target(1, 32, 32), 1, cores);
 }
 
+// The bundle's op FLOPs are the model's, 2 per multiply-accumulate of the unpadded
+// operands (the closed forms below), not the MXU's padded tiles: the same on any
+// array size and however many cores share the work; ops off the MXU have none.
+TEST(LowerGraph, OpFlopsAreTheModelsNotThePaddedTiles) {
+  auto flops_of = [](const std::string& ir, const isa::Target& t, int cores = 1) {
+    LowerOptions lo;
+    lo.target = t;
+    lo.cores = cores;
+    return lower_graph(parse_graph(ir, "test.ir"), lo).bundle.op_flops;
+  };
+  using Flops = std::map<int32_t, uint64_t>;
+  for (const isa::Target& t : {target(1, 128, 128), target(4, 32, 32), target(2, 8, 8)}) {
+    EXPECT_EQ(flops_of(matmul_ir(13, 200, 70), t), (Flops{{0, 2ull * 13 * 200 * 70}}));
+    EXPECT_EQ(flops_of(matmul_ir(9, 45, 37, "trans_a=1", true, false), t), (Flops{{0, 2ull * 9 * 45 * 37}}));
+    EXPECT_EQ(flops_of(matmul_ir(9, 45, 37, "beta=2, trans_b=1", false, true, "[9,37]"), t),
+              (Flops{{0, 2ull * 9 * 45 * 37}}));
+  }
+  // Batch broadcast: [3,1,6,9] x [2,9,5] is 3 x 2 products of 6 x 9 by 9 x 5.
+  EXPECT_EQ(flops_of("graph mm {\n  input %a : f32[3,1,6,9]\n  input %b : f32[2,9,5]\n"
+                     "  %y = matmul(%a, %b) {} : f32[3,2,6,5] #4\n  output %y\n}\n",
+                     target(2, 8, 8)),
+            (Flops{{4, 2ull * 3 * 2 * 6 * 9 * 5}}));
+  // Convolutions: output elements x taps x input channels of the group.
+  EXPECT_EQ(flops_of(conv_ir("[2,6,9,8]", "[5,6,5,5]", "[2,5,4,4]",
+                             "dilations=[1,1], groups=1, pads=[2,1,1,2], strides=[2,2]"),
+                     target(2, 32, 32)),
+            (Flops{{1, 2ull * (2 * 5 * 4 * 4) * (6 * 5 * 5)}}));
+  EXPECT_EQ(flops_of(conv_ir("[2,6,5,5]", "[4,3,3,3]", "[2,4,5,5]",
+                             "dilations=[1,1], groups=2, pads=[1,1,1,1], strides=[1,1]", "[4]"),
+                     target(1, 16, 16)),
+            (Flops{{1, 2ull * (2 * 4 * 5 * 5) * (3 * 3 * 3)}}));
+  EXPECT_EQ(flops_of(conv_ir("[1,5,7,7]", "[5,1,3,3]", "[1,5,4,4]",
+                             "dilations=[1,1], groups=5, pads=[1,1,1,1], strides=[2,2]", "[5]"),
+                     target(1, 8, 8)),
+            (Flops{{1, 2ull * (1 * 5 * 4 * 4) * (1 * 3 * 3)}}));
+  // Several ops, the work split over cores: only the matmul has FLOPs, counted once.
+  const std::string mlp = "graph mlp {\n  input %x : f32[40,70]\n  input %w : f32[70,24]\n"
+                          "  %h = matmul(%x, %w) {} : f32[40,24] #0\n  %r = gelu(%h) {} : f32[40,24] #1\n"
+                          "  %s = softmax(%r) {axis=1} : f32[40,24] #3\n  output %s\n}\n";
+  for (int cores : {1, 3}) EXPECT_EQ(flops_of(mlp, target(2, 16, 16), cores), (Flops{{0, 2ull * 40 * 70 * 24}}));
+}
+
 TEST(LowerGraph, UnsupportedOpIsAClearError) {
   LowerOptions lo;
   // A graph larger than the target's HBM.
