@@ -52,6 +52,15 @@ std::string format_report(const nlohmann::json& s) {
   r += fmt::format("  MXU throughput  : {:.3f} TFLOPS of {:.1f} TFLOPS peak ({} FLOP)\n", achieved / 1e12,
                    peak / 1e12, flops);
   r += fmt::format("  MXU utilization : {:.2f}%\n", util * 100.0);
+  // What the arrays ran beyond the model's FLOPs: whole tiles (8 LHS rows, every
+  // column) where the shapes do not fill them, a reason an MXU looks idle.
+  uint64_t array_flops = 0;
+  if (s.contains("ops"))
+    for (const auto& op : s["ops"])
+      if (op.contains("mxu_flops")) array_flops += op["mxu_flops"].get<uint64_t>();
+  if (array_flops > flops && flops > 0)
+    r += fmt::format("  MXU array work  : {} FLOP, {:.2f}x the model's (tiles padded to 8 rows and every column)\n",
+                     array_flops, double(array_flops) / double(flops));
   const double hbm_rate = seconds > 0 ? double(rd + wr) / seconds : 0.0;
   r += fmt::format("  HBM traffic     : {} read, {} written ({}/s of {}/s peak)\n", si(double(rd), "B"),
                    si(double(wr), "B"), si(hbm_rate, "B"), si(hbm_peak, "B"));

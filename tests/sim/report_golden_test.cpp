@@ -170,6 +170,13 @@ TEST_F(ReportGolden, CompiledModelProfileAddsUpAndTimelineValidates) {
   }
   // Every MAC and every HBM byte belongs to exactly one op.
   EXPECT_EQ(flops, s["flops"].get<uint64_t>());
+  // The model's FLOPs, and the arrays' padded work: 8 rows a core, N = 200 in two
+  // 128-column tiles; the report says how much more that is.
+  EXPECT_EQ(flops, 2u * 16 * 300 * 200);
+  uint64_t array_flops = 0;
+  for (const auto& op : s["ops"]) array_flops += op["mxu_flops"].get<uint64_t>();
+  EXPECT_EQ(array_flops, 2u * 16 * 300 * 256);
+  EXPECT_NE(c.out.find("  MXU array work  : 2457600 FLOP, 1.28x the model's"), std::string::npos) << c.out;
   EXPECT_EQ(hbm, s["hbm"]["bytes_read"].get<uint64_t>() + s["hbm"]["bytes_written"].get<uint64_t>());
   // Op time over all cores is each core's non-idle time.
   uint64_t busy = 0;
