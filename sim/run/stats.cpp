@@ -84,6 +84,8 @@ void check_profile(std::vector<std::string>& p, const json& s) {
         if (!id_ok) p.push_back("key " + where + "id is not a non-negative integer or a string");
         require(p, op, where, "name", &json::is_string, "a string");
         require(p, op, where, "flops", &json::is_number_unsigned, "an unsigned integer");
+        if (op.contains("mxu_flops") && !op["mxu_flops"].is_number_unsigned())  // optional: older files lack it
+          p.push_back("key " + where + "mxu_flops is not an unsigned integer");
         require(p, op, where, "hbm_bytes", &json::is_number_unsigned, "an unsigned integer");
         require(p, op, where, "cycles", &json::is_number_unsigned, "an unsigned integer");
         if (op.contains("cycles") && op["cycles"].is_number_unsigned() && op["cycles"].get<uint64_t>() == 0)

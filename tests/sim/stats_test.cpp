@@ -288,6 +288,13 @@ TEST(Profile, StatsWithOpsPassTheCheckAndBadOnesAreNamed) {
   bad["ops"][1].erase("hbm_bytes");
   ASSERT_FALSE(check_stats(bad).empty());
   EXPECT_NE(check_stats(bad).front().find("ops[1].hbm_bytes"), std::string::npos);
+  bad = s;
+  bad["ops"][0]["mxu_flops"] = "x";  // the report sums it
+  ASSERT_FALSE(check_stats(bad).empty());
+  EXPECT_NE(check_stats(bad).front().find("ops[0].mxu_flops is not an unsigned integer"), std::string::npos);
+  bad = s;
+  for (auto& op : bad["ops"]) op.erase("mxu_flops");  // a file from before it
+  EXPECT_TRUE(check_stats(bad).empty());
 }
 
 TEST(Report, BreakdownAndTopOpsWithRooflineBound) {
