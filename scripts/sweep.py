@@ -20,6 +20,9 @@ first axis varying slowest):
             (a list is written in brackets: [20,20],[38,38]). KEY+KEY2=... sets
             both keys to each value (core.mxu.rows+core.mxu.cols=32,64,128).
   --set     an override every point gets, before the axes'.
+  --compile-arg ARG
+            passed to every `tpusim compile` of a model, written with its value
+            in one word: --compile-arg=--cores=2 --compile-arg=--precision=bf16.
 
 Every point is checked first with `tpusim presets NAME --set ...` (the keys exist,
 the values have their types, the MXU shape is one the ISA takes), so a typo stops
@@ -164,7 +167,7 @@ def write_atomic(path, text):
 
 
 def main(argv):
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workload")
     ap.add_argument("--preset", required=True)
     ap.add_argument("--axis", action="append", default=[], required=True)
