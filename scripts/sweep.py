@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Runs one workload over a grid of preset overrides and tabulates what each point measured.
 
-usage: scripts/sweep.py WORKLOAD --preset NAME --axis KEY[+KEY...]=V1,V2,... [--axis ...]
+usage: scripts/sweep.py WORKLOAD --preset NAME[,NAME...] [--axis KEY[+KEY...]=V1,V2,...]...
                         [--set KEY=VALUE]... [--out DIR] [--jobs N] [--random-inputs SEED]
                         [--input NAME=FILE.npy]... [--mode fast|detailed] [--max-cycles N]
                         [--compile-arg ARG]... [--plot FILE.png [--x AXIS] [--y METRIC]]
@@ -19,6 +19,8 @@ first axis varying slowest):
   --axis    KEY=V1,V2,...: one value per point of this axis, each a `--set` value
             (a list is written in brackets: [20,20],[38,38]). KEY+KEY2=... sets
             both keys to each value (core.mxu.rows+core.mxu.cols=32,64,128).
+  --preset  NAME, or NAME1,NAME2,...: the presets are then the first axis,
+            "preset" (chips or boards: v3,v4,v5e), each point compiled for its own.
   --set     an override every point gets, before the axes'.
   --compile-arg ARG
             passed to every `tpusim compile` of a model, written with its value
@@ -170,7 +172,7 @@ def main(argv):
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workload")
     ap.add_argument("--preset", required=True)
-    ap.add_argument("--axis", action="append", default=[], required=True)
+    ap.add_argument("--axis", action="append", default=[])
     ap.add_argument("--set", action="append", default=[], dest="sets")
     ap.add_argument("--out", default="sweep-out")
     ap.add_argument("--jobs", type=int, default=1)
@@ -191,7 +193,12 @@ def main(argv):
         return 0 if e.code == 0 else 2
 
     axes = [parse_axis(s) for s in a.axis]
+    presets = split_values(a.preset)
+    if len(presets) > 1:
+        axes.insert(0, {"name": "preset", "keys": [], "values": presets})
     names = [ax["name"] for ax in axes]
+    if not axes:
+        raise UsageError("nothing to sweep: give an --axis, or several presets (--preset v3,v4)")
     if len(set(names)) != len(names):
         raise UsageError("two --axis options sweep the same keys")
     if a.jobs < 1:
@@ -212,17 +219,19 @@ def main(argv):
         sets = list(a.sets)
         for ax, v in zip(axes, combo):
             sets += [f"{k}={v}" for k in ax["keys"]]
-        points.append({"index": len(points), "values": list(combo), "sets": sets})
+        preset = combo[0] if len(presets) > 1 else presets[0]
+        points.append({"index": len(points), "values": list(combo), "sets": sets, "preset": preset})
 
     # Every point's overrides, checked before anything runs.
     for p in points:
-        r = run([tpusim, "presets", a.preset] + [x for s in p["sets"] for x in ("--set", s)])
+        r = run([tpusim, "presets", p["preset"]] + [x for s in p["sets"] for x in ("--set", s)])
         if r.returncode != 0:
-            raise UsageError(f"point {p['index']} ({', '.join(p['sets'])}): {one_line(r.stderr) or one_line(r.stdout)}")
+            what = ", ".join([p["preset"]] + p["sets"])
+            raise UsageError(f"point {p['index']} ({what}): {one_line(r.stderr) or one_line(r.stdout)}")
 
     if a.dry_run:
         for p in points:
-            print(f"point {p['index']:03d}: " + " ".join("--set " + s for s in p["sets"]))
+            print(f"point {p['index']:03d}: --preset {p['preset']} " + " ".join("--set " + s for s in p["sets"]))
         return 0
 
     os.makedirs(a.out, exist_ok=True)
@@ -244,9 +253,11 @@ def main(argv):
     bundles = {}
     if kind == "model":
         for p in points:
-            key = tuple(s for s in p["sets"] if compiles_differently(s.split("=", 1)[0]))
+            sets = tuple(s for s in p["sets"] if compiles_differently(s.split("=", 1)[0]))
+            key = (p["preset"], sets)
             if key not in bundles:
-                bundles[key] = {"path": os.path.join(pdir, f"{p['index']:03d}", "bundle.tpb"), "sets": list(key)}
+                bundles[key] = {"path": os.path.join(pdir, f"{p['index']:03d}", "bundle.tpb"), "sets": list(sets),
+                                "preset": p["preset"]}
             p["bundle"] = bundles[key]
     inputs = [x for i in a.inputs for x in ("--input", i)]
     if a.random_inputs is not None:
@@ -254,7 +265,7 @@ def main(argv):
 
     def compile_bundle(b):
         os.makedirs(os.path.dirname(b["path"]), exist_ok=True)
-        r = run([tpusim, "compile", a.workload, "--preset", a.preset, "-o", b["path"]] +
+        r = run([tpusim, "compile", a.workload, "--preset", b["preset"], "-o", b["path"]] +
                 [x for s in b["sets"] for x in ("--set", s)] + a.compile_args)
         b["error"] = None if r.returncode == 0 else (one_line(r.stderr) or f"tpusim compile exit {r.returncode}")
 
@@ -266,7 +277,7 @@ def main(argv):
             if p["bundle"]["error"]:
                 return {"status": "compile error", "error": p["bundle"]["error"]}
             bundle = p["bundle"]["path"]
-        cmd = [tpusim, "run", bundle, "--preset", a.preset, "--mode", a.mode, "--out", os.path.join(here, "run"), "-q",
+        cmd = [tpusim, "run", bundle, "--preset", p["preset"], "--mode", a.mode, "--out", os.path.join(here, "run"), "-q",
                "--max-cycles", str(a.max_cycles)] + [x for s in p["sets"] for x in ("--set", s)] + inputs
         r = run(cmd)
         if r.returncode != 0:

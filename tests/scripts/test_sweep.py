@@ -124,6 +124,28 @@ class SweepTest(unittest.TestCase):
         self.assertGreater(width, 100)
         self.assertGreater(colours, 3)
 
+    def test_several_presets_are_the_first_axis(self):
+        out = os.path.join(self.dir, "p")
+        p = sweep(self.prog, "--preset", "v3,v4", "--random-inputs", "1", "--out", out, "--axis", "core.dma.engines=2")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        got = rows(out)
+        self.assertEqual([r["preset"] for r in got], ["v3", "v4"])
+        # Peaks from the published TPU facts: 2 x 128 x 128 x MXUs x 2 cores x clock.
+        for r, mxus, clock in zip(got, (2, 4), (940e6, 1050e6)):
+            self.assertAlmostEqual(float(r["peak_flops_per_s"]), 2 * 128 * 128 * mxus * 2 * clock, delta=1e9)
+        bundle = os.path.join(self.dir, "mm.tpb")
+        self.assertEqual(subprocess.run([ARGS.tpusim, "asm", self.prog, "-o", bundle]).returncode, 0)
+        for r in got:
+            d = os.path.join(self.dir, "direct_" + r["preset"])
+            q = subprocess.run([ARGS.tpusim, "run", bundle, "--preset", r["preset"], "--random-inputs", "1", "--out", d,
+                                "-q", "--set", "core.dma.engines=2"], capture_output=True, text=True, timeout=120)
+            self.assertEqual(q.returncode, 0, q.stderr)
+            with open(os.path.join(d, "stats.json")) as f:
+                self.assertEqual(int(r["cycles"]), json.load(f)["cycles"])
+        p = sweep(self.prog, "--preset", "v4", "--out", out)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("nothing to sweep", p.stderr)
+
     def test_a_faulting_point_is_a_row_and_exit_1(self):
         out = os.path.join(self.dir, "f")
         p = sweep(self.prog, "--preset", "v4", "--random-inputs", "1", "--out", out, "--max-cycles", "20000",
