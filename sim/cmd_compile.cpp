@@ -140,7 +140,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       const config::Params preset = config::load_preset(opt->preset, opt->sets);
       // A shape the MXU cannot take is the preset's fault: say so, naming it, before
       // the model is read (the target check would blame the model).
-      for (int64_t i = 0; i < preset.get_int("core.mxu.count"); ++i) hw::mxu::MxuParams::from_config(preset, int(i));
+      hw::mxu::MxuParams::all_from_config(preset);
       const int per_chip = static_cast<int>(preset.get_int("cores_per_chip"));
       const int board_chips = static_cast<int>(preset.get_int("system.chips"));
       if (opt->cores > per_chip && board_chips > 1 && opt->replicas == 1) {

@@ -52,7 +52,7 @@ int run_presets(const std::string& name, const std::vector<std::string>& sets, b
   const hw::HostParams host = hw::HostParams::from_config(p);
   // Peaks of an array the MXU cannot be (rows or cols past a vreg's 128 lanes)
   // would be a what-if no run can follow: refuse it here, as `tpusim run` does.
-  for (int64_t i = 0; i < p.get_int("core.mxu.count"); ++i) hw::mxu::MxuParams::from_config(p, int(i));
+  hw::mxu::MxuParams::all_from_config(p);
   fmt::print("preset {} ({})\n", p.get_string("name"), p.source());
   fmt::print("  chips x cores/chip : {} x {} ({} TensorCores)\n", f.chips, p.get_int("cores_per_chip"), f.cores);
   fmt::print("  clock              : {:.0f} MHz\n", p.get_double("clock_hz") / 1e6);

@@ -15,6 +15,14 @@ namespace {
 
 using Span = std::pair<int64_t, int64_t>;  // [lo, hi) bytes
 
+// The op ids the bundle's code carries: only those get a name or FLOPs.
+std::set<int32_t> used_op_ids(const isa::Bundle& bundle) {
+  std::set<int32_t> used;
+  for (const auto& p : bundle.cores)
+    for (const auto& in : p.code) used.insert(in.op_id);
+  return used;
+}
+
 // Sorts and merges touching or overlapping spans in place.
 void merge(std::vector<Span>& v) {
   std::sort(v.begin(), v.end());
@@ -114,9 +122,7 @@ void record_op_names(isa::Bundle& bundle, const Graph& graph) {
   for (const Node& n : graph.nodes)
     if (n.fusion_group >= 0 && n.fusion_group != n.id && names.count(n.fusion_group))
       names[n.fusion_group] += std::string(" +") + op_name(n.op);
-  std::set<int32_t> used;
-  for (const auto& p : bundle.cores)
-    for (const auto& in : p.code) used.insert(in.op_id);
+  const std::set<int32_t> used = used_op_ids(bundle);
   bundle.op_names.clear();
   for (const int32_t id : used) {
     const auto it = names.find(id);
@@ -129,9 +135,7 @@ void record_op_names(isa::Bundle& bundle, const Graph& graph) {
 }
 
 void record_op_flops(isa::Bundle& bundle, const Graph& graph) {
-  std::set<int32_t> used;
-  for (const auto& p : bundle.cores)
-    for (const auto& in : p.code) used.insert(in.op_id);
+  const std::set<int32_t> used = used_op_ids(bundle);
   const std::map<std::string, TensorType> types = graph.types();
   auto elements = [](const Shape& s) {
     uint64_t n = 1;

@@ -47,6 +47,12 @@ void MxuParams::validate() const {
   require(result_fifo_vregs >= 1, "result_fifo_vregs=" + std::to_string(result_fifo_vregs) + " must be at least 1");
 }
 
+std::vector<MxuParams> MxuParams::all_from_config(const config::Params& p) {
+  std::vector<MxuParams> all;
+  for (int64_t i = 0; i < p.get_int("core.mxu.count"); ++i) all.push_back(from_config(p, static_cast<int>(i)));
+  return all;
+}
+
 MxuParams MxuParams::from_config(const config::Params& p, int index) {
   const std::string s = "core.mxu.";
   auto narrow = [&](const std::string& key, int64_t v) {

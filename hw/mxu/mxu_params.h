@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tpusim::config {
 class Params;
@@ -52,6 +53,8 @@ struct MxuParams {
   // MXU `index` of a core, from `core.mxu.*` of a preset. Throws
   // config::ConfigError (file and key named) on a missing, mistyped or unusable key.
   static MxuParams from_config(const config::Params& params, int index);
+  // Every MXU of a core (core.mxu.count of them), each checked as above.
+  static std::vector<MxuParams> all_from_config(const config::Params& params);
 };
 
 }  // namespace tpusim::hw::mxu
