@@ -6,7 +6,8 @@ namespace tpusim::hw {
 
 Chip::Chip(const CoreParams& p, exec::Machine& m, const isa::Bundle& b, uint32_t chip,
            const std::function<std::unique_ptr<mem::MemoryPort>()>& make_memory, uint64_t cycle_ps,
-           Barrier& barrier, timeline::Timeline* tl, const RemotePort& remote, const HostParams& host)
+           const DmaBeatCycles& calibration_beat, Barrier& barrier, timeline::Timeline* tl, const RemotePort& remote,
+           const HostParams& host)
     : index_(chip),
       machine_(m),
       hub_(std::make_unique<MemoryHub>(make_memory(), cycle_ps)),
@@ -14,10 +15,6 @@ Chip::Chip(const CoreParams& p, exec::Machine& m, const isa::Bundle& b, uint32_t
       // Its own requester number for the memory's per-source statistics: after the cores'.
       remote_hbm_(std::make_unique<RemoteHbm>(*hub_, p.dma, b.target.cores_per_chip)) {
   if (tl) hub_->port().set_timeline(tl, "chip" + std::to_string(chip), cycle_ps);  // per-channel HBM counters
-  // One beat through idle copies of the memory: the part of the published DMA
-  // latency the memory itself accounts for.
-  const uint64_t read_beat = MemoryHub::unloaded_beat_cycles(*make_memory(), p.dma.chunk_bytes, false, cycle_ps);
-  const uint64_t write_beat = MemoryHub::unloaded_beat_cycles(*make_memory(), p.dma.chunk_bytes, true, cycle_ps);
   bool host_reads = false;
   for (uint32_t c = 0; c < b.target.cores_per_chip; ++c) {
     const isa::CoreProgram* prog = nullptr;
@@ -25,8 +22,8 @@ Chip::Chip(const CoreParams& p, exec::Machine& m, const isa::Bundle& b, uint32_t
       if (cp.chip == chip && cp.core == c) prog = &cp;
     if (prog)
       for (const auto& in : prog->code) host_reads |= in.op == isa::Op::kDma && in.src.space == isa::Space::kHost;
-    cores_.push_back(std::make_unique<TensorCore>(p, m, chip, c, prog, barrier, *hub_, read_beat, write_beat, tl,
-                                                  remote, *host_));
+    cores_.push_back(std::make_unique<TensorCore>(p, m, chip, c, prog, barrier, *hub_, calibration_beat.read,
+                                                  calibration_beat.write, tl, remote, *host_));
   }
   for (auto& c : cores_) c->set_infeed_possible(host_reads);
   // The HBM ends of transfers to or from other chips join the chip's HBM

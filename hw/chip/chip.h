@@ -14,11 +14,19 @@
 
 namespace tpusim::hw {
 
+// Cycles one DMA beat (core.dma.chunk_bytes) takes through an idle copy of the
+// memory the preset's published DMA latencies were measured on: the part of each
+// latency that memory accounts for. The engines keep the rest as their own head.
+struct DmaBeatCycles {
+  uint64_t read = 0, write = 0;
+};
+
 class Chip {
  public:
   Chip(const CoreParams& p, exec::Machine& m, const isa::Bundle& b, uint32_t chip,
        const std::function<std::unique_ptr<mem::MemoryPort>()>& make_memory, uint64_t cycle_ps,
-       Barrier& barrier, timeline::Timeline* tl, const RemotePort& remote, const HostParams& host);
+       const DmaBeatCycles& calibration_beat, Barrier& barrier, timeline::Timeline* tl, const RemotePort& remote,
+       const HostParams& host);
 
   void tick(uint64_t cycle);
   void skip(uint64_t n);

@@ -1,6 +1,7 @@
 #include "hw/config/params.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -242,6 +243,13 @@ void Params::set(const std::string& key, const std::string& value) {
     throw ConfigError("--set " + key + "=" + value + ": expected " + kind_name(want));
   }
   Kind got = parsed.IsNull() ? Kind::kString : kind_of(parsed);
+  // Sweeps write clocks and sizes as 1.2e9 or 4e6: a number that is a whole
+  // integer (and exact in a double) is one.
+  if (want == Kind::kInt && got == Kind::kDouble) {
+    const double d = parsed.as<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) <= 9007199254740992.0)
+      parsed = YAML::Node(static_cast<int64_t>(d)), got = Kind::kInt;
+  }
   // An integer is a fine value for a number; a number with a fraction is not an integer.
   const bool ok = got == want || (want == Kind::kDouble && got == Kind::kInt) ||
                   (want == Kind::kString && (got == Kind::kInt || got == Kind::kDouble || got == Kind::kBool));
@@ -252,6 +260,7 @@ void Params::set(const std::string& key, const std::string& value) {
       if (kind_of(item) != kind_of(old[0]) && !(kind_of(old[0]) == Kind::kDouble && kind_of(item) == Kind::kInt))
         throw ConfigError("--set " + key + "=" + value + ": list items must be " + kind_name(kind_of(old[0])));
   }
+  if (loaded_.IsNull()) loaded_ = YAML::Clone(root_);
   // Rebuild the path so the new node replaces the old one in the tree.
   auto parts = split_key(key);
   std::function<void(YAML::Node, size_t)> assign = [&](YAML::Node n, size_t i) {
@@ -297,6 +306,13 @@ std::vector<int64_t> Params::get_int_list(const std::string& key) const {
 }
 
 YAML::Node Params::node(const std::string& key) const { return YAML::Clone(find(key)); }
+
+Params Params::as_loaded() const {
+  Params p;
+  p.source_ = source_;
+  p.root_ = YAML::Clone(loaded_.IsNull() ? root_ : loaded_);
+  return p;
+}
 
 std::vector<std::string> Params::leaf_keys() const {
   std::vector<std::string> out;

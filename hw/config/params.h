@@ -45,6 +45,11 @@ class Params {
   std::vector<int64_t> get_int_list(const std::string& key) const;
   // The subtree at KEY, for units that read a whole section (an HBM timing table).
   YAML::Node node(const std::string& key) const;
+  // The preset as its file has it, before any `set` override: the hardware the
+  // published figures were measured on. The DMA engine's share of the published
+  // latency is taken against this memory, so a what-if memory (`--set hbm.*`)
+  // changes the memory's share only.
+  Params as_loaded() const;
 
   // Every leaf key, sorted, for listings and for "did you mean".
   std::vector<std::string> leaf_keys() const;
@@ -56,6 +61,7 @@ class Params {
   YAML::Node find(const std::string& key) const;  // throws on a missing key
   std::string nearest_key(const std::string& key) const;  // "" when none is near
   YAML::Node root_;
+  YAML::Node loaded_;  // a copy of root_ before the first set(); null until then
   std::string source_;
 };
 

@@ -620,6 +620,14 @@ RunResult System::run(const RunOptions& opt) {
   const std::function<std::unique_ptr<mem::MemoryPort>()> make_memory = [hbm, &preset, beat] {
     return mem::make_memory(hbm, preset.source(), beat);
   };
+  // The published DMA latencies were measured on the preset's own memory, so the
+  // engines' head is each latency minus one beat through an idle copy of that
+  // memory, not of a what-if one: a faster `--set hbm.*` memory then shortens
+  // every transfer instead of handing its gain to the engine (docs/tensorcore.md).
+  const YAML::Node calibration_hbm = preset.as_loaded().node("hbm");
+  const auto calibration_memory = [&] { return mem::make_memory(calibration_hbm, preset.source(), beat); };
+  const DmaBeatCycles calibration_beat{MemoryHub::unloaded_beat_cycles(*calibration_memory(), beat, false, cycle_ps),
+                                       MemoryHub::unloaded_beat_cycles(*calibration_memory(), beat, true, cycle_ps)};
 
   Board board;
   board.max_cycles = opt.max_cycles;
@@ -636,7 +644,7 @@ RunResult System::run(const RunOptions& opt) {
   const RemotePort remote = [&board](RemoteTransfer&& t) { board.remote(std::move(t)); };
   for (uint32_t c = 0; c < bundle.target.chips; ++c)
     board.chips.push_back(std::make_unique<Chip>(cp, impl_->machine, bundle, c, make_memory, cycle_ps,
-                                                 *board.barrier, opt.timeline, remote, host));
+                                                 calibration_beat, *board.barrier, opt.timeline, remote, host));
   PathLogs paths;
   if (opt.critical_path) {
     paths.cores_per_chip = static_cast<uint32_t>(board.chips.front()->cores().size());

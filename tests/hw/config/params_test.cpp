@@ -116,6 +116,39 @@ TEST(Params, SetKeepsTypes) {
   EXPECT_THROW(p.set("novalue"), ConfigError);
 }
 
+// Clocks and sizes written as sweeps write them: 1.05e9 is the integer
+// 1050000000; 1.5, 1e-3, a value past 2^53 (where a double skips integers) and
+// inf are not integers.
+TEST(Params, WholeNumbersInExponentFormAreIntegers) {
+  Params p = Params::parse("clock_hz: 940000000\nbytes: 16\n", "t.yaml");
+  p.set("clock_hz=1.05e9");
+  EXPECT_EQ(p.get_int("clock_hz"), 1050000000);
+  p.set("bytes=4E6");
+  EXPECT_EQ(p.get_int("bytes"), 4000000);
+  p.set("bytes=-2e3");
+  EXPECT_EQ(p.get_int("bytes"), -2000);
+  for (const char* bad : {"bytes=1.5", "bytes=1e-3", "bytes=1.2345e0", "bytes=1e300", "bytes=.inf"})
+    EXPECT_THROW(p.set(bad), ConfigError) << bad;
+  EXPECT_EQ(p.get_int("bytes"), -2000);
+}
+
+// as_loaded() is the preset before any override, for the units calibrated on it;
+// the overridden tree stays as set.
+TEST(Params, AsLoadedIsThePresetBeforeOverrides) {
+  Params p = Params::parse("hbm: {clock_hz: 1000, tRCD: 17}\nclock_hz: 5\n", "t.yaml");
+  EXPECT_EQ(p.as_loaded().dump(), p.dump());  // no override yet: the same tree
+  p.set("hbm.clock_hz=2000");
+  p.set("clock_hz=6");
+  p.set("hbm.clock_hz=3000");
+  const Params base = p.as_loaded();
+  EXPECT_EQ(base.get_int("hbm.clock_hz"), 1000);
+  EXPECT_EQ(base.get_int("clock_hz"), 5);
+  EXPECT_EQ(base.source(), "t.yaml");
+  EXPECT_EQ(p.get_int("hbm.clock_hz"), 3000);
+  EXPECT_EQ(p.get_int("clock_hz"), 6);
+  EXPECT_EQ(p.node("hbm")["tRCD"].as<int>(), base.node("hbm")["tRCD"].as<int>());
+}
+
 TEST(Params, UnknownKeySuggestsTheNearestOne) {
   Params p = Params::parse("core: {mxu: {rows: 128}}\n", "chip.yaml");
   try {

@@ -183,6 +183,29 @@ TEST(DmaCalibration, HbmToVmemWithinTenPercent) {
   }
 }
 
+// The engines' head is the published latency minus one beat through the
+// preset's own memory (docs/tensorcore.md "DMA"), so a what-if memory moves a
+// transfer by its own beat time only. On v4 that beat is a row miss of 41 DRAM
+// cycles (ACT; RD tRCD = 17 later; a second RD tCCD_L = 4 later; data tCL = 17
+// + BL/2 = 2 after it): 35.0 ns at the preset's 1171.875 MHz, 17.5 ns at twice
+// that clock, 70.0 ns at half. The head took the gain before: twice the HBM
+// clock made this load no faster, and a 4x clock made traces/matmul 2.5% slower.
+// Refresh is pushed out of the way, so each load meets an idle memory.
+TEST(DmaCalibration, WhatIfMemoryMovesOnlyTheMemorysShare) {
+  const std::string load =
+      std::string(kHeader) + "  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=1024, flag=f1\n  wait.sub f1, 1\n  halt\n";
+  const double preset_hz = 1171875000.0, core_hz = 1.05e9;
+  const auto cycles_at = [&](double scale) {
+    const std::string hz = std::to_string(static_cast<uint64_t>(preset_hz * scale));
+    return static_cast<double>(cycles_of(load, {"--set", "hbm.clock_hz=" + hz, "--set", "hbm.tREFI=100000000"}));
+  };
+  const auto beat_cycles = [&](double scale) { return 41.0 / (preset_hz * scale) * core_hz; };
+  const double base = cycles_at(1.0), fast = cycles_at(2.0), slow = cycles_at(0.5);
+  EXPECT_NEAR(base, 483.6 + 1.105, 0.02 * 483.6);  // the published figure on the preset's memory
+  EXPECT_NEAR(fast - base, beat_cycles(2.0) - beat_cycles(1.0), 2.0);  // about -18
+  EXPECT_NEAR(slow - base, beat_cycles(0.5) - beat_cycles(1.0), 2.0);  // about +37
+}
+
 TEST(DmaCalibration, VmemToHbmWithinTenPercent) {
   for (uint64_t k : {1, 16, 256, 2048}) {
     const double want = 417.5 + 1.051 * static_cast<double>(k);
