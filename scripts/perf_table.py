@@ -13,10 +13,12 @@ docs/performance.md):
 
   mmuls  = sum over matmuls of batches*ceil(M/8)*ceil(K/R)*ceil(N/C)
            + sum over conv2d of groups*ceil(N*OH*OW/8)*ceil(KH*KW*Cin_g/R)*ceil(Cout_g/C)
+           (not depthwise ones with KH*KW <= R: the VPU's, below)
   MXU    = mmuls * L / (mxus * cores)          (one 8-row mmul per L cycles per MXU)
   pop    = mmuls * 8 / (mxus * cores)          (8 result rows per mpop, 1 row/cycle per MXU)
   HBM    = (graph inputs + constants + outputs, bytes at the policy's dtype) / (peak B/cycle)
-  VPU    = (sum over nodes of ceil(elements/1024) * c(op)
+  VPU    = (sum over nodes of ceil(elements/1024) * c(op), for a depthwise conv
+            4*KH*KW + 1 (a multiply, an add and two loads a tap, one store)
             + per matmul/conv: LHS, weight and output vregs loaded/stored once) / cores
   bound  = max(MXU, pop, HBM, VPU)
   issue  = max(2 * mmuls / matrix slots, (2 * mmuls + VPU instructions) / issue width) / cores
@@ -142,6 +144,14 @@ def vpu_per_tile(op, t):
     return None
 
 
+def depthwise_on_vpu(x, w, n, R):
+    """A conv2d the compiler runs on the VPU (compiler/lower/vector.cpp,
+    lower_depthwise): one channel per group, one output channel each, KH*KW <= R."""
+    G = int(n["attrs"].get("groups", 1))
+    CO, CI, KH, KW = w
+    return G == x[1] and CI == 1 and CO == G and KH * KW <= R
+
+
 def bound(g, p, elem_bytes=2):
     types = {}
     for name, (dt, sh) in list(g["inputs"].items()) + list(g["consts"].items()):
@@ -163,6 +173,11 @@ def bound(g, p, elem_bytes=2):
             mmuls += batches * math.ceil(M / 8) * ch * math.ceil(N / C)
             vpu += batches * (math.ceil(M / 8) * ch + math.ceil(M / 8) * math.ceil(N / 128))
             vpu += ch * math.ceil(N / C) * (R // 8)
+        elif op == "conv2d" and depthwise_on_vpu(types[n["in"][0]], types[n["in"][1]], n, R):
+            # The VPU's: per output tile and tap one multiply and one add, the tap's
+            # and the weight's vregs loaded once, the result stored once.
+            KK = types[n["in"][1]][2] * types[n["in"][1]][3]
+            vpu += tiles * (4 * KK + 1)
         elif op == "conv2d":
             x, w = types[n["in"][0]], types[n["in"][1]]
             G = int(n["attrs"].get("groups", 1))

@@ -210,6 +210,9 @@ class Emitter {
   void lower_conv(const Node& n);
   void lower_transpose(const Node& n);
   void lower_pool(const Node& n);
+  // A depthwise conv2d on the VPU (vector.cpp); false when it does not apply or
+  // fit, and lower_conv takes it as a matmul per channel.
+  bool lower_depthwise(const Node& n);
   void lower_all_reduce(const Node& n);  // collective.cpp
   void lower_direct_collective(const Node& n);  // all_gather, reduce_scatter, all_to_all
   // grad.cpp: the training graphs' backward ops (docs/training.md).

@@ -34,6 +34,7 @@ void Emitter::lower_conv(const Node& n) {
   const std::vector<const Node*>& chain = chain_of(n);
   const Node& last = chain.empty() ? n : *chain.back();
   const int64_t ex = esz(X.type.dtype), ew = esz(Wt.type.dtype), eo = esz(last.type.dtype);
+  if (G == CIall && CI == 1 && COg == 1 && lower_depthwise(n)) return;
   // Each group is its own convolution (the reference's per-group chunking).
   for (int64_t g = 0; g < G; ++g) {
   const std::string tag = "#conv" + std::to_string(n.id) + "g" + std::to_string(g);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace tpusim::compiler::lowering {
 
@@ -388,6 +389,171 @@ void Emitter::lower_pool(const Node& n) {
   r.type = n.type;
   r.attrs["axes"] = Attr::Ints({1});
   lower_rows(r);
+}
+
+// Depthwise conv2d (a channel per group, one output channel each) on the VPU:
+// as a matmul it is one MXU pass per channel, each with its waits and barriers
+// (mobilenet_v2 spent nearly all its time there). The taps gather into KH*KW
+// planes of output pixels, as maxpool's do, with +0.0 where they fall in the
+// padding. Each output is then the contract's convolution with K = KH*KW <= R, a
+// single chunk: acc = +0.0, then acc + bf16(x_k) * bf16(w_k) in increasing
+// k = kh*KW + kw, each product rounded once to fp32 (exact for bf16 operands
+// unless it over- or underflows, as on the MXU), each add rounded; the bias is
+// one more add, and fused members follow as in the matmul's epilogue. A block of
+// output pixels is whole channels of one image (or part of one channel), so the
+// weights of tap k over a block are one replicating VMEM -> VMEM DMA.
+bool Emitter::lower_depthwise(const Node& n) {
+  const Placed X = t_.at(n.inputs[0]), Wt = t_.at(n.inputs[1]);
+  const auto& st = n.attr_ints("strides");
+  const auto& pads = n.attr_ints("pads");
+  const auto& dil = n.attr_ints("dilations");
+  const int64_t NB = X.type.shape[0], CH = X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
+  const int64_t KH = Wt.type.shape[2], KW = Wt.type.shape[3], KK = KH * KW;
+  const int64_t OH = n.type.shape[2], OW = n.type.shape[3], OHW = OH * OW, T = NB * CH * OHW;
+  if (KK > static_cast<int64_t>(opt_.target.mxu_rows) || T == 0) return false;  // several chunks: the MXU's order
+  const std::vector<const Node*>& chain = chain_of(n);
+  const Node& last = chain.empty() ? n : *chain.back();
+  const DType dt = X.type.dtype, wt = Wt.type.dtype, ot = last.type.dtype;
+  const bool has_bias = n.inputs.size() > 2;
+  const DType bt = has_bias ? t_.at(n.inputs[2]).type.dtype : DType::kF32;
+  const int64_t e = esz(dt), ew = esz(wt), eb = esz(bt), eo = esz(ot);
+  struct Member {
+    const Node* m;
+    std::string other;  // a binary member's single-element operand
+    bool run_first;     // the running value is its first operand
+    int64_t tile;       // VMEM of that operand replicated over a tile
+  };
+  std::vector<Member> members;
+  std::string run = n.output;
+  for (const Node* m : chain) {
+    Member x{m, "", true, -1};
+    if (m->inputs.size() == 2) {
+      x.run_first = m->inputs[0] == run;
+      x.other = m->inputs[x.run_first ? 1 : 0];
+    }
+    members.push_back(x);
+    run = m->output;
+  }
+  // A core's VMEM: a block's tap planes, weight planes, bias plane and results,
+  // then the staged weights, bias and operand tiles.
+  struct Layout {
+    int64_t taps, wp, bp, out, ws, bs, end;
+  };
+  const auto layout = [&](int64_t blk) {
+    int64_t a = 0;
+    const auto take = [&a](int64_t bytes) { return std::exchange(a, a + align_up(bytes, 512)); };
+    Layout l;
+    l.taps = take(KK * blk * e);
+    l.wp = take(KK * blk * ew);
+    l.bp = take(blk * eb);
+    l.out = take(blk * eo);
+    l.ws = take(CH * KK * ew);
+    l.bs = take(CH * eb);
+    for (Member& x : members)
+      if (!x.other.empty()) x.tile = take(kTileElems * esz(t_.at(x.other).type.dtype));
+    l.end = a;
+    return l;
+  };
+  int64_t blk = 16 * kTileElems;  // outputs per block
+  while (blk >= kTileElems && static_cast<uint64_t>(layout(blk).end) > opt_.target.vmem_bytes) blk /= 2;
+  if (blk < kTileElems) return false;
+  const Layout v = layout(blk);
+  // Channels per staged band of the tap gather (0: not even one fits).
+  int64_t cb = CH;
+  while (cb > 0 && !staging_fits(cb * H * W * e, KK * cb * OHW * e)) cb /= 2;
+  if (cb == 0) return false;
+
+  // The taps: plane k = kh*KW + kw of output pixels in output order.
+  const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
+  const int64_t P = place_hbm(KK * T * e);
+  check_addr(n, hbm_top_);
+  auto range = [](int64_t o, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
+    *lo = 0;
+    while (*lo < o && *lo * stride - pad + off < 0) ++*lo;
+    *hi = o;
+    while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
+  };
+  for (int64_t b = 0; b < NB; ++b)
+    for (int64_t c0 = 0; c0 < CH; c0 += cb) {
+      const int64_t nc = std::min(cb, CH - c0), band = nc * OHW;
+      std::vector<Gather> gathers;
+      for (int64_t kh = 0; kh < KH; ++kh)
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          int64_t oh0, oh1, ow0, ow1;
+          range(OH, H, st[0], pads[0], kh * dil[0], &oh0, &oh1);
+          range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
+          if (oh0 >= oh1 || ow0 >= ow1) continue;
+          const int64_t ih = oh0 * st[0] - pads[0] + kh * dil[0], iw = ow0 * st[1] - pads[1] + kw * dil[1];
+          gathers.push_back(Gather{(ih * W + iw) * e, ((kh * KW + kw) * band + oh0 * OW + ow0) * e, e,
+                                   dim(ow1 - ow0, st[1] * e, e) + dim(oh1 - oh0, st[0] * W * e, OW * e) +
+                                       dim(nc, H * W * e, OHW * e)});
+        }
+      staged_gather(X.addr + (b * CH + c0) * H * W * e, nc * H * W * e, P + (b * CH + c0) * OHW * e, KK * band * e,
+                    gathers, any_pad, 0.0f, dt, KK, T * e);
+    }
+  sync_all();
+  // Every core keeps the weights (OIHW with I = 1: tap k of channel c at c*KK + k),
+  // the bias and the members' operands.
+  for (int c = 0; c < cores_; ++c) {
+    on_core(c);
+    dma(vmem(v.ws), hbm(Wt.addr), CH * KK * ew);
+    if (has_bias) dma(vmem(v.bs), hbm(t_.at(n.inputs[2]).addr), CH * eb);
+    for (const Member& x : members)
+      if (x.tile >= 0) {
+        const Placed& o = t_.at(x.other);
+        dma(vmem(x.tile), hbm(o.addr), esz(o.type.dtype), dim(kTileElems, 0, esz(o.type.dtype)));
+      }
+    wait_dmas();
+  }
+  // Blocks: ncb channels of image b from channel c, pixels [p0, p0 + pix) of each.
+  const int64_t y = t_.at(last.output).addr;
+  int64_t u = 0;
+  const auto block = [&](int64_t b, int64_t c, int64_t ncb, int64_t p0, int64_t pix) {
+    on_core(u++);
+    const int64_t base = (b * CH + c) * OHW + p0, cnt = ncb * pix;
+    // Tap planes: contiguous runs when the block is whole channels or one channel.
+    for (int64_t k = 0; k < KK; ++k) {
+      dma(vmem(v.taps + k * blk * e), hbm(P + (k * T + base) * e), cnt * e);
+      dma(vmem(v.wp + k * blk * ew), vmem(v.ws + (c * KK + k) * ew), ew, dim(pix, 0, ew) + dim(ncb, KK * ew, pix * ew));
+    }
+    if (has_bias) dma(vmem(v.bp), vmem(v.bs + c * eb), eb, dim(pix, 0, eb) + dim(ncb, eb, pix * eb));
+    wait_dmas();
+    for (int64_t i = 0; i * kTileElems < cnt; ++i) {
+      const int64_t t = i * kTileElems;
+      line("vbcast v0, " + fimm(0.0f));  // +0.0: the chunk's partial sum starts there
+      for (int64_t k = 0; k < KK; ++k) {
+        line(std::string(ld(dt)) + " v1, " + at(v.taps + (k * blk + t) * e));
+        if (dt != DType::kBf16) line("vcvt.bf16 v1, v1");  // the operands enter as bf16
+        line(std::string(ld(wt)) + " v2, " + at(v.wp + (k * blk + t) * ew));
+        if (wt != DType::kBf16) line("vcvt.bf16 v2, v2");
+        line("vmul v1, v1, v2");
+        line("vadd v0, v0, v1");
+      }
+      if (has_bias) {
+        line(std::string(ld(bt)) + " v3, " + at(v.bp + t * eb));
+        line("vadd v0, v0, v3");
+      }
+      DType cur = n.type.dtype;
+      for (const Member& x : members) {
+        if (cur == DType::kBf16) line("vcvt.bf16 v0, v0");
+        if (x.tile >= 0) line(std::string(ld(t_.at(x.other).type.dtype)) + " v30, " + at(x.tile));
+        emit_op(*x.m, 0, x.run_first ? 0 : 30, x.run_first ? 30 : 0, 28, 29);
+        cur = x.m->type.dtype;
+      }
+      line(std::string(this->st(ot)) + " v0, " + at(v.out + t * eo));
+    }
+    dma(hbm(y + base * eo), vmem(v.out), cnt * eo);
+    wait_dmas();
+  };
+  for (int64_t b = 0; b < NB; ++b)
+    if (OHW <= blk) {
+      for (int64_t c = 0; c < CH; c += blk / OHW) block(b, c, std::min(blk / OHW, CH - c), 0, OHW);
+    } else {
+      for (int64_t c = 0; c < CH; ++c)
+        for (int64_t p0 = 0; p0 < OHW; p0 += blk) block(b, c, 1, p0, std::min(blk, OHW - p0));
+    }
+  cur_ = 0;
+  return true;
 }
 
 }  // namespace tpusim::compiler::lowering

@@ -285,13 +285,152 @@ TEST(LowerConv, Im2colOrderPaddingStridesBias) {
   }
 }
 
+// Depthwise convs (a channel per group) with K = KH*KW <= R run on the VPU: the
+// contract's single chunk (+0.0, then each bf16 x bf16 product added in increasing
+// k), the bias one more add, fused members after it. Bit-exact against evaluate()
+// with padding, strides, dilation, bias, several images and cores, blocks of
+// whole channels and of part of one channel (a small VMEM), and a fused chain
+// with a scalar operand; K > R keeps the MXU's chunked order.
+TEST(LowerConv, DepthwiseOnTheVpu) {
+  auto big_vmem = target(1, 16, 16);
+  auto small_vmem = target(1, 16, 16);
+  small_vmem.vmem_bytes = 128 << 10;
+  const std::string chain =
+      "graph d {\n  input %x : f32[2,6,9,8]\n  input %w : f32[6,1,3,3]\n  input %b : f32[6]\n"
+      "  const %s : f32[1] = [0xbf000000]\n"
+      "  %c = conv2d(%x, %w, %b) {dilations=[1,1], groups=6, pads=[1,1,1,1], strides=[1,1]} : f32[2,6,9,8] #1\n"
+      "  %r = relu(%c) : f32[2,6,9,8] #2\n  %a = sub(%s, %r) : f32[2,6,9,8] #3\n  output %a\n}\n";
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) {
+      SCOPED_TRACE(cores);
+      for (const auto& t : {big_vmem, small_vmem}) {
+        expect_bit_exact(conv_ir("[2,6,9,8]", "[6,1,3,3]", "[2,6,9,8]",
+                                 "dilations=[1,1], groups=6, pads=[1,1,1,1], strides=[1,1]", "[6]"),
+                         p, t, 1, cores);
+        expect_bit_exact(conv_ir("[1,5,11,10]", "[5,1,3,3]", "[1,5,5,5]",
+                                 "dilations=[2,2], groups=5, pads=[2,1,1,2], strides=[2,2]"),
+                         p, t, 2, cores);
+        // 50 channels of 7 x 7: 20 channels a block in a small VMEM (20, 20, 10).
+        expect_bit_exact(conv_ir("[1,50,7,7]", "[50,1,3,3]", "[1,50,7,7]",
+                                 "dilations=[1,1], groups=50, pads=[1,1,1,1], strides=[1,1]", "[50]"),
+                         p, t, 3, cores);
+        // 40 x 40 = 1600 outputs a channel: blocks of part of a channel in 128 KiB.
+        expect_bit_exact(conv_ir("[1,2,40,40]", "[2,1,3,3]", "[1,2,40,40]",
+                                 "dilations=[1,1], groups=2, pads=[1,1,1,1], strides=[1,1]", "[2]"),
+                         p, t, 4, cores);
+        expect_bit_exact(chain, p, t, 5, cores);
+      }
+      // K = 25 > R = 16: the MXU's two chunks.
+      expect_bit_exact(conv_ir("[1,3,6,6]", "[3,1,5,5]", "[1,3,6,6]",
+                               "dilations=[1,1], groups=3, pads=[2,2,2,2], strides=[1,1]", "[3]"),
+                       p, big_vmem, 6, cores);
+    }
+  // The VPU's path: no MXU instruction for the conv, and the fused members left no
+  // node of their own.
+  LowerOptions lo;
+  lo.target = big_vmem;
+  const auto code = lower_graph(parse_graph(chain, "test.ir"), lo).bundle.cores.at(0).code;
+  int mxu = 0, vmul = 0;
+  for (const auto& in : code) {
+    EXPECT_NE(in.op_id, 2);
+    EXPECT_NE(in.op_id, 3);
+    if (in.op_id != 1) continue;
+    mxu += in.op == isa::Op::kMmul || in.op == isa::Op::kMpush;
+    vmul += in.op == isa::Op::kVmul;
+  }
+  EXPECT_EQ(mxu, 0);
+  EXPECT_GT(vmul, 0);
+}
+
 TEST(LowerMovement, Transpose) {
   for (auto p : kPolicies) {
     expect_bit_exact("graph t {\n  input %x : f32[5,7]\n  %y = transpose(%x) {perm=[1,0]} : f32[7,5] #0\n"
                      "  output %y\n}\n", p, target(1, 128, 128));
     expect_bit_exact("graph t {\n  input %x : f32[2,3,4,5,6]\n  %y = transpose(%x) {perm=[3,0,4,2,1]} : "
                      "f32[5,2,6,4,3] #0\n  output %y\n}\n", p, target(1, 128, 128));
+    // Axes that stay adjacent and in order move as one, size-1 axes drop out, and a
+    // trailing axis contiguous at both ends is the DMA's run.
+    const char* cases[][3] = {
+        {"[1,6,3,5]", "[0,2,1,3]", "[1,3,6,5]"},          // BERT's head split: run of 5
+        {"[2,3,4,5]", "[1,0,2,3]", "[3,2,4,5]"},          // a run of 4 x 5
+        {"[2,3,4]", "[0,1,2]", "[2,3,4]"},                // identity: one run
+        {"[4,1,6]", "[2,1,0]", "[6,1,4]"},                // a size-1 axis
+        {"[1,1,7]", "[1,0,2]", "[1,1,7]"},                // nothing moves
+        {"[2,3,4,5,6,7]", "[4,5,0,1,2,3]", "[6,7,2,3,4,5]"},  // two merged groups swap
+        {"[3,2,2,2,3]", "[4,1,0,3,2]", "[3,2,3,2,2]"},    // four axes and more left
+    };
+    for (const auto& c : cases)
+      expect_bit_exact(std::string("graph t {\n  input %x : f32") + c[0] + "\n  %y = transpose(%x) {perm=" + c[1] +
+                           "} : f32" + c[2] + " #0\n  output %y\n}\n",
+                       p, target(1, 128, 128));
   }
+}
+
+// The transfers a transpose becomes. BERT-base's head split [1,128,12,64] perm
+// [0,2,1,3] moves rows of 64 elements (256 B) between the two layouts, as one DMA
+// of 12 x 128 runs; it was 128 x 12 x 64 runs of one element each. Its K^T
+// [1,12,128,64] perm [0,1,3,2] has one-element runs: it goes through VMEM, one
+// contiguous load and one store in HBM and the element runs VMEM -> VMEM.
+TEST(LowerMovement, TransposeMovesContiguousRowsAsOneRun) {
+  auto dmas_of = [](const std::string& ir) {
+    LowerOptions lo;
+    lo.target = target(1, 128, 128);
+    std::vector<isa::Instr> out;
+    for (const auto& in : lower_graph(parse_graph(ir, "test.ir"), lo).bundle.cores.at(0).code)
+      if (in.op == isa::Op::kDma && in.op_id == 0) out.push_back(in);
+    return out;
+  };
+  const auto split = dmas_of("graph t {\n  input %x : f32[1,128,12,64]\n  %y = transpose(%x) {perm=[0,2,1,3]} : "
+                             "f32[1,12,128,64] #0\n  output %y\n}\n");
+  ASSERT_EQ(split.size(), 1u);
+  EXPECT_EQ(split[0].imm, 64 * 4);
+  ASSERT_EQ(split[0].ndims, 2);
+  // Innermost first: 128 sequence positions (12 x 64 elements apart in x, 64 in y),
+  // then 12 heads (64 apart in x, 128 x 64 in y).
+  EXPECT_EQ(split[0].dims[0], (isa::DmaDim{128, 12 * 64 * 4, 64 * 4}));
+  EXPECT_EQ(split[0].dims[1], (isa::DmaDim{12, 64 * 4, 128 * 64 * 4}));
+  const auto kt = dmas_of("graph t {\n  input %x : f32[1,12,128,64]\n  %y = transpose(%x) {perm=[0,1,3,2]} : "
+                          "f32[1,12,64,128] #0\n  output %y\n}\n");
+  ASSERT_EQ(kt.size(), 3u);
+  const int32_t bytes = 12 * 128 * 64 * 4;
+  EXPECT_EQ(kt[0].src.space, isa::Space::kHbm);  // the load
+  EXPECT_EQ(kt[0].dst.space, isa::Space::kVmem);
+  EXPECT_EQ(kt[0].imm, bytes);
+  EXPECT_EQ(kt[1].src.space, isa::Space::kVmem);  // the element runs
+  EXPECT_EQ(kt[1].dst.space, isa::Space::kVmem);
+  EXPECT_EQ(kt[1].imm, 4);
+  EXPECT_EQ(kt[1].ndims, 3);
+  EXPECT_EQ(kt[2].dst.space, isa::Space::kHbm);  // the store
+  EXPECT_EQ(kt[2].imm, bytes);
+}
+
+// A transpose staged through VMEM in blocks of its outermost axis when the whole
+// does not fit, and straight HBM -> HBM when not even one block does or the input
+// does not share that axis: the same values every way.
+TEST(LowerMovement, TransposeBlocksToFitVmem) {
+  const std::string shared = "graph t {\n  input %x : f32[6,40,50]\n  %y = transpose(%x) {perm=[0,2,1]} : "
+                             "f32[6,50,40] #0\n  output %y\n}\n";
+  const std::string moved = "graph t {\n  input %x : f32[6,40,50]\n  %y = transpose(%x) {perm=[2,0,1]} : "
+                            "f32[50,6,40] #0\n  output %y\n}\n";
+  for (uint64_t vmem : {uint64_t{16} << 20, uint64_t{40960}, uint64_t{8192}}) {
+    isa::Target t = target(1, 128, 128);
+    t.vmem_bytes = vmem;
+    SCOPED_TRACE("VMEM " + std::to_string(vmem));
+    expect_bit_exact(shared, PrecisionPolicy::kDefault, t);
+    expect_bit_exact(moved, PrecisionPolicy::kDefault, t);
+  }
+  // 40 KiB holds two 8000-byte slices twice over: three blocks of two, each a load,
+  // one VMEM gather and a store.
+  LowerOptions lo;
+  lo.target = target(1, 128, 128);
+  lo.target.vmem_bytes = 40960;
+  int loads = 0;
+  for (const auto& in : lower_graph(parse_graph(shared, "test.ir"), lo).bundle.cores.at(0).code)
+    if (in.op == isa::Op::kDma && in.op_id == 0 && in.src.space == isa::Space::kHbm) {
+      ++loads;
+      EXPECT_EQ(in.imm, 2 * 40 * 50 * 4);
+    }
+  EXPECT_EQ(loads, 3);
 }
 
 TEST(LowerRows, Pooling) {
