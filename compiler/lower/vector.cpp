@@ -393,15 +393,17 @@ void Emitter::lower_pool(const Node& n) {
 
 // Depthwise conv2d (a channel per group, one output channel each) on the VPU:
 // as a matmul it is one MXU pass per channel, each with its waits and barriers
-// (mobilenet_v2 spent nearly all its time there). The taps gather into KH*KW
-// planes of output pixels, as maxpool's do, with +0.0 where they fall in the
-// padding. Each output is then the contract's convolution with K = KH*KW <= R, a
-// single chunk: acc = +0.0, then acc + bf16(x_k) * bf16(w_k) in increasing
-// k = kh*KW + kw, each product rounded once to fp32 (exact for bf16 operands
-// unless it over- or underflows, as on the MXU), each add rounded; the bias is
-// one more add, and fused members follow as in the matmul's epilogue. A block of
-// output pixels is whole channels of one image (or part of one channel), so the
-// weights of tap k over a block are one replicating VMEM -> VMEM DMA.
+// (mobilenet_v2 spent nearly all its time there). Blocks of output pixels, round
+// robin over the cores, are whole channels of one image or whole output rows of
+// one channel. A block's input channels come into VMEM as one DMA, and each tap
+// (kh, kw) is one VMEM -> VMEM gather into its plane of the block's output pixels
+// (+0.0 where it falls in the padding), so nothing goes through HBM scratch. Each
+// output is then the contract's convolution with K = KH*KW <= R, a single chunk:
+// acc = +0.0, then acc + bf16(x_k) * bf16(w_k) in increasing k = kh*KW + kw, each
+// product rounded once to fp32 (exact for bf16 operands unless it over- or
+// underflows, as on the MXU), each add rounded; the bias is one more add, and
+// fused members follow as in the matmul's epilogue. The weights of tap k over a
+// block are one VMEM -> VMEM DMA replicating each channel's weight (stride 0).
 bool Emitter::lower_depthwise(const Node& n) {
   const Placed X = t_.at(n.inputs[0]), Wt = t_.at(n.inputs[1]);
   const auto& st = n.attr_ints("strides");
@@ -409,8 +411,8 @@ bool Emitter::lower_depthwise(const Node& n) {
   const auto& dil = n.attr_ints("dilations");
   const int64_t NB = X.type.shape[0], CH = X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
   const int64_t KH = Wt.type.shape[2], KW = Wt.type.shape[3], KK = KH * KW;
-  const int64_t OH = n.type.shape[2], OW = n.type.shape[3], OHW = OH * OW, T = NB * CH * OHW;
-  if (KK > static_cast<int64_t>(opt_.target.mxu_rows) || T == 0) return false;  // several chunks: the MXU's order
+  const int64_t OH = n.type.shape[2], OW = n.type.shape[3], OHW = OH * OW;
+  if (KK > static_cast<int64_t>(opt_.target.mxu_rows) || NB * CH * OHW == 0) return false;  // chunks: the MXU's
   const std::vector<const Node*>& chain = chain_of(n);
   const Node& last = chain.empty() ? n : *chain.back();
   const DType dt = X.type.dtype, wt = Wt.type.dtype, ot = last.type.dtype;
@@ -434,15 +436,20 @@ bool Emitter::lower_depthwise(const Node& n) {
     members.push_back(x);
     run = m->output;
   }
-  // A core's VMEM: a block's tap planes, weight planes, bias plane and results,
-  // then the staged weights, bias and operand tiles.
+  // Blocks of up to `blk` outputs: `ncb` whole channels, or (when a channel has
+  // more outputs) `rows` output rows of one channel; the input is the block's
+  // whole channels either way.
   struct Layout {
-    int64_t taps, wp, bp, out, ws, bs, end;
+    int64_t blk, ncb, rows, img, taps, wp, bp, out, ws, bs, end;
   };
   const auto layout = [&](int64_t blk) {
+    Layout l{};
+    l.blk = blk;
+    l.ncb = std::max<int64_t>(1, blk / OHW);
+    l.rows = OHW <= blk ? OH : blk / OW;
     int64_t a = 0;
     const auto take = [&a](int64_t bytes) { return std::exchange(a, a + align_up(bytes, 512)); };
-    Layout l;
+    l.img = take(l.ncb * H * W * e);
     l.taps = take(KK * blk * e);
     l.wp = take(KK * blk * ew);
     l.bp = take(blk * eb);
@@ -454,44 +461,12 @@ bool Emitter::lower_depthwise(const Node& n) {
     l.end = a;
     return l;
   };
-  int64_t blk = 16 * kTileElems;  // outputs per block
-  while (blk >= kTileElems && static_cast<uint64_t>(layout(blk).end) > opt_.target.vmem_bytes) blk /= 2;
+  int64_t blk = 16 * kTileElems;
+  while (blk >= kTileElems && (blk / OW == 0 || static_cast<uint64_t>(layout(blk).end) > opt_.target.vmem_bytes))
+    blk /= 2;
   if (blk < kTileElems) return false;
   const Layout v = layout(blk);
-  // Channels per staged band of the tap gather (0: not even one fits).
-  int64_t cb = CH;
-  while (cb > 0 && !staging_fits(cb * H * W * e, KK * cb * OHW * e)) cb /= 2;
-  if (cb == 0) return false;
 
-  // The taps: plane k = kh*KW + kw of output pixels in output order.
-  const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
-  const int64_t P = place_hbm(KK * T * e);
-  check_addr(n, hbm_top_);
-  auto range = [](int64_t o, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
-    *lo = 0;
-    while (*lo < o && *lo * stride - pad + off < 0) ++*lo;
-    *hi = o;
-    while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
-  };
-  for (int64_t b = 0; b < NB; ++b)
-    for (int64_t c0 = 0; c0 < CH; c0 += cb) {
-      const int64_t nc = std::min(cb, CH - c0), band = nc * OHW;
-      std::vector<Gather> gathers;
-      for (int64_t kh = 0; kh < KH; ++kh)
-        for (int64_t kw = 0; kw < KW; ++kw) {
-          int64_t oh0, oh1, ow0, ow1;
-          range(OH, H, st[0], pads[0], kh * dil[0], &oh0, &oh1);
-          range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
-          if (oh0 >= oh1 || ow0 >= ow1) continue;
-          const int64_t ih = oh0 * st[0] - pads[0] + kh * dil[0], iw = ow0 * st[1] - pads[1] + kw * dil[1];
-          gathers.push_back(Gather{(ih * W + iw) * e, ((kh * KW + kw) * band + oh0 * OW + ow0) * e, e,
-                                   dim(ow1 - ow0, st[1] * e, e) + dim(oh1 - oh0, st[0] * W * e, OW * e) +
-                                       dim(nc, H * W * e, OHW * e)});
-        }
-      staged_gather(X.addr + (b * CH + c0) * H * W * e, nc * H * W * e, P + (b * CH + c0) * OHW * e, KK * band * e,
-                    gathers, any_pad, 0.0f, dt, KK, T * e);
-    }
-  sync_all();
   // Every core keeps the weights (OIHW with I = 1: tap k of channel c at c*KK + k),
   // the bias and the members' operands.
   for (int c = 0; c < cores_; ++c) {
@@ -505,21 +480,43 @@ bool Emitter::lower_depthwise(const Node& n) {
       }
     wait_dmas();
   }
-  // Blocks: ncb channels of image b from channel c, pixels [p0, p0 + pix) of each.
+  const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
+  auto range = [](int64_t o, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
+    *lo = 0;
+    while (*lo < o && *lo * stride - pad + off < 0) ++*lo;
+    *hi = o;
+    while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
+  };
   const int64_t y = t_.at(last.output).addr;
   int64_t u = 0;
-  const auto block = [&](int64_t b, int64_t c, int64_t ncb, int64_t p0, int64_t pix) {
+  // Channels [c, c + ncb) of image b, output rows [oh0, oh1) of each.
+  const auto block = [&](int64_t b, int64_t c, int64_t ncb, int64_t oh0, int64_t oh1) {
     on_core(u++);
-    const int64_t base = (b * CH + c) * OHW + p0, cnt = ncb * pix;
-    // Tap planes: contiguous runs when the block is whole channels or one channel.
-    for (int64_t k = 0; k < KK; ++k) {
-      dma(vmem(v.taps + k * blk * e), hbm(P + (k * T + base) * e), cnt * e);
+    const int64_t pix = (oh1 - oh0) * OW, cnt = ncb * pix, base = (b * CH + c) * OHW + oh0 * OW;
+    dma(vmem(v.img), hbm(X.addr + (b * CH + c) * H * W * e), ncb * H * W * e);
+    for (int64_t k = 0; k < KK; ++k)
       dma(vmem(v.wp + k * blk * ew), vmem(v.ws + (c * KK + k) * ew), ew, dim(pix, 0, ew) + dim(ncb, KK * ew, pix * ew));
-    }
     if (has_bias) dma(vmem(v.bp), vmem(v.bs + c * eb), eb, dim(pix, 0, eb) + dim(ncb, eb, pix * eb));
+    if (any_pad) {  // taps in the padding read +0.0
+      line("vbcast v0, " + fimm(0.0f));
+      for (int64_t k = 0; k < KK; ++k)
+        for (int64_t t = 0; t < cnt; t += kTileElems) line(std::string(this->st(dt)) + " v0, " + at(v.taps + (k * blk + t) * e));
+    }
     wait_dmas();
-    for (int64_t i = 0; i * kTileElems < cnt; ++i) {
-      const int64_t t = i * kTileElems;
+    for (int64_t kh = 0; kh < KH; ++kh)
+      for (int64_t kw = 0; kw < KW; ++kw) {
+        int64_t ha, hb, ow0, ow1;
+        range(OH, H, st[0], pads[0], kh * dil[0], &ha, &hb);
+        range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
+        ha = std::max(ha, oh0);
+        hb = std::min(hb, oh1);
+        if (ha >= hb || ow0 >= ow1) continue;
+        const int64_t ih = ha * st[0] - pads[0] + kh * dil[0], iw = ow0 * st[1] - pads[1] + kw * dil[1];
+        dma(vmem(v.taps + ((kh * KW + kw) * blk + (ha - oh0) * OW + ow0) * e), vmem(v.img + (ih * W + iw) * e), e,
+            dim(ow1 - ow0, st[1] * e, e) + dim(hb - ha, st[0] * W * e, OW * e) + dim(ncb, H * W * e, pix * e));
+      }
+    wait_dmas();
+    for (int64_t t = 0; t < cnt; t += kTileElems) {
       line("vbcast v0, " + fimm(0.0f));  // +0.0: the chunk's partial sum starts there
       for (int64_t k = 0; k < KK; ++k) {
         line(std::string(ld(dt)) + " v1, " + at(v.taps + (k * blk + t) * e));
@@ -547,10 +544,10 @@ bool Emitter::lower_depthwise(const Node& n) {
   };
   for (int64_t b = 0; b < NB; ++b)
     if (OHW <= blk) {
-      for (int64_t c = 0; c < CH; c += blk / OHW) block(b, c, std::min(blk / OHW, CH - c), 0, OHW);
+      for (int64_t c = 0; c < CH; c += v.ncb) block(b, c, std::min(v.ncb, CH - c), 0, OH);
     } else {
       for (int64_t c = 0; c < CH; ++c)
-        for (int64_t p0 = 0; p0 < OHW; p0 += blk) block(b, c, 1, p0, std::min(blk, OHW - p0));
+        for (int64_t oh0 = 0; oh0 < OH; oh0 += v.rows) block(b, c, 1, oh0, std::min(OH, oh0 + v.rows));
     }
   cur_ = 0;
   return true;
