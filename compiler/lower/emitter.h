@@ -224,6 +224,9 @@ class Emitter {
   // softmax/reductions over any axis, avgpool excluding padded taps.
   void copy_nd(int64_t dst, const std::vector<int64_t>& dst_strides, int64_t src,
                const std::vector<int64_t>& src_strides, const Shape& shape, int64_t e);
+  // copy_nd's transfers, their offsets from the two bases (none for an empty shape).
+  std::vector<Gather> strided_copies(const std::vector<int64_t>& dst_strides, const std::vector<int64_t>& src_strides,
+                                     const Shape& shape, int64_t e) const;
   void fill(int64_t dst, int64_t bytes, DType t, float value);
   // Streams `total` elements in 8x128 tiles, round robin over the cores: source k
   // (address, dtype) is loaded into vk, `body` leaves the result in v9.

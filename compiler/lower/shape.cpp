@@ -29,11 +29,18 @@ std::vector<int64_t> dense_strides(const Shape& s, int64_t e) {
 // what is left are the DMA's dims and the rest one DMA each. The caller waits.
 void Emitter::copy_nd(int64_t dst, const std::vector<int64_t>& dst_strides, int64_t src,
                       const std::vector<int64_t>& src_strides, const Shape& shape, int64_t e) {
+  for (const Gather& g : strided_copies(dst_strides, src_strides, shape, e))
+    dma(hbm(dst + g.dst_off), hbm(src + g.src_off), g.run, g.dims);
+}
+
+std::vector<Emitter::Gather> Emitter::strided_copies(const std::vector<int64_t>& dst_strides,
+                                                     const std::vector<int64_t>& src_strides, const Shape& shape,
+                                                     int64_t e) const {
   struct D { int64_t count, s, d; };
   std::vector<D> dims;  // outermost first
   for (size_t k = 0; k < shape.size(); ++k)
     if (shape[k] != 1) dims.push_back({shape[k], src_strides[k], dst_strides[k]});
-  if (std::any_of(dims.begin(), dims.end(), [](const D& x) { return x.count == 0; })) return;
+  if (std::any_of(dims.begin(), dims.end(), [](const D& x) { return x.count == 0; })) return {};
   int64_t bytes = e;
   while (!dims.empty() && dims.back().s == bytes && dims.back().d == bytes) {
     bytes *= dims.back().count;
@@ -47,7 +54,7 @@ void Emitter::copy_nd(int64_t dst, const std::vector<int64_t>& dst_strides, int6
       dims.erase(dims.begin() + static_cast<std::ptrdiff_t>(k - 1));
     }
   }
-  const size_t inner = std::min<size_t>(3, dims.size());
+  const size_t inner = std::min<size_t>(isa::kMaxDmaDims, dims.size());
   const size_t outer_dims = dims.size() - inner;
   std::string dimtext;
   for (size_t k = 0; k < inner; ++k) {
@@ -56,16 +63,18 @@ void Emitter::copy_nd(int64_t dst, const std::vector<int64_t>& dst_strides, int6
   }
   int64_t outer = 1;
   for (size_t k = 0; k < outer_dims; ++k) outer *= dims[k].count;
+  std::vector<Gather> out;
   for (int64_t o = 0; o < outer; ++o) {
-    int64_t rem = o, s = src, d = dst;
+    int64_t rem = o, s = 0, d = 0;
     for (size_t k = outer_dims; k-- > 0;) {
       const int64_t i = rem % dims[k].count;
       rem /= dims[k].count;
       s += i * dims[k].s;
       d += i * dims[k].d;
     }
-    dma(hbm(d), hbm(s), bytes, dimtext);
+    out.push_back({s, d, bytes, dimtext});
   }
+  return out;
 }
 
 // Writes `value` as stored in dtype `t` over `bytes` bytes of HBM: one VMEM tile of

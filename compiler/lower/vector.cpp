@@ -439,8 +439,10 @@ bool Emitter::lower_depthwise(const Node& n) {
   // Blocks of up to `blk` outputs: `ncb` whole channels, or (when a channel has
   // more outputs) `rows` output rows of one channel; the input is the block's
   // whole channels either way.
+  // Two buffers of each block-sized region: a core fetches block k + 1 while block
+  // k computes.
   struct Layout {
-    int64_t blk, ncb, rows, img, taps, wp, bp, out, ws, bs, end;
+    int64_t blk, ncb, rows, img[2], taps[2], wp[2], bp[2], out[2], ws, bs, end;
   };
   const auto layout = [&](int64_t blk) {
     Layout l{};
@@ -449,11 +451,13 @@ bool Emitter::lower_depthwise(const Node& n) {
     l.rows = OHW <= blk ? OH : blk / OW;
     int64_t a = 0;
     const auto take = [&a](int64_t bytes) { return std::exchange(a, a + align_up(bytes, 512)); };
-    l.img = take(l.ncb * H * W * e);
-    l.taps = take(KK * blk * e);
-    l.wp = take(KK * blk * ew);
-    l.bp = take(blk * eb);
-    l.out = take(blk * eo);
+    for (int par = 0; par < 2; ++par) {
+      l.img[par] = take(l.ncb * H * W * e);
+      l.taps[par] = take(KK * blk * e);
+      l.wp[par] = take(KK * blk * ew);
+      l.bp[par] = take(blk * eb);
+      l.out[par] = take(blk * eo);
+    }
     l.ws = take(CH * KK * ew);
     l.bs = take(CH * eb);
     for (Member& x : members)
@@ -488,46 +492,62 @@ bool Emitter::lower_depthwise(const Node& n) {
     while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
   };
   const int64_t y = t_.at(last.output).addr;
-  int64_t u = 0;
-  // Channels [c, c + ncb) of image b, output rows [oh0, oh1) of each.
-  const auto block = [&](int64_t b, int64_t c, int64_t ncb, int64_t oh0, int64_t oh1) {
-    on_core(u++);
-    const int64_t pix = (oh1 - oh0) * OW, cnt = ncb * pix, base = (b * CH + c) * OHW + oh0 * OW;
-    dma(vmem(v.img), hbm(X.addr + (b * CH + c) * H * W * e), ncb * H * W * e);
-    for (int64_t k = 0; k < KK; ++k)
-      dma(vmem(v.wp + k * blk * ew), vmem(v.ws + (c * KK + k) * ew), ew, dim(pix, 0, ew) + dim(ncb, KK * ew, pix * ew));
-    if (has_bias) dma(vmem(v.bp), vmem(v.bs + c * eb), eb, dim(pix, 0, eb) + dim(ncb, eb, pix * eb));
+  // Block: channels [c, c + ncb) of image b, output rows [oh0, oh1) of each.
+  struct Block {
+    int64_t b, c, ncb, oh0, oh1;
+  };
+  std::vector<Block> blocks;
+  for (int64_t b = 0; b < NB; ++b)
+    if (OHW <= blk) {
+      for (int64_t c = 0; c < CH; c += v.ncb) blocks.push_back({b, c, std::min(v.ncb, CH - c), 0, OH});
+    } else {
+      for (int64_t c = 0; c < CH; ++c)
+        for (int64_t oh0 = 0; oh0 < OH; oh0 += v.rows) blocks.push_back({b, c, 1, oh0, std::min(OH, oh0 + v.rows)});
+    }
+  // Fetch: the block's input channels, and the weights of all taps (and the bias)
+  // over its pixels, each replicated by one DMA.
+  const auto fetch = [&](int64_t unit, int64_t par) {
+    const Block& k = blocks[static_cast<size_t>(unit)];
+    const int64_t pix = (k.oh1 - k.oh0) * OW, in = kStreamInFlag + static_cast<int>(par);
+    dma_on(in, vmem(v.img[par]), hbm(X.addr + (k.b * CH + k.c) * H * W * e), k.ncb * H * W * e, "");
+    dma_on(in, vmem(v.wp[par]), vmem(v.ws + k.c * KK * ew), ew,
+           dim(pix, 0, ew) + dim(k.ncb, KK * ew, pix * ew) + dim(KK, ew, blk * ew));
+    if (has_bias) dma_on(in, vmem(v.bp[par]), vmem(v.bs + k.c * eb), eb, dim(pix, 0, eb) + dim(k.ncb, eb, pix * eb));
+  };
+  const auto body = [&](int64_t unit, int64_t par) {
+    const Block& k = blocks[static_cast<size_t>(unit)];
+    const int64_t pix = (k.oh1 - k.oh0) * OW, cnt = k.ncb * pix, base = (k.b * CH + k.c) * OHW + k.oh0 * OW;
+    const int64_t taps = v.taps[par], img = v.img[par], wp = v.wp[par], bp = v.bp[par], out = v.out[par];
     if (any_pad) {  // taps in the padding read +0.0
       line("vbcast v0, " + fimm(0.0f));
-      for (int64_t k = 0; k < KK; ++k)
-        for (int64_t t = 0; t < cnt; t += kTileElems) line(std::string(this->st(dt)) + " v0, " + at(v.taps + (k * blk + t) * e));
+      for (int64_t t = 0; t < KK; ++t)
+        for (int64_t i = 0; i < cnt; i += kTileElems) line(std::string(this->st(dt)) + " v0, " + at(taps + (t * blk + i) * e));
     }
-    wait_dmas();
     for (int64_t kh = 0; kh < KH; ++kh)
       for (int64_t kw = 0; kw < KW; ++kw) {
         int64_t ha, hb, ow0, ow1;
         range(OH, H, st[0], pads[0], kh * dil[0], &ha, &hb);
         range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
-        ha = std::max(ha, oh0);
-        hb = std::min(hb, oh1);
+        ha = std::max(ha, k.oh0);
+        hb = std::min(hb, k.oh1);
         if (ha >= hb || ow0 >= ow1) continue;
         const int64_t ih = ha * st[0] - pads[0] + kh * dil[0], iw = ow0 * st[1] - pads[1] + kw * dil[1];
-        dma(vmem(v.taps + ((kh * KW + kw) * blk + (ha - oh0) * OW + ow0) * e), vmem(v.img + (ih * W + iw) * e), e,
-            dim(ow1 - ow0, st[1] * e, e) + dim(hb - ha, st[0] * W * e, OW * e) + dim(ncb, H * W * e, pix * e));
+        dma(vmem(taps + ((kh * KW + kw) * blk + (ha - k.oh0) * OW + ow0) * e), vmem(img + (ih * W + iw) * e), e,
+            dim(ow1 - ow0, st[1] * e, e) + dim(hb - ha, st[0] * W * e, OW * e) + dim(k.ncb, H * W * e, pix * e));
       }
     wait_dmas();
     for (int64_t t = 0; t < cnt; t += kTileElems) {
       line("vbcast v0, " + fimm(0.0f));  // +0.0: the chunk's partial sum starts there
-      for (int64_t k = 0; k < KK; ++k) {
-        line(std::string(ld(dt)) + " v1, " + at(v.taps + (k * blk + t) * e));
+      for (int64_t q = 0; q < KK; ++q) {
+        line(std::string(ld(dt)) + " v1, " + at(taps + (q * blk + t) * e));
         if (dt != DType::kBf16) line("vcvt.bf16 v1, v1");  // the operands enter as bf16
-        line(std::string(ld(wt)) + " v2, " + at(v.wp + (k * blk + t) * ew));
+        line(std::string(ld(wt)) + " v2, " + at(wp + (q * blk + t) * ew));
         if (wt != DType::kBf16) line("vcvt.bf16 v2, v2");
         line("vmul v1, v1, v2");
         line("vadd v0, v0, v1");
       }
       if (has_bias) {
-        line(std::string(ld(bt)) + " v3, " + at(v.bp + t * eb));
+        line(std::string(ld(bt)) + " v3, " + at(bp + t * eb));
         line("vadd v0, v0, v3");
       }
       DType cur = n.type.dtype;
@@ -537,18 +557,11 @@ bool Emitter::lower_depthwise(const Node& n) {
         emit_op(*x.m, 0, x.run_first ? 0 : 30, x.run_first ? 30 : 0, 28, 29);
         cur = x.m->type.dtype;
       }
-      line(std::string(this->st(ot)) + " v0, " + at(v.out + t * eo));
+      line(std::string(this->st(ot)) + " v0, " + at(out + t * eo));
     }
-    dma(hbm(y + base * eo), vmem(v.out), cnt * eo);
-    wait_dmas();
+    dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + base * eo), vmem(out), cnt * eo, "");
   };
-  for (int64_t b = 0; b < NB; ++b)
-    if (OHW <= blk) {
-      for (int64_t c = 0; c < CH; c += v.ncb) block(b, c, std::min(v.ncb, CH - c), 0, OH);
-    } else {
-      for (int64_t c = 0; c < CH; ++c)
-        for (int64_t oh0 = 0; oh0 < OH; oh0 += v.rows) block(b, c, 1, oh0, std::min(OH, oh0 + v.rows));
-    }
+  double_buffered(static_cast<int64_t>(blocks.size()), fetch, body);
   cur_ = 0;
   return true;
 }
