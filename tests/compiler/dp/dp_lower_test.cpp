@@ -1329,6 +1329,12 @@ TEST(DpLower, FirstTorusSendsGoFromVmem) {
 // the torus from VMEM; with one slice (the whole buffer a piece per part) the
 // streams keep 6 slots. Pieces of 1024 elements stand for the 32 Ki of 64 MiB.
 TEST(DpLower, PooledSlicesOnV2Slice4x4) {
+#if defined(__SANITIZE_ADDRESS__)
+  // 49 s in Release; under ASan + UBSan it did not finish in 3000 s (2026-12-04,
+  // about 30 min of CPU): the sanitized suite would only time it out. The Release
+  // suite runs it.
+  GTEST_SKIP() << "too slow under the sanitizers (49 s in Release, > 3000 s sanitized)";
+#endif
   auto max_flag = [](const std::string& text) {
     int most = -1;
     for (size_t at = text.find("rflag=f"); at != std::string::npos; at = text.find("rflag=f", at + 1))
