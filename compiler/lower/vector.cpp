@@ -402,8 +402,8 @@ void Emitter::lower_pool(const Node& n) {
 // acc = +0.0, then acc + bf16(x_k) * bf16(w_k) in increasing k = kh*KW + kw, each
 // product rounded once to fp32 (exact for bf16 operands unless it over- or
 // underflows, as on the MXU), each add rounded; the bias is one more add, and
-// fused members follow as in the matmul's epilogue. The weights of tap k over a
-// block are one VMEM -> VMEM DMA replicating each channel's weight (stride 0).
+// fused members follow as in the matmul's epilogue. The weights of every tap over
+// a block are one VMEM -> VMEM DMA replicating each channel's weight (stride 0).
 bool Emitter::lower_depthwise(const Node& n) {
   const Placed X = t_.at(n.inputs[0]), Wt = t_.at(n.inputs[1]);
   const auto& st = n.attr_ints("strides");
@@ -438,9 +438,8 @@ bool Emitter::lower_depthwise(const Node& n) {
   }
   // Blocks of up to `blk` outputs: `ncb` whole channels, or (when a channel has
   // more outputs) `rows` output rows of one channel; the input is the block's
-  // whole channels either way.
-  // Two buffers of each block-sized region: a core fetches block k + 1 while block
-  // k computes.
+  // whole channels either way. Two buffers of each block-sized region: a core
+  // fetches block k + 1 while block k computes.
   struct Layout {
     int64_t blk, ncb, rows, img[2], taps[2], wp[2], bp[2], out[2], ws, bs, end;
   };
@@ -521,7 +520,8 @@ bool Emitter::lower_depthwise(const Node& n) {
     if (any_pad) {  // taps in the padding read +0.0
       line("vbcast v0, " + fimm(0.0f));
       for (int64_t t = 0; t < KK; ++t)
-        for (int64_t i = 0; i < cnt; i += kTileElems) line(std::string(this->st(dt)) + " v0, " + at(taps + (t * blk + i) * e));
+        for (int64_t i = 0; i < cnt; i += kTileElems)
+          line(std::string(this->st(dt)) + " v0, " + at(taps + (t * blk + i) * e));
     }
     for (int64_t kh = 0; kh < KH; ++kh)
       for (int64_t kw = 0; kw < KW; ++kw) {

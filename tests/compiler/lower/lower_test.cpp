@@ -294,7 +294,7 @@ TEST(LowerConv, Im2colOrderPaddingStridesBias) {
 TEST(LowerConv, DepthwiseOnTheVpu) {
   auto big_vmem = target(1, 16, 16);
   auto small_vmem = target(1, 16, 16);
-  small_vmem.vmem_bytes = 128 << 10;
+  small_vmem.vmem_bytes = 256 << 10;  // two buffers of 1024-output blocks, not of 2048
   const std::string chain =
       "graph d {\n  input %x : f32[2,6,9,8]\n  input %w : f32[6,1,3,3]\n  input %b : f32[6]\n"
       "  const %s : f32[1] = [0xbf000000]\n"
@@ -310,11 +310,12 @@ TEST(LowerConv, DepthwiseOnTheVpu) {
         expect_bit_exact(conv_ir("[1,5,11,10]", "[5,1,3,3]", "[1,5,5,5]",
                                  "dilations=[2,2], groups=5, pads=[2,1,1,2], strides=[2,2]"),
                          p, t, 2, cores);
-        // 50 channels of 7 x 7: 20 channels a block in a small VMEM (20, 20, 10).
+        // 50 channels of 7 x 7: 20 channels a block in the small VMEM (20, 20, 10).
         expect_bit_exact(conv_ir("[1,50,7,7]", "[50,1,3,3]", "[1,50,7,7]",
                                  "dilations=[1,1], groups=50, pads=[1,1,1,1], strides=[1,1]", "[50]"),
                          p, t, 3, cores);
-        // 40 x 40 = 1600 outputs a channel: blocks of part of a channel in 128 KiB.
+        // 40 x 40 = 1600 outputs a channel: blocks of 25 rows of one channel in the
+        // small VMEM (25, 15 a channel).
         expect_bit_exact(conv_ir("[1,2,40,40]", "[2,1,3,3]", "[1,2,40,40]",
                                  "dilations=[1,1], groups=2, pads=[1,1,1,1], strides=[1,1]", "[2]"),
                          p, t, 4, cores);
@@ -340,6 +341,23 @@ TEST(LowerConv, DepthwiseOnTheVpu) {
   }
   EXPECT_EQ(mxu, 0);
   EXPECT_GT(vmul, 0);
+  // In the small VMEM the 40 x 40 conv is still the VPU's, in four blocks: four
+  // stores to HBM, double-buffered over one core.
+  lo.target = small_vmem;
+  int stores = 0;
+  mxu = 0;
+  for (const auto& in : lower_graph(parse_graph(conv_ir("[1,2,40,40]", "[2,1,3,3]", "[1,2,40,40]",
+                                                        "dilations=[1,1], groups=2, pads=[1,1,1,1], strides=[1,1]",
+                                                        "[2]"),
+                                                "test.ir"),
+                                    lo)
+                            .bundle.cores.at(0)
+                            .code) {
+    mxu += in.op == isa::Op::kMmul || in.op == isa::Op::kMpush;
+    stores += in.op == isa::Op::kDma && in.src.space == isa::Space::kVmem && in.dst.space == isa::Space::kHbm;
+  }
+  EXPECT_EQ(mxu, 0);
+  EXPECT_EQ(stores, 4);
 }
 
 TEST(LowerMovement, Transpose) {
