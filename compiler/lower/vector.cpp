@@ -503,20 +503,26 @@ bool Emitter::lower_depthwise(const Node& n) {
       for (int64_t c = 0; c < CH; ++c)
         for (int64_t oh0 = 0; oh0 < OH; oh0 += v.rows) blocks.push_back({b, c, 1, oh0, std::min(OH, oh0 + v.rows)});
     }
-  // Fetch: the block's input channels, and the weights of all taps (and the bias)
-  // over its pixels, each replicated by one DMA.
-  const auto fetch = [&](int64_t unit, int64_t par) {
-    const Block& k = blocks[static_cast<size_t>(unit)];
-    const int64_t pix = (k.oh1 - k.oh0) * OW, in = kStreamInFlag + static_cast<int>(par);
-    dma_on(in, vmem(v.img[par]), hbm(X.addr + (k.b * CH + k.c) * H * W * e), k.ncb * H * W * e, "");
-    dma_on(in, vmem(v.wp[par]), vmem(v.ws + k.c * KK * ew), ew,
-           dim(pix, 0, ew) + dim(k.ncb, KK * ew, pix * ew) + dim(KK, ew, blk * ew));
-    if (has_bias) dma_on(in, vmem(v.bp[par]), vmem(v.bs + k.c * eb), eb, dim(pix, 0, eb) + dim(k.ncb, eb, pix * eb));
+  // A core's blocks in a software pipeline over the two buffers: while block k
+  // computes, block k + 1's taps gather (its input came in earlier) and block
+  // k + 2's input comes in. Flags, one a buffer: input, weights and bias, gathers,
+  // stores.
+  constexpr int kInFlag = kStreamInFlag, kWeightFlag = 10, kGatherFlag = 8, kOutFlag = kStreamOutFlag;
+  const auto pixels = [&](const Block& k) { return (k.oh1 - k.oh0) * OW; };
+  const auto fetch_input = [&](const Block& k, int par) {
+    dma_on(kInFlag + par, vmem(v.img[par]), hbm(X.addr + (k.b * CH + k.c) * H * W * e), k.ncb * H * W * e, "");
   };
-  const auto body = [&](int64_t unit, int64_t par) {
-    const Block& k = blocks[static_cast<size_t>(unit)];
-    const int64_t pix = (k.oh1 - k.oh0) * OW, cnt = k.ncb * pix, base = (k.b * CH + k.c) * OHW + k.oh0 * OW;
-    const int64_t taps = v.taps[par], img = v.img[par], wp = v.wp[par], bp = v.bp[par], out = v.out[par];
+  // The weights of all taps (and the bias) over the block's pixels, each replicated
+  // by one DMA.
+  const auto fetch_weights = [&](const Block& k, int par) {
+    const int64_t pix = pixels(k);
+    dma_on(kWeightFlag + par, vmem(v.wp[par]), vmem(v.ws + k.c * KK * ew), ew,
+           dim(pix, 0, ew) + dim(k.ncb, KK * ew, pix * ew) + dim(KK, ew, blk * ew));
+    if (has_bias)
+      dma_on(kWeightFlag + par, vmem(v.bp[par]), vmem(v.bs + k.c * eb), eb, dim(pix, 0, eb) + dim(k.ncb, eb, pix * eb));
+  };
+  const auto gather = [&](const Block& k, int par) {
+    const int64_t pix = pixels(k), cnt = k.ncb * pix, taps = v.taps[par], img = v.img[par];
     if (any_pad) {  // taps in the padding read +0.0
       line("vbcast v0, " + fimm(0.0f));
       for (int64_t t = 0; t < KK; ++t)
@@ -532,10 +538,14 @@ bool Emitter::lower_depthwise(const Node& n) {
         hb = std::min(hb, k.oh1);
         if (ha >= hb || ow0 >= ow1) continue;
         const int64_t ih = ha * st[0] - pads[0] + kh * dil[0], iw = ow0 * st[1] - pads[1] + kw * dil[1];
-        dma(vmem(taps + ((kh * KW + kw) * blk + (ha - k.oh0) * OW + ow0) * e), vmem(img + (ih * W + iw) * e), e,
-            dim(ow1 - ow0, st[1] * e, e) + dim(hb - ha, st[0] * W * e, OW * e) + dim(k.ncb, H * W * e, pix * e));
+        dma_on(kGatherFlag + par, vmem(taps + ((kh * KW + kw) * blk + (ha - k.oh0) * OW + ow0) * e),
+               vmem(img + (ih * W + iw) * e), e,
+               dim(ow1 - ow0, st[1] * e, e) + dim(hb - ha, st[0] * W * e, OW * e) + dim(k.ncb, H * W * e, pix * e));
       }
-    wait_dmas();
+  };
+  const auto compute = [&](const Block& k, int par) {
+    const int64_t cnt = k.ncb * pixels(k), base = (k.b * CH + k.c) * OHW + k.oh0 * OW;
+    const int64_t taps = v.taps[par], wp = v.wp[par], bp = v.bp[par], out = v.out[par];
     for (int64_t t = 0; t < cnt; t += kTileElems) {
       line("vbcast v0, " + fimm(0.0f));  // +0.0: the chunk's partial sum starts there
       for (int64_t q = 0; q < KK; ++q) {
@@ -559,9 +569,38 @@ bool Emitter::lower_depthwise(const Node& n) {
       }
       line(std::string(this->st(ot)) + " v0, " + at(out + t * eo));
     }
-    dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + base * eo), vmem(out), cnt * eo, "");
+    dma_on(kOutFlag + par, hbm(y + base * eo), vmem(out), cnt * eo, "");
   };
-  double_buffered(static_cast<int64_t>(blocks.size()), fetch, body);
+  for (int core = 0; core < cores_; ++core) {
+    cur_ = core;
+    std::vector<const Block*> mine;
+    for (size_t u = static_cast<size_t>(core); u < blocks.size(); u += static_cast<size_t>(cores_))
+      mine.push_back(&blocks[u]);
+    const size_t m = mine.size();
+    for (size_t k = 0; k < std::min<size_t>(2, m); ++k) {
+      fetch_input(*mine[k], static_cast<int>(k));
+      fetch_weights(*mine[k], static_cast<int>(k));
+    }
+    if (m > 0) {
+      wait_flag(kInFlag);
+      gather(*mine[0], 0);
+    }
+    for (size_t k = 0; k < m; ++k) {
+      const int par = static_cast<int>(k % 2);
+      wait_flag(kGatherFlag + par);  // block k's taps are in; its input buffer is free
+      if (k + 2 < m) fetch_input(*mine[k + 2], par);
+      if (k + 1 < m) {
+        wait_flag(kInFlag + 1 - par);
+        gather(*mine[k + 1], 1 - par);
+      }
+      wait_flag(kWeightFlag + par);
+      if (k >= 2) wait_flag(kOutFlag + par);  // block k - 2's results have gone out
+      compute(*mine[k], par);
+      if (k + 2 < m) fetch_weights(*mine[k + 2], par);
+    }
+    wait_flag(kOutFlag);
+    wait_flag(kOutFlag + 1);
+  }
   cur_ = 0;
   return true;
 }
