@@ -165,6 +165,15 @@ class Emitter {
   static std::string hbm(int64_t a) { return "hbm:" + addr_ref(a); }
   static std::string vmem(int64_t a) { return "vmem:" + addr_ref(a); }
   static std::string at(int64_t a) { return addr_ref(a); }
+  // The output positions [lo, hi) of one axis whose tap at `off` (kernel index x
+  // dilation) lands inside an input of `in` elements: lo * stride - pad + off >= 0
+  // and (hi - 1) * stride - pad + off < in (im2col, pooling and depthwise gathers).
+  static void tap_range(int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
+    *lo = 0;
+    while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
+    *hi = out;
+    while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
+  }
   static std::string dim(int64_t count, int64_t src_stride, int64_t dst_stride) {
     return ", dim=" + std::to_string(count) + ":" + std::to_string(src_stride) + ":" + std::to_string(dst_stride);
   }

@@ -128,15 +128,9 @@ void Emitter::lower_im2col(const Node& n) {
   if (pointwise) return;
   for (int64_t kh = 0; kh < k[0]; ++kh)
     for (int64_t kw = 0; kw < k[1]; ++kw) {
-      auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
-        *lo = 0;
-        while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
-        *hi = out;
-        while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
-      };
       int64_t oh0, oh1, ow0, ow1;
-      range(OH, H, st[0], pads[0], kh * dil[0], &oh0, &oh1);
-      range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
+      tap_range(OH, H, st[0], pads[0], kh * dil[0], &oh0, &oh1);
+      tap_range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
       if (oh0 >= oh1 || ow0 >= ow1) continue;
       const int64_t ih = oh0 * st[0] - pads[0] + kh * dil[0], iw = ow0 * st[1] - pads[1] + kw * dil[1];
       const int64_t src = S + (ih * W + iw) * CI * ex;

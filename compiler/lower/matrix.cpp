@@ -43,12 +43,6 @@ void Emitter::lower_conv(const Node& n) {
   const int64_t P = place_hbm(M * K * ex), Y = place_hbm(M * COg * eo);
   const int64_t Wm = const_w ? place_hbm_pinned(K * COg * ew) : place_hbm(K * COg * ew);
   check_addr(n, hbm_top_);
-  auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
-    *lo = 0;
-    while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
-    *hi = out;
-    while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
-  };
   const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
   const int64_t img = CI * H * W * ex;  // one image's channels of this group
   // Output rows per staged band of im2col rows (0: the image does not fit VMEM).
@@ -66,8 +60,8 @@ void Emitter::lower_conv(const Node& n) {
         for (int64_t kw = 0; kw < KW; ++kw) {
           // Output positions whose tap (kh, kw) lands inside the image.
           int64_t ha, hb, ow0, ow1;
-          range(OH, H, st[0], pads[0], kh * dil[0], &ha, &hb);
-          range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
+          tap_range(OH, H, st[0], pads[0], kh * dil[0], &ha, &hb);
+          tap_range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
           ha = std::max(ha, oh0);
           hb = std::min(hb, oh1);
           if (ha >= hb || ow0 >= ow1) continue;

@@ -300,12 +300,6 @@ void Emitter::lower_pool(const Node& n) {
   const int64_t e = esz(dt), tile = kTileElems * e;
   const int64_t P = place_hbm(align_up(T * KK * e, tile));
   check_addr(n, hbm_top_);
-  auto range = [](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
-    *lo = 0;
-    while (*lo < out && *lo * stride - pad + off < 0) ++*lo;
-    *hi = out;
-    while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
-  };
   // Channels per staged band (0: not even one channel fits VMEM: direct HBM gathers).
   int64_t cb = CH;
   while (cb > 0 && !staging_fits(cb * H * W * e, cb * OH * OW * KK * e)) cb /= 2;
@@ -325,8 +319,8 @@ void Emitter::lower_pool(const Node& n) {
       for (int64_t kh = 0; kh < k[0]; ++kh)
         for (int64_t kw = 0; kw < k[1]; ++kw) {
           int64_t oh0, oh1, ow0, ow1;
-          range(OH, H, st[0], pads[0], kh, &oh0, &oh1);
-          range(OW, W, st[1], pads[1], kw, &ow0, &ow1);
+          tap_range(OH, H, st[0], pads[0], kh, &oh0, &oh1);
+          tap_range(OW, W, st[1], pads[1], kw, &ow0, &ow1);
           if (oh0 >= oh1 || ow0 >= ow1) continue;
           const int64_t ih = oh0 * st[0] - pads[0] + kh, iw = ow0 * st[1] - pads[1] + kw;
           const int64_t soff = (ih * W + iw) * e;
@@ -484,12 +478,6 @@ bool Emitter::lower_depthwise(const Node& n) {
     wait_dmas();
   }
   const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
-  auto range = [](int64_t o, int64_t in, int64_t stride, int64_t pad, int64_t off, int64_t* lo, int64_t* hi) {
-    *lo = 0;
-    while (*lo < o && *lo * stride - pad + off < 0) ++*lo;
-    *hi = o;
-    while (*hi > *lo && (*hi - 1) * stride - pad + off >= in) --*hi;
-  };
   const int64_t y = t_.at(last.output).addr;
   // Block: channels [c, c + ncb) of image b, output rows [oh0, oh1) of each.
   struct Block {
@@ -532,8 +520,8 @@ bool Emitter::lower_depthwise(const Node& n) {
     for (int64_t kh = 0; kh < KH; ++kh)
       for (int64_t kw = 0; kw < KW; ++kw) {
         int64_t ha, hb, ow0, ow1;
-        range(OH, H, st[0], pads[0], kh * dil[0], &ha, &hb);
-        range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
+        tap_range(OH, H, st[0], pads[0], kh * dil[0], &ha, &hb);
+        tap_range(OW, W, st[1], pads[1], kw * dil[1], &ow0, &ow1);
         ha = std::max(ha, k.oh0);
         hb = std::min(hb, k.oh1);
         if (ha >= hb || ow0 >= ow1) continue;
