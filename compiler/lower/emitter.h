@@ -222,6 +222,8 @@ class Emitter {
   // A depthwise conv2d on the VPU (vector.cpp); false when it does not apply or
   // fit, and lower_conv takes it as a matmul per channel.
   bool lower_depthwise(const Node& n);
+  // A 1x1 conv2d as the matmul W x X per image, in NCHW (matrix.cpp).
+  void lower_pointwise(const Node& n);
   void lower_all_reduce(const Node& n);  // collective.cpp
   void lower_direct_collective(const Node& n);  // all_gather, reduce_scatter, all_to_all
   // grad.cpp: the training graphs' backward ops (docs/training.md).

@@ -35,6 +35,10 @@ void Emitter::lower_conv(const Node& n) {
   const Node& last = chain.empty() ? n : *chain.back();
   const int64_t ex = esz(X.type.dtype), ew = esz(Wt.type.dtype), eo = esz(last.type.dtype);
   if (G == CIall && CI == 1 && COg == 1 && lower_depthwise(n)) return;
+  if (G == 1 && KH == 1 && KW == 1 && st[0] == 1 && st[1] == 1 && !(pads[0] || pads[1] || pads[2] || pads[3])) {
+    lower_pointwise(n);
+    return;
+  }
   // Each group is its own convolution (the reference's per-group chunking).
   for (int64_t g = 0; g < G; ++g) {
   const std::string tag = "#conv" + std::to_string(n.id) + "g" + std::to_string(g);
@@ -156,6 +160,39 @@ void Emitter::lower_conv(const Node& n) {
   }
 }
 
+// A pointwise conv (1x1, stride 1, no padding, one group) on NCHW is, per image, the
+// matmul Y[b] (CO x H*W) = W (CO x CI) x X[b] (CI x H*W): the OIHW weights are W as
+// they lie, each image's channels are the weight rows the MXUs hold, and the result is
+// NCHW already, so no im2col rows and no NHWC -> NCHW move. The bias is a value per
+// output row (a column-vector operand of the matmul). Each output element sums the same
+// products in the same k = cin order as the im2col matmul: the contract's convolution.
+void Emitter::lower_pointwise(const Node& n) {
+  const Placed X = t_.at(n.inputs[0]);
+  const Placed Wt = t_.at(n.inputs[1]);
+  const int64_t NB = X.type.shape[0], CI = X.type.shape[1], HW = X.type.shape[2] * X.type.shape[3];
+  const int64_t CO = Wt.type.shape[0];
+  const std::vector<const Node*>& chain = chain_of(n);
+  const Node& last = chain.empty() ? n : *chain.back();
+  const std::string tag = "#pw" + std::to_string(n.id);
+  t_[tag + "w"] = Placed{TensorType{Wt.type.dtype, {CO, CI}}, Wt.addr};
+  t_[tag + "x"] = Placed{TensorType{X.type.dtype, {NB, CI, HW}}, X.addr};
+  t_[tag + "y"] = Placed{TensorType{last.type.dtype, {NB, CO, HW}}, t_.at(last.output).addr};
+  Node mm;
+  mm.id = n.id;
+  mm.op = OpKind::kMatmul;
+  mm.inputs = {tag + "w", tag + "x"};
+  if (n.inputs.size() > 2) {
+    const Placed& Bi = t_.at(n.inputs[2]);
+    t_[tag + "b"] = Placed{TensorType{Bi.type.dtype, {CO, 1}}, Bi.addr};
+    mm.inputs.push_back(tag + "b");
+  }
+  mm.output = tag + "y";
+  mm.type = TensorType{n.type.dtype, {NB, CO, HW}};
+  epi_ = chain;
+  epi_dst_ = tag + "y";
+  lower_matmul(mm);
+}
+
 // matmul / Gemm (docs/codegen.md, "How it lowers"). Work units are (batch element,
 // group of Mg rows), round robin over the cores. Within a unit one software pipeline
 // runs over every (column-tile group, K pass, 8-row block): a pass puts kk <= kw
@@ -209,14 +246,18 @@ void Emitter::lower_matmul(const Node& n) {
 
   // Epilogue operands: the bias C (scaled by beta) and the other operand of each
   // binary member. A row vector (or scalar) is a replicated 8-row tile per column
-  // tile, loaded once per core; anything else is materialised at the output's shape
-  // and streamed per (unit, column-tile group).
+  // tile, loaded once per core. A column vector (M x 1: a value per output row, the
+  // bias of a conv lowered as W x X) is loaded whole once per core and spread into a
+  // tile per 8-row block of each unit. Anything else is materialised at the output's
+  // shape and streamed per (unit, column-tile group).
   struct Operand {
     bool full = false;
     int64_t addr = 0;
     DType dt = DType::kF32;
     bool scalar = false;
-    int64_t vbase = 0;  // VMEM
+    bool per_row = false;  // a column vector: vbase holds a unit's 8-row tiles (fp32), raw its M values
+    int64_t vbase = 0;     // VMEM
+    int64_t raw = 0;
   };
   std::vector<Operand> ops;
   auto classify = [&](const std::string& name) {
@@ -226,9 +267,14 @@ void Emitter::lower_matmul(const Node& n) {
     const Shape& s = p.type.shape;
     bool vec = s.size() <= rank;
     for (size_t d = 0; d + 1 < s.size() && vec; ++d) vec = s[d] == 1;
+    bool col = s.size() >= 2 && s.back() == 1 && s[s.size() - 2] == M && M > 1;
+    for (size_t d = 0; d + 2 < s.size() && col; ++d) col = s[d] == 1;
     if (vec && (s.empty() || s.back() == 1 || s.back() == N)) {
       o.addr = p.addr;
       o.scalar = s.empty() || s.back() == 1;
+    } else if (col) {
+      o.addr = p.addr;
+      o.per_row = true;
     } else {
       o.full = true;
       o.addr = broadcast_to(n, name, os);
@@ -263,8 +309,8 @@ void Emitter::lower_matmul(const Node& n) {
     const std::string va = "v" + std::to_string(a);
     auto load_operand = [&](int idx, const std::string& into) {
       const Operand& o = ops[static_cast<size_t>(idx)];
-      const int64_t addr = o.full ? full_at(o) : o.vbase + (o.scalar ? 0 : tile * 8 * 128 * esz(o.dt));
-      line(std::string(ld(o.dt)) + " " + into + ", " + at(addr));
+      const int64_t addr = o.full || o.per_row ? full_at(o) : o.vbase + (o.scalar ? 0 : tile * 8 * 128 * esz(o.dt));
+      line(std::string(o.per_row ? "vld" : ld(o.dt)) + " " + into + ", " + at(addr));
     };
     if (alpha != 1.0f) {
       line("vbcast v31, " + fimm(alpha));
@@ -285,6 +331,31 @@ void Emitter::lower_matmul(const Node& n) {
       emit_op(*st_.m, static_cast<int>(a), st_.run_first ? static_cast<int>(a) : 30,
               st_.run_first ? 30 : static_cast<int>(a), 28, 29);
       cur_t = st_.m->type.dtype;
+    }
+  };
+
+  // Column-vector operands: their M values once per core (raw), and before a unit's (or
+  // tile's) first epilogue the tile of each 8-row block, every lane of row r holding
+  // the value of output row m0 + r: a masked load puts the value in lane 0 (the other
+  // lanes read nothing), -inf fills the rest, and the lane max broadcasts it exactly
+  // (max(x, -inf) = x for every x, NaN included).
+  auto load_per_row = [&]() {
+    for (const Operand& o : ops)
+      if (o.per_row) dma(vmem(o.raw), hbm(o.addr), M * esz(o.dt));
+  };
+  auto spread_per_row = [&](int64_t m0, int64_t mr) {
+    for (const Operand& o : ops) {
+      if (!o.per_row) continue;
+      const int64_t e = esz(o.dt);
+      line("vbcast v31, " + fimm(-INFINITY));
+      for (int64_t i = 0; i * 8 < mr; ++i) {
+        line("vmask m1, " + std::to_string(std::min<int64_t>(8, mr - i * 8)) + ", 1");
+        line(std::string(ld(o.dt)) + " v30, " + at(o.raw + (m0 + i * 8) * e) + ", stride=" + std::to_string(e) +
+             ", mask=m1");
+        line("vsel v30, m1, v30, v31");
+        line("vreduce.lanes.max v30, v30");
+        line("vst v30, " + at(o.vbase + i * 8 * 512));
+      }
     }
   };
 
@@ -381,14 +452,15 @@ void Emitter::lower_matmul(const Node& n) {
   };
   auto obs_of = [&](int64_t ob) { return wide_out ? odd_stride(ob * cw * C * eo, orow) : cw * orow; };
   auto ws_of = [&](int64_t bg) { return odd_stride((std::min(bg * cw, ntiles) * C - C + 128) * eb, wrow); };
-  int64_t vec_bytes = 0, full_per_row = 0;
+  int64_t vec_bytes = 0, full_per_row = 0, col_per_row = 0;
   for (const Operand& o : ops) {
     if (o.full) full_per_row += 2 * cw * 128 * esz(o.dt);
+    else if (o.per_row) vec_bytes += align_up(M * esz(o.dt), 512), col_per_row += 512;
     else vec_bytes += (o.scalar ? 1 : ntiles) * 8 * 128 * esz(o.dt);
   }
   auto need = [&](int64_t mg, bool res, int64_t bg) {
     return (res ? chunks * R * ws_of(bg) + wrow : kSlots * kw * cw * wtile) + lbands * mg * ls + cw * mg * 512 +
-           2 * mg * obs_of(std::min(OB, bg)) + vec_bytes + mg * full_per_row;
+           2 * mg * obs_of(std::min(OB, bg)) + vec_bytes + mg * (full_per_row + col_per_row);
   };
   bool resident = true;
   int64_t BG = ngroups;
@@ -432,7 +504,7 @@ void Emitter::lower_matmul(const Node& n) {
     auto tile_out_bytes = [&](int64_t mt, int64_t ng) { return wide_out ? mt * obs_of(ng) : ng * cw * mt * orow; };
     auto need_s = [&](int64_t mt, int64_t ng) {
       return kPanels * kw * R * ws_of(ng) + wrow + 2 * mt * ls + ng * cw * mt * 512 + tile_out_bytes(mt, ng) +
-             vec_bytes;
+             vec_bytes + mt * col_per_row;
     };
     // Rows up to 256 first (an mswap per Mt/8 blocks), then panel rows of kRunBytes,
     // then more rows (fewer weight re-reads), then more columns (fewer LHS re-reads).
@@ -458,7 +530,12 @@ void Emitter::lower_matmul(const Node& n) {
       int64_t vtop = obase + tile_out_bytes(Mt, NG);
       for (Operand& o : ops) {
         o.vbase = vtop;
-        vtop += (o.scalar ? 1 : ntiles) * 8 * 128 * esz(o.dt);
+        if (o.per_row) {
+          o.raw = vtop + Mt * 512;
+          vtop = o.raw + align_up(M * esz(o.dt), 512);
+        } else {
+          vtop += (o.scalar ? 1 : ntiles) * 8 * 128 * esz(o.dt);
+        }
       }
       struct Tile {
         int64_t b, m0, mr, n0, ng;
@@ -504,8 +581,10 @@ void Emitter::lower_matmul(const Node& n) {
                    dim(lcols, M * ea, ea) + dim(r1 - r0, ea, ls));
         };
         if (vec_bytes > 0) {
+          load_per_row();
           for (const Operand& o : ops) {
             const int64_t e = esz(o.dt), crow = 128 * e;
+            if (o.per_row) continue;
             if (o.scalar) {
               dma(vmem(o.vbase), hbm(o.addr), e, dim(128, 0, e) + dim(8, 0, crow));
             } else {
@@ -576,6 +655,7 @@ void Emitter::lower_matmul(const Node& n) {
           auto acc_at = [&](const Pass& ps, int64_t w, int64_t i) {
             return abase + ((ps.t * cw + w) * Mt + i * 8) * 512;
           };
+          spread_per_row(tl.m0, tl.mr);
           wait_flag(kSlotFlag + static_cast<int>(z0 % kPanels));
           wait_flag(kBandFlag + static_cast<int>(y0 % 2));
           int64_t wreg = 0;
@@ -678,7 +758,7 @@ void Emitter::lower_matmul(const Node& n) {
                   line("vst " + vr(a) + ", " + at(acc_at(ps, w, i)));
                   continue;
                 }
-                emit_epilogue(a, ps.n0 / C + w, [](const Operand&) { return int64_t{0}; });
+                emit_epilogue(a, ps.n0 / C + w, [&](const Operand& o) { return o.vbase + i * 8 * 512; });
                 if (wide_out)
                   line(std::string(st(ot)) + " " + vr(a) + ", " + at(obase + i * 8 * tobs + (ps.t * cw + w) * orow) +
                        ", stride=" + std::to_string(tobs));
@@ -723,7 +803,12 @@ void Emitter::lower_matmul(const Node& n) {
   int64_t top = out_base + 2 * Mg * obs;
   for (Operand& o : ops) {
     o.vbase = top;
-    top += o.full ? 2 * cw * Mg * 128 * esz(o.dt) : (o.scalar ? 1 : ntiles) * 8 * 128 * esz(o.dt);
+    if (o.per_row) {
+      o.raw = top + Mg * 512;
+      top = o.raw + align_up(M * esz(o.dt), 512);
+    } else {
+      top += o.full ? 2 * cw * Mg * 128 * esz(o.dt) : (o.scalar ? 1 : ntiles) * 8 * 128 * esz(o.dt);
+    }
   }
 
   std::vector<std::vector<Pass>> band_passes((ngroups + BG - 1) / BG);
@@ -845,8 +930,9 @@ void Emitter::lower_matmul(const Node& n) {
 
       // Prologue: replicated operand tiles, passes 0 and 1, pass 0's weights.
       if (!vec_loaded[static_cast<size_t>(cur_)] && vec_bytes > 0) {
+        load_per_row();
         for (const Operand& o : ops) {
-          if (o.full) continue;
+          if (o.full || o.per_row) continue;
           const int64_t e = esz(o.dt), crow = 128 * e;
           if (o.scalar) {
             dma(vmem(o.vbase), hbm(o.addr), e, dim(128, 0, e) + dim(8, 0, crow));
@@ -859,6 +945,7 @@ void Emitter::lower_matmul(const Node& n) {
         wait_dmas();
       }
       vec_loaded[static_cast<size_t>(cur_)] = true;
+      spread_per_row(m0, mr);
       if (any_full) {
         epi_fetch(t_first);
         if (t_first + 1 < t_end) epi_fetch(t_first + 1);
@@ -961,6 +1048,7 @@ void Emitter::lower_matmul(const Node& n) {
               continue;
             }
             emit_epilogue(a, ps.n0 / C + w, [&](const Operand& o) {
+              if (o.per_row) return o.vbase + i * 8 * 512;
               return o.vbase + (((ps.t % 2) * cw + w) * Mg + i * 8) * 128 * esz(o.dt);
             });
             if (wide_out)
