@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -31,6 +32,13 @@ constexpr int64_t kAlign = 4096;
 constexpr int64_t kCreditSmemBytes = 1024;
 
 inline int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+// A VMEM row stride of an odd number of `gran`-byte granules (gran: one 128-lane row),
+// so the 8 rows of a strided vld or vst fall in different banks.
+inline int64_t odd_stride(int64_t bytes, int64_t gran) {
+  int64_t s = align_up(bytes, gran);
+  if ((s / gran) % 2 == 0) s += gran;
+  return s;
+}
 
 // An address is (unsigned 32-bit sA) + (signed 32-bit imm) (docs/isa.md): s0 names
 // [0, 2 GiB); every program that names more sets two window registers once at its
@@ -186,6 +194,11 @@ class Emitter {
   }
 
   int64_t broadcast_to(const Node& n, const std::string& name, const Shape& out_shape);
+  // A constant rearranged at compile time into a .const entry of its own at HBM `addr`
+  // (conv weights as W[(kh,kw,cin), o], a Gemm's B^T as B): element i of the new
+  // layout is value(i), stored as dt (bf16 exactly: the policy pass rounded it).
+  void layout_constant(int64_t addr, const std::string& name, DType dt, const Shape& shape,
+                       const std::function<float(int64_t)>& value);
   // Fusion (compiler/lower/fusion.cpp): the members of each root's fusion group that
   // its kernel applies to its output tiles in registers, in order; their results
   // never go through HBM.
@@ -222,6 +235,16 @@ class Emitter {
   // A depthwise conv2d on the VPU (vector.cpp); false when it does not apply or
   // fit, and lower_conv takes it as a matmul per channel.
   bool lower_depthwise(const Node& n);
+  // A fused member of a depthwise conv, with its single-element operand if binary.
+  struct DwMember {
+    const Node* m;
+    std::string other;  // a binary member's single-element operand
+    bool run_first;     // the running value is its first operand
+    int64_t tile;       // VMEM of that operand replicated over a tile
+  };
+  bool depthwise_shifted(const Node& n, std::vector<DwMember>& members);
+  void load_dw_constants(const Node& n, int64_t ws, int64_t bs, const std::vector<DwMember>& members);
+  void apply_dw_members(const Node& n, const std::vector<DwMember>& members, int v);
   // A 1x1 conv2d as the matmul W x X per image, in NCHW (matrix.cpp).
   void lower_pointwise(const Node& n);
   void lower_all_reduce(const Node& n);  // collective.cpp

@@ -12,6 +12,27 @@
 
 namespace tpusim::compiler::lowering {
 
+void Emitter::layout_constant(int64_t addr, const std::string& name, DType dt, const Shape& shape,
+                              const std::function<float(int64_t)>& value) {
+  isa::IoEntry e;
+  e.kind = isa::IoKind::kConst;
+  e.name = name;
+  e.dtype = dt == DType::kBf16 ? isa::Dtype::kBf16 : isa::Dtype::kF32;
+  e.shape = shape;
+  e.space = isa::Space::kHbm;
+  e.addr = static_cast<uint64_t>(addr);
+  const int64_t es = esz(dt), count = num_elements(shape);
+  e.data.resize(static_cast<size_t>(count * es));
+  for (int64_t i = 0; i < count; ++i) {
+    const float f = value(i);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if (es == 2) u = num::fp32_to_bf16(f);
+    for (int64_t k = 0; k < es; ++k) e.data[static_cast<size_t>(i * es + k)] = static_cast<uint8_t>(u >> (8 * k));
+  }
+  extra_consts_.push_back(std::move(e));
+}
+
 // conv2d (each group on its own) as a matmul over im2col rows: P[(n,oh,ow), (kh,kw,cin)] is
 // gathered into fresh HBM scratch by one 3-D DMA per (n, kh, kw) (padding taps are
 // never written, so they read +0.0), the OIHW weights become W[(kh,kw,cin), o], and
@@ -91,26 +112,10 @@ void Emitter::lower_conv(const Node& n) {
   const int64_t wbytes = COg * CI * KH * KW * ew;
   const Constant* wc = g_.find_constant(n.inputs[1]);
   if (wc && const_w) {
-    isa::IoEntry e;
-    e.kind = isa::IoKind::kConst;
-    e.name = tag + "w";
-    e.dtype = Wt.type.dtype == DType::kBf16 ? isa::Dtype::kBf16 : isa::Dtype::kF32;
-    e.shape = {K, COg};
-    e.space = isa::Space::kHbm;
-    e.addr = static_cast<uint64_t>(Wm);
-    e.data.resize(static_cast<size_t>(wbytes));
-    for (int64_t o = 0; o < COg; ++o)
-      for (int64_t ci = 0; ci < CI; ++ci)
-        for (int64_t kh = 0; kh < KH; ++kh)
-          for (int64_t kw = 0; kw < KW; ++kw) {
-            const float f = wc->f[static_cast<size_t>((((g * COg + o) * CI + ci) * KH + kh) * KW + kw)];
-            const int64_t at = (((kh * KW + kw) * CI + ci) * COg + o) * ew;
-            uint32_t u;
-            std::memcpy(&u, &f, 4);
-            if (ew == 2) u = num::fp32_to_bf16(f);  // exact: the policy pass rounded it
-            for (int64_t k = 0; k < ew; ++k) e.data[static_cast<size_t>(at + k)] = static_cast<uint8_t>(u >> (8 * k));
-          }
-    extra_consts_.push_back(std::move(e));
+    layout_constant(Wm, tag + "w", Wt.type.dtype, {K, COg}, [&](int64_t i) {
+      const int64_t o = i % COg, ci = i / COg % CI, t = i / (COg * CI), kh = t / KW, kw = t % KW;
+      return wc->f[static_cast<size_t>((((g * COg + o) * CI + ci) * KH + kh) * KW + kw)];
+    });
   } else if (staging_fits(wbytes, wbytes)) {
     std::vector<Gather> gathers;
     for (int64_t kh = 0; kh < KH; ++kh)
@@ -227,7 +232,17 @@ void Emitter::lower_matmul(const Node& n) {
   const Placed Out = t_.at(dst_name);
   const DType ot = Out.type.dtype;
   const int64_t ea = esz(at_), eb = esz(bt), eo = esz(ot);
-  if (tb && bs.size() == 2 && staging_fits(K * N * eb, K * N * eb)) {
+  if (const Constant* bc = tb && bs.size() == 2 ? g_.find_constant(n.inputs[1]) : nullptr) {
+    // Constant B^T (a Gemm's weights, transB=1) is laid out as B at compile time: the
+    // weight loads read rows of B, and no run-time transpose reads and writes it again.
+    const int64_t Bt = place_hbm_pinned(K * N * eb);
+    check_addr(n, hbm_top_);
+    layout_constant(Bt, "#mm" + std::to_string(n.id) + "b", bt, {K, N},
+                    [&](int64_t i) { return bc->f[static_cast<size_t>(i % N * K + i / N)]; });
+    B = Placed{TensorType{bt, {K, N}}, Bt};
+    bs = B.type.shape;
+    tb = false;
+  } else if (tb && bs.size() == 2 && staging_fits(K * N * eb, K * N * eb)) {
     // B^T (a Gemm's weights, transB=1) is transposed once through VMEM into HBM
     // scratch, so the weight loads below read rows of B instead of single elements.
     const int64_t Bt = place_hbm(K * N * eb);
@@ -433,13 +448,8 @@ void Emitter::lower_matmul(const Node& n) {
   const int64_t Mg0 = Mg;
   const int64_t vmem_cap = static_cast<int64_t>(opt_.target.vmem_bytes);
   // Row-major VMEM images (LHS rows of a unit, resident weights, output bands) have a
-  // row stride of an odd number of 8x128-tile rows, so the 8 rows of a strided vld or
-  // vst fall in different banks; DMAs fill them with long contiguous runs.
-  auto odd_stride = [](int64_t bytes, int64_t gran) {
-    int64_t s = align_up(bytes, gran);
-    if ((s / gran) % 2 == 0) s += gran;
-    return s;
-  };
+  // row stride of an odd number of 8x128-tile rows (odd_stride); DMAs fill them with
+  // long contiguous runs.
   const int64_t ngroups = (ntiles + cw - 1) / cw;
   // A vld reads 128 lanes from a chunk's (column tile's) start: rows are that wide
   // past the last one, so no read reaches into the next row (which a DMA may be filling).

@@ -398,6 +398,208 @@ void Emitter::lower_pool(const Node& n) {
 // underflows, as on the MXU), each add rounded; the bias is one more add, and
 // fused members follow as in the matmul's epilogue. The weights of every tap over
 // a block are one VMEM -> VMEM DMA replicating each channel's weight (stride 0).
+// Every core keeps the weights (OIHW with I = 1: tap k of channel c at c*KK + k),
+// the bias and the members' operands (each replicated over a tile).
+void Emitter::load_dw_constants(const Node& n, int64_t ws, int64_t bs, const std::vector<DwMember>& members) {
+  const Placed& Wt = t_.at(n.inputs[1]);
+  const int64_t CH = Wt.type.shape[0], KK = Wt.type.shape[2] * Wt.type.shape[3];
+  for (int c = 0; c < cores_; ++c) {
+    on_core(c);
+    dma(vmem(ws), hbm(Wt.addr), CH * KK * esz(Wt.type.dtype));
+    if (n.inputs.size() > 2) {
+      const Placed& B = t_.at(n.inputs[2]);
+      dma(vmem(bs), hbm(B.addr), CH * esz(B.type.dtype));
+    }
+    for (const DwMember& x : members)
+      if (x.tile >= 0) {
+        const Placed& o = t_.at(x.other);
+        dma(vmem(x.tile), hbm(o.addr), esz(o.type.dtype), dim(kTileElems, 0, esz(o.type.dtype)));
+      }
+    wait_dmas();
+  }
+  cur_ = 0;
+}
+
+// The fused members on register v, after the conv's bias (v28-v30 scratch).
+void Emitter::apply_dw_members(const Node& n, const std::vector<DwMember>& members, int v) {
+  const std::string r = "v" + std::to_string(v);
+  DType cur = n.type.dtype;
+  for (const DwMember& x : members) {
+    if (cur == DType::kBf16) line("vcvt.bf16 " + r + ", " + r);
+    if (x.tile >= 0) line(std::string(ld(t_.at(x.other).type.dtype)) + " v30, " + at(x.tile));
+    emit_op(*x.m, v, x.run_first ? v : 30, x.run_first ? 30 : v, 28, 29);
+    cur = x.m->type.dtype;
+  }
+}
+
+// Stride-1 depthwise conv with every tap a shifted load (docs/codegen.md "Depthwise
+// convolution"). Each channel's input sits in VMEM as its padded plane, Wp = pl + W
+// + pr wide, the padding +0.0 (never written by a DMA: zeroed once, the top and
+// bottom rows again per block). Output q = oh * Wp + ow of a plane reads tap (kh, kw)
+// at q + kh*dh*Wp + kw*dw: for 128 consecutive q one load, 8 channels (planes Pb
+// apart) on the 8 sublanes. The outputs at ow >= OW are computed and never stored.
+// Each block's weights and bias come with its input as tiles whose row s holds
+// channel c + s's value in every lane (one VMEM -> VMEM DMA each), loaded into
+// registers once per channel group. Four chunks of 128 outputs go through the taps
+// together, so the VPU's ALU is not left waiting on one chunk's multiply-add chain.
+// Blocks (image, channel groups, output rows) are double-buffered on each core.
+bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
+  const Placed X = t_.at(n.inputs[0]), Wt = t_.at(n.inputs[1]);
+  const auto& pads = n.attr_ints("pads");
+  const auto& dil = n.attr_ints("dilations");
+  const int64_t NB = X.type.shape[0], CH = X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
+  const int64_t KH = Wt.type.shape[2], KW = Wt.type.shape[3], KK = KH * KW;
+  const int64_t OH = n.type.shape[2], OW = n.type.shape[3];
+  constexpr int64_t kWeightRegs = 19;  // v4..v22 hold a channel group's taps, v23 (at most) its bias
+  if (KK > kWeightRegs) return false;
+  const Node& last = chain_of(n).empty() ? n : *chain_of(n).back();
+  const DType dt = X.type.dtype, wt = Wt.type.dtype, ot = last.type.dtype;
+  const bool has_bias = n.inputs.size() > 2;
+  const DType bt = has_bias ? t_.at(n.inputs[2]).type.dtype : DType::kF32;
+  const int64_t e = esz(dt), ew = esz(wt), eb = esz(bt), eo = esz(ot);
+  const int64_t pt = pads[0], pl = pads[1], Wp = pl + W + pads[3];
+  const int64_t ngroups = (CH + 7) / 8;
+  // Block: gpb channel groups x rows output rows. Its input plane is rows_in padded
+  // rows, read up to 127 + (KW - 1)*dw elements past its end (outputs never stored).
+  struct Layout {
+    int64_t gpb, rows, pb, po, img[2], out[2], wtl[2], btl[2], ws, bs, end;
+  };
+  const auto layout = [&](int64_t gpb, int64_t rows) {
+    Layout l{};
+    l.gpb = gpb;
+    l.rows = rows;
+    const int64_t plane = (rows + (KH - 1) * dil[0]) * Wp;
+    l.pb = odd_stride((plane + 128 + (KW - 1) * dil[1]) * e, 128 * e);
+    l.po = odd_stride(align_up(rows * Wp, 128) * eo, 128 * eo);
+    int64_t a = 0;
+    const auto take = [&a](int64_t bytes) { return std::exchange(a, a + align_up(bytes, 512)); };
+    for (int par = 0; par < 2; ++par) {
+      l.img[par] = take(gpb * 8 * l.pb);
+      l.out[par] = take(gpb * 8 * l.po);
+      l.wtl[par] = take(gpb * KK * kTileElems * ew);
+      l.btl[par] = take(gpb * kTileElems * eb);
+    }
+    l.ws = take(CH * KK * ew + 8 * KK * ew);  // the last group's rows past CH read these
+    l.bs = take(CH * eb);
+    for (DwMember& x : members)
+      if (!x.other.empty()) x.tile = take(kTileElems * esz(t_.at(x.other).type.dtype));
+    l.end = a;
+    return l;
+  };
+  // About 32 K outputs a block, and at least 4 blocks a core where the work allows.
+  const int64_t kBlockElems = 32 * kTileElems, want = 4 * cores_;
+  int64_t gpb = 1, rows = OH;
+  if (8 * OH * Wp <= kBlockElems) {
+    gpb = std::min(ngroups, kBlockElems / (8 * OH * Wp));
+    gpb = std::max<int64_t>(1, std::min(gpb, (NB * ngroups + want - 1) / want));
+  } else {
+    rows = std::max<int64_t>(1, kBlockElems / (8 * Wp));
+  }
+  if (NB * ngroups < want) rows = std::min(rows, (OH + (want + NB * ngroups - 1) / (NB * ngroups) - 1) /
+                                                     ((want + NB * ngroups - 1) / (NB * ngroups)));
+  rows = std::max<int64_t>(1, rows);
+  while (static_cast<uint64_t>(layout(gpb, rows).end) > opt_.target.vmem_bytes) {
+    if (gpb > 1) gpb = (gpb + 1) / 2;
+    else if (rows > 1) rows = (rows + 1) / 2;
+    else return false;
+  }
+  const Layout v = layout(gpb, rows);
+  load_dw_constants(n, v.ws, v.bs, members);
+  const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
+  const std::string zst = std::string(st(dt)) + " v2, ";
+  // The padding: both input buffers zeroed once (the left and right columns stay so).
+  if (any_pad)
+    for (int c = 0; c < cores_; ++c) {
+      on_core(c);
+      line("vbcast v2, " + fimm(0.0f));
+      for (int par = 0; par < 2; ++par)
+        for (int64_t p = 0; p < v.gpb; ++p)
+          for (int64_t q = 0; q < v.pb / e; q += 128)
+            line(zst + at(v.img[par] + p * 8 * v.pb + q * e) + ", stride=" + std::to_string(v.pb));
+    }
+  cur_ = 0;
+  struct Block {
+    int64_t b, g0, g1, oh0, oh1;
+  };
+  std::vector<Block> blocks;
+  for (int64_t b = 0; b < NB; ++b)
+    for (int64_t g = 0; g < ngroups; g += v.gpb)
+      for (int64_t oh0 = 0; oh0 < OH; oh0 += v.rows)
+        blocks.push_back({b, g, std::min(ngroups, g + v.gpb), oh0, std::min(OH, oh0 + v.rows)});
+  const int64_t y = t_.at(last.output).addr;
+  const auto fetch = [&](int64_t u, int64_t par) {
+    const Block& k = blocks[static_cast<size_t>(u)];
+    const int64_t c0 = k.g0 * 8, nc = std::min(CH, k.g1 * 8) - c0;
+    const int64_t pr0 = k.oh0, pr1 = k.oh1 + (KH - 1) * dil[0];  // padded input rows
+    const int64_t ra = std::max(pr0, pt), rb = std::min(pr1, pt + H);
+    const int64_t img = v.img[par];
+    // Rows in the top or bottom padding: this buffer's previous block may have had data there.
+    const auto zero_rows = [&](int64_t r0, int64_t r1) {
+      if (r0 >= r1) return;
+      line("vbcast v2, " + fimm(0.0f));
+      for (int64_t g = 0; g < k.g1 - k.g0; ++g)
+        for (int64_t q = (r0 - pr0) * Wp; q < (r1 - pr0) * Wp; q += 128)
+          line(zst + at(img + g * 8 * v.pb + q * e) + ", stride=" + std::to_string(v.pb));
+    };
+    zero_rows(pr0, std::min(ra, pr1));
+    zero_rows(std::max(rb, pr0), pr1);
+    // Tile (tap t, group g) of the weights at (t * gpb + g) tiles: row-major over the
+    // block's channels, 128 lanes each.
+    const int flag = kStreamInFlag + static_cast<int>(par);
+    dma_on(flag, vmem(v.wtl[par]), vmem(v.ws + c0 * KK * ew), ew,
+           dim(128, 0, ew) + dim(nc, KK * ew, 128 * ew) + dim(KK, ew, v.gpb * kTileElems * ew));
+    if (has_bias) dma_on(flag, vmem(v.btl[par]), vmem(v.bs + c0 * eb), eb, dim(128, 0, eb) + dim(nc, eb, 128 * eb));
+    if (ra >= rb) return;
+    const int64_t src = X.addr + ((k.b * CH + c0) * H + ra - pt) * W * e, dst = img + ((ra - pr0) * Wp + pl) * e;
+    if (Wp == W)
+      dma_on(kStreamInFlag + static_cast<int>(par), vmem(dst), hbm(src), (rb - ra) * W * e, dim(nc, H * W * e, v.pb));
+    else
+      dma_on(kStreamInFlag + static_cast<int>(par), vmem(dst), hbm(src), W * e,
+             dim(rb - ra, W * e, Wp * e) + dim(nc, H * W * e, v.pb));
+  };
+  const auto body = [&](int64_t u, int64_t par) {
+    const Block& k = blocks[static_cast<size_t>(u)];
+    const int64_t c0 = k.g0 * 8, nc = std::min(CH, k.g1 * 8) - c0, nr = k.oh1 - k.oh0;
+    constexpr int kAcc[4] = {0, 2, 24, 26}, kTap[4] = {1, 3, 25, 27};
+    const auto vr = [](int64_t r) { return "v" + std::to_string(r); };
+    const int64_t breg = 4 + KK;
+    for (int64_t g = k.g0; g < k.g1; ++g) {
+      const int64_t img = v.img[par] + (g - k.g0) * 8 * v.pb, out = v.out[par] + (g - k.g0) * 8 * v.po;
+      for (int64_t t = 0; t < KK; ++t) {
+        line(std::string(ld(wt)) + " " + vr(4 + t) + ", " + at(v.wtl[par] + (t * v.gpb + g - k.g0) * kTileElems * ew));
+        if (wt != DType::kBf16) line("vcvt.bf16 " + vr(4 + t) + ", " + vr(4 + t));  // the operands enter as bf16
+      }
+      if (has_bias) line(std::string(ld(bt)) + " " + vr(breg) + ", " + at(v.btl[par] + (g - k.g0) * kTileElems * eb));
+      for (int64_t q0 = 0; q0 < nr * Wp; q0 += 4 * 128) {
+        const int U = static_cast<int>(std::min<int64_t>(4, (nr * Wp - q0 + 127) / 128));
+        for (int i = 0; i < U; ++i) line("vbcast " + vr(kAcc[i]) + ", " + fimm(0.0f));  // +0.0: the partial sum starts there
+        for (int64_t kh = 0; kh < KH; ++kh)
+          for (int64_t kw = 0; kw < KW; ++kw) {
+            const int64_t off = kh * dil[0] * Wp + kw * dil[1];
+            for (int i = 0; i < U; ++i) {
+              line(std::string(ld(dt)) + " " + vr(kTap[i]) + ", " + at(img + (q0 + i * 128 + off) * e) +
+                   ", stride=" + std::to_string(v.pb));
+              if (dt != DType::kBf16) line("vcvt.bf16 " + vr(kTap[i]) + ", " + vr(kTap[i]));
+            }
+            for (int i = 0; i < U; ++i)
+              line("vmul " + vr(kTap[i]) + ", " + vr(kTap[i]) + ", " + vr(4 + kh * KW + kw));
+            for (int i = 0; i < U; ++i) line("vadd " + vr(kAcc[i]) + ", " + vr(kAcc[i]) + ", " + vr(kTap[i]));
+          }
+        for (int i = 0; i < U; ++i) {
+          if (has_bias) line("vadd " + vr(kAcc[i]) + ", " + vr(kAcc[i]) + ", " + vr(breg));
+          apply_dw_members(n, members, kAcc[i]);
+          line(std::string(st(ot)) + " " + vr(kAcc[i]) + ", " + at(out + (q0 + i * 128) * eo) +
+               ", stride=" + std::to_string(v.po));
+        }
+      }
+    }
+    dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + ((k.b * CH + c0) * OH + k.oh0) * OW * eo),
+           vmem(v.out[par]), OW * eo, dim(nr, Wp * eo, OW * eo) + dim(nc, v.po, OH * OW * eo));
+  };
+  double_buffered(static_cast<int64_t>(blocks.size()), fetch, body);
+  return true;
+}
+
 bool Emitter::lower_depthwise(const Node& n) {
   const Placed X = t_.at(n.inputs[0]), Wt = t_.at(n.inputs[1]);
   const auto& st = n.attr_ints("strides");
@@ -413,16 +615,10 @@ bool Emitter::lower_depthwise(const Node& n) {
   const bool has_bias = n.inputs.size() > 2;
   const DType bt = has_bias ? t_.at(n.inputs[2]).type.dtype : DType::kF32;
   const int64_t e = esz(dt), ew = esz(wt), eb = esz(bt), eo = esz(ot);
-  struct Member {
-    const Node* m;
-    std::string other;  // a binary member's single-element operand
-    bool run_first;     // the running value is its first operand
-    int64_t tile;       // VMEM of that operand replicated over a tile
-  };
-  std::vector<Member> members;
+  std::vector<DwMember> members;
   std::string run = n.output;
   for (const Node* m : chain) {
-    Member x{m, "", true, -1};
+    DwMember x{m, "", true, -1};
     if (m->inputs.size() == 2) {
       x.run_first = m->inputs[0] == run;
       x.other = m->inputs[x.run_first ? 1 : 0];
@@ -430,6 +626,7 @@ bool Emitter::lower_depthwise(const Node& n) {
     members.push_back(x);
     run = m->output;
   }
+  if (st[0] == 1 && st[1] == 1 && depthwise_shifted(n, members)) return true;
   // Blocks of up to `blk` outputs: `ncb` whole channels, or (when a channel has
   // more outputs) `rows` output rows of one channel; the input is the block's
   // whole channels either way. Two buffers of each block-sized region: a core
@@ -453,7 +650,7 @@ bool Emitter::lower_depthwise(const Node& n) {
     }
     l.ws = take(CH * KK * ew);
     l.bs = take(CH * eb);
-    for (Member& x : members)
+    for (DwMember& x : members)
       if (!x.other.empty()) x.tile = take(kTileElems * esz(t_.at(x.other).type.dtype));
     l.end = a;
     return l;
@@ -464,19 +661,7 @@ bool Emitter::lower_depthwise(const Node& n) {
   if (blk < kTileElems) return false;
   const Layout v = layout(blk);
 
-  // Every core keeps the weights (OIHW with I = 1: tap k of channel c at c*KK + k),
-  // the bias and the members' operands.
-  for (int c = 0; c < cores_; ++c) {
-    on_core(c);
-    dma(vmem(v.ws), hbm(Wt.addr), CH * KK * ew);
-    if (has_bias) dma(vmem(v.bs), hbm(t_.at(n.inputs[2]).addr), CH * eb);
-    for (const Member& x : members)
-      if (x.tile >= 0) {
-        const Placed& o = t_.at(x.other);
-        dma(vmem(x.tile), hbm(o.addr), esz(o.type.dtype), dim(kTileElems, 0, esz(o.type.dtype)));
-      }
-    wait_dmas();
-  }
+  load_dw_constants(n, v.ws, v.bs, members);
   const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
   const int64_t y = t_.at(last.output).addr;
   // Block: channels [c, c + ncb) of image b, output rows [oh0, oh1) of each.
@@ -548,13 +733,7 @@ bool Emitter::lower_depthwise(const Node& n) {
         line(std::string(ld(bt)) + " v3, " + at(bp + t * eb));
         line("vadd v0, v0, v3");
       }
-      DType cur = n.type.dtype;
-      for (const Member& x : members) {
-        if (cur == DType::kBf16) line("vcvt.bf16 v0, v0");
-        if (x.tile >= 0) line(std::string(ld(t_.at(x.other).type.dtype)) + " v30, " + at(x.tile));
-        emit_op(*x.m, 0, x.run_first ? 0 : 30, x.run_first ? 30 : 0, 28, 29);
-        cur = x.m->type.dtype;
-      }
+      apply_dw_members(n, members, 0);
       line(std::string(this->st(ot)) + " v0, " + at(out + t * eo));
     }
     dma_on(kOutFlag + par, hbm(y + base * eo), vmem(out), cnt * eo, "");

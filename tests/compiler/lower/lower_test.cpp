@@ -173,6 +173,32 @@ TEST(LowerMatmul, ConstantWeightsAndBatchBroadcast) {
   for (auto p : kPolicies) expect_bit_exact(ir2, p, target(2, 8, 8));
 }
 
+// A constant B^T (a Gemm's weights with transB = 1) is laid out as B at compile
+// time: bit-exact, and the bundle carries B [K, N] as a .const entry of its own.
+TEST(LowerMatmul, ConstantTransposedWeightsLaidOutAtCompileTime) {
+  const std::vector<float> w = random_values(7 * 45, 11);
+  const std::string ir = "graph mm {\n  input %a : f32[9,45]\n  const %w : f32[7,45] = " + hex_list(w) +
+                         "\n  const %c : f32[7] = " + hex_list(random_values(7, 12)) +
+                         "\n  %y = matmul(%a, %w, %c) {trans_b=1} : f32[9,7] #0\n  output %y\n}\n";
+  for (auto p : kPolicies) expect_bit_exact(ir, p, target(2, 16, 16));
+  LowerOptions lo;
+  lo.target = target(2, 16, 16);
+  const auto bundle = lower_graph(parse_graph(ir, "test.ir"), lo).bundle;
+  int laid_out = 0;
+  for (const auto& e : bundle.io) {
+    if (e.kind != isa::IoKind::kConst || e.shape != std::vector<int64_t>{45, 7}) continue;
+    ++laid_out;
+    ASSERT_EQ(e.data.size(), w.size() * 4);
+    for (int64_t k = 0; k < 45; ++k)
+      for (int64_t j = 0; j < 7; ++j) {
+        uint32_t u;
+        std::memcpy(&u, &e.data[static_cast<size_t>((k * 7 + j) * 4)], 4);
+        EXPECT_EQ(u, bits(w[static_cast<size_t>(j * 45 + k)])) << k << "," << j;
+      }
+  }
+  EXPECT_EQ(laid_out, 1);
+}
+
 std::string unary_ir(const std::string& op, const std::string& shape, const std::string& attrs = "") {
   return "graph u {\n  input %x : f32" + shape + "\n  %y = " + op + "(%x) {" + attrs + "} : f32" + shape +
          " #5\n  output %y\n}\n";
@@ -285,7 +311,8 @@ TEST(LowerConv, Im2colOrderPaddingStridesBias) {
   }
 }
 
-// Depthwise convs (a channel per group) with K = KH*KW <= R run on the VPU: the
+// Depthwise convs (a channel per group) with K = KH*KW <= R run on the VPU (stride 1
+// as shifted loads over padded planes, other strides through tap gathers): the
 // contract's single chunk (+0.0, then each bf16 x bf16 product added in increasing
 // k), the bias one more add, fused members after it. Bit-exact against evaluate()
 // with padding, strides, dilation, bias, several images and cores, blocks of
@@ -320,7 +347,20 @@ TEST(LowerConv, DepthwiseOnTheVpu) {
                                  "dilations=[1,1], groups=2, pads=[1,1,1,1], strides=[1,1]", "[2]"),
                          p, t, 4, cores);
         expect_bit_exact(chain, p, t, 5, cores);
+        // Stride 1 with dilation and asymmetric padding (shifted loads over padded
+        // planes), and 16 taps over two channel groups, the second partial.
+        expect_bit_exact(conv_ir("[1,3,12,11]", "[3,1,3,3]", "[1,3,11,10]",
+                                 "dilations=[2,2], groups=3, pads=[2,1,1,2], strides=[1,1]", "[3]"),
+                         p, t, 7, cores);
+        expect_bit_exact(conv_ir("[2,9,8,8]", "[9,1,4,4]", "[2,9,8,8]",
+                                 "dilations=[1,1], groups=9, pads=[1,2,2,1], strides=[1,1]"),
+                         p, t, 8, cores);
       }
+      // Row blocks of 40 (40, 40, 20) over two images: image 1's top block reuses the
+      // buffer image 0's middle block filled, whose rows are its padding now.
+      expect_bit_exact(conv_ir("[2,1,100,100]", "[1,1,3,3]", "[2,1,100,100]",
+                               "dilations=[1,1], groups=1, pads=[1,1,1,1], strides=[1,1]", "[1]"),
+                       p, big_vmem, 9, cores);
       // K = 25 > R = 16: the MXU's two chunks.
       expect_bit_exact(conv_ir("[1,3,6,6]", "[3,1,5,5]", "[1,3,6,6]",
                                "dilations=[1,1], groups=3, pads=[2,2,2,2], strides=[1,1]", "[3]"),
