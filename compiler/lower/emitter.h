@@ -247,6 +247,8 @@ class Emitter {
   void apply_dw_members(const Node& n, const std::vector<DwMember>& members, int v);
   // A 1x1 conv2d as the matmul W x X per image, in NCHW (matrix.cpp).
   void lower_pointwise(const Node& n);
+  void conv_matmul(const Node& n, const std::string& tag, const std::string& lhs, const std::string& rhs,
+                   const Shape& shape);
   void lower_all_reduce(const Node& n);  // collective.cpp
   void lower_direct_collective(const Node& n);  // all_gather, reduce_scatter, all_to_all
   // grad.cpp: the training graphs' backward ops (docs/training.md).

@@ -133,20 +133,11 @@ void Emitter::lower_conv(const Node& n) {
   t_[tag + "p"] = Placed{TensorType{X.type.dtype, {M, K}}, P};
   t_[tag + "w"] = Placed{TensorType{Wt.type.dtype, {K, COg}}, Wm};
   t_[tag + "y"] = Placed{TensorType{last.type.dtype, {M, COg}}, Y};
-  Node mm;
-  mm.id = n.id;
-  mm.op = OpKind::kMatmul;
-  mm.inputs = {tag + "p", tag + "w"};
   if (n.inputs.size() > 2) {
     const Placed& Bi = t_.at(n.inputs[2]);
     t_[tag + "b"] = Placed{TensorType{Bi.type.dtype, {COg}}, Bi.addr + g * COg * esz(Bi.type.dtype)};
-    mm.inputs.push_back(tag + "b");
   }
-  mm.output = tag + "y";
-  mm.type = TensorType{n.type.dtype, {M, COg}};
-  epi_ = chain;
-  epi_dst_ = tag + "y";
-  lower_matmul(mm);
+  conv_matmul(n, tag, tag + "p", tag + "w", {M, COg});
   sync_all();
   const int64_t y = t_.at(last.output).addr;
   // NHWC -> NCHW per image: through VMEM when it fits (element-sized runs are cheap
@@ -182,18 +173,25 @@ void Emitter::lower_pointwise(const Node& n) {
   t_[tag + "w"] = Placed{TensorType{Wt.type.dtype, {CO, CI}}, Wt.addr};
   t_[tag + "x"] = Placed{TensorType{X.type.dtype, {NB, CI, HW}}, X.addr};
   t_[tag + "y"] = Placed{TensorType{last.type.dtype, {NB, CO, HW}}, t_.at(last.output).addr};
-  Node mm;
-  mm.id = n.id;
-  mm.op = OpKind::kMatmul;
-  mm.inputs = {tag + "w", tag + "x"};
   if (n.inputs.size() > 2) {
     const Placed& Bi = t_.at(n.inputs[2]);
     t_[tag + "b"] = Placed{TensorType{Bi.type.dtype, {CO, 1}}, Bi.addr};
-    mm.inputs.push_back(tag + "b");
   }
+  conv_matmul(n, tag, tag + "w", tag + "x", {NB, CO, HW});
+}
+
+// Conv n's matmul lhs x rhs (+ tag + "b", n's bias as the caller placed it) into
+// tag + "y", with n's fused members in its epilogue.
+void Emitter::conv_matmul(const Node& n, const std::string& tag, const std::string& lhs, const std::string& rhs,
+                          const Shape& shape) {
+  Node mm;
+  mm.id = n.id;
+  mm.op = OpKind::kMatmul;
+  mm.inputs = {lhs, rhs};
+  if (n.inputs.size() > 2) mm.inputs.push_back(tag + "b");
   mm.output = tag + "y";
-  mm.type = TensorType{n.type.dtype, {NB, CO, HW}};
-  epi_ = chain;
+  mm.type = TensorType{n.type.dtype, shape};
+  epi_ = chain_of(n);
   epi_dst_ = tag + "y";
   lower_matmul(mm);
 }
