@@ -347,27 +347,44 @@ void Emitter::lower_matmul(const Node& n) {
     }
   };
 
-  // Column-vector operands: their M values once per core (raw), and before a unit's (or
-  // tile's) first epilogue the tile of each 8-row block, every lane of row r holding
-  // the value of output row m0 + r: a masked load puts the value in lane 0 (the other
-  // lanes read nothing), -inf fills the rest, and the lane max broadcasts it exactly
-  // (max(x, -inf) = x for every x, NaN included).
-  auto load_per_row = [&]() {
-    for (const Operand& o : ops)
-      if (o.per_row) dma(vmem(o.raw), hbm(o.addr), M * esz(o.dt));
+  // The replicated operands (row vectors and scalars as a tile per column tile, column
+  // vectors whole), once per core, on f1.
+  auto load_replicated = [&]() {
+    for (const Operand& o : ops) {
+      const int64_t e = esz(o.dt), crow = 128 * e;
+      if (o.per_row) {
+        dma(vmem(o.raw), hbm(o.addr), M * e);
+      } else if (o.scalar) {
+        dma(vmem(o.vbase), hbm(o.addr), e, dim(128, 0, e) + dim(8, 0, crow));
+      } else if (!o.full) {
+        for (int64_t tl = 0; tl < ntiles; ++tl)
+          dma(vmem(o.vbase + tl * 8 * crow), hbm(o.addr + tl * C * e), std::min(C, N - tl * C) * e, dim(8, 0, crow));
+      }
+    }
   };
+  // Column-vector operands: before a unit's (or tile's) first epilogue the tile of each
+  // 8-row block, every lane of row r holding the value of output row m0 + r: a masked
+  // load puts the value in lane 0 (the other lanes read nothing), -inf fills the rest,
+  // and the lane max broadcasts it exactly (max(x, -inf) = x for every x, NaN included).
+  // Up to 16 blocks at a time in v0..v15 (free between units), so the lane reductions'
+  // latency overlaps instead of holding each store.
   auto spread_per_row = [&](int64_t m0, int64_t mr) {
     for (const Operand& o : ops) {
       if (!o.per_row) continue;
-      const int64_t e = esz(o.dt);
+      const int64_t e = esz(o.dt), nb = (mr + 7) / 8;
       line("vbcast v31, " + fimm(-INFINITY));
-      for (int64_t i = 0; i * 8 < mr; ++i) {
-        line("vmask m1, " + std::to_string(std::min<int64_t>(8, mr - i * 8)) + ", 1");
-        line(std::string(ld(o.dt)) + " v30, " + at(o.raw + (m0 + i * 8) * e) + ", stride=" + std::to_string(e) +
-             ", mask=m1");
-        line("vsel v30, m1, v30, v31");
-        line("vreduce.lanes.max v30, v30");
-        line("vst v30, " + at(o.vbase + i * 8 * 512));
+      line("vmask m1, 8, 1");
+      if (mr % 8) line("vmask m2, " + std::to_string(mr % 8) + ", 1");
+      auto mask = [&](int64_t i) { return std::string(i * 8 + 8 > mr ? "m2" : "m1"); };
+      for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        const int64_t b1 = std::min(nb, b0 + 16);
+        auto v = [&](int64_t i) { return "v" + std::to_string(i - b0); };
+        for (int64_t i = b0; i < b1; ++i)
+          line(std::string(ld(o.dt)) + " " + v(i) + ", " + at(o.raw + (m0 + i * 8) * e) +
+               ", stride=" + std::to_string(e) + ", mask=" + mask(i));
+        for (int64_t i = b0; i < b1; ++i) line("vsel " + v(i) + ", " + mask(i) + ", " + v(i) + ", v31");
+        for (int64_t i = b0; i < b1; ++i) line("vreduce.lanes.max " + v(i) + ", " + v(i));
+        for (int64_t i = b0; i < b1; ++i) line("vst " + v(i) + ", " + at(o.vbase + i * 8 * 512));
       }
     }
   };
@@ -588,21 +605,6 @@ void Emitter::lower_matmul(const Node& n) {
             dma_on(flag, vmem(dst), hbm(a0 + (k0 * M + tl.m0 + r0) * ea), ea,
                    dim(lcols, M * ea, ea) + dim(r1 - r0, ea, ls));
         };
-        if (vec_bytes > 0) {
-          load_per_row();
-          for (const Operand& o : ops) {
-            const int64_t e = esz(o.dt), crow = 128 * e;
-            if (o.per_row) continue;
-            if (o.scalar) {
-              dma(vmem(o.vbase), hbm(o.addr), e, dim(128, 0, e) + dim(8, 0, crow));
-            } else {
-              for (int64_t tl = 0; tl < ntiles; ++tl)
-                dma(vmem(o.vbase + tl * 8 * crow), hbm(o.addr + tl * C * e), std::min(C, N - tl * C) * e,
-                    dim(8, 0, crow));
-            }
-          }
-          wait_dmas();
-        }
         // Ramped ends (docs/codegen.md, "Large GEMMs"): the core's first pass runs in row
         // pieces whose LHS rows come as separate DMAs, so the MXUs start after panel 0 and
         // the first piece's rows instead of the whole band; its last pass runs in row
@@ -622,6 +624,10 @@ void Emitter::lower_matmul(const Node& n) {
         // fills while it runs.
         fetch_panel(0);
         fetch_band(0, 0, piece_rows(tiles.front(), 0, HF).second);
+        if (vec_bytes > 0) {  // behind the first panel and rows, so their latencies overlap
+          load_replicated();
+          wait_dmas();
+        }
         int64_t out_dmas = 0;
         for (size_t ti = 0; ti < tiles.size(); ++ti) {
           const Tile& tl = tiles[ti];
@@ -937,28 +943,17 @@ void Emitter::lower_matmul(const Node& n) {
       const bool any_full = full_per_row > 0;
 
       // Prologue: replicated operand tiles, passes 0 and 1, pass 0's weights.
-      if (!vec_loaded[static_cast<size_t>(cur_)] && vec_bytes > 0) {
-        load_per_row();
-        for (const Operand& o : ops) {
-          if (o.full || o.per_row) continue;
-          const int64_t e = esz(o.dt), crow = 128 * e;
-          if (o.scalar) {
-            dma(vmem(o.vbase), hbm(o.addr), e, dim(128, 0, e) + dim(8, 0, crow));
-          } else {
-            for (int64_t tl = 0; tl < ntiles; ++tl)
-              dma(vmem(o.vbase + tl * 8 * crow), hbm(o.addr + tl * C * e), std::min(C, N - tl * C) * e,
-                  dim(8, 0, crow));
-          }
-        }
-        wait_dmas();
-      }
-      vec_loaded[static_cast<size_t>(cur_)] = true;
-      spread_per_row(m0, mr);
       if (any_full) {
         epi_fetch(t_first);
         if (t_first + 1 < t_end) epi_fetch(t_first + 1);
       }
       for (int64_t q = 0; q < std::min<int64_t>(kSlots - 1, Q); ++q) fetched[static_cast<size_t>(q)] = fetch(q);
+      if (!vec_loaded[static_cast<size_t>(cur_)] && vec_bytes > 0) {  // behind the first passes' fetches
+        load_replicated();
+        wait_dmas();
+      }
+      vec_loaded[static_cast<size_t>(cur_)] = true;
+      spread_per_row(m0, mr);
       wait_pass(0);
       if (lhs0_ready) wait_flag(kLhsPrefetchFlag);
       int64_t wreg = 0;
