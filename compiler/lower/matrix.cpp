@@ -73,9 +73,14 @@ void Emitter::lower_conv(const Node& n) {
   // Output rows per staged band of im2col rows (0: the image does not fit VMEM).
   int64_t band = OH;
   while (band > 0 && !staging_fits(img, band * OW * K * ex)) band /= 2;
+  // Staged bands go round robin over the cores: at least one band a core when the
+  // images alone do not give each core one.
+  const int64_t per_image = (cores_ + NB - 1) / NB;
+  if (band > 0) band = std::min(band, (OH + per_image - 1) / per_image);
   // Ungrouped or channel-rich convs gather through VMEM; depthwise ones (a channel per group)
   // keep the direct HBM gathers, which are as cheap there.
   const bool staged = (CI >= 8 || G == 1) && band > 0;
+  int64_t unit = 0;
   if (!staged && any_pad) zero_if_reused(P, M * K * ex, X.type.dtype);  // the direct gathers skip padding taps
   for (int64_t b = 0; b < NB; ++b)
     for (int64_t oh0 = 0; oh0 < OH; oh0 += staged ? band : OH) {
@@ -102,9 +107,12 @@ void Emitter::lower_conv(const Node& n) {
             wait_dmas();  // the gathers' bounding ranges interleave (race checker)
           }
         }
-      if (staged)
+      if (staged) {
+        on_core(unit++);
         staged_gather(X.addr + (b * CIall + g * CI) * H * W * ex, img, P + ((b * OH + oh0) * OW) * K * ex,
                       (oh1 - oh0) * OW * K * ex, gathers, any_pad, 0.0f, X.type.dtype);
+        cur_ = 0;
+      }
     }
   // OIHW -> W[(kh,kw,cin), o]: a constant is laid out at compile time (a .const entry
   // of its own: no run-time rearrangement, and the matmul's weight loads read
@@ -141,13 +149,21 @@ void Emitter::lower_conv(const Node& n) {
   sync_all();
   const int64_t y = t_.at(last.output).addr;
   // NHWC -> NCHW per image: through VMEM when it fits (element-sized runs are cheap
-  // there, one memory request each in HBM).
-  const int64_t ibytes = OH * OW * COg * eo;
+  // there, one memory request each in HBM). With fewer images than cores, each core
+  // loads the image and moves a band of channels (its planes are contiguous in NCHW:
+  // one store).
+  const int64_t ibytes = OH * OW * COg * eo, cband = (COg + per_image - 1) / per_image;
   for (int64_t b = 0; b < NB; ++b) {
     const std::string dims = dim(OH * OW, COg * eo, eo) + dim(COg, eo, OH * OW * eo);
     if (staging_fits(ibytes, ibytes)) {
-      staged_gather(Y + b * ibytes, ibytes, y + (b * CO + g * COg) * OH * OW * eo, ibytes, {Gather{0, 0, eo, dims}},
-                    false, 0.0f, last.type.dtype);
+      for (int64_t c0 = 0; c0 < COg; c0 += cband) {
+        const int64_t nc = std::min(cband, COg - c0);
+        on_core(unit++);
+        staged_gather(Y + b * ibytes, ibytes, y + (b * CO + g * COg + c0) * OH * OW * eo, nc * OH * OW * eo,
+                      {Gather{c0 * eo, 0, eo, dim(OH * OW, COg * eo, eo) + dim(nc, eo, OH * OW * eo)}}, false, 0.0f,
+                      last.type.dtype);
+        cur_ = 0;
+      }
     } else {
       dma(hbm(y + (b * CO + g * COg) * OH * OW * eo), hbm(Y + b * ibytes), eo, dims);
       wait_dmas();

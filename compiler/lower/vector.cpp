@@ -303,18 +303,25 @@ void Emitter::lower_pool(const Node& n) {
   // Channels per staged band (0: not even one channel fits VMEM: direct HBM gathers).
   int64_t cb = CH;
   while (cb > 0 && !staging_fits(cb * H * W * e, cb * OH * OW * KK * e)) cb /= 2;
-  // maxpool: the taps go to KK planes of output pixels, reduced elementwise.
-  const bool planes = is_max && cb > 0 && (KK + 1) * 16 * kTileElems * e <= static_cast<int64_t>(opt_.target.vmem_bytes);
+  // Staged bands go round robin over the cores: at least one band a core when the
+  // images alone do not give each core one.
+  if (cb > 0 && NB < cores_) cb = std::min(cb, (CH + (cores_ + NB - 1) / NB - 1) / ((cores_ + NB - 1) / NB));
+  // maxpool: the taps go to KK planes of output pixels, reduced elementwise (blocks
+  // of 16 tiles, two buffers a core).
+  const int64_t blk = 16 * kTileElems;
+  const bool planes = is_max && cb > 0 && 2 * (KK + 1) * blk * e <= static_cast<int64_t>(opt_.target.vmem_bytes);
   if (cb == 0 && is_max && any_pad) {
     line("vbcast v0, " + fimm(-INFINITY));
     line(std::string(this->st(dt)) + " v0, " + at(0));
     dma(hbm(P), vmem(0), tile, dim(align_up(T * KK * e, tile) / tile, 0, tile));
     wait_dmas();
   }
+  int64_t unit = 0;
   for (int64_t b = 0; b < NB; ++b)
     for (int64_t c0 = 0; c0 < CH; c0 += cb ? cb : CH) {
       const int64_t nc = cb ? std::min(cb, CH - c0) : CH;
       const int64_t band = nc * OH * OW;  // output pixels of this band
+      if (cb) on_core(unit++);
       std::vector<Gather> gathers;
       for (int64_t kh = 0; kh < k[0]; ++kh)
         for (int64_t kw = 0; kw < k[1]; ++kw) {
@@ -352,27 +359,32 @@ void Emitter::lower_pool(const Node& n) {
     // a signed-zero tie), so the taps combine elementwise across the planes, 1024
     // output pixels per vreg, instead of as rows of KK lanes.
     const int64_t y = t_.at(n.output).addr;
-    const int64_t blk = 16 * kTileElems;  // outputs per block
     sync_all();
-    for (int64_t base = 0, u = 0; base < T; base += blk, ++u) {
-      on_core(u);
-      const int64_t cnt = std::min(blk, T - base);
-      for (int64_t t = 0; t < KK; ++t) dma(vmem(t * blk * e), hbm(P + (t * T + base) * e), cnt * e);
-      wait_dmas();
-      for (int64_t i = 0; i * kTileElems < cnt; ++i) {
-        line(std::string(ld(dt)) + " v0, " + at(i * kTileElems * e));
-        for (int64_t t = 1; t < KK; ++t) {
-          line(std::string(ld(dt)) + " v1, " + at((t * blk + i * kTileElems) * e));
-          line("vmax v0, v0, v1");
-        }
-        line(std::string(this->st(dt)) + " v0, " + at((KK * blk + i * kTileElems) * e));
-      }
-      dma(hbm(y + base * e), vmem(KK * blk * e), cnt * e);
-      wait_dmas();
-    }
-    cur_ = 0;
+    const int64_t buf = (KK + 1) * blk * e;  // a block's KK tap planes and its output
+    double_buffered(
+        (T + blk - 1) / blk,
+        [&](int64_t u, int64_t par) {
+          const int64_t base = u * blk, cnt = std::min(blk, T - base);
+          for (int64_t t = 0; t < KK; ++t)
+            dma_on(kStreamInFlag + static_cast<int>(par), vmem(par * buf + t * blk * e), hbm(P + (t * T + base) * e),
+                   cnt * e, "");
+        },
+        [&](int64_t u, int64_t par) {
+          const int64_t base = u * blk, cnt = std::min(blk, T - base), v0 = par * buf;
+          for (int64_t i = 0; i * kTileElems < cnt; ++i) {
+            line(std::string(ld(dt)) + " v0, " + at(v0 + i * kTileElems * e));
+            for (int64_t t = 1; t < KK; ++t) {
+              line(std::string(ld(dt)) + " v1, " + at(v0 + (t * blk + i * kTileElems) * e));
+              line("vmax v0, v0, v1");
+            }
+            line(std::string(this->st(dt)) + " v0, " + at(v0 + (KK * blk + i * kTileElems) * e));
+          }
+          dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + base * e), vmem(v0 + KK * blk * e), cnt * e, "");
+        });
     return;
   }
+  cur_ = 0;
+  sync_all();  // the bands' gathers ran on several cores
   const std::string tag = "#pool" + std::to_string(n.id);
   t_[tag] = Placed{TensorType{dt, {T, KK}}, P};
   Node r;
