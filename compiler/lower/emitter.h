@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compiler/lower/lower.h"
@@ -214,14 +215,21 @@ class Emitter {
   struct Gather {
     int64_t src_off, dst_off, run;
     std::string dims;  // dim(...) terms
+    // The bytes [lo, hi) its writes span, relative to its image (the bounding range
+    // the race checker compares).
+    std::pair<int64_t, int64_t> dst_hull() const;
   };
   bool staging_fits(int64_t src_bytes, int64_t dst_bytes) const {
     return static_cast<uint64_t>(align_up(src_bytes, kAlign) + align_up(dst_bytes, kAlign) + 8192) <=
            opt_.target.vmem_bytes;
   }
   // planes > 1: the result is `planes` equal parts, part p going to dst + p * plane_stride.
+  // interleave: the gathers fill a scratch image of dst_bytes (the fill goes there),
+  // and this one VMEM -> VMEM copy (src_off into the scratch) makes the result from it
+  // (VMEM: src_bytes + 2 dst_bytes).
   void staged_gather(int64_t src, int64_t src_bytes, int64_t dst, int64_t dst_bytes, const std::vector<Gather>& gathers,
-                     bool fill, float fill_value, DType fill_dt, int64_t planes = 1, int64_t plane_stride = 0);
+                     bool fill, float fill_value, DType fill_dt, int64_t planes = 1, int64_t plane_stride = 0,
+                     const Gather* interleave = nullptr);
   // The recipe's instruction sequence of elementwise op `n` on registers: vd = op(va[, vb]),
   // t0 and t1 are scratch (vector.cpp).
   void emit_op(const Node& n, int vd, int va, int vb, int t0, int t1);
