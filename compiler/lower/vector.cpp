@@ -459,11 +459,13 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
   const Placed X = t_.at(n.inputs[0]), Wt = t_.at(n.inputs[1]);
   const auto& pads = n.attr_ints("pads");
   const auto& dil = n.attr_ints("dilations");
+  const auto& strides = n.attr_ints("strides");
   const int64_t NB = X.type.shape[0], CH = X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
   const int64_t KH = Wt.type.shape[2], KW = Wt.type.shape[3], KK = KH * KW;
   const int64_t OH = n.type.shape[2], OW = n.type.shape[3];
   constexpr int64_t kWeightRegs = 19;  // v4..v22 hold a channel group's taps, v23 (at most) its bias
-  if (KK > kWeightRegs) return false;
+  const int64_t S = strides[0];
+  if (KK > kWeightRegs || strides[1] != S || S < 1 || S > 2) return false;
   const Node& last = chain_of(n).empty() ? n : *chain_of(n).back();
   const DType dt = X.type.dtype, wt = Wt.type.dtype, ot = last.type.dtype;
   const bool has_bias = n.inputs.size() > 2;
@@ -471,22 +473,36 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
   const int64_t e = esz(dt), ew = esz(wt), eb = esz(bt), eo = esz(ot);
   const int64_t pt = pads[0], pl = pads[1], Wp = pl + W + pads[3];
   const int64_t ngroups = (CH + 7) / 8;
-  // Block: gpb channel groups x rows output rows. Its input plane is rows_in padded
-  // rows, read up to 127 + (KW - 1)*dw elements past its end (outputs never stored).
+  // With stride S each padded plane is split into S x S phase planes, phase (p, q)
+  // holding padded (S*i + p, S*j + q), Wq = ceil(Wp / S) wide: tap (kh, kw) of output
+  // (oh, ow) is phase ((kh*dh) % S, (kw*dw) % S) at (oh + kh*dh / S, ow + kw*dw / S),
+  // so it is again a shifted load. With S = 1 the padded plane is the only phase.
+  const int64_t Wq = (Wp + S - 1) / S;
+  // Small strided planes keep the tap gathers: the split adds a stage of DMA latency
+  // that their few blocks do not hide (mobilenet_v2 on v3, bf16, b1: 56 x 57 outputs
+  // a plane 19.7 K -> 10.5 K cycles, 28 x 29 9.3 K -> 6.4 K, but 14 x 15 4.9 K -> 5.9 K
+  // and 7 x 8 4.2 K -> 7.1 K).
+  if (S > 1 && OH * Wq < 512) return false;
+  const auto rows_in = [&](int64_t rows) { return (rows - 1) * S + (KH - 1) * dil[0] + 1; };
+  // Block: gpb channel groups x rows output rows. Its planes are read up to 127 +
+  // (KW - 1)*dw elements past their end (outputs never stored).
   struct Layout {
-    int64_t gpb, rows, pb, po, img[2], out[2], wtl[2], btl[2], ws, bs, end;
+    int64_t gpb, rows, hq, pb, pq, po, img[2], ph[2], out[2], wtl[2], btl[2], ws, bs, end;
   };
   const auto layout = [&](int64_t gpb, int64_t rows) {
     Layout l{};
     l.gpb = gpb;
     l.rows = rows;
-    const int64_t plane = (rows + (KH - 1) * dil[0]) * Wp;
-    l.pb = odd_stride((plane + 128 + (KW - 1) * dil[1]) * e, 128 * e);
-    l.po = odd_stride(align_up(rows * Wp, 128) * eo, 128 * eo);
+    l.hq = (rows_in(rows) + S - 1) / S;
+    // The phase split reads up to S*hq rows and one element past Wp.
+    l.pb = odd_stride(((S > 1 ? S * l.hq + 1 : rows_in(rows)) * Wp + 128 + (KW - 1) * dil[1]) * e, 128 * e);
+    l.pq = S > 1 ? odd_stride((l.hq * Wq + 128 + (KW - 1) * dil[1]) * e, 128 * e) : l.pb;
+    l.po = odd_stride(align_up(rows * Wq, 128) * eo, 128 * eo);
     int64_t a = 0;
     const auto take = [&a](int64_t bytes) { return std::exchange(a, a + align_up(bytes, 512)); };
     for (int par = 0; par < 2; ++par) {
       l.img[par] = take(gpb * 8 * l.pb);
+      l.ph[par] = S > 1 ? take(S * S * gpb * 8 * l.pq) : l.img[par];
       l.out[par] = take(gpb * 8 * l.po);
       l.wtl[par] = take(gpb * KK * kTileElems * ew);
       l.btl[par] = take(gpb * kTileElems * eb);
@@ -501,11 +517,11 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
   // About 32 K outputs a block, and at least 4 blocks a core where the work allows.
   const int64_t kBlockElems = 32 * kTileElems, want = 4 * cores_;
   int64_t gpb = 1, rows = OH;
-  if (8 * OH * Wp <= kBlockElems) {
-    gpb = std::min(ngroups, kBlockElems / (8 * OH * Wp));
+  if (8 * OH * Wq <= kBlockElems) {
+    gpb = std::min(ngroups, kBlockElems / (8 * OH * Wq));
     gpb = std::max<int64_t>(1, std::min(gpb, (NB * ngroups + want - 1) / want));
   } else {
-    rows = std::max<int64_t>(1, kBlockElems / (8 * Wp));
+    rows = std::max<int64_t>(1, kBlockElems / (8 * Wq));
   }
   if (NB * ngroups < want) rows = std::min(rows, (OH + (want + NB * ngroups - 1) / (NB * ngroups) - 1) /
                                                      ((want + NB * ngroups - 1) / (NB * ngroups)));
@@ -539,10 +555,20 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
       for (int64_t oh0 = 0; oh0 < OH; oh0 += v.rows)
         blocks.push_back({b, g, std::min(ngroups, g + v.gpb), oh0, std::min(OH, oh0 + v.rows)});
   const int64_t y = t_.at(last.output).addr;
+  constexpr int kSplitFlag = 8;  // f8/f9: a block's phase planes and weight tiles (S > 1)
+  // A block's weight tiles: tile (tap t, group g) at (t * gpb + g) tiles, row-major
+  // over the block's channels, 128 lanes each; its bias tiles likewise.
+  const auto fetch_weights = [&](const Block& k, int64_t par, int flag) {
+    const int64_t c0 = k.g0 * 8, nc = std::min(CH, k.g1 * 8) - c0;
+    dma_on(flag, vmem(v.wtl[par]), vmem(v.ws + c0 * KK * ew), ew,
+           dim(128, 0, ew) + dim(nc, KK * ew, 128 * ew) + dim(KK, ew, v.gpb * kTileElems * ew));
+    if (has_bias) dma_on(flag, vmem(v.btl[par]), vmem(v.bs + c0 * eb), eb, dim(128, 0, eb) + dim(nc, eb, 128 * eb));
+  };
+  // The block's padded input rows into img[par] (and with S = 1 its weight tiles).
   const auto fetch = [&](int64_t u, int64_t par) {
     const Block& k = blocks[static_cast<size_t>(u)];
     const int64_t c0 = k.g0 * 8, nc = std::min(CH, k.g1 * 8) - c0;
-    const int64_t pr0 = k.oh0, pr1 = k.oh1 + (KH - 1) * dil[0];  // padded input rows
+    const int64_t pr0 = k.oh0 * S, pr1 = pr0 + rows_in(k.oh1 - k.oh0);  // padded input rows
     const int64_t ra = std::max(pr0, pt), rb = std::min(pr1, pt + H);
     const int64_t img = v.img[par];
     // Rows in the top or bottom padding: this buffer's previous block may have had data there.
@@ -555,19 +581,26 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
     };
     zero_rows(pr0, std::min(ra, pr1));
     zero_rows(std::max(rb, pr0), pr1);
-    // Tile (tap t, group g) of the weights at (t * gpb + g) tiles: row-major over the
-    // block's channels, 128 lanes each.
     const int flag = kStreamInFlag + static_cast<int>(par);
-    dma_on(flag, vmem(v.wtl[par]), vmem(v.ws + c0 * KK * ew), ew,
-           dim(128, 0, ew) + dim(nc, KK * ew, 128 * ew) + dim(KK, ew, v.gpb * kTileElems * ew));
-    if (has_bias) dma_on(flag, vmem(v.btl[par]), vmem(v.bs + c0 * eb), eb, dim(128, 0, eb) + dim(nc, eb, 128 * eb));
+    if (S == 1) fetch_weights(k, par, flag);
     if (ra >= rb) return;
     const int64_t src = X.addr + ((k.b * CH + c0) * H + ra - pt) * W * e, dst = img + ((ra - pr0) * Wp + pl) * e;
     if (Wp == W)
-      dma_on(kStreamInFlag + static_cast<int>(par), vmem(dst), hbm(src), (rb - ra) * W * e, dim(nc, H * W * e, v.pb));
+      dma_on(flag, vmem(dst), hbm(src), (rb - ra) * W * e, dim(nc, H * W * e, v.pb));
     else
-      dma_on(kStreamInFlag + static_cast<int>(par), vmem(dst), hbm(src), W * e,
-             dim(rb - ra, W * e, Wp * e) + dim(nc, H * W * e, v.pb));
+      dma_on(flag, vmem(dst), hbm(src), W * e, dim(rb - ra, W * e, Wp * e) + dim(nc, H * W * e, v.pb));
+  };
+  // S > 1: the S x S phase planes of img[par] into ph[par] (VMEM -> VMEM), and the
+  // weight tiles.
+  const auto split = [&](int64_t u, int64_t par) {
+    const Block& k = blocks[static_cast<size_t>(u)];
+    const int64_t nc = std::min(CH, k.g1 * 8) - k.g0 * 8;
+    const int flag = kSplitFlag + static_cast<int>(par);
+    for (int64_t p = 0; p < S; ++p)
+      for (int64_t q = 0; q < S; ++q)
+        dma_on(flag, vmem(v.ph[par] + (p * S + q) * v.gpb * 8 * v.pq), vmem(v.img[par] + (p * Wp + q) * e), e,
+               dim(Wq, S * e, e) + dim(v.hq, S * Wp * e, Wq * e) + dim(nc, v.pb, v.pq));
+    fetch_weights(k, par, flag);
   };
   const auto body = [&](int64_t u, int64_t par) {
     const Block& k = blocks[static_cast<size_t>(u)];
@@ -576,21 +609,26 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
     const auto vr = [](int64_t r) { return "v" + std::to_string(r); };
     const int64_t breg = 4 + KK;
     for (int64_t g = k.g0; g < k.g1; ++g) {
-      const int64_t img = v.img[par] + (g - k.g0) * 8 * v.pb, out = v.out[par] + (g - k.g0) * 8 * v.po;
+      const int64_t out = v.out[par] + (g - k.g0) * 8 * v.po;
+      // Phase plane of tap (kh, kw) for this group's 8 channels.
+      const auto plane = [&](int64_t kh, int64_t kw) {
+        const int64_t ph = (kh * dil[0] % S) * S + kw * dil[1] % S;
+        return v.ph[par] + (ph * v.gpb + g - k.g0) * 8 * v.pq;
+      };
       for (int64_t t = 0; t < KK; ++t) {
         line(std::string(ld(wt)) + " " + vr(4 + t) + ", " + at(v.wtl[par] + (t * v.gpb + g - k.g0) * kTileElems * ew));
         if (wt != DType::kBf16) line("vcvt.bf16 " + vr(4 + t) + ", " + vr(4 + t));  // the operands enter as bf16
       }
       if (has_bias) line(std::string(ld(bt)) + " " + vr(breg) + ", " + at(v.btl[par] + (g - k.g0) * kTileElems * eb));
-      for (int64_t q0 = 0; q0 < nr * Wp; q0 += 4 * 128) {
-        const int U = static_cast<int>(std::min<int64_t>(4, (nr * Wp - q0 + 127) / 128));
+      for (int64_t q0 = 0; q0 < nr * Wq; q0 += 4 * 128) {
+        const int U = static_cast<int>(std::min<int64_t>(4, (nr * Wq - q0 + 127) / 128));
         for (int i = 0; i < U; ++i) line("vbcast " + vr(kAcc[i]) + ", " + fimm(0.0f));  // +0.0: the partial sum starts there
         for (int64_t kh = 0; kh < KH; ++kh)
           for (int64_t kw = 0; kw < KW; ++kw) {
-            const int64_t off = kh * dil[0] * Wp + kw * dil[1];
+            const int64_t off = kh * dil[0] / S * Wq + kw * dil[1] / S;
             for (int i = 0; i < U; ++i) {
-              line(std::string(ld(dt)) + " " + vr(kTap[i]) + ", " + at(img + (q0 + i * 128 + off) * e) +
-                   ", stride=" + std::to_string(v.pb));
+              line(std::string(ld(dt)) + " " + vr(kTap[i]) + ", " + at(plane(kh, kw) + (q0 + i * 128 + off) * e) +
+                   ", stride=" + std::to_string(v.pq));
               if (dt != DType::kBf16) line("vcvt.bf16 " + vr(kTap[i]) + ", " + vr(kTap[i]));
             }
             for (int i = 0; i < U; ++i)
@@ -606,9 +644,39 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
       }
     }
     dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + ((k.b * CH + c0) * OH + k.oh0) * OW * eo),
-           vmem(v.out[par]), OW * eo, dim(nr, Wp * eo, OW * eo) + dim(nc, v.po, OH * OW * eo));
+           vmem(v.out[par]), OW * eo, dim(nr, Wq * eo, OW * eo) + dim(nc, v.po, OH * OW * eo));
   };
-  double_buffered(static_cast<int64_t>(blocks.size()), fetch, body);
+  if (S == 1) {
+    double_buffered(static_cast<int64_t>(blocks.size()), fetch, body);
+    return true;
+  }
+  // S > 1, three stages a core: while block k computes, block k + 1's phases split
+  // (its input came in earlier) and block k + 2's input comes in.
+  for (int core = 0; core < cores_; ++core) {
+    cur_ = core;
+    std::vector<int64_t> mine;
+    for (int64_t u = core; u < static_cast<int64_t>(blocks.size()); u += cores_) mine.push_back(u);
+    const size_t m = mine.size();
+    for (size_t k = 0; k < std::min<size_t>(2, m); ++k) fetch(mine[k], static_cast<int64_t>(k));
+    if (m > 0) {
+      wait_flag(kStreamInFlag);
+      split(mine[0], 0);
+    }
+    for (size_t k = 0; k < m; ++k) {
+      const int64_t par = static_cast<int64_t>(k % 2);
+      wait_flag(kSplitFlag + static_cast<int>(par));  // block k's phases are in; its input buffer is free
+      if (k + 2 < m) fetch(mine[k + 2], par);
+      if (k + 1 < m) {
+        wait_flag(kStreamInFlag + static_cast<int>(1 - par));
+        split(mine[k + 1], 1 - par);
+      }
+      if (k >= 2) wait_flag(kStreamOutFlag + static_cast<int>(par));  // block k - 2's results have gone out
+      body(mine[k], par);
+    }
+    wait_flag(kStreamOutFlag);
+    wait_flag(kStreamOutFlag + 1);
+  }
+  cur_ = 0;
   return true;
 }
 
@@ -638,7 +706,7 @@ bool Emitter::lower_depthwise(const Node& n) {
     members.push_back(x);
     run = m->output;
   }
-  if (st[0] == 1 && st[1] == 1 && depthwise_shifted(n, members)) return true;
+  if (depthwise_shifted(n, members)) return true;
   // Blocks of up to `blk` outputs: `ncb` whole channels, or (when a channel has
   // more outputs) `rows` output rows of one channel; the input is the block's
   // whole channels either way. Two buffers of each block-sized region: a core

@@ -315,8 +315,9 @@ TEST(LowerConv, Im2colOrderPaddingStridesBias) {
     }
 }
 
-// Depthwise convs (a channel per group) with K = KH*KW <= R run on the VPU (stride 1
-// as shifted loads over padded planes, other strides through tap gathers): the
+// Depthwise convs (a channel per group) with K = KH*KW <= R run on the VPU (strides 1
+// and 2 as shifted loads over padded planes or their phases, others through tap
+// gathers): the
 // contract's single chunk (+0.0, then each bf16 x bf16 product added in increasing
 // k), the bias one more add, fused members after it. Bit-exact against evaluate()
 // with padding, strides, dilation, bias, several images and cores, blocks of
@@ -360,6 +361,11 @@ TEST(LowerConv, DepthwiseOnTheVpu) {
                                  "dilations=[1,1], groups=9, pads=[1,2,2,1], strides=[1,1]"),
                          p, t, 8, cores);
       }
+      // Stride 2 on planes of at least 512 outputs (each padded plane split into its
+      // four phases): 9 channels over two groups, row blocks, several a core.
+      expect_bit_exact(conv_ir("[1,9,46,44]", "[9,1,3,3]", "[1,9,23,22]",
+                               "dilations=[1,1], groups=9, pads=[1,1,1,1], strides=[2,2]", "[9]"),
+                       p, big_vmem, 10, cores);
       // Row blocks of 40 (40, 40, 20) over two images: image 1's top block reuses the
       // buffer image 0's middle block filled, whose rows are its padding now.
       expect_bit_exact(conv_ir("[2,1,100,100]", "[1,1,3,3]", "[2,1,100,100]",
