@@ -231,8 +231,24 @@ void Emitter::lower_rows(const Node& n) {
   double_buffered(nblocks, fetch, [&](int64_t blk, int64_t p) {
     par = p;
     const int64_t b0 = blk * blk_rows, br = std::min(blk_rows, rows - b0);
+    if (!row_out && n.op != OpKind::kSoftmax) {
+      // Reductions: each row group's sum or max in a register of its own (v22..v29), so
+      // a group's lane reduction (tens of cycles) overlaps the next group's loads; then
+      // the means, the block's results as rows 512 B apart, and one DMA out.
+      for (gi = 0; gi * 8 < br; ++gi) {
+        const std::string acc = "v" + std::to_string(22 + gi);
+        if (n.op == OpKind::kReduceMax) reduce("max", "v20", acc, load_x);
+        else reduce("sum", "v21", acc, load_x);
+      }
+      for (gi = 0; gi * 8 < br; ++gi) {
+        const std::string acc = "v" + std::to_string(22 + gi);
+        if (n.op != OpKind::kReduceMax && n.op != OpKind::kReduceSum) line("vdiv " + acc + ", " + acc + ", v12");
+        line(std::string(st(ot)) + " " + acc + ", " + at(obuf(par) + gi * kTile) + ", stride=512");
+      }
+      dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + b0 * eo), vmem(obuf(par)), eo, dim(br, 512, eo));
+      return;
+    }
     for (gi = 0; gi * 8 < br; ++gi) {
-      const int64_t r0 = b0 + gi * 8, rg = std::min<int64_t>(8, rows - r0);
       switch (n.op) {
         case OpKind::kSoftmax:
           softmax_tiles(nt, sb, kTile, reduce, load_x, store_y);
@@ -261,15 +277,7 @@ void Emitter::lower_rows(const Node& n) {
           }
           break;
         default:
-          if (n.op == OpKind::kReduceMax) {
-            reduce("max", "v20", "v10", load_x);
-          } else {
-            reduce("sum", "v21", "v10", load_x);
-            if (n.op != OpKind::kReduceSum) line("vdiv v10, v10, v12");
-          }
-          line(std::string(st(ot)) + " v10, " + at(obuf(par) + gi * kTile));
-          dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + r0 * eo), vmem(obuf(par) + gi * kTile), eo,
-                 dim(rg, 128 * eo, eo));
+          break;
       }
     }
     if (row_out)
@@ -444,10 +452,10 @@ void Emitter::apply_dw_members(const Node& n, const std::vector<DwMember>& membe
   }
 }
 
-// Stride-1 depthwise conv with every tap a shifted load (docs/codegen.md "Depthwise
-// convolution"). Each channel's input sits in VMEM as its padded plane, Wp = pl + W
-// + pr wide, the padding +0.0 (never written by a DMA: zeroed once, the top and
-// bottom rows again per block). Output q = oh * Wp + ow of a plane reads tap (kh, kw)
+// Depthwise conv of stride 1 (or 2, through phase planes, below) with every tap a
+// shifted load (docs/codegen.md "Depthwise conv2d"). Each channel's input sits in
+// VMEM as its padded plane, Wp = pl + W + pr wide, the padding +0.0 (never written by
+// a DMA: zeroed once, the top and bottom rows again per block). Output q = oh * Wp + ow of a plane reads tap (kh, kw)
 // at q + kh*dh*Wp + kw*dw: for 128 consecutive q one load, 8 channels (planes Pb
 // apart) on the 8 sublanes. The outputs at ow >= OW are computed and never stored.
 // Each block's weights and bias come with its input as tiles whose row s holds

@@ -279,6 +279,12 @@ TEST(LowerRows, ReductionsAndGlobalAvgPool) {
     expect_bit_exact("graph r {\n  input %x : f32[2,5,7,7]\n  %y = global_avgpool(%x) {} : f32[2,5,1,1] #0\n"
                      "  output %y\n}\n",
                      p, target(1, 128, 128));
+    // Blocks of 64 rows (8 groups a block, each in its own register, one DMA out a
+    // block), a ragged last group, on two cores.
+    for (int cores : {1, 2})
+      expect_bit_exact("graph r {\n  input %x : f32[1,150,7,7]\n  %y = global_avgpool(%x) {} : f32[1,150,1,1] #0\n"
+                       "  output %y\n}\n",
+                       p, target(1, 128, 128), 2, cores);
   }
 }
 
