@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <tuple>
+#include <utility>
 
 #include "isa/numerics/bf16.h"
 
@@ -396,8 +397,11 @@ void Emitter::lower_matmul(const Node& n) {
   // load puts the value in lane 0 (the other lanes read nothing), -inf fills the rest,
   // and the lane max broadcasts it exactly (max(x, -inf) = x for every x, NaN included).
   // Up to 16 blocks at a time in v0..v15 (free between units), so the lane reductions'
-  // latency overlaps instead of holding each store.
+  // latency overlaps instead of holding each store. A core whose image already holds
+  // rows m0.. (its previous unit had them: another batch element or band) keeps it.
+  std::vector<int64_t> spread_m0(static_cast<size_t>(cores_), -1);
   auto spread_per_row = [&](int64_t m0, int64_t mr) {
+    if (std::exchange(spread_m0[static_cast<size_t>(cur_)], m0) == m0) return;
     for (const Operand& o : ops) {
       if (!o.per_row) continue;
       const int64_t e = esz(o.dt), nb = (mr + 7) / 8;

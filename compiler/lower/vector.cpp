@@ -231,7 +231,7 @@ void Emitter::lower_rows(const Node& n) {
   double_buffered(nblocks, fetch, [&](int64_t blk, int64_t p) {
     par = p;
     const int64_t b0 = blk * blk_rows, br = std::min(blk_rows, rows - b0);
-    if (!row_out && n.op != OpKind::kSoftmax) {
+    if (!row_out) {
       // Reductions: each row group's sum or max in a register of its own (v22..v29), so
       // a group's lane reduction (tens of cycles) overlaps the next group's loads; then
       // the means, the block's results as rows 512 B apart, and one DMA out.
@@ -248,40 +248,35 @@ void Emitter::lower_rows(const Node& n) {
       dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + b0 * eo), vmem(obuf(par)), eo, dim(br, 512, eo));
       return;
     }
+    // Softmax and layernorm: a row group at a time, the block's rows out as one DMA.
     for (gi = 0; gi * 8 < br; ++gi) {
-      switch (n.op) {
-        case OpKind::kSoftmax:
-          softmax_tiles(nt, sb, kTile, reduce, load_x, store_y);
-          break;
-        case OpKind::kLayerNorm:
-          reduce("sum", "v21", "v10", load_x);
-          line("vdiv v10, v10, v12");  // mean
-          for (int64_t t = 0; t < nt; ++t) {
-            load_x(t);
-            line("vsub v1, v1, v10");  // d
-            line("vst v1, " + at(sb + t * kTile));
-          }
-          reduce("sum", "v21", "v11", [&](int64_t t) { load_s(t); line("vmul v1, v1, v1"); });
-          line("vdiv v11, v11, v12");  // var
-          line("vbcast v13, " + fimm(n.attr_float("epsilon")));
-          line("vadd v11, v11, v13");
-          line("vsqrt v11, v11");  // den
-          for (int64_t t = 0; t < nt; ++t) {
-            load_s(t);
-            line("vdiv v1, v1, v11");
-            line(std::string(ld(gt)) + " v2, " + at(gb + t * kTile));
-            line("vmul v1, v1, v2");
-            line(std::string(ld(gt)) + " v3, " + at(bb + t * kTile));
-            line("vadd v1, v1, v3");
-            store_y(t);
-          }
-          break;
-        default:
-          break;
+      if (n.op == OpKind::kSoftmax) {
+        softmax_tiles(nt, sb, kTile, reduce, load_x, store_y);
+        continue;
+      }
+      reduce("sum", "v21", "v10", load_x);
+      line("vdiv v10, v10, v12");  // mean
+      for (int64_t t = 0; t < nt; ++t) {
+        load_x(t);
+        line("vsub v1, v1, v10");  // d
+        line("vst v1, " + at(sb + t * kTile));
+      }
+      reduce("sum", "v21", "v11", [&](int64_t t) { load_s(t); line("vmul v1, v1, v1"); });
+      line("vdiv v11, v11, v12");  // var
+      line("vbcast v13, " + fimm(n.attr_float("epsilon")));
+      line("vadd v11, v11, v13");
+      line("vsqrt v11, v11");  // den
+      for (int64_t t = 0; t < nt; ++t) {
+        load_s(t);
+        line("vdiv v1, v1, v11");
+        line(std::string(ld(gt)) + " v2, " + at(gb + t * kTile));
+        line("vmul v1, v1, v2");
+        line(std::string(ld(gt)) + " v3, " + at(bb + t * kTile));
+        line("vadd v1, v1, v3");
+        store_y(t);
       }
     }
-    if (row_out)
-      dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + b0 * len * eo), vmem(obuf(par)), br * len * eo, "");
+    dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + b0 * len * eo), vmem(obuf(par)), br * len * eo, "");
   });
 }
 
@@ -313,7 +308,8 @@ void Emitter::lower_pool(const Node& n) {
   while (cb > 0 && !staging_fits(cb * H * W * e, cb * OH * OW * KK * e)) cb /= 2;
   // Staged bands go round robin over the cores: at least one band a core when the
   // images alone do not give each core one.
-  if (cb > 0 && NB < cores_) cb = std::min(cb, (CH + (cores_ + NB - 1) / NB - 1) / ((cores_ + NB - 1) / NB));
+  const int64_t per_image = (cores_ + NB - 1) / NB;  // bands an image needs
+  if (cb > 0) cb = std::min(cb, (CH + per_image - 1) / per_image);
   // maxpool: the taps go to KK planes of output pixels, reduced elementwise (blocks
   // of 16 tiles, two buffers a core).
   const int64_t blk = 16 * kTileElems;
@@ -531,8 +527,8 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
   } else {
     rows = std::max<int64_t>(1, kBlockElems / (8 * Wq));
   }
-  if (NB * ngroups < want) rows = std::min(rows, (OH + (want + NB * ngroups - 1) / (NB * ngroups) - 1) /
-                                                     ((want + NB * ngroups - 1) / (NB * ngroups)));
+  const int64_t row_blocks = (want + NB * ngroups - 1) / (NB * ngroups);  // a plane needs, for `want` blocks
+  rows = std::min(rows, (OH + row_blocks - 1) / row_blocks);
   rows = std::max<int64_t>(1, rows);
   while (static_cast<uint64_t>(layout(gpb, rows).end) > opt_.target.vmem_bytes) {
     if (gpb > 1) gpb = (gpb + 1) / 2;
