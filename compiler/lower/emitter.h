@@ -227,9 +227,15 @@ class Emitter {
   // interleave: the gathers fill a scratch image of dst_bytes (the fill goes there),
   // and this one VMEM -> VMEM copy (src_off into the scratch) makes the result from it
   // (VMEM: src_bytes + 2 dst_bytes).
+  // src_runs / dst_runs: the HBM side (the source, or each part of the result) is
+  // `runs` equal runs `stride` bytes apart, moved as one DMA (a band of rows of
+  // every channel plane).
+  struct HbmRuns {
+    int64_t runs, stride;
+  };
   void staged_gather(int64_t src, int64_t src_bytes, int64_t dst, int64_t dst_bytes, const std::vector<Gather>& gathers,
                      bool fill, float fill_value, DType fill_dt, int64_t planes = 1, int64_t plane_stride = 0,
-                     const Gather* interleave = nullptr);
+                     const Gather* interleave = nullptr, HbmRuns src_runs = {1, 0}, HbmRuns dst_runs = {1, 0});
   // The recipe's instruction sequence of elementwise op `n` on registers: vd = op(va[, vb]),
   // t0 and t1 are scratch (vector.cpp).
   void emit_op(const Node& n, int vd, int va, int vb, int t0, int t1);
@@ -253,6 +259,11 @@ class Emitter {
   bool depthwise_shifted(const Node& n, std::vector<DwMember>& members);
   void load_dw_constants(const Node& n, int64_t ws, int64_t bs, const std::vector<DwMember>& members);
   void apply_dw_members(const Node& n, const std::vector<DwMember>& members, int v);
+  // A conv2d whose im2col rows the matmul reads straight from padded NHWC planes
+  // (matrix.cpp); false when it does not apply or fit.
+  bool lower_conv_shifted(const Node& n);
+  // Group g's OIHW weights as the im2col matmul's B, W[(kh,kw,cin), o], at HBM Wm.
+  void conv_weights(const Node& n, int64_t g, int64_t Wm, bool const_w);
   // A 1x1 conv2d as the matmul W x X per image, in NCHW (matrix.cpp).
   void lower_pointwise(const Node& n);
   void conv_matmul(const Node& n, const std::string& tag, const std::string& lhs, const std::string& rhs,
@@ -329,6 +340,14 @@ class Emitter {
   std::map<int, int> fused_;                        // member id -> root id
   std::vector<const Node*> epi_;  // the chain lower_matmul applies (set by its caller)
   std::string epi_dst_;           // where lower_matmul stores, if not the chain's end (conv's NHWC scratch)
+  // Set by lower_conv for one lower_matmul: the LHS is im2col rows that are never
+  // built. Row r of batch element b, columns [t * ci, (t + 1) * ci) (tap t), is
+  // `ci` elements at HBM base + b * image + (tap_rows[t] + r) * ci * element size:
+  // a padded NHWC plane read at the tap's shift (matrix.cpp, lower_conv_shifted).
+  struct ShiftedLhs {
+    int64_t base = 0, image = 0, ci = 0;
+    std::vector<int64_t> tap_rows;
+  } shifted_;
   std::vector<isa::IoEntry> extra_consts_;  // constants the lowering lays out itself (conv weights as W[(kh,kw,cin), o])
 };
 

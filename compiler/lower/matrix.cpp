@@ -34,6 +34,161 @@ void Emitter::layout_constant(int64_t addr, const std::string& name, DType dt, c
   extra_consts_.push_back(std::move(e));
 }
 
+// Group g's OIHW weights as W[(kh,kw,cin), o] at HBM Wm, the im2col matmul's B: a
+// constant is laid out at compile time (a .const entry of its own: no run-time
+// rearrangement, and the matmul's weight loads read contiguous rows); otherwise
+// through VMEM when it fits.
+void Emitter::conv_weights(const Node& n, int64_t g, int64_t Wm, bool const_w) {
+  const Placed Wt = t_.at(n.inputs[1]);
+  const int64_t G = n.has_attr("groups") ? n.attr_int("groups") : 1;
+  const int64_t CO = Wt.type.shape[0], CI = Wt.type.shape[1], KH = Wt.type.shape[2], KW = Wt.type.shape[3];
+  const int64_t COg = CO / G, K = KH * KW * CI, ew = esz(Wt.type.dtype);
+  const int64_t wbytes = COg * CI * KH * KW * ew;
+  const Constant* wc = g_.find_constant(n.inputs[1]);
+  if (wc && const_w) {
+    layout_constant(Wm, "#conv" + std::to_string(n.id) + "g" + std::to_string(g) + "w", Wt.type.dtype, {K, COg},
+                    [&](int64_t i) {
+                      const int64_t o = i % COg, ci = i / COg % CI, t = i / (COg * CI), kh = t / KW, kw = t % KW;
+                      return wc->f[static_cast<size_t>((((g * COg + o) * CI + ci) * KH + kh) * KW + kw)];
+                    });
+  } else if (staging_fits(wbytes, wbytes)) {
+    std::vector<Gather> gathers;
+    for (int64_t kh = 0; kh < KH; ++kh)
+      for (int64_t kw = 0; kw < KW; ++kw)
+        gathers.push_back(Gather{(kh * KW + kw) * ew, (kh * KW + kw) * CI * COg * ew, ew,
+                                 dim(COg, CI * KH * KW * ew, ew) + dim(CI, KH * KW * ew, COg * ew)});
+    staged_gather(Wt.addr + g * wbytes, wbytes, Wm, wbytes, gathers, false, 0.0f, Wt.type.dtype);
+  } else {
+    for (int64_t kh = 0; kh < KH; ++kh)
+      for (int64_t kw = 0; kw < KW; ++kw)
+        dma(hbm(Wm + (kh * KW + kw) * CI * COg * ew), hbm(Wt.addr + (g * COg * CI * KH * KW + kh * KW + kw) * ew), ew,
+            dim(COg, CI * KH * KW * ew, ew) + dim(CI, KH * KW * ew, COg * ew));
+    wait_dmas();
+  }
+}
+
+// An ungrouped conv2d as the im2col matmul whose rows are never built (docs/codegen.md,
+// "Shifted convolutions"). Each image is laid out once as padded NHWC planes, one per
+// stride phase (plane (p, q) holds padded (s0 * i + p, s1 * j + q), i < Hq, j < Wq,
+// zeros in the padding), and the matmul computes Wq outputs per output row: row
+// oh * Wq + ow, tap (kh, kw) is the plane of phase (kh*d0 % s0, kw*d1 % s1) at row
+// oh * Wq + ow + (kh*d0 / s0) * Wq + kw*d1 / s1, so each tap's columns of a band of
+// LHS rows are one strided DMA from HBM (lower_matmul's ShiftedLhs). Columns ow >= OW
+// read past the row's end and are dropped by the move to NCHW. The chunk order over
+// k = (kh*KW + kw)*Cin + cin and every product are the im2col matmul's, so the values
+// are the contract's convolution. Against im2col rows in HBM this neither writes nor
+// gathers the K-times-larger rows: resnet's 64-channel 3x3 conv on 56 x 56 (v3 bf16,
+// 2 cores) ...
+bool Emitter::lower_conv_shifted(const Node& n) {
+  const Placed X = t_.at(n.inputs[0]);
+  const Placed Wt = t_.at(n.inputs[1]);
+  const auto& st = n.attr_ints("strides");
+  const auto& pads = n.attr_ints("pads");
+  const auto& dil = n.attr_ints("dilations");
+  const int64_t G = n.has_attr("groups") ? n.attr_int("groups") : 1;
+  const int64_t NB = X.type.shape[0], CI = X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
+  const int64_t CO = Wt.type.shape[0], KH = Wt.type.shape[2], KW = Wt.type.shape[3];
+  const int64_t OH = n.type.shape[2], OW = n.type.shape[3];
+  const std::vector<const Node*>& chain = chain_of(n);
+  const Node& last = chain.empty() ? n : *chain.back();
+  const int64_t ex = esz(X.type.dtype), eo = esz(last.type.dtype);
+  // A tap's run is Cin elements per LHS row: below 128 bytes (the 7x7 stems' 3
+  // channels) the DMAs' short runs cost more than the im2col rows save.
+  if (G != 1 || CI * ex < 128) return false;
+  const int64_t s0 = st[0], s1 = st[1];
+  const int64_t Hq = (H + pads[0] + pads[2] + s0 - 1) / s0, Wq = (W + pads[1] + pads[3] + s1 - 1) / s1;
+  // The phases the taps use, in first-use order, and each tap's plane row offset.
+  std::vector<std::pair<int64_t, int64_t>> phases;
+  std::vector<std::pair<int64_t, int64_t>> tap_at;  // (phase index, shift in rows)
+  int64_t max_shift = 0;
+  for (int64_t kh = 0; kh < KH; ++kh)
+    for (int64_t kw = 0; kw < KW; ++kw) {
+      const std::pair<int64_t, int64_t> ph{kh * dil[0] % s0, kw * dil[1] % s1};
+      const auto it = std::find(phases.begin(), phases.end(), ph);
+      const int64_t idx = it - phases.begin();
+      if (it == phases.end()) phases.push_back(ph);
+      const int64_t shift = kh * dil[0] / s0 * Wq + kw * dil[1] / s1;
+      tap_at.push_back({idx, shift});
+      max_shift = std::max(max_shift, shift);
+    }
+  const int64_t M1 = OH * Wq;  // matmul rows per image
+  // Rows of a plane: the padded ones and what the last output rows' dropped columns
+  // read, in whole rows of Wq.
+  const int64_t Hr = std::max(Hq, (M1 + max_shift + Wq - 1) / Wq), prow = Hr * Wq;
+  const int64_t nph = static_cast<int64_t>(phases.size());
+  const int64_t img = CI * H * W * ex, image = nph * prow * CI * ex, ybytes = M1 * CO * eo;
+  if (!staging_fits(img, image) || !staging_fits(ybytes, OH * OW * CO * eo)) return false;
+
+  const std::string tag = "#conv" + std::to_string(n.id) + "g0";
+  const bool const_w = g_.find_constant(n.inputs[1]) != nullptr;
+  const int64_t K = KH * KW * CI;
+  const int64_t Xq = place_hbm(NB * image), Y = place_hbm(NB * ybytes);
+  const int64_t Wm = const_w ? place_hbm_pinned(K * CO * esz(Wt.type.dtype)) : place_hbm(K * CO * esz(Wt.type.dtype));
+  check_addr(n, hbm_top_);
+  // Run-time weights are laid out on the last core, beside the first image's planes.
+  cur_ = cores_ - 1;
+  conv_weights(n, 0, Wm, const_w);
+  // Each image's planes are built in bands of plane rows, round robin over the cores
+  // (a band a core when the images do not give each core one): the input rows a band
+  // uses come in as one DMA, the band's rows of every phase are zero-filled and then
+  // one VMEM -> VMEM gather per phase, and each phase's rows go out as one DMA.
+  const int64_t per_image = (cores_ + NB - 1) / NB, band = (Hr + per_image - 1) / per_image;
+  int64_t unit = 0;
+  for (int64_t b = 0; b < NB; ++b)
+    for (int64_t i0 = 0; i0 < Hr; i0 += band) {
+      const int64_t i1 = std::min(Hr, i0 + band);
+      // Input rows [ya, yb): every row a phase's plane rows [i0, i1) hold.
+      const int64_t ya = std::clamp(i0 * s0 - pads[0], int64_t{0}, H);
+      const int64_t yb = std::clamp((i1 - 1) * s0 - pads[0] + s0, ya, H);
+      std::vector<Gather> gathers;
+      for (int64_t k = 0; k < nph; ++k) {
+        const auto [p, q] = phases[static_cast<size_t>(k)];
+        int64_t r0, r1, j0, j1;  // the plane's rows and columns that hold image pixels
+        tap_range(Hq, H, s0, pads[0], p, &r0, &r1);
+        tap_range(Wq, W, s1, pads[1], q, &j0, &j1);
+        r0 = std::max(r0, i0);
+        r1 = std::min(r1, i1);
+        if (r0 >= r1 || j0 >= j1) continue;
+        gathers.push_back(Gather{((r0 * s0 - pads[0] + p - ya) * W + j0 * s1 - pads[1] + q) * ex,
+                                 ((k * (i1 - i0) + r0 - i0) * Wq + j0) * CI * ex, ex,
+                                 dim(j1 - j0, s1 * ex, CI * ex) + dim(CI, (yb - ya) * W * ex, ex) +
+                                     dim(r1 - r0, s0 * W * ex, Wq * CI * ex)});
+      }
+      on_core(unit++);
+      const int64_t rows = std::max<int64_t>(yb - ya, 1);  // a band of padding only still loads a row
+      staged_gather(X.addr + (b * CI * H + std::min(ya, H - 1)) * W * ex, CI * rows * W * ex,
+                    Xq + b * image + i0 * Wq * CI * ex, nph * (i1 - i0) * Wq * CI * ex, gathers, true, 0.0f,
+                    X.type.dtype, nph, prow * CI * ex, nullptr, {CI, H * W * ex});
+    }
+  cur_ = 0;
+  t_[tag + "p"] = Placed{TensorType{X.type.dtype, {NB, M1, K}}, Xq};
+  t_[tag + "w"] = Placed{TensorType{Wt.type.dtype, {K, CO}}, Wm};
+  t_[tag + "y"] = Placed{TensorType{last.type.dtype, {NB, M1, CO}}, Y};
+  if (n.inputs.size() > 2) t_[tag + "b"] = t_.at(n.inputs[2]);
+  shifted_.base = Xq;
+  shifted_.image = image;
+  shifted_.ci = CI;
+  for (const auto& [idx, shift] : tap_at) shifted_.tap_rows.push_back(idx * prow + shift);
+  sync_all();
+  conv_matmul(n, tag, tag + "p", tag + "w", {NB, M1, CO});
+  sync_all();
+  // NHWC (Wq columns a row) -> NCHW, the first OW columns, in bands of output rows
+  // as the planes: a band's rows come in as one DMA and go out as one, a run per channel.
+  const int64_t y = t_.at(last.output).addr, oband = (OH + per_image - 1) / per_image;
+  unit = 0;
+  for (int64_t b = 0; b < NB; ++b)
+    for (int64_t r0 = 0; r0 < OH; r0 += oband) {
+      const int64_t nr = std::min(oband, OH - r0);
+      on_core(unit++);
+      staged_gather(Y + b * ybytes + r0 * Wq * CO * eo, nr * Wq * CO * eo, y + (b * CO * OH + r0) * OW * eo,
+                    CO * nr * OW * eo,
+                    {Gather{0, 0, eo, dim(OW, CO * eo, eo) + dim(nr, Wq * CO * eo, OW * eo) + dim(CO, eo, nr * OW * eo)}},
+                    false, 0.0f, last.type.dtype, 1, 0, nullptr, {1, 0}, {CO, OH * OW * eo});
+    }
+  cur_ = 0;
+  return true;
+}
+
 // conv2d (each group on its own) as a matmul over im2col rows: P[(n,oh,ow), (kh,kw,cin)] is
 // gathered into fresh HBM scratch by one 3-D DMA per (n, kh, kw) (padding taps are
 // never written, so they read +0.0), the OIHW weights become W[(kh,kw,cin), o], and
@@ -61,6 +216,7 @@ void Emitter::lower_conv(const Node& n) {
     lower_pointwise(n);
     return;
   }
+  if (lower_conv_shifted(n)) return;
   // Each group is its own convolution (the reference's per-group chunking).
   for (int64_t g = 0; g < G; ++g) {
   const std::string tag = "#conv" + std::to_string(n.id) + "g" + std::to_string(g);
@@ -128,30 +284,7 @@ void Emitter::lower_conv(const Node& n) {
         cur_ = 0;
       }
     }
-  // OIHW -> W[(kh,kw,cin), o]: a constant is laid out at compile time (a .const entry
-  // of its own: no run-time rearrangement, and the matmul's weight loads read
-  // contiguous rows); otherwise through VMEM when it fits.
-  const int64_t wbytes = COg * CI * KH * KW * ew;
-  const Constant* wc = g_.find_constant(n.inputs[1]);
-  if (wc && const_w) {
-    layout_constant(Wm, tag + "w", Wt.type.dtype, {K, COg}, [&](int64_t i) {
-      const int64_t o = i % COg, ci = i / COg % CI, t = i / (COg * CI), kh = t / KW, kw = t % KW;
-      return wc->f[static_cast<size_t>((((g * COg + o) * CI + ci) * KH + kh) * KW + kw)];
-    });
-  } else if (staging_fits(wbytes, wbytes)) {
-    std::vector<Gather> gathers;
-    for (int64_t kh = 0; kh < KH; ++kh)
-      for (int64_t kw = 0; kw < KW; ++kw)
-        gathers.push_back(Gather{(kh * KW + kw) * ew, (kh * KW + kw) * CI * COg * ew, ew,
-                                 dim(COg, CI * KH * KW * ew, ew) + dim(CI, KH * KW * ew, COg * ew)});
-    staged_gather(Wt.addr + g * wbytes, wbytes, Wm, wbytes, gathers, false, 0.0f, Wt.type.dtype);
-  } else {
-    for (int64_t kh = 0; kh < KH; ++kh)
-      for (int64_t kw = 0; kw < KW; ++kw)
-        dma(hbm(Wm + (kh * KW + kw) * CI * COg * ew), hbm(Wt.addr + (g * COg * CI * KH * KW + kh * KW + kw) * ew), ew,
-            dim(COg, CI * KH * KW * ew, ew) + dim(CI, KH * KW * ew, COg * ew));
-    wait_dmas();
-  }
+  conv_weights(n, g, Wm, const_w);
   t_[tag + "p"] = Placed{TensorType{X.type.dtype, {M, K}}, P};
   t_[tag + "w"] = Placed{TensorType{Wt.type.dtype, {K, COg}}, Wm};
   t_[tag + "y"] = Placed{TensorType{last.type.dtype, {M, COg}}, Y};
@@ -244,6 +377,7 @@ void Emitter::lower_matmul(const Node& n) {
   const std::string dst_name = !epi_dst_.empty() ? epi_dst_ : chain.empty() ? n.output : chain.back()->output;
   epi_.clear();
   epi_dst_.clear();
+  const ShiftedLhs shifted = std::exchange(shifted_, ShiftedLhs{});
   const Placed& A = t_.at(n.inputs[0]);
   Placed B = t_.at(n.inputs[1]);
   const bool ta = n.has_attr("trans_a") && n.attr_int("trans_a");
@@ -508,6 +642,30 @@ void Emitter::lower_matmul(const Node& n) {
   auto lhs_at = [&](int64_t c, int64_t row) {  // chunk c's lanes of LHS row `row`, relative to the LHS image
     return ((c / LB) * Mg + row) * ls + (c % LB) * R * ea;
   };
+  // Rows [row0, row0 + rows) x columns [k0, k0 + lcols) of batch element b's LHS into
+  // VMEM at dst, rows ls apart. Shifted LHS rows (a conv's, lower_conv_shifted) come
+  // a tap's columns per DMA, taps whose rows follow each other in the plane (the kw
+  // of a stride-1 conv) as one run.
+  auto lhs_dma = [&](int flag, int64_t dst, int64_t b, int64_t row0, int64_t rows, int64_t k0, int64_t lcols) {
+    if (shifted.tap_rows.empty()) {
+      const int64_t a0 = A.addr + batch_offset(as, b, ea);
+      if (!ta)
+        dma_on(flag, vmem(dst), hbm(a0 + (row0 * K + k0) * ea), lcols * ea, dim(rows, K * ea, ls));
+      else
+        dma_on(flag, vmem(dst), hbm(a0 + (k0 * M + row0) * ea), ea, dim(lcols, M * ea, ea) + dim(rows, ea, ls));
+      return;
+    }
+    const int64_t ci = shifted.ci, taps = static_cast<int64_t>(shifted.tap_rows.size());
+    for (int64_t t = k0 / ci; t < taps && t * ci < k0 + lcols;) {
+      const int64_t c0 = std::max(k0, t * ci);
+      int64_t t1 = t + 1;
+      while (t1 < taps && t1 * ci < k0 + lcols && shifted.tap_rows[t1] == shifted.tap_rows[t1 - 1] + 1) ++t1;
+      const int64_t c1 = std::min(k0 + lcols, t1 * ci);
+      const int64_t src = shifted.base + b * shifted.image + ((shifted.tap_rows[t] + row0) * ci + c0 - t * ci) * ea;
+      dma_on(flag, vmem(dst + (c0 - k0) * ea), hbm(src), (c1 - c0) * ea, dim(rows, ci * ea, ls));
+      t = t1;
+    }
+  };
   auto obs_of = [&](int64_t ob) { return wide_out ? odd_stride(ob * cw * C * eo, orow) : cw * orow; };
   auto ws_of = [&](int64_t bg) { return odd_stride((std::min(bg * cw, ntiles) * C - C + 128) * eb, wrow); };
   int64_t vec_bytes = 0, full_per_row = 0, col_per_row = 0;
@@ -629,14 +787,8 @@ void Emitter::lower_matmul(const Node& n) {
           const Tile tl = tiles[static_cast<size_t>(y / nbands)];
           if (r1 < 0) r1 = tl.mr;
           const int64_t k0 = (y % nbands) * LB * R, lcols = std::min(K, k0 + LB * R) - k0;
-          const int64_t a0 = A.addr + batch_offset(as, tl.b, ea);
-          const int flag = kBandFlag + static_cast<int>(y % 2);
-          const int64_t dst = lbase + (y % 2) * Mt * ls + r0 * ls;
-          if (!ta)
-            dma_on(flag, vmem(dst), hbm(a0 + ((tl.m0 + r0) * K + k0) * ea), lcols * ea, dim(r1 - r0, K * ea, ls));
-          else
-            dma_on(flag, vmem(dst), hbm(a0 + (k0 * M + tl.m0 + r0) * ea), ea,
-                   dim(lcols, M * ea, ea) + dim(r1 - r0, ea, ls));
+          lhs_dma(kBandFlag + static_cast<int>(y % 2), lbase + (y % 2) * Mt * ls + r0 * ls, tl.b, tl.m0 + r0, r1 - r0,
+                  k0, lcols);
         };
         // Ramped ends (docs/codegen.md, "Large GEMMs"): the core's first pass runs in row
         // pieces whose LHS rows come as separate DMAs, so the MXUs start after panel 0 and
@@ -883,7 +1035,6 @@ void Emitter::lower_matmul(const Node& n) {
   const int64_t t_first = passes.front().t, t_end = passes.back().t + 1;  // the band's column groups
   const int64_t bn0 = passes.front().n0, bn1 = std::min(N, bn0 + BG * cw * C);
   for (int64_t b = 0; b < batches; ++b) {
-    const int64_t a0 = A.addr + batch_offset(as, b, ea);
     const int64_t b0 = B.addr + batch_offset(bs, b, eb);
     const int64_t o0 = Out.addr + b * M * N * eo;
     for (int64_t m0 = 0; m0 < M; m0 += Mg) {
@@ -896,12 +1047,7 @@ void Emitter::lower_matmul(const Node& n) {
       const bool lhs0_ready = lhs_prefetched[static_cast<size_t>(cur_)] == unit_key(m0);
       // The first LHS band (chunks [0, LB)) of the unit starting at row `row0`, `rows` rows.
       auto lhs_band0 = [&](int flag, int64_t row0, int64_t rows) {
-        const int64_t lcols = std::min(K, LB * R);
-        if (!ta)
-          dma_on(flag, vmem(lhs_base + lhs_at(0, 0)), hbm(a0 + row0 * K * ea), lcols * ea, dim(rows, K * ea, ls));
-        else
-          dma_on(flag, vmem(lhs_base + lhs_at(0, 0)), hbm(a0 + row0 * ea), ea,
-                 dim(lcols, M * ea, ea) + dim(rows, ea, ls));
+        lhs_dma(flag, lhs_base + lhs_at(0, 0), b, row0, rows, 0, std::min(K, LB * R));
       };
       w_loaded[static_cast<size_t>(cur_)][wkey] = true;
       // Weight tile (chunk c, column tile starting at col) in VMEM.
@@ -945,13 +1091,7 @@ void Emitter::lower_matmul(const Node& n) {
             }
         }
         if (ps.t == t_first && ps.c0 % LB == 0 && !(ps.c0 == 0 && lhs0_ready)) {  // the unit's LHS rows, a band of LB chunks' columns
-          const int64_t lcols = std::min(K, (ps.c0 + LB) * R) - k0;
-          if (!ta)
-            dma_on(flag, vmem(lhs_base + lhs_at(ps.c0, 0)), hbm(a0 + (m0 * K + k0) * ea), lcols * ea,
-                   dim(mr, K * ea, ls));
-          else
-            dma_on(flag, vmem(lhs_base + lhs_at(ps.c0, 0)), hbm(a0 + (k0 * M + m0) * ea), ea,
-                   dim(lcols, M * ea, ea) + dim(mr, ea, ls));
+          lhs_dma(flag, lhs_base + lhs_at(ps.c0, 0), b, m0, mr, k0, std::min(K, (ps.c0 + LB) * R) - k0);
           any = true;
         }
         return any;

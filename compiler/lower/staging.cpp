@@ -21,10 +21,17 @@ std::pair<int64_t, int64_t> Emitter::Gather::dst_hull() const {
 
 void Emitter::staged_gather(int64_t src, int64_t src_bytes, int64_t dst, int64_t dst_bytes,
                             const std::vector<Gather>& gathers, bool fill, float fill_value, DType fill_dt,
-                            int64_t planes, int64_t plane_stride, const Gather* interleave) {
+                            int64_t planes, int64_t plane_stride, const Gather* interleave, HbmRuns src_runs,
+                            HbmRuns dst_runs) {
+  auto runs = [](const HbmRuns& r, int64_t bytes) {
+    return r.runs > 1 ? dim(r.runs, r.stride, bytes / r.runs) : std::string();
+  };
+  auto hbm_runs = [](const HbmRuns& r, int64_t bytes) {
+    return r.runs > 1 ? dim(r.runs, bytes / r.runs, r.stride) : std::string();
+  };
   const int64_t sv = 0, dv = align_up(src_bytes, kAlign);
   const int64_t gv = interleave ? dv + align_up(dst_bytes, kAlign) : dv;  // where the gathers write
-  dma(vmem(sv), hbm(src), src_bytes);
+  dma(vmem(sv), hbm(src), src_bytes / src_runs.runs, runs(src_runs, src_bytes));
   if (fill) {
     // One vst per tile: 8 x 128 elements of the fill value.
     const int64_t tile = kTileElems * esz(fill_dt);
@@ -52,7 +59,8 @@ void Emitter::staged_gather(int64_t src, int64_t src_bytes, int64_t dst, int64_t
     wait_dmas();
   }
   const int64_t part = dst_bytes / planes;
-  for (int64_t p = 0; p < planes; ++p) dma(hbm(dst + p * plane_stride), vmem(dv + p * part), part);
+  for (int64_t p = 0; p < planes; ++p)
+    dma(hbm(dst + p * plane_stride), vmem(dv + p * part), part / dst_runs.runs, hbm_runs(dst_runs, part));
   wait_dmas();
 }
 

@@ -455,6 +455,53 @@ TEST(LowerConv, PointwiseAsWeightsTimesImages) {
   }
 }
 
+// An ungrouped conv whose taps are at least 128 bytes of channels reads its im2col
+// rows straight from padded NHWC planes, one per stride phase (docs/codegen.md,
+// "Shifted convolutions"): bit-exact against evaluate() with padding (asymmetric too),
+// strides 1 and 2 (four phases), dilation, a 1x1 stride-2 conv (one phase), a bias,
+// a fused member, ragged column tiles, several chunks of K, images and cores (bands of
+// plane rows and of output rows when images are fewer than cores). The rows are never
+// built: no DMA writes as many bytes as they hold, and a stride-1 conv's LHS rows
+// come as runs of KW taps' channels.
+TEST(LowerConv, ShiftedOverPaddedPlanes) {
+  const std::string chain =
+      "graph d {\n  input %x : f32[2,64,9,8]\n  input %w : f32[5,64,3,3]\n  input %b : f32[5]\n"
+      "  %c = conv2d(%x, %w, %b) {dilations=[1,1], groups=1, pads=[1,1,1,1], strides=[1,1]} : f32[2,5,9,8] #1\n"
+      "  %r = relu(%c) : f32[2,5,9,8] #2\n  output %r\n}\n";
+  for (auto p : kPolicies)
+    for (int cores : {1, 2, 3}) {
+      SCOPED_TRACE(cores);
+      expect_bit_exact(chain, p, target(2, 32, 32), 1, cores);
+      expect_bit_exact(conv_ir("[1,64,11,10]", "[37,64,3,3]", "[1,37,6,5]",
+                               "dilations=[1,1], groups=1, pads=[2,1,1,0], strides=[2,2]", "[37]"),
+                       p, target(2, 32, 32), 2, cores);
+      expect_bit_exact(conv_ir("[1,64,10,9]", "[6,64,3,3]", "[1,6,6,5]",
+                               "dilations=[2,2], groups=1, pads=[0,0,0,0], strides=[1,1]"),
+                       p, target(1, 16, 16), 3, cores);
+      expect_bit_exact(conv_ir("[2,64,8,7]", "[9,64,1,1]", "[2,9,4,4]",
+                               "dilations=[1,1], groups=1, pads=[0,0,0,0], strides=[2,2]", "[9]"),
+                       p, target(1, 16, 16), 4, cores);
+    }
+  for (auto p : kPolicies) {
+    LowerOptions lo;
+    lo.target = target(2, 32, 32);
+    lo.policy = p;
+    lo.cores = 2;
+    const LowerResult lr = lower_graph(parse_graph(chain, "test.ir"), lo);
+    const int64_t e = p == PrecisionPolicy::kBf16 ? 2 : 4;
+    int tap_runs = 0;
+    for (const auto& core : lr.bundle.cores)
+      for (const auto& in : core.code) {
+        if (in.op != isa::Op::kDma || in.op_id != 1) continue;
+        int64_t bytes = in.imm;
+        for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
+        EXPECT_LT(bytes, 9 * 8 * 9 * 64 * e);  // an image's im2col rows
+        tap_runs += in.src.space == isa::Space::kHbm && in.dst.space == isa::Space::kVmem && in.imm == 3 * 64 * e;
+      }
+    EXPECT_GT(tap_runs, 0);
+  }
+}
+
 TEST(LowerMovement, Transpose) {
   for (auto p : kPolicies) {
     expect_bit_exact("graph t {\n  input %x : f32[5,7]\n  %y = transpose(%x) {perm=[1,0]} : f32[7,5] #0\n"
