@@ -215,27 +215,31 @@ class Emitter {
   struct Gather {
     int64_t src_off, dst_off, run;
     std::string dims;  // dim(...) terms
-    // The bytes [lo, hi) its writes span, relative to its image (the bounding range
-    // the race checker compares).
+    // Writes no byte another gather of its staged_gather writes (an im2col tap's own
+    // columns), so it runs beside them whatever their bounding ranges.
+    bool disjoint = false;
+    // The bytes [lo, hi) its writes span, relative to its image.
     std::pair<int64_t, int64_t> dst_hull() const;
+    int64_t runs() const;  // how many runs of `run` bytes it moves
   };
   bool staging_fits(int64_t src_bytes, int64_t dst_bytes) const {
     return static_cast<uint64_t>(align_up(src_bytes, kAlign) + align_up(dst_bytes, kAlign) + 8192) <=
            opt_.target.vmem_bytes;
   }
   // planes > 1: the result is `planes` equal parts, part p going to dst + p * plane_stride.
-  // interleave: the gathers fill a scratch image of dst_bytes (the fill goes there),
-  // and this one VMEM -> VMEM copy (src_off into the scratch) makes the result from it
-  // (VMEM: src_bytes + 2 dst_bytes).
   // src_runs / dst_runs: the HBM side (the source, or each part of the result) is
   // `runs` equal runs `stride` bytes apart, moved as one DMA (a band of rows of
   // every channel plane).
   struct HbmRuns {
     int64_t runs, stride;
   };
+  // The first half of staged_gather: the source in, the fill, the gathers; returns
+  // the VMEM offset of the gathered image (dst_bytes), all DMAs waited for.
+  int64_t gather_in_vmem(int64_t src, int64_t src_bytes, int64_t dst_bytes, const std::vector<Gather>& gathers,
+                         bool fill, float fill_value, DType fill_dt, HbmRuns src_runs = {1, 0});
   void staged_gather(int64_t src, int64_t src_bytes, int64_t dst, int64_t dst_bytes, const std::vector<Gather>& gathers,
                      bool fill, float fill_value, DType fill_dt, int64_t planes = 1, int64_t plane_stride = 0,
-                     const Gather* interleave = nullptr, HbmRuns src_runs = {1, 0}, HbmRuns dst_runs = {1, 0});
+                     HbmRuns src_runs = {1, 0}, HbmRuns dst_runs = {1, 0});
   // The recipe's instruction sequence of elementwise op `n` on registers: vd = op(va[, vb]),
   // t0 and t1 are scratch (vector.cpp).
   void emit_op(const Node& n, int vd, int va, int vb, int t0, int t1);
@@ -262,6 +266,10 @@ class Emitter {
   // A conv2d whose im2col rows the matmul reads straight from padded NHWC planes
   // (matrix.cpp); false when it does not apply or fit.
   bool lower_conv_shifted(const Node& n);
+  // A conv's NHWC result at Y (rows of Wq pixels, the first OW outputs) -> group g's
+  // channels of the NCHW output at y.
+  void move_to_nchw(int64_t Y, int64_t y, int64_t NB, int64_t OH, int64_t OW, int64_t Wq, int64_t COg, int64_t CO,
+                    int64_t g, DType dt);
   // Group g's OIHW weights as the im2col matmul's B, W[(kh,kw,cin), o], at HBM Wm.
   void conv_weights(const Node& n, int64_t g, int64_t Wm, bool const_w);
   // A 1x1 conv2d as the matmul W x X per image, in NCHW (matrix.cpp).

@@ -67,6 +67,36 @@ void Emitter::conv_weights(const Node& n, int64_t g, int64_t Wm, bool const_w) {
   }
 }
 
+// A conv's NHWC result (NB images of OH rows of Wq pixels, COg channels; the first OW
+// pixels of a row are outputs) -> group g's channels of the NCHW output at y (CO
+// channels). Through VMEM when it fits (element-sized runs are cheap there, one memory
+// request each in HBM), in bands of output rows, round robin over the cores (a band a
+// core when images are fewer than cores): a band's rows come in as one DMA and go out
+// as one, a run per channel.
+void Emitter::move_to_nchw(int64_t Y, int64_t y, int64_t NB, int64_t OH, int64_t OW, int64_t Wq, int64_t COg,
+                           int64_t CO, int64_t g, DType dt) {
+  const int64_t eo = esz(dt), ibytes = OH * Wq * COg * eo;
+  const int64_t per_image = (cores_ + NB - 1) / NB, band = (OH + per_image - 1) / per_image;
+  int64_t unit = 0;
+  for (int64_t b = 0; b < NB; ++b) {
+    const int64_t out = y + ((b * CO + g * COg) * OH) * OW * eo;
+    if (!staging_fits(ibytes, OH * OW * COg * eo)) {
+      dma(hbm(out), hbm(Y + b * ibytes), eo, dim(OW, COg * eo, eo) + dim(OH, Wq * COg * eo, OW * eo) +
+                                               dim(COg, eo, OH * OW * eo));
+      wait_dmas();
+      continue;
+    }
+    for (int64_t r0 = 0; r0 < OH; r0 += band) {
+      const int64_t nr = std::min(band, OH - r0);
+      on_core(unit++);
+      staged_gather(Y + b * ibytes + r0 * Wq * COg * eo, nr * Wq * COg * eo, out + r0 * OW * eo, COg * nr * OW * eo,
+                    {Gather{0, 0, eo, dim(OW, COg * eo, eo) + dim(nr, Wq * COg * eo, OW * eo) + dim(COg, eo, nr * OW * eo)}},
+                    false, 0.0f, dt, 1, 0, {1, 0}, {COg, OH * OW * eo});
+    }
+  }
+  cur_ = 0;
+}
+
 // An ungrouped conv2d as the im2col matmul whose rows are never built (docs/codegen.md,
 // "Shifted convolutions"). Each image is laid out once as padded NHWC planes, one per
 // stride phase (plane (p, q) holds padded (s0 * i + p, s1 * j + q), i < Hq, j < Wq,
@@ -117,7 +147,7 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   const int64_t Hr = std::max(Hq, (M1 + max_shift + Wq - 1) / Wq), prow = Hr * Wq;
   const int64_t nph = static_cast<int64_t>(phases.size());
   const int64_t img = CI * H * W * ex, image = nph * prow * CI * ex, ybytes = M1 * CO * eo;
-  if (!staging_fits(img, image) || !staging_fits(ybytes, OH * OW * CO * eo)) return false;
+  if (!staging_fits(img, image)) return false;
 
   const std::string tag = "#conv" + std::to_string(n.id) + "g0";
   const bool const_w = g_.find_constant(n.inputs[1]) != nullptr;
@@ -158,7 +188,7 @@ bool Emitter::lower_conv_shifted(const Node& n) {
       const int64_t rows = std::max<int64_t>(yb - ya, 1);  // a band of padding only still loads a row
       staged_gather(X.addr + (b * CI * H + std::min(ya, H - 1)) * W * ex, CI * rows * W * ex,
                     Xq + b * image + i0 * Wq * CI * ex, nph * (i1 - i0) * Wq * CI * ex, gathers, true, 0.0f,
-                    X.type.dtype, nph, prow * CI * ex, nullptr, {CI, H * W * ex});
+                    X.type.dtype, nph, prow * CI * ex, {CI, H * W * ex});
     }
   cur_ = 0;
   t_[tag + "p"] = Placed{TensorType{X.type.dtype, {NB, M1, K}}, Xq};
@@ -172,19 +202,7 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   sync_all();
   conv_matmul(n, tag, tag + "p", tag + "w", {NB, M1, CO});
   sync_all();
-  // NHWC (Wq columns a row) -> NCHW, the first OW columns, in bands of output rows
-  // as the planes: a band's rows come in as one DMA and go out as one, a run per channel.
-  const int64_t y = t_.at(last.output).addr, oband = (OH + per_image - 1) / per_image;
-  unit = 0;
-  for (int64_t b = 0; b < NB; ++b)
-    for (int64_t r0 = 0; r0 < OH; r0 += oband) {
-      const int64_t nr = std::min(oband, OH - r0);
-      on_core(unit++);
-      staged_gather(Y + b * ybytes + r0 * Wq * CO * eo, nr * Wq * CO * eo, y + (b * CO * OH + r0) * OW * eo,
-                    CO * nr * OW * eo,
-                    {Gather{0, 0, eo, dim(OW, CO * eo, eo) + dim(nr, Wq * CO * eo, OW * eo) + dim(CO, eo, nr * OW * eo)}},
-                    false, 0.0f, last.type.dtype, 1, 0, nullptr, {1, 0}, {CO, OH * OW * eo});
-    }
+  move_to_nchw(Y, t_.at(last.output).addr, NB, OH, OW, Wq, CO, CO, 0, last.type.dtype);
   cur_ = 0;
   return true;
 }
@@ -227,16 +245,9 @@ void Emitter::lower_conv(const Node& n) {
   check_addr(n, hbm_top_);
   const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
   const int64_t img = CI * H * W * ex;  // one image's channels of this group
-  // With 9 taps or more each tap gathers into a plane of its own, all at once (up to
-  // one a DMA engine), and one VMEM -> VMEM copy interleaves the planes into im2col
-  // rows; gathered straight into the rows they go one after another (their bounding
-  // ranges interleave: race checker), a DMA latency each. v3 bf16 b1: resnet18
-  // 447,965 -> 405,700 cycles, resnet50 714,063 -> 670,240 (at 16 taps or more, only
-  // the 7x7 stems: 430,346 and 695,754). Fewer taps are not measured; they go straight.
-  const bool tap_planes = KH * KW >= 9;
   // Output rows per staged band of im2col rows (0: the image does not fit VMEM).
   int64_t band = OH;
-  while (band > 0 && !staging_fits(img, (tap_planes ? 2 : 1) * band * OW * K * ex)) band /= 2;
+  while (band > 0 && !staging_fits(img, band * OW * K * ex)) band /= 2;
   // Staged bands go round robin over the cores: at least one band a core when the
   // images alone do not give each core one.
   const int64_t per_image = (cores_ + NB - 1) / NB;
@@ -265,12 +276,9 @@ void Emitter::lower_conv(const Node& n) {
           const int64_t doff = (((ha - oh0) * OW + ow0) * K + (kh * KW + kw) * CI) * ex;
           const std::string dims =
               dim(ow1 - ow0, st[1] * ex, K * ex) + dim(CI, H * W * ex, ex) + dim(hb - ha, st[0] * W * ex, OW * K * ex);
-          if (staged && tap_planes) {  // plane kh*KW + kw: the band's pixels x CI
-            gathers.push_back(Gather{soff, ((kh * KW + kw) * bp + (ha - oh0) * OW + ow0) * CI * ex, ex,
-                                     dim(ow1 - ow0, st[1] * ex, CI * ex) + dim(CI, H * W * ex, ex) +
-                                         dim(hb - ha, st[0] * W * ex, OW * CI * ex)});
-          } else if (staged) {
-            gathers.push_back(Gather{soff, doff, ex, dims});
+          if (staged) {
+            // Each tap writes its own columns of the rows: no other tap's bytes.
+            gathers.push_back(Gather{soff, doff, ex, dims, true});
           } else {
             dma(hbm(P + (b * OH * OW) * K * ex + doff), hbm(X.addr + (b * CIall + g * CI) * H * W * ex + soff), ex, dims);
             wait_dmas();  // the gathers' bounding ranges interleave (race checker)
@@ -278,9 +286,8 @@ void Emitter::lower_conv(const Node& n) {
         }
       if (staged) {
         on_core(unit++);
-        const Gather rows{0, 0, CI * ex, dim(bp, CI * ex, K * ex) + dim(KH * KW, bp * CI * ex, CI * ex)};
         staged_gather(X.addr + (b * CIall + g * CI) * H * W * ex, img, P + ((b * OH + oh0) * OW) * K * ex,
-                      bp * K * ex, gathers, any_pad, 0.0f, X.type.dtype, 1, 0, tap_planes ? &rows : nullptr);
+                      bp * K * ex, gathers, any_pad, 0.0f, X.type.dtype);
         cur_ = 0;
       }
     }
@@ -295,27 +302,7 @@ void Emitter::lower_conv(const Node& n) {
   conv_matmul(n, tag, tag + "p", tag + "w", {M, COg});
   sync_all();
   const int64_t y = t_.at(last.output).addr;
-  // NHWC -> NCHW per image: through VMEM when it fits (element-sized runs are cheap
-  // there, one memory request each in HBM). With fewer images than cores, each core
-  // loads the image and moves a band of channels (its planes are contiguous in NCHW:
-  // one store).
-  const int64_t ibytes = OH * OW * COg * eo, cband = (COg + per_image - 1) / per_image;
-  for (int64_t b = 0; b < NB; ++b) {
-    const std::string dims = dim(OH * OW, COg * eo, eo) + dim(COg, eo, OH * OW * eo);
-    if (staging_fits(ibytes, ibytes)) {
-      for (int64_t c0 = 0; c0 < COg; c0 += cband) {
-        const int64_t nc = std::min(cband, COg - c0);
-        on_core(unit++);
-        staged_gather(Y + b * ibytes, ibytes, y + (b * CO + g * COg + c0) * OH * OW * eo, nc * OH * OW * eo,
-                      {Gather{c0 * eo, 0, eo, dim(OH * OW, COg * eo, eo) + dim(nc, eo, OH * OW * eo)}}, false, 0.0f,
-                      last.type.dtype);
-        cur_ = 0;
-      }
-    } else {
-      dma(hbm(y + (b * CO + g * COg) * OH * OW * eo), hbm(Y + b * ibytes), eo, dims);
-      wait_dmas();
-    }
-  }
+  move_to_nchw(Y, y, NB, OH, OW, OW, COg, CO, g, last.type.dtype);
   }
 }
 
@@ -625,14 +612,19 @@ void Emitter::lower_matmul(const Node& n) {
   // rest); rows in units of Mg. One band if all of B fits; otherwise narrower bands
   // (the LHS is then read once per band); streaming through a ring of weight tiles
   // only if even one group's weights do not fit.
-  const int64_t per_core = align_up((M * batches + cores_ - 1) / cores_, 8);
+  const int64_t ngroups = (ntiles + cw - 1) / cw;
+  // Weights wider than the LHS is tall (a batch-1 classifier or transformer layer, a
+  // 7 x 7 conv) are split over the cores by columns, not the rows: each core then
+  // reads its part of the larger operand (and pushes its part of it into the MXUs)
+  // instead of all of it.
+  const bool cols_over_cores = cores_ > 1 && ngroups >= cores_ && M * batches < N;
+  const int64_t per_core = align_up(cols_over_cores ? M * batches : (M * batches + cores_ - 1) / cores_, 8);
   int64_t Mg = std::max<int64_t>(8, std::min<int64_t>({2048, align_up(M, 8), per_core}));
   const int64_t Mg0 = Mg;
   const int64_t vmem_cap = static_cast<int64_t>(opt_.target.vmem_bytes);
   // Row-major VMEM images (LHS rows of a unit, resident weights, output bands) have a
   // row stride of an odd number of 8x128-tile rows (odd_stride); DMAs fill them with
   // long contiguous runs.
-  const int64_t ngroups = (ntiles + cw - 1) / cw;
   // A vld reads 128 lanes from a chunk's (column tile's) start: rows are that wide
   // past the last one, so no read reaches into the next row (which a DMA may be filling).
   // LHS bands of LB chunks are separate row-major images (band-major), so a band's
@@ -738,6 +730,12 @@ void Emitter::lower_matmul(const Node& n) {
       }
       if (mt == 8) break;
     }
+    const int64_t mtiles = Mt > 0 ? (M + Mt - 1) / Mt : 0;
+    const bool split_cols = Mt > 0 && batches * mtiles < cores_ && ngroups > 1;
+    if (split_cols) {
+      const int64_t bands = std::min(ngroups, (cores_ + batches * mtiles - 1) / (batches * mtiles));
+      NG = std::min(NG, (ngroups + bands - 1) / bands);
+    }
     if (Mt > 0) {
       const int64_t wsp = ws_of(NG), panel = kw * R * wsp;
       const int64_t lbase = kPanels * panel + wrow, abase = lbase + 2 * Mt * ls, obase = abase + NG * cw * Mt * 512;
@@ -756,14 +754,15 @@ void Emitter::lower_matmul(const Node& n) {
       struct Tile {
         int64_t b, m0, mr, n0, ng;
       };
-      // A core keeps its rows for every column tile: two cores never write the same
-      // output rows (the race checker compares the hulls of strided DMAs).
+      // A core keeps its rows for every column tile (its LHS band serves them all),
+      // unless the row tiles are fewer than the cores: then the tiles' column bands go
+      // round robin too, so each core reads only its bands' weights.
       std::vector<std::vector<Tile>> core_tiles(static_cast<size_t>(cores_));
-      const int64_t mtiles = (M + Mt - 1) / Mt;
+      int64_t next_tile = 0;
       for (int64_t b = 0; b < batches; ++b)
         for (int64_t n0 = 0; n0 < N; n0 += NG * cw * C)
-          for (int64_t m0 = 0; m0 < M; m0 += Mt)
-            core_tiles[static_cast<size_t>((b * mtiles + m0 / Mt) % cores_)].push_back(
+          for (int64_t m0 = 0; m0 < M; m0 += Mt, ++next_tile)
+            core_tiles[static_cast<size_t>((split_cols ? next_tile : b * mtiles + m0 / Mt) % cores_)].push_back(
                 Tile{b, m0, std::min(Mt, M - m0), n0, std::min(NG, (N - n0 + cw * C - 1) / (cw * C))});
       const int64_t np = (chunks + kw - 1) / kw, nbands = (chunks + LB - 1) / LB;
       sync_all();
@@ -992,10 +991,23 @@ void Emitter::lower_matmul(const Node& n) {
   if (need(Mg, resident, BG) > vmem_cap)
     fail(n, "needs " + std::to_string(need(Mg, resident, BG)) + " bytes of VMEM, the target has " +
                 std::to_string(vmem_cap));
+  // Fewer row units than cores (a batch-1 classifier, a 7 x 7 conv) and several column
+  // groups: bands of columns go to the cores too, so each core reads only its band's
+  // weights instead of every core all of them.
+  const int64_t row_units = batches * ((M + Mg - 1) / Mg);
+  if (resident && row_units < cores_ && ngroups > 1) {
+    const int64_t bands = std::min(ngroups, (cores_ + row_units - 1) / row_units);
+    BG = std::min(BG, (ngroups + bands - 1) / bands);
+  }
   const int64_t ws = ws_of(BG);
   const int64_t wres_bytes = resident ? chunks * R * ws + wrow : kSlots * kw * cw * wtile;
   const int64_t lhs_base = wres_bytes;
-  const int64_t acc_base = lhs_base + lbands * Mg * ls;
+  // With one LHS band and more units than cores, two LHS images alternate over a core's
+  // units and the next unit's rows are fetched (f13) as soon as a unit starts, so the
+  // MXUs do not wait for them between units.
+  const int64_t col_bands = (ngroups + BG - 1) / BG;
+  const bool lhs_double = lbands == 1 && row_units * col_bands > cores_ && need(Mg, resident, BG) + Mg * ls <= vmem_cap;
+  const int64_t acc_base = lhs_base + (lbands + lhs_double) * Mg * ls;
   const int64_t out_base = acc_base + cw * Mg * 512;
   const int64_t OBb = std::min(OB, BG);
   const int64_t obs = obs_of(OBb);  // output band buffer row stride
@@ -1010,7 +1022,7 @@ void Emitter::lower_matmul(const Node& n) {
     }
   }
 
-  std::vector<std::vector<Pass>> band_passes((ngroups + BG - 1) / BG);
+  std::vector<std::vector<Pass>> band_passes(static_cast<size_t>(col_bands));
   for (int64_t t = 0, n0 = 0; n0 < N; ++t, n0 += cw * C) {
     const int64_t cwt = std::min(cw, (N - n0 + C - 1) / C);
     const int64_t np = (chunks + kw - 1) / kw;
@@ -1029,6 +1041,8 @@ void Emitter::lower_matmul(const Node& n) {
   // start on an empty LHS image: per core, the key of the unit it was fetched for.
   constexpr int kLhsPrefetchFlag = 13;
   std::vector<int64_t> lhs_prefetched(static_cast<size_t>(cores_), -1);
+  std::vector<int64_t> core_units(static_cast<size_t>(cores_), 0);
+  auto lhs_image = [&](int64_t k) { return lhs_base + (lhs_double ? k % 2 * Mg * ls : 0); };  // a core's unit k
   for (size_t band = 0; band < band_passes.size(); ++band) {
   const std::vector<Pass>& passes = band_passes[band];
   const int64_t Q = static_cast<int64_t>(passes.size());
@@ -1045,9 +1059,11 @@ void Emitter::lower_matmul(const Node& n) {
       const bool load_w = !resident || !w_loaded[static_cast<size_t>(cur_)][wkey];
       auto unit_key = [&](int64_t row0) { return (static_cast<int64_t>(band) * batches + b) * M + row0; };
       const bool lhs0_ready = lhs_prefetched[static_cast<size_t>(cur_)] == unit_key(m0);
-      // The first LHS band (chunks [0, LB)) of the unit starting at row `row0`, `rows` rows.
+      const int64_t lbase = lhs_image(core_units[static_cast<size_t>(cur_)]++);
+      // The first LHS band (chunks [0, LB)) of the core's next unit, starting at row `row0`, `rows` rows.
       auto lhs_band0 = [&](int flag, int64_t row0, int64_t rows) {
-        lhs_dma(flag, lhs_base + lhs_at(0, 0), b, row0, rows, 0, std::min(K, LB * R));
+        lhs_dma(flag, lhs_image(core_units[static_cast<size_t>(cur_)]) + lhs_at(0, 0), b, row0, rows, 0,
+                std::min(K, LB * R));
       };
       w_loaded[static_cast<size_t>(cur_)][wkey] = true;
       // Weight tile (chunk c, column tile starting at col) in VMEM.
@@ -1091,7 +1107,7 @@ void Emitter::lower_matmul(const Node& n) {
             }
         }
         if (ps.t == t_first && ps.c0 % LB == 0 && !(ps.c0 == 0 && lhs0_ready)) {  // the unit's LHS rows, a band of LB chunks' columns
-          lhs_dma(flag, lhs_base + lhs_at(ps.c0, 0), b, m0, mr, k0, std::min(K, (ps.c0 + LB) * R) - k0);
+          lhs_dma(flag, lbase + lhs_at(ps.c0, 0), b, m0, mr, k0, std::min(K, (ps.c0 + LB) * R) - k0);
           any = true;
         }
         return any;
@@ -1171,9 +1187,10 @@ void Emitter::lower_matmul(const Node& n) {
           const Pass& ps = passes[static_cast<size_t>(q)];
           if (i == 0) {
             // The last column group's first pass past LHS band 0: every read of band 0
-            // is behind (in program order), so the next unit of this core may fill it.
+            // is behind (in program order), so the next unit of this core may fill it;
+            // with two images, the unit's start (the other image's reads are behind).
             const int64_t m0n = m0 + cores_ * Mg;
-            if (ps.t == t_end - 1 && ps.c0 == LB && m0n < M) {
+            if ((lhs_double ? s == 0 : ps.t == t_end - 1 && ps.c0 == LB) && m0n < M) {
               lhs_band0(kLhsPrefetchFlag, m0n, std::min(Mg, M - m0n));
               lhs_prefetched[static_cast<size_t>(cur_)] = unit_key(m0n);
             }
@@ -1185,7 +1202,7 @@ void Emitter::lower_matmul(const Node& n) {
           }
           const int64_t lset = (s % LS) * kw;
           for (int64_t k = 0; k < ps.kk; ++k)
-            line(std::string(ld(at_)) + " " + vr(lset + k) + ", " + at(lhs_base + lhs_at(ps.c0 + k, i * 8)) +
+            line(std::string(ld(at_)) + " " + vr(lset + k) + ", " + at(lbase + lhs_at(ps.c0 + k, i * 8)) +
                  ", stride=" + std::to_string(ls));
           for (int64_t w = 0; w < ps.cwt; ++w)
             for (int64_t k = 0; k < ps.kk; ++k) line("mmul " + mx(w * kw + k) + ", " + vr(lset + k));

@@ -301,19 +301,22 @@ void Emitter::lower_pool(const Node& n) {
   const int64_t T = NB * CH * OH * OW;
   const DType dt = X.type.dtype;
   const int64_t e = esz(dt), tile = kTileElems * e;
-  const int64_t P = place_hbm(align_up(T * KK * e, tile));
-  check_addr(n, hbm_top_);
-  // Channels per staged band (0: not even one channel fits VMEM: direct HBM gathers).
+  // Channels per staged band (0: not even one channel fits VMEM: direct HBM gathers);
+  // a maxpool band also holds its output (a tile more for the last tile's reads).
   int64_t cb = CH;
-  while (cb > 0 && !staging_fits(cb * H * W * e, cb * OH * OW * KK * e)) cb /= 2;
+  while (cb > 0 && !staging_fits(cb * H * W * e, cb * OH * OW * (is_max ? KK + 1 : KK) * e + align_up(tile, kAlign)))
+    cb /= 2;
   // Staged bands go round robin over the cores: at least one band a core when the
   // images alone do not give each core one.
   const int64_t per_image = (cores_ + NB - 1) / NB;  // bands an image needs
   if (cb > 0) cb = std::min(cb, (CH + per_image - 1) / per_image);
-  // maxpool: the taps go to KK planes of output pixels, reduced elementwise (blocks
-  // of 16 tiles, two buffers a core).
-  const int64_t blk = 16 * kTileElems;
-  const bool planes = is_max && cb > 0 && 2 * (KK + 1) * blk * e <= static_cast<int64_t>(opt_.target.vmem_bytes);
+  // maxpool: the taps go to KK planes of output pixels in VMEM, reduced elementwise
+  // there (max is exact and order-free: num::max flushes operands, NaN is canonical,
+  // +0 wins a signed-zero tie), 1024 output pixels a vreg, and only the band's output
+  // goes back to HBM.
+  const bool planes = is_max && cb > 0;
+  const int64_t P = planes ? 0 : place_hbm(align_up(T * KK * e, tile));
+  check_addr(n, hbm_top_);
   if (cb == 0 && is_max && any_pad) {
     line("vbcast v0, " + fimm(-INFINITY));
     line(std::string(this->st(dt)) + " v0, " + at(0));
@@ -351,40 +354,26 @@ void Emitter::lower_pool(const Node& n) {
         }
       // Padding taps: -inf for max (the max is over the valid taps), +0.0 for an
       // average with count_include_pad.
-      if (planes)
-        staged_gather(X.addr + (b * CH + c0) * H * W * e, nc * H * W * e, P + (b * CH + c0) * OH * OW * e,
-                      KK * band * e, gathers, any_pad, -INFINITY, dt, KK, T * e);
-      else if (cb)
+      if (planes) {
+        const int64_t dv = gather_in_vmem(X.addr + (b * CH + c0) * H * W * e, nc * H * W * e, KK * band * e, gathers,
+                                          any_pad, -INFINITY, dt);
+        const int64_t ov = dv + align_up(KK * band * e, kAlign);
+        for (int64_t i = 0; i * kTileElems < band; ++i) {
+          line(std::string(ld(dt)) + " v0, " + at(dv + i * tile));
+          for (int64_t t = 1; t < KK; ++t) {
+            line(std::string(ld(dt)) + " v1, " + at(dv + t * band * e + i * tile));
+            line("vmax v0, v0, v1");
+          }
+          line(std::string(this->st(dt)) + " v0, " + at(ov + i * tile));
+        }
+        dma(hbm(t_.at(n.output).addr + (b * CH + c0) * OH * OW * e), vmem(ov), band * e);
+        wait_dmas();
+      } else if (cb)
         staged_gather(X.addr + (b * CH + c0) * H * W * e, nc * H * W * e, P + (b * CH + c0) * OH * OW * KK * e,
                       nc * OH * OW * KK * e, gathers, any_pad, is_max ? -INFINITY : 0.0f, dt);
     }
   if (planes) {
-    // max is exact and order-free (num::max: flushed operands, canonical NaN, +0 wins
-    // a signed-zero tie), so the taps combine elementwise across the planes, 1024
-    // output pixels per vreg, instead of as rows of KK lanes.
-    const int64_t y = t_.at(n.output).addr;
-    sync_all();
-    const int64_t buf = (KK + 1) * blk * e;  // a block's KK tap planes and its output
-    double_buffered(
-        (T + blk - 1) / blk,
-        [&](int64_t u, int64_t par) {
-          const int64_t base = u * blk, cnt = std::min(blk, T - base);
-          for (int64_t t = 0; t < KK; ++t)
-            dma_on(kStreamInFlag + static_cast<int>(par), vmem(par * buf + t * blk * e), hbm(P + (t * T + base) * e),
-                   cnt * e, "");
-        },
-        [&](int64_t u, int64_t par) {
-          const int64_t base = u * blk, cnt = std::min(blk, T - base), v0 = par * buf;
-          for (int64_t i = 0; i * kTileElems < cnt; ++i) {
-            line(std::string(ld(dt)) + " v0, " + at(v0 + i * kTileElems * e));
-            for (int64_t t = 1; t < KK; ++t) {
-              line(std::string(ld(dt)) + " v1, " + at(v0 + (t * blk + i * kTileElems) * e));
-              line("vmax v0, v0, v1");
-            }
-            line(std::string(this->st(dt)) + " v0, " + at(v0 + (KK * blk + i * kTileElems) * e));
-          }
-          dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + base * e), vmem(v0 + KK * blk * e), cnt * e, "");
-        });
+    cur_ = 0;
     return;
   }
   cur_ = 0;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "compiler/compiler.h"
 #include "compiler/lower/lower.h"
@@ -230,6 +231,49 @@ TEST(LowerSchedule, MatmulKStreamedTiles) {
           << "  %r = relu(%hb) : f32[45,50] #2\n  output %r\n}\n";
     check(fused.str(), p, target(2, 16, 16, 192ull << 10), 1);
     check(matmul_ir(30, K, 50, "", "", "3,"), p, target(2, 16, 16, 192ull << 10), 2);
+  }
+}
+
+// Fewer rows than columns (a batch-1 classifier, a 7 x 7 conv): the cores take bands of
+// columns instead of rows, so each pushes (and reads) only its band's weights: over the
+// cores every weight row is pushed as often as on one core. Bit-exact with the race
+// checker (cores store interleaved column bands of the same rows) on the resident
+// schedule (a GEMV with a bias, 2 and 3 cores) and the K-streamed one (f14 fetched).
+TEST(LowerSchedule, MatmulFewRowsSplitsColumnsOverCores) {
+  auto pushes = [](const std::string& ir, PrecisionPolicy p, const isa::Target& t, int cores) {
+    LowerOptions lo;
+    lo.target = t;
+    lo.policy = p;
+    lo.cores = cores;
+    const LowerResult lr = lower_graph(parse_graph(ir, "test.ir"), lo);
+    std::vector<int> per_core;
+    for (const auto& core : lr.bundle.cores) {
+      per_core.push_back(0);
+      for (const auto& in : core.code) per_core.back() += in.op == isa::Op::kMpush;
+    }
+    return per_core;
+  };
+  for (auto p : kPolicies) {
+    const int64_t K = p == PrecisionPolicy::kBf16 ? 2060 : 1030;
+    const std::tuple<std::string, isa::Target, bool> cases[] = {
+        {matmul_ir(1, 100, 200, "", "[200]"), target(2, 16, 16), false},
+        {matmul_ir(13, 70, 90), target(1, 16, 16), false},
+        {matmul_ir(12, K, 300), target(2, 16, 16, 192ull << 10), true},
+    };
+    for (const auto& [ir, t, streamed] : cases) {
+      const int one = pushes(ir, p, t, 1).at(0);
+      for (int cores : {2, 3}) {
+        const std::string as = expect_bit_exact(ir, p, t, cores);
+        EXPECT_EQ(count_of(as, ", flag=f14\n") > 0, streamed) << "the K-streamed schedule is f14's";
+        const std::vector<int> each = pushes(ir, p, t, cores);
+        int sum = 0;
+        for (int c : each) {
+          EXPECT_GT(c, 0) << "a core without a band: cores " << cores << "\n" << ir;
+          sum += c;
+        }
+        EXPECT_EQ(sum, one) << "weights pushed by more than one core: cores " << cores << "\n" << ir;
+      }
+    }
   }
 }
 
