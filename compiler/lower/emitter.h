@@ -263,6 +263,22 @@ class Emitter {
   bool depthwise_shifted(const Node& n, std::vector<DwMember>& members);
   void load_dw_constants(const Node& n, int64_t ws, int64_t bs, const std::vector<DwMember>& members);
   void apply_dw_members(const Node& n, const std::vector<DwMember>& members, int v);
+  // A conv2d node's operands and attributes (NCHW input, OIHW weights): CIall the
+  // input's channels, CI a group's.
+  struct ConvShape {
+    Placed X, Wt;
+    std::vector<int64_t> st, pads, dil;
+    int64_t G, NB, CIall, H, W, CO, CI, KH, KW, OH, OW;
+  };
+  ConvShape conv_shape(const Node& n) const {
+    const Placed& X = t_.at(n.inputs[0]);
+    const Placed& Wt = t_.at(n.inputs[1]);
+    const Shape& xs = X.type.shape;
+    const Shape& ws = Wt.type.shape;
+    return ConvShape{X, Wt, n.attr_ints("strides"), n.attr_ints("pads"), n.attr_ints("dilations"),
+                     n.has_attr("groups") ? n.attr_int("groups") : 1, xs[0], xs[1], xs[2], xs[3],
+                     ws[0], ws[1], ws[2], ws[3], n.type.shape[2], n.type.shape[3]};
+  }
   // A conv2d whose im2col rows the matmul reads straight from padded NHWC planes
   // (matrix.cpp); false when it does not apply or fit.
   bool lower_conv_shifted(const Node& n);
@@ -348,7 +364,7 @@ class Emitter {
   std::map<int, int> fused_;                        // member id -> root id
   std::vector<const Node*> epi_;  // the chain lower_matmul applies (set by its caller)
   std::string epi_dst_;           // where lower_matmul stores, if not the chain's end (conv's NHWC scratch)
-  // Set by lower_conv for one lower_matmul: the LHS is im2col rows that are never
+  // Set by lower_conv_shifted for one lower_matmul: the LHS is im2col rows that are never
   // built. Row r of batch element b, columns [t * ci, (t + 1) * ci) (tap t), is
   // `ci` elements at HBM base + b * image + (tap_rows[t] + r) * ci * element size:
   // a padded NHWC plane read at the tap's shift (matrix.cpp, lower_conv_shifted).
