@@ -166,7 +166,8 @@ void Emitter::lower_rows(const Node& n) {
   const DType xt = X.type.dtype, ot = n.type.dtype;
   const int64_t ex = esz(xt), eo = esz(ot);
   constexpr int64_t kTile = 4096;
-  const int64_t xb = 0, sb = xb + nt * kTile, gb = sb + nt * kTile, bb = gb + nt * kTile, ob = bb + nt * kTile;
+  // sb: scratch tiles of 8 row groups (softmax's exponentials, layernorm's deviations).
+  const int64_t xb = 0, sb = xb + nt * kTile, gb = sb + 8 * nt * kTile, bb = gb + nt * kTile, ob = bb + nt * kTile;
   if (static_cast<uint64_t>(ob + nt * kTile) > opt_.target.vmem_bytes) fail(n, "rows too long for VMEM");
   const int64_t y = t_.at(n.output).addr;
   const bool row_out = n.op == OpKind::kSoftmax || n.op == OpKind::kLayerNorm;
@@ -218,7 +219,6 @@ void Emitter::lower_rows(const Node& n) {
     line(std::string(ld(xt)) + " v1, " + at(ibuf(par) + (gi * 8 * len + t * 128) * ex) + ", stride=" +
          std::to_string(len * ex));
   };
-  auto load_s = [&](int64_t t) { line("vld v1, " + at(sb + t * kTile)); };
   auto store_y = [&](int64_t t) {
     line(std::string(st(ot)) + " v1, " + at(obuf(par) + (gi * 8 * len + t * 128) * eo) + ", stride=" +
          std::to_string(len * eo) + (t == nt - 1 && rem < 128 ? ", mask=m1" : ""));
@@ -248,33 +248,60 @@ void Emitter::lower_rows(const Node& n) {
       dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + b0 * eo), vmem(obuf(par)), eo, dim(br, 512, eo));
       return;
     }
-    // Softmax and layernorm: a row group at a time, the block's rows out as one DMA.
-    for (gi = 0; gi * 8 < br; ++gi) {
-      if (n.op == OpKind::kSoftmax) {
-        softmax_tiles(nt, sb, kTile, reduce, load_x, store_y);
-        continue;
+    // Softmax and layernorm: the block's row groups go through each step together,
+    // each group's statistic in a register of its own (v22..v29), so one group's lane
+    // reductions (tens of cycles) overlap the other groups' passes; every row still
+    // sees the same operations in the same order. The block's rows go out as one DMA.
+    const int64_t ng = (br + 7) / 8;
+    auto acc = [](int64_t g) { return "v" + std::to_string(22 + g); };
+    auto scratch = [&](int64_t g, int64_t t) { return at(sb + (g * nt + t) * kTile); };
+    if (n.op == OpKind::kSoftmax) {
+      for (gi = 0; gi < ng; ++gi) reduce("max", "v20", acc(gi), load_x);
+      for (gi = 0; gi < ng; ++gi) {  // exponentials, then their sum (the max is dead)
+        for (int64_t t = 0; t < nt; ++t) {
+          load_x(t);
+          line("vsub v1, v1, " + acc(gi));
+          line("vexp v1, v1");
+          line("vst v1, " + scratch(gi, t));
+        }
+        reduce("sum", "v21", acc(gi), [&](int64_t t) { line("vld v1, " + scratch(gi, t)); });
       }
-      reduce("sum", "v21", "v10", load_x);
-      line("vdiv v10, v10, v12");  // mean
-      for (int64_t t = 0; t < nt; ++t) {
-        load_x(t);
-        line("vsub v1, v1, v10");  // d
-        line("vst v1, " + at(sb + t * kTile));
+      for (gi = 0; gi < ng; ++gi)
+        for (int64_t t = 0; t < nt; ++t) {
+          line("vld v1, " + scratch(gi, t));
+          line("vdiv v1, v1, " + acc(gi));
+          store_y(t);
+        }
+    } else {
+      for (gi = 0; gi < ng; ++gi) reduce("sum", "v21", acc(gi), load_x);
+      for (gi = 0; gi < ng; ++gi) {  // deviations, then their squares' sum (the mean is dead)
+        line("vdiv " + acc(gi) + ", " + acc(gi) + ", v12");  // mean
+        for (int64_t t = 0; t < nt; ++t) {
+          load_x(t);
+          line("vsub v1, v1, " + acc(gi));  // d
+          line("vst v1, " + scratch(gi, t));
+        }
+        reduce("sum", "v21", acc(gi), [&](int64_t t) {
+          line("vld v1, " + scratch(gi, t));
+          line("vmul v1, v1, v1");
+        });
       }
-      reduce("sum", "v21", "v11", [&](int64_t t) { load_s(t); line("vmul v1, v1, v1"); });
-      line("vdiv v11, v11, v12");  // var
       line("vbcast v13, " + fimm(n.attr_float("epsilon")));
-      line("vadd v11, v11, v13");
-      line("vsqrt v11, v11");  // den
-      for (int64_t t = 0; t < nt; ++t) {
-        load_s(t);
-        line("vdiv v1, v1, v11");
-        line(std::string(ld(gt)) + " v2, " + at(gb + t * kTile));
-        line("vmul v1, v1, v2");
-        line(std::string(ld(gt)) + " v3, " + at(bb + t * kTile));
-        line("vadd v1, v1, v3");
-        store_y(t);
+      for (gi = 0; gi < ng; ++gi) {
+        line("vdiv " + acc(gi) + ", " + acc(gi) + ", v12");  // var
+        line("vadd " + acc(gi) + ", " + acc(gi) + ", v13");
+        line("vsqrt " + acc(gi) + ", " + acc(gi));  // den
       }
+      for (gi = 0; gi < ng; ++gi)
+        for (int64_t t = 0; t < nt; ++t) {
+          line("vld v1, " + scratch(gi, t));
+          line("vdiv v1, v1, " + acc(gi));
+          line(std::string(ld(gt)) + " v2, " + at(gb + t * kTile));
+          line("vmul v1, v1, v2");
+          line(std::string(ld(gt)) + " v3, " + at(bb + t * kTile));
+          line("vadd v1, v1, v3");
+          store_y(t);
+        }
     }
     dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + b0 * len * eo), vmem(obuf(par)), br * len * eo, "");
   });

@@ -250,19 +250,25 @@ TEST(LowerRows, SoftmaxLastAxis) {
     expect_bit_exact(unary_ir("softmax", "[3,5]", "axis=1"), p, target(1, 128, 128));
     expect_bit_exact(unary_ir("softmax", "[11,300]", "axis=1"), p, target(1, 128, 128));
     expect_bit_exact(unary_ir("softmax", "[2,3,256]", "axis=2"), p, target(1, 128, 128));
+    // Blocks of 8 row groups whose steps interleave, a ragged last group; 2 cores.
+    for (int cores : {1, 2}) {
+      expect_bit_exact(unary_ir("softmax", "[70,130]", "axis=1"), p, target(1, 128, 128), 1, cores);
+      expect_bit_exact(unary_ir("softmax", "[150,128]", "axis=1"), p, target(1, 128, 128), 2, cores);
+    }
   }
 }
 
 TEST(LowerRows, LayerNorm) {
   for (auto p : kPolicies)
     for (int64_t n : {64, 200, 384}) {
-      const std::string ir = "graph ln {\n  input %x : f32[9," + std::to_string(n) + "]\n  const %g : f32[" +
+      const std::string rows = n == 200 ? "70" : "9";  // 70: blocks of 8 row groups, a ragged one
+      const std::string ir = "graph ln {\n  input %x : f32[" + rows + "," + std::to_string(n) + "]\n  const %g : f32[" +
                              std::to_string(n) + "] = " + hex_list(random_values(static_cast<size_t>(n), 5)) +
                              "\n  const %b : f32[" + std::to_string(n) + "] = " +
                              hex_list(random_values(static_cast<size_t>(n), 6)) +
-                             "\n  %y = layernorm(%x, %g, %b) {axis=1, epsilon=1e-05} : f32[9," + std::to_string(n) +
-                             "] #4\n  output %y\n}\n";
-      expect_bit_exact(ir, p, target(1, 128, 128));
+                             "\n  %y = layernorm(%x, %g, %b) {axis=1, epsilon=1e-05} : f32[" + rows + "," +
+                             std::to_string(n) + "] #4\n  output %y\n}\n";
+      for (int cores : {1, 2}) expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
     }
 }
 
