@@ -159,6 +159,12 @@ TEST(LowerMatmul, TransposesAlphaBetaBias) {
     expect_bit_exact(matmul_ir(9, 45, 37, "alpha=0.75, beta=-1.5", false, false, "[37]"), p, t);
     expect_bit_exact(matmul_ir(9, 45, 37, "beta=2, trans_b=1", false, true, "[9,37]"), p, t);
     expect_bit_exact(matmul_ir(9, 45, 37, "", false, false, "[9,1]"), p, t);
+    // A batch of B^T (attention's K^T), broadcast over A's leading axis: transposed
+    // once through VMEM, all batches in one gather.
+    for (int cores : {1, 2})
+      expect_bit_exact("graph mm {\n  input %a : f32[3,1,6,9]\n  input %b : f32[2,5,9]\n"
+                       "  %y = matmul(%a, %b) {trans_b=1} : f32[3,2,6,5] #0\n  output %y\n}\n",
+                       p, t, 1, cores);
   }
 }
 
@@ -426,7 +432,7 @@ TEST(LowerConv, DepthwiseOnTheVpu) {
 // NCHW: bit-exact against evaluate() with ragged rows (CO = 13) and columns (H*W = 72
 // over 16-column tiles), two chunks of K, several images and cores, a bias per output
 // row, a fused chain, and the K-streamed plan (1040 output rows); no im2col rows and
-// no NHWC -> NCHW move (no DMA HBM -> HBM or VMEM -> VMEM).
+// no NHWC -> NCHW move (no DMA HBM -> HBM or VMEM -> VMEM but a scalar's replication).
 TEST(LowerConv, PointwiseAsWeightsTimesImages) {
   const std::string chain =
       "graph d {\n  input %x : f32[2,20,9,8]\n  input %w : f32[13,20,1,1]\n  input %b : f32[13]\n"
@@ -454,7 +460,9 @@ TEST(LowerConv, PointwiseAsWeightsTimesImages) {
       EXPECT_NE(in.op_id, 2);
       EXPECT_NE(in.op_id, 3);
       mmul += in.op == isa::Op::kMmul;
-      moves += in.op == isa::Op::kDma && in.src.space == in.dst.space;
+      // (The scalar operand's replication over a tile reads one element: stride 0.)
+      const bool replicates = in.ndims > 0 && in.dims[0].src_stride == 0;
+      moves += in.op == isa::Op::kDma && in.src.space == in.dst.space && !replicates;
     }
     EXPECT_GT(mmul, 0);
     EXPECT_EQ(moves, 0);
