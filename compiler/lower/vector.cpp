@@ -442,10 +442,17 @@ void Emitter::load_dw_constants(const Node& n, int64_t ws, int64_t bs, const std
       const Placed& B = t_.at(n.inputs[2]);
       dma(vmem(bs), hbm(B.addr), CH * esz(B.type.dtype));
     }
+    // A member's operand: one element from HBM (into the tile after its own), then
+    // replicated over the tile VMEM -> VMEM (a stride-0 read of HBM is a memory
+    // request per element).
+    for (const DwMember& x : members)
+      if (x.tile >= 0) dma(vmem(x.tile + kTileElems * esz(t_.at(x.other).type.dtype)), hbm(t_.at(x.other).addr),
+                           esz(t_.at(x.other).type.dtype));
+    wait_dmas();
     for (const DwMember& x : members)
       if (x.tile >= 0) {
-        const Placed& o = t_.at(x.other);
-        dma(vmem(x.tile), hbm(o.addr), esz(o.type.dtype), dim(kTileElems, 0, esz(o.type.dtype)));
+        const int64_t e = esz(t_.at(x.other).type.dtype);
+        dma(vmem(x.tile), vmem(x.tile + kTileElems * e), e, dim(kTileElems, 0, e));
       }
     wait_dmas();
   }
@@ -529,8 +536,8 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
     }
     l.ws = take(CH * KK * ew + 8 * KK * ew);  // the last group's rows past CH read these
     l.bs = take(CH * eb);
-    for (DwMember& x : members)
-      if (!x.other.empty()) x.tile = take(kTileElems * esz(t_.at(x.other).type.dtype));
+    for (DwMember& x : members)  // a member's operand tile and its one element's staging
+      if (!x.other.empty()) x.tile = take(2 * kTileElems * esz(t_.at(x.other).type.dtype));
     l.end = a;
     return l;
   };
@@ -750,8 +757,8 @@ bool Emitter::lower_depthwise(const Node& n) {
     }
     l.ws = take(CH * KK * ew);
     l.bs = take(CH * eb);
-    for (DwMember& x : members)
-      if (!x.other.empty()) x.tile = take(kTileElems * esz(t_.at(x.other).type.dtype));
+    for (DwMember& x : members)  // a member's operand tile and its one element's staging
+      if (!x.other.empty()) x.tile = take(2 * kTileElems * esz(t_.at(x.other).type.dtype));
     l.end = a;
     return l;
   };
