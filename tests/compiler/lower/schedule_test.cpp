@@ -277,6 +277,25 @@ TEST(LowerSchedule, MatmulFewRowsSplitsColumnsOverCores) {
   }
 }
 
+// Batches of small matmuls with a B each (attention's per-head products) take the
+// K-streamed tiles (fetched ahead across a core's tiles: f14 in use); with one B for
+// the whole batch they keep the resident plan (no f14). Bit-exact, 1 and 2 cores.
+TEST(LowerSchedule, MatmulSmallBatchesWithTheirOwnWeightsTakeTheTiles) {
+  const std::string own =
+      "graph a {\n  input %q : f32[1,6,24,16]\n  input %k : f32[1,6,16,40]\n"
+      "  %y = matmul(%q, %k) {} : f32[1,6,24,40] #0\n  output %y\n}\n";
+  const std::string shared =
+      "graph s {\n  input %q : f32[1,6,24,16]\n  input %k : f32[16,40]\n"
+      "  %y = matmul(%q, %k) {} : f32[1,6,24,40] #0\n  output %y\n}\n";
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) {
+      EXPECT_GT(count_of(expect_bit_exact(own, p, target(2, 16, 16), cores), ", flag=f14\n"), 0)
+          << "not the K-streamed tiles: cores " << cores;
+      EXPECT_EQ(count_of(expect_bit_exact(shared, p, target(2, 16, 16), cores), ", flag=f14\n"), 0)
+          << "a shared B left the resident plan: cores " << cores;
+    }
+}
+
 // The K-streamed tiles' ramped ends: a core's first pass runs in row pieces (its first LHS
 // fetch moves only the first piece's rows) and its last pass too (the last tile's output
 // goes out per piece). Ragged M, K and N; A^T; 1 and 2 cores (core 1 has one tile, so
