@@ -196,7 +196,6 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   conv_matmul(n, tag, tag + "p", tag + "w", {NB, M1, CO});
   sync_all();
   move_to_nchw(Y, t_.at(last.output).addr, NB, OH, OW, Wq, CO, CO, 0, last.type.dtype);
-  cur_ = 0;
   return true;
 }
 
@@ -498,12 +497,7 @@ void Emitter::lower_matmul(const Node& n) {
       if (o.per_row) {
         dma(vmem(o.raw), hbm(o.addr), M * e);
       } else if (o.scalar) {
-        // One element from HBM (into the tile after the operand's), then replicated by a
-        // VMEM -> VMEM DMA: read from HBM with stride 0 it was 1024 memory requests,
-        // ~9 K cycles on v3 (BERT's Q K^T / 8 alone: 13,229 -> 5,028 cycles).
-        dma(vmem(o.vbase + 8 * crow), hbm(o.addr), e);
-        wait_dmas();
-        dma(vmem(o.vbase), vmem(o.vbase + 8 * crow), e, dim(128, 0, e) + dim(8, 0, crow));
+        replicate_scalar(o.vbase, o.addr, e);  // its 2 tiles: the operand's and the staging
       } else if (!o.full) {
         for (int64_t tl = 0; tl < ntiles; ++tl)
           dma(vmem(o.vbase + tl * 8 * crow), hbm(o.addr + tl * C * e), std::min(C, N - tl * C) * e, dim(8, 0, crow));
@@ -616,6 +610,14 @@ void Emitter::lower_matmul(const Node& n) {
   // instead of all of it.
   const bool cols_over_cores = cores_ > 1 && ngroups >= cores_ && M * batches < N;
   const int64_t per_core = align_up(cols_over_cores ? M * batches : (M * batches + cores_ - 1) / cores_, 8);
+  // Column groups per band when `row_units` units of rows (or row tiles) leave cores
+  // idle: bands enough for a core each (at most one a group), at most `width` groups
+  // each, so each core reads only its band's weights instead of every core all of them.
+  auto band_width_for_cores = [&](int64_t row_units, int64_t width) {
+    if (row_units >= cores_ || ngroups < 2) return width;
+    const int64_t bands = std::min(ngroups, (cores_ + row_units - 1) / row_units);
+    return std::min(width, (ngroups + bands - 1) / bands);
+  };
   int64_t Mg = std::max<int64_t>(8, std::min<int64_t>({2048, align_up(M, 8), per_core}));
   const int64_t Mg0 = Mg;
   const int64_t vmem_cap = static_cast<int64_t>(opt_.target.vmem_bytes);
@@ -736,10 +738,7 @@ void Emitter::lower_matmul(const Node& n) {
     }
     const int64_t mtiles = Mt > 0 ? (M + Mt - 1) / Mt : 0;
     const bool split_cols = Mt > 0 && batches * mtiles < cores_ && ngroups > 1;
-    if (split_cols) {
-      const int64_t bands = std::min(ngroups, (cores_ + batches * mtiles - 1) / (batches * mtiles));
-      NG = std::min(NG, (ngroups + bands - 1) / bands);
-    }
+    if (split_cols) NG = band_width_for_cores(batches * mtiles, NG);
     if (Mt > 0) {
       const int64_t wsp = ws_of(NG), panel = kw * R * wsp;
       const int64_t lbase = kPanels * panel + wrow, abase = lbase + 2 * Mt * ls, obase = abase + NG * cw * Mt * 512;
@@ -995,14 +994,10 @@ void Emitter::lower_matmul(const Node& n) {
   if (need(Mg, resident, BG) > vmem_cap)
     fail(n, "needs " + std::to_string(need(Mg, resident, BG)) + " bytes of VMEM, the target has " +
                 std::to_string(vmem_cap));
-  // Fewer row units than cores (a batch-1 classifier, a 7 x 7 conv) and several column
-  // groups: bands of columns go to the cores too, so each core reads only its band's
-  // weights instead of every core all of them.
+  // Fewer row units than cores (a batch-1 classifier, a 7 x 7 conv): bands of columns
+  // go to the cores too.
   const int64_t row_units = batches * ((M + Mg - 1) / Mg);
-  if (resident && row_units < cores_ && ngroups > 1) {
-    const int64_t bands = std::min(ngroups, (cores_ + row_units - 1) / row_units);
-    BG = std::min(BG, (ngroups + bands - 1) / bands);
-  }
+  if (resident) BG = band_width_for_cores(row_units, BG);
   const int64_t ws = ws_of(BG);
   const int64_t wres_bytes = resident ? chunks * R * ws + wrow : kSlots * kw * cw * wtile;
   const int64_t lhs_base = wres_bytes;

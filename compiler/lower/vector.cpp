@@ -399,11 +399,8 @@ void Emitter::lower_pool(const Node& n) {
         staged_gather(X.addr + (b * CH + c0) * H * W * e, nc * H * W * e, P + (b * CH + c0) * OH * OW * KK * e,
                       nc * OH * OW * KK * e, gathers, any_pad, is_max ? -INFINITY : 0.0f, dt);
     }
-  if (planes) {
-    cur_ = 0;
-    return;
-  }
   cur_ = 0;
+  if (planes) return;
   sync_all();  // the bands' gathers ran on several cores
   const std::string tag = "#pool" + std::to_string(n.id);
   t_[tag] = Placed{TensorType{dt, {T, KK}}, P};
@@ -442,18 +439,8 @@ void Emitter::load_dw_constants(const Node& n, int64_t ws, int64_t bs, const std
       const Placed& B = t_.at(n.inputs[2]);
       dma(vmem(bs), hbm(B.addr), CH * esz(B.type.dtype));
     }
-    // A member's operand: one element from HBM (into the tile after its own), then
-    // replicated over the tile VMEM -> VMEM (a stride-0 read of HBM is a memory
-    // request per element).
     for (const DwMember& x : members)
-      if (x.tile >= 0) dma(vmem(x.tile + kTileElems * esz(t_.at(x.other).type.dtype)), hbm(t_.at(x.other).addr),
-                           esz(t_.at(x.other).type.dtype));
-    wait_dmas();
-    for (const DwMember& x : members)
-      if (x.tile >= 0) {
-        const int64_t e = esz(t_.at(x.other).type.dtype);
-        dma(vmem(x.tile), vmem(x.tile + kTileElems * e), e, dim(kTileElems, 0, e));
-      }
+      if (x.tile >= 0) replicate_scalar(x.tile, t_.at(x.other).addr, esz(t_.at(x.other).type.dtype));
     wait_dmas();
   }
   cur_ = 0;
@@ -474,9 +461,10 @@ void Emitter::apply_dw_members(const Node& n, const std::vector<DwMember>& membe
 // Depthwise conv of stride 1 (or 2, through phase planes, below) with every tap a
 // shifted load (docs/codegen.md "Depthwise conv2d"). Each channel's input sits in
 // VMEM as its padded plane, Wp = pl + W + pr wide, the padding +0.0 (never written by
-// a DMA: zeroed once, the top and bottom rows again per block). Output q = oh * Wp + ow of a plane reads tap (kh, kw)
-// at q + kh*dh*Wp + kw*dw: for 128 consecutive q one load, 8 channels (planes Pb
-// apart) on the 8 sublanes. The outputs at ow >= OW are computed and never stored.
+// a DMA: zeroed once, the top and bottom rows again per block). Output q = oh * Wp +
+// ow of a plane reads tap (kh, kw) at q + kh*dh*Wp + kw*dw: for 128 consecutive q one
+// load, 8 channels (planes Pb apart) on the 8 sublanes. The outputs at ow >= OW are
+// computed and never stored.
 // Each block's weights and bias come with its input as tiles whose row s holds
 // channel c + s's value in every lane (one VMEM -> VMEM DMA each), loaded into
 // registers once per channel group. Four chunks of 128 outputs go through the taps
