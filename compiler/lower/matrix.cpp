@@ -499,8 +499,13 @@ void Emitter::lower_matmul(const Node& n) {
       } else if (o.scalar) {
         replicate_scalar(o.vbase, o.addr, e);  // its 2 tiles: the operand's and the staging
       } else if (!o.full) {
-        for (int64_t tl = 0; tl < ntiles; ++tl)
-          dma(vmem(o.vbase + tl * 8 * crow), hbm(o.addr + tl * C * e), std::min(C, N - tl * C) * e, dim(8, 0, crow));
+        // Every whole tile in one DMA (each tile's columns read 8 times, stride 0): one
+        // DMA latency instead of one a tile (16 on a 2048-column band).
+        const int64_t whole = N / C;
+        if (whole > 0)
+          dma(vmem(o.vbase), hbm(o.addr), C * e, dim(8, 0, crow) + dim(whole, C * e, 8 * crow));
+        if (whole < ntiles)
+          dma(vmem(o.vbase + whole * 8 * crow), hbm(o.addr + whole * C * e), (N - whole * C) * e, dim(8, 0, crow));
       }
     }
   };
@@ -690,7 +695,7 @@ void Emitter::lower_matmul(const Node& n) {
   // column groups whose fp32 partial sums stay in VMEM while K streams past them: per
   // pass (kw chunks) every column group of the tile runs its blocks. A pass's LHS
   // comes from a K band of LB chunks (two band slots, f13/f14), its weights from a
-  // panel of its kw*R rows x the tile's columns (kPanels slots on the pass ring's
+  // panel of its kw*R rows x the tile's columns (3 to 5 slots on the pass ring's
   // flags); both are fetched ahead across the tiles of a core, so only the core's
   // first tile waits on HBM. Each output element still sums its chunks in increasing
   // order (mpop, then mpop.add per chunk, the partial sum in VMEM between passes).
@@ -701,9 +706,17 @@ void Emitter::lower_matmul(const Node& n) {
   // one B for the batch the resident plan keeps it: the cnn training step's batched
   // products ran 0.8% slower as tiles.)
   const bool small_batches = batches >= 2 * cores_ && M <= 256 && num_elements(bs) > K * N;
-  if ((shrunk || small_batches || (per_core >= 512 && chunks >= 2 * kw) || (chunks >= LB && per_core >= 2048)) &&
+  // Columns over the cores with more weight bytes a core than LHS bytes (a batch-1
+  // classifier, layer4's convs, BERT's projections) take them too: the resident plan
+  // loads a core's whole band before its MXUs start, the tiles' panels arrive while
+  // the MXUs push the ones before (resnet50's 1024 -> 2048 downsample 16.8 K -> 12.0 K
+  // cycles). With the LHS the larger (layer3's 3x3 convs) the resident plan is faster.
+  const bool weight_bound_cols =
+      cols_over_cores && K * ((N + cores_ - 1) / cores_) * eb > M * batches * K * ea;
+  if ((shrunk || small_batches || weight_bound_cols || (per_core >= 512 && chunks >= 2 * kw) ||
+       (chunks >= LB && per_core >= 2048)) &&
       full_per_row == 0 && !tb) {
-    constexpr int64_t kPanels = 3;
+    int64_t panels = 3;  // weight panel slots (f8..); up to kMaxPanels when they fit, below
     constexpr int kBandFlag = 13;  // f13, f14: the two LHS band slots
     // Row pieces of the core's first pass (at most kFirstPieceRows rows: their LHS rows
     // arrive about as fast as the MXUs use them) and of its last (kLastPieceRows), at
@@ -717,7 +730,7 @@ void Emitter::lower_matmul(const Node& n) {
     const int64_t NGr = std::min(ngroups, (kRunBytes + cw * C * eb - 1) / (cw * C * eb));
     auto tile_out_bytes = [&](int64_t mt, int64_t ng) { return wide_out ? mt * obs_of(ng) : ng * cw * mt * orow; };
     auto need_s = [&](int64_t mt, int64_t ng) {
-      return kPanels * kw * R * ws_of(ng) + wrow + 2 * mt * ls + ng * cw * mt * 512 + tile_out_bytes(mt, ng) +
+      return panels * kw * R * ws_of(ng) + wrow + 2 * mt * ls + ng * cw * mt * 512 + tile_out_bytes(mt, ng) +
              vec_bytes + mt * col_per_row;
     };
     // Rows up to 256 first (an mswap per Mt/8 blocks), then panel rows of kRunBytes,
@@ -739,9 +752,21 @@ void Emitter::lower_matmul(const Node& n) {
     const int64_t mtiles = Mt > 0 ? (M + Mt - 1) / Mt : 0;
     const bool split_cols = Mt > 0 && batches * mtiles < cores_ && ngroups > 1;
     if (split_cols) NG = band_width_for_cores(batches * mtiles, NG);
+    // A pass whose panel the MXUs push faster than a DMA brings it (few rows: layer4's
+    // 3x3 convs push a 128 KB panel in ~400 cycles, its DMA takes ~740) needs more
+    // panels in flight than 3: 5 for small panels on a long K (more, and a tile's passes
+    // wait for the panels ahead of them: bandwidth-bound panels, attention's one-pass
+    // tiles whose LHS bands then queue behind the panels for a DMA engine), where the
+    // tile's plan still fits.
+    constexpr int64_t kMaxPanels = 5;  // f8..f12
+    constexpr int64_t kSmallPanel = 192 << 10;
+    if (Mt > 0 && kw * R * ws_of(NG) <= kSmallPanel && chunks >= kMaxPanels * kw) {
+      panels = kMaxPanels;
+      if (need_s(Mt, NG) > vmem_cap) panels = 3;
+    }
     if (Mt > 0) {
       const int64_t wsp = ws_of(NG), panel = kw * R * wsp;
-      const int64_t lbase = kPanels * panel + wrow, abase = lbase + 2 * Mt * ls, obase = abase + NG * cw * Mt * 512;
+      const int64_t lbase = panels * panel + wrow, abase = lbase + 2 * Mt * ls, obase = abase + NG * cw * Mt * 512;
       const int64_t tobs = obs_of(NG);
       const int64_t OBs = wide_out ? std::min(NG, OB) : 1;
       int64_t vtop = obase + tile_out_bytes(Mt, NG);
@@ -774,13 +799,13 @@ void Emitter::lower_matmul(const Node& n) {
         const std::vector<Tile>& tiles = core_tiles[static_cast<size_t>(core)];
         if (tiles.empty()) continue;
         // Passes and LHS bands of all the core's tiles in order: pass z uses panel slot
-        // z % kPanels, band y slot y % 2.
+        // z % panels, band y slot y % 2.
         auto tile_of_pass = [&](int64_t z) { return tiles[static_cast<size_t>(z / np)]; };
         const int64_t Z = static_cast<int64_t>(tiles.size()) * np, Y = static_cast<int64_t>(tiles.size()) * nbands;
         auto fetch_panel = [&](int64_t z) {
           const Tile tl = tile_of_pass(z);
           const int64_t k0 = (z % np) * kw * R, kcols = std::min(K, k0 + kw * R) - k0;
-          dma_on(kSlotFlag + static_cast<int>(z % kPanels), vmem((z % kPanels) * panel),
+          dma_on(kSlotFlag + static_cast<int>(z % panels), vmem((z % panels) * panel),
                  hbm(B.addr + batch_offset(bs, tl.b, eb) + (k0 * N + tl.n0) * eb),
                  std::min(NG * cw * C, N - tl.n0) * eb, dim(kcols, N * eb, wsp));
         };
@@ -851,13 +876,13 @@ void Emitter::lower_matmul(const Node& n) {
           }
           auto w_at = [&](int64_t q, int64_t w, int64_t k, int64_t r) {
             const Pass& ps = seq[static_cast<size_t>(q)].ps;
-            return ((z0 + ps.p) % kPanels) * panel + (k * R + r) * wsp + (ps.t * cw + w) * C * eb;
+            return ((z0 + ps.p) % panels) * panel + (k * R + r) * wsp + (ps.t * cw + w) * C * eb;
           };
           auto acc_at = [&](const Pass& ps, int64_t w, int64_t i) {
             return abase + ((ps.t * cw + w) * Mt + i * 8) * 512;
           };
           spread_per_row(tl.m0, tl.mr);
-          wait_flag(kSlotFlag + static_cast<int>(z0 % kPanels));
+          wait_flag(kSlotFlag + static_cast<int>(z0 % panels));
           wait_flag(kBandFlag + static_cast<int>(y0 % 2));
           int64_t wreg = 0;
           auto push_list = [&](int64_t q) {
@@ -908,7 +933,7 @@ void Emitter::lower_matmul(const Node& n) {
                 if (ks.pass_start && z == 0 && HF > 1 && Z > 1) fetch_panel(1);
                 const bool ring = HF > 1 && first_tile && ps.p == 0 ? ramp && ks.h == HF - 1 : ks.pass_start;
                 if (ring) {  // a new pass: its panel slot's previous contents are pushed
-                  for (int64_t zz = z == 0 ? (HF > 1 ? 2 : 1) : z + kPanels - 1; zz <= std::min(z + kPanels - 1, Z - 1);
+                  for (int64_t zz = z == 0 ? (HF > 1 ? 2 : 1) : z + panels - 1; zz <= std::min(z + panels - 1, Z - 1);
                        ++zz)
                     fetch_panel(zz);
                   if (ps.c0 % LB == 0) {  // a new band: the slot of the band before it is read
@@ -917,7 +942,7 @@ void Emitter::lower_matmul(const Node& n) {
                   }
                 }
                 if (q + 1 < Q && seq[static_cast<size_t>(q + 1)].pass_start)
-                  wait_flag(kSlotFlag + static_cast<int>((z + 1) % kPanels));
+                  wait_flag(kSlotFlag + static_cast<int>((z + 1) % panels));
                 pending = push_list(q + 1);
                 next_push = 0;
                 per_item = (static_cast<int64_t>(pending.size()) + (ks.b1 - ks.b0) - 1) / (ks.b1 - ks.b0);

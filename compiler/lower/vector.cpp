@@ -201,12 +201,20 @@ void Emitter::lower_rows(const Node& n) {
     }
     line(std::string("vreduce.lanes.") + kind + " " + acc + ", " + acc);
   };
-  // Blocks of up to 8 row groups (64 rows) move as one contiguous DMA each way and
-  // sit row-major in VMEM; a tile is a strided vld of 8 rows. The next block is
-  // fetched while this one computes (two buffers, a flag each), and its results go
-  // out while the next one computes.
-  const int64_t GB = std::max<int64_t>(1, std::min<int64_t>(8, (opt_.target.vmem_bytes / 4) /
-                                                                   std::max<int64_t>(1, 2 * 8 * (len + 128) * 4)));
+  // Blocks of row groups move as one contiguous DMA each way and sit row-major in
+  // VMEM; a tile is a strided vld of 8 rows. The next block is fetched while this one
+  // computes (two buffers, a flag each), and its results go out while the next one
+  // computes. Blocks are 8 groups (64 rows), or more of short rows, up to kBlockBytes
+  // of input while each core keeps two blocks: a block's DMAs cost a latency (~500
+  // cycles) that 8 short groups' work does not hide (resnet50's global average pool,
+  // 2048 rows of 49, took 16 blocks of ~740 cycles a core).
+  constexpr int64_t kBlockBytes = 64 << 10, kMaxGroups = 64;
+  const int64_t vmem_groups =
+      std::max<int64_t>(1, (opt_.target.vmem_bytes / 4) / std::max<int64_t>(1, 2 * 8 * (len + 128) * 4));
+  const int64_t groups = (rows + 7) / 8;
+  const int64_t GB = std::max<int64_t>(1, std::min({vmem_groups, kMaxGroups,
+                                                    std::max<int64_t>(8, std::min(kBlockBytes / (8 * len * ex),
+                                                                                  groups / (2 * cores_)))}));
   const int64_t blk_rows = 8 * GB;
   const int64_t ibytes = align_up((blk_rows + 8) * len * ex + 128 * ex, kAlign);
   const int64_t obytes = row_out ? align_up((blk_rows + 8) * len * eo + 128 * eo, kAlign) : GB * kTile;
@@ -231,77 +239,90 @@ void Emitter::lower_rows(const Node& n) {
   double_buffered(nblocks, fetch, [&](int64_t blk, int64_t p) {
     par = p;
     const int64_t b0 = blk * blk_rows, br = std::min(blk_rows, rows - b0);
+    // The block's row groups in sets of up to 8 (g0..g1), each group's statistic in a
+    // register of its own (v22..v29), so one group's lane reductions (tens of cycles)
+    // overlap the other groups' passes; every row still sees the same operations in
+    // the same order.
+    const int64_t ng = (br + 7) / 8;
     if (!row_out) {
-      // Reductions: each row group's sum or max in a register of its own (v22..v29), so
-      // a group's lane reduction (tens of cycles) overlaps the next group's loads; then
-      // the means, the block's results as rows 512 B apart, and one DMA out.
-      for (gi = 0; gi * 8 < br; ++gi) {
-        const std::string acc = "v" + std::to_string(22 + gi);
-        if (n.op == OpKind::kReduceMax) reduce("max", "v20", acc, load_x);
-        else reduce("sum", "v21", acc, load_x);
-      }
-      for (gi = 0; gi * 8 < br; ++gi) {
-        const std::string acc = "v" + std::to_string(22 + gi);
-        if (n.op != OpKind::kReduceMax && n.op != OpKind::kReduceSum) line("vdiv " + acc + ", " + acc + ", v12");
-        line(std::string(st(ot)) + " " + acc + ", " + at(obuf(par) + gi * kTile) + ", stride=512");
+      // Reductions: the sums or maxima, then the means, the block's results as rows 512
+      // B apart, and one DMA out. Sets alternate between two banks of registers (v22..v29,
+      // v2..v9) and set s + 1's reductions are issued before set s's means and stores,
+      // so those wait for no lane reduction's latency.
+      auto acc_of = [](int64_t g) { return "v" + std::to_string((g / 8 % 2 ? 2 : 22) + g % 8); };
+      auto reduce_set = [&](int64_t s0) {
+        for (gi = s0; gi < std::min(ng, s0 + 8); ++gi) {
+          if (n.op == OpKind::kReduceMax) reduce("max", "v20", acc_of(gi), load_x);
+          else reduce("sum", "v21", acc_of(gi), load_x);
+        }
+      };
+      reduce_set(0);
+      for (int64_t s0 = 0; s0 < ng; s0 += 8) {
+        if (s0 + 8 < ng) reduce_set(s0 + 8);
+        for (gi = s0; gi < std::min(ng, s0 + 8); ++gi) {
+          if (n.op != OpKind::kReduceMax && n.op != OpKind::kReduceSum)
+            line("vdiv " + acc_of(gi) + ", " + acc_of(gi) + ", v12");
+          line(std::string(st(ot)) + " " + acc_of(gi) + ", " + at(obuf(par) + gi * kTile) + ", stride=512");
+        }
       }
       dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + b0 * eo), vmem(obuf(par)), eo, dim(br, 512, eo));
       return;
     }
-    // Softmax and layernorm: the block's row groups go through each step together,
-    // each group's statistic in a register of its own (v22..v29), so one group's lane
-    // reductions (tens of cycles) overlap the other groups' passes; every row still
-    // sees the same operations in the same order. The block's rows go out as one DMA.
-    const int64_t ng = (br + 7) / 8;
-    auto acc = [](int64_t g) { return "v" + std::to_string(22 + g); };
-    auto scratch = [&](int64_t g, int64_t t) { return at(sb + (g * nt + t) * kTile); };
-    if (n.op == OpKind::kSoftmax) {
-      for (gi = 0; gi < ng; ++gi) reduce("max", "v20", acc(gi), load_x);
-      for (gi = 0; gi < ng; ++gi) {  // exponentials, then their sum (the max is dead)
-        for (int64_t t = 0; t < nt; ++t) {
-          load_x(t);
-          line("vsub v1, v1, " + acc(gi));
-          line("vexp v1, v1");
-          line("vst v1, " + scratch(gi, t));
+    // Softmax and layernorm: a set's groups go through each step together. The block's
+    // rows go out as one DMA.
+    int64_t g0 = 0, g1 = 0;
+    auto acc = [&](int64_t g) { return "v" + std::to_string(22 + g - g0); };
+    auto scratch = [&](int64_t g, int64_t t) { return at(sb + ((g - g0) * nt + t) * kTile); };
+    for (g0 = 0; g0 < ng; g0 = g1) {
+      g1 = std::min(ng, g0 + 8);
+      if (n.op == OpKind::kSoftmax) {
+        for (gi = g0; gi < g1; ++gi) reduce("max", "v20", acc(gi), load_x);
+        for (gi = g0; gi < g1; ++gi) {  // exponentials, then their sum (the max is dead)
+          for (int64_t t = 0; t < nt; ++t) {
+            load_x(t);
+            line("vsub v1, v1, " + acc(gi));
+            line("vexp v1, v1");
+            line("vst v1, " + scratch(gi, t));
+          }
+          reduce("sum", "v21", acc(gi), [&](int64_t t) { line("vld v1, " + scratch(gi, t)); });
         }
-        reduce("sum", "v21", acc(gi), [&](int64_t t) { line("vld v1, " + scratch(gi, t)); });
+        for (gi = g0; gi < g1; ++gi)
+          for (int64_t t = 0; t < nt; ++t) {
+            line("vld v1, " + scratch(gi, t));
+            line("vdiv v1, v1, " + acc(gi));
+            store_y(t);
+          }
+      } else {
+        for (gi = g0; gi < g1; ++gi) reduce("sum", "v21", acc(gi), load_x);
+        for (gi = g0; gi < g1; ++gi) {  // deviations, then their squares' sum (the mean is dead)
+          line("vdiv " + acc(gi) + ", " + acc(gi) + ", v12");  // mean
+          for (int64_t t = 0; t < nt; ++t) {
+            load_x(t);
+            line("vsub v1, v1, " + acc(gi));  // d
+            line("vst v1, " + scratch(gi, t));
+          }
+          reduce("sum", "v21", acc(gi), [&](int64_t t) {
+            line("vld v1, " + scratch(gi, t));
+            line("vmul v1, v1, v1");
+          });
+        }
+        line("vbcast v13, " + fimm(n.attr_float("epsilon")));
+        for (gi = g0; gi < g1; ++gi) {
+          line("vdiv " + acc(gi) + ", " + acc(gi) + ", v12");  // var
+          line("vadd " + acc(gi) + ", " + acc(gi) + ", v13");
+          line("vsqrt " + acc(gi) + ", " + acc(gi));  // den
+        }
+        for (gi = g0; gi < g1; ++gi)
+          for (int64_t t = 0; t < nt; ++t) {
+            line("vld v1, " + scratch(gi, t));
+            line("vdiv v1, v1, " + acc(gi));
+            line(std::string(ld(gt)) + " v2, " + at(gb + t * kTile));
+            line("vmul v1, v1, v2");
+            line(std::string(ld(gt)) + " v3, " + at(bb + t * kTile));
+            line("vadd v1, v1, v3");
+            store_y(t);
+          }
       }
-      for (gi = 0; gi < ng; ++gi)
-        for (int64_t t = 0; t < nt; ++t) {
-          line("vld v1, " + scratch(gi, t));
-          line("vdiv v1, v1, " + acc(gi));
-          store_y(t);
-        }
-    } else {
-      for (gi = 0; gi < ng; ++gi) reduce("sum", "v21", acc(gi), load_x);
-      for (gi = 0; gi < ng; ++gi) {  // deviations, then their squares' sum (the mean is dead)
-        line("vdiv " + acc(gi) + ", " + acc(gi) + ", v12");  // mean
-        for (int64_t t = 0; t < nt; ++t) {
-          load_x(t);
-          line("vsub v1, v1, " + acc(gi));  // d
-          line("vst v1, " + scratch(gi, t));
-        }
-        reduce("sum", "v21", acc(gi), [&](int64_t t) {
-          line("vld v1, " + scratch(gi, t));
-          line("vmul v1, v1, v1");
-        });
-      }
-      line("vbcast v13, " + fimm(n.attr_float("epsilon")));
-      for (gi = 0; gi < ng; ++gi) {
-        line("vdiv " + acc(gi) + ", " + acc(gi) + ", v12");  // var
-        line("vadd " + acc(gi) + ", " + acc(gi) + ", v13");
-        line("vsqrt " + acc(gi) + ", " + acc(gi));  // den
-      }
-      for (gi = 0; gi < ng; ++gi)
-        for (int64_t t = 0; t < nt; ++t) {
-          line("vld v1, " + scratch(gi, t));
-          line("vdiv v1, v1, " + acc(gi));
-          line(std::string(ld(gt)) + " v2, " + at(gb + t * kTile));
-          line("vmul v1, v1, v2");
-          line(std::string(ld(gt)) + " v3, " + at(bb + t * kTile));
-          line("vadd v1, v1, v3");
-          store_y(t);
-        }
     }
     dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + b0 * len * eo), vmem(obuf(par)), br * len * eo, "");
   });

@@ -260,6 +260,8 @@ TEST(LowerRows, SoftmaxLastAxis) {
     for (int cores : {1, 2}) {
       expect_bit_exact(unary_ir("softmax", "[70,130]", "axis=1"), p, target(1, 128, 128), 1, cores);
       expect_bit_exact(unary_ir("softmax", "[150,128]", "axis=1"), p, target(1, 128, 128), 2, cores);
+      // Short rows: blocks of more than 8 groups, each set of 8 through the steps together.
+      expect_bit_exact(unary_ir("softmax", "[700,40]", "axis=1"), p, target(1, 128, 128), 2, cores);
     }
   }
 }
@@ -297,6 +299,26 @@ TEST(LowerRows, ReductionsAndGlobalAvgPool) {
       expect_bit_exact("graph r {\n  input %x : f32[1,150,7,7]\n  %y = global_avgpool(%x) {} : f32[1,150,1,1] #0\n"
                        "  output %y\n}\n",
                        p, target(1, 128, 128), 2, cores);
+    // Short rows in blocks of more than 8 groups (resnet50's pool, 2048 rows of 49):
+    // sets of 8 groups alternate between two register banks, the last set and group
+    // ragged; 1000 rows come in at most 8 DMAs (they were 16 blocks of 64 rows).
+    const std::string pool =
+        "graph r {\n  input %x : f32[1,1000,7,7]\n  %y = global_avgpool(%x) {} : f32[1,1000,1,1] #0\n  output %y\n}\n";
+    for (int cores : {1, 2}) {
+      expect_bit_exact(pool, p, target(1, 128, 128), 2, cores);
+      LowerOptions lo;
+      lo.target = target(1, 128, 128);
+      lo.policy = p;
+      lo.cores = cores;
+      const std::string as = lower_graph(parse_graph(pool, "t.ir"), lo).assembly;
+      int blocks = 0;  // the blocks' input DMAs, on f14 and f15 (double_buffered)
+      for (const char* f : {", flag=f14\n", ", flag=f15\n"})
+        for (size_t at = as.find(f); at != std::string::npos; at = as.find(f, at + 1)) ++blocks;
+      EXPECT_LE(blocks, 8) << "cores " << cores;
+      expect_bit_exact("graph r {\n  input %x : f32[700,40]\n"
+                       "  %y = reduce_max(%x) {axes=[1], keepdims=1} : f32[700,1] #0\n  output %y\n}\n",
+                       p, target(1, 128, 128), 2, cores);
+    }
   }
 }
 

@@ -277,6 +277,53 @@ TEST(LowerSchedule, MatmulFewRowsSplitsColumnsOverCores) {
   }
 }
 
+// Columns over the cores with more weight bytes a core than LHS bytes (a batch-1
+// classifier, resnet's layer4 convs) take the K-streamed tiles, whose panels arrive
+// while the MXUs push the ones before (their LHS band on f13); with the LHS the larger
+// (rows close to the columns) the resident plan stays (one unit a core: no f13). Panels on a long
+// K take 5 slots (f8..f12), 3 on a short one (no f11, f12). A bias row over every
+// whole column tile is one DMA (stride 0 over the 8 rows), the ragged tile another.
+// Bit-exact with the race checker on 2 cores, every weight row pushed once over them.
+TEST(LowerSchedule, MatmulWeightBoundColumnBandsStreamPanels) {
+  auto pushes = [](const LowerResult& lr) {
+    int n = 0;
+    for (const auto& core : lr.bundle.cores)
+      for (const auto& in : core.code) n += in.op == isa::Op::kMpush;
+    return n;
+  };
+  for (auto p : kPolicies) {
+    const int64_t K = p == PrecisionPolicy::kBf16 ? 2060 : 1030;
+    struct Case {
+      std::string ir;
+      bool tiles, five_panels;
+    };
+    const Case cases[] = {
+        {matmul_ir(6, K, 300, "", "[300]"), true, true},
+        {matmul_ir(6, 100, 300, "", "[300]"), true, false},
+        {matmul_ir(200, K, 240), false, true},
+    };
+    for (const Case& c : cases) {
+      const std::string as = expect_bit_exact(c.ir, p, target(2, 16, 16), 2);
+      EXPECT_EQ(count_of(as, ", flag=f13\n") > 0, c.tiles) << "the K-streamed tiles' LHS band is f13's\n" << c.ir;
+      if (c.tiles) {
+        EXPECT_EQ(count_of(as, ", flag=f12\n") > 0, c.five_panels) << "panel slots\n" << c.ir;
+      }
+      LowerOptions lo;
+      lo.target = target(2, 16, 16);
+      lo.policy = p;
+      lo.cores = 1;
+      const Graph g = parse_graph(c.ir, "test.ir");
+      const int one = pushes(lower_graph(g, lo));
+      lo.cores = 2;
+      EXPECT_EQ(pushes(lower_graph(g, lo)), one) << "weights pushed by more than one core\n" << c.ir;
+      // The bias tiles: 300 = 18 whole 16-column tiles + 12 columns, on each core's band.
+      if (c.ir.find("%c") != std::string::npos) {
+        EXPECT_LE(count_of(as, ", dim=8:0:"), 4) << c.ir;
+      }
+    }
+  }
+}
+
 // Batches of small matmuls with a B each (attention's per-head products) take the
 // K-streamed tiles (fetched ahead across a core's tiles: f14 in use); with one B for
 // the whole batch they keep the resident plan (no f14). Bit-exact, 1 and 2 cores.
