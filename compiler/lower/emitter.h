@@ -243,13 +243,21 @@ class Emitter {
   struct HbmRuns {
     int64_t runs, stride;
   };
+  // A relayout: the source is first laid out again by one gather into a region of
+  // `bytes` (the fill goes there instead, say the padding around a padded NHWC
+  // image), and the gathers read that region.
+  struct Relayout {
+    Gather gather;
+    int64_t bytes = 0;
+  };
   // The first half of staged_gather: the source in, the fill, the gathers; returns
   // the VMEM offset of the gathered image (dst_bytes), all DMAs waited for.
   int64_t gather_in_vmem(int64_t src, int64_t src_bytes, int64_t dst_bytes, const std::vector<Gather>& gathers,
-                         bool fill, float fill_value, DType fill_dt, HbmRuns src_runs = {1, 0});
+                         bool fill, float fill_value, DType fill_dt, HbmRuns src_runs = {1, 0},
+                         const Relayout* relayout = nullptr);
   void staged_gather(int64_t src, int64_t src_bytes, int64_t dst, int64_t dst_bytes, const std::vector<Gather>& gathers,
                      bool fill, float fill_value, DType fill_dt, int64_t planes = 1, int64_t plane_stride = 0,
-                     HbmRuns src_runs = {1, 0}, HbmRuns dst_runs = {1, 0});
+                     HbmRuns src_runs = {1, 0}, HbmRuns dst_runs = {1, 0}, const Relayout* relayout = nullptr);
   // The recipe's instruction sequence of elementwise op `n` on registers: vd = op(va[, vb]),
   // t0 and t1 are scratch (vector.cpp).
   void emit_op(const Node& n, int vd, int va, int vb, int t0, int t1);

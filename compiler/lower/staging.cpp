@@ -30,17 +30,24 @@ int64_t Emitter::Gather::runs() const {
 }
 
 int64_t Emitter::gather_in_vmem(int64_t src, int64_t src_bytes, int64_t dst_bytes, const std::vector<Gather>& gathers,
-                                bool fill, float fill_value, DType fill_dt, HbmRuns src_runs) {
-  const int64_t sv = 0, dv = align_up(src_bytes, kAlign);
-  dma(vmem(sv), hbm(src), src_bytes / src_runs.runs,
+                                bool fill, float fill_value, DType fill_dt, HbmRuns src_runs, const Relayout* relayout) {
+  const int64_t rv = align_up(src_bytes, kAlign);  // the relayout's region, if any
+  const int64_t sv = relayout ? rv : 0, dv = rv + (relayout ? align_up(relayout->bytes, kAlign) : 0);
+  dma(vmem(0), hbm(src), src_bytes / src_runs.runs,
       src_runs.runs > 1 ? dim(src_runs.runs, src_runs.stride, src_bytes / src_runs.runs) : std::string());
   if (fill) {
     // One vst per tile: 8 x 128 elements of the fill value.
-    const int64_t tile = kTileElems * esz(fill_dt);
+    const int64_t tile = kTileElems * esz(fill_dt), fv = relayout ? rv : dv;
     line("vbcast v0, " + fimm(fill_value));
-    for (int64_t off = 0; off < dst_bytes; off += tile) line(std::string(st(fill_dt)) + " v0, " + at(dv + off));
+    for (int64_t off = 0; off < (relayout ? relayout->bytes : dst_bytes); off += tile)
+      line(std::string(st(fill_dt)) + " v0, " + at(fv + off));
   }
   wait_dmas();
+  if (relayout) {
+    const Gather& g = relayout->gather;
+    dma(vmem(rv + g.dst_off), vmem(g.src_off), g.run, g.dims);
+    wait_dmas();
+  }
   // Gathers whose bounding ranges are disjoint (a plane each) run at once, and so do
   // disjoint ones (an im2col row's taps) whatever their ranges: the race checker
   // compares the bytes each writes, past a budget of about 1M runs compared (then it
@@ -66,8 +73,10 @@ int64_t Emitter::gather_in_vmem(int64_t src, int64_t src_bytes, int64_t dst_byte
 
 void Emitter::staged_gather(int64_t src, int64_t src_bytes, int64_t dst, int64_t dst_bytes,
                             const std::vector<Gather>& gathers, bool fill, float fill_value, DType fill_dt,
-                            int64_t planes, int64_t plane_stride, HbmRuns src_runs, HbmRuns dst_runs) {
-  const int64_t dv = gather_in_vmem(src, src_bytes, dst_bytes, gathers, fill, fill_value, fill_dt, src_runs);
+                            int64_t planes, int64_t plane_stride, HbmRuns src_runs, HbmRuns dst_runs,
+                            const Relayout* relayout) {
+  const int64_t dv =
+      gather_in_vmem(src, src_bytes, dst_bytes, gathers, fill, fill_value, fill_dt, src_runs, relayout);
   const int64_t part = dst_bytes / planes;
   for (int64_t p = 0; p < planes; ++p)
     dma(hbm(dst + p * plane_stride), vmem(dv + p * part), part / dst_runs.runs,
