@@ -1094,6 +1094,11 @@ void Emitter::lower_matmul(const Node& n) {
   constexpr int kLhsPrefetchFlag = 13;
   std::vector<int64_t> lhs_prefetched(static_cast<size_t>(cores_), -1);
   std::vector<int64_t> core_units(static_cast<size_t>(cores_), 0);
+  // Output buffers: a core's out DMAs (f4) in flight one at a time, each waited for
+  // before the next is issued, across units too; a unit starts on the buffer its core's
+  // last out DMA does not read, so it does not wait for that store (resnet's 7 x 7
+  // stem, one column group a unit: ~1,000 cycles between units, the MXUs idle).
+  std::vector<int64_t> out_issued(static_cast<size_t>(cores_), 0), out_last(static_cast<size_t>(cores_), 1);
   auto lhs_image = [&](int64_t k) { return lhs_base + (lhs_double ? k % 2 * Mg * ls : 0); };  // a core's unit k
   for (size_t band = 0; band < band_passes.size(); ++band) {
   const std::vector<Pass>& passes = band_passes[band];
@@ -1231,7 +1236,10 @@ void Emitter::lower_matmul(const Node& n) {
       size_t next_push = 0;
       int64_t per_item = 0;
       std::vector<bool> epi_waited(static_cast<size_t>(t_end), false);
-      int64_t out_dmas_issued = 0;
+      // Buffer of output group (or wide sub-band) x: the first is the one the core's
+      // last out DMA does not read.
+      const int64_t op0 = (((1 - out_last[static_cast<size_t>(cur_)] - (wide_out ? 0 : t_first)) % 2) + 2) % 2;
+      auto obuf = [&](int64_t x) { return (x + op0) % 2; };
       for (int64_t s = 0; s < items + D + E; ++s) {
         // mmuls of item s
         if (s < items) {
@@ -1298,11 +1306,11 @@ void Emitter::lower_matmul(const Node& n) {
             });
             if (wide_out)
               line(std::string(st(ot)) + " " + va + ", " +
-                   at(out_base + (((ps.t - t_first) / OBb) % 2) * Mg * obs + i * 8 * obs +
+                   at(out_base + obuf((ps.t - t_first) / OBb) * Mg * obs + i * 8 * obs +
                       (((ps.t - t_first) % OBb) * cw + w) * orow) +
                    ", stride=" + std::to_string(obs));
             else
-              line(std::string(st(ot)) + " " + va + ", " + at(out_base + ((ps.t % 2) * cw + w) * Mg * orow + i * 8 * orow));
+              line(std::string(st(ot)) + " " + va + ", " + at(out_base + (obuf(ps.t) * cw + w) * Mg * orow + i * 8 * orow));
           }
           if (ps.last && i == blocks - 1) {
             // The group's rows go out; the race checker sees a strided DMA's bounding
@@ -1311,25 +1319,29 @@ void Emitter::lower_matmul(const Node& n) {
               const int64_t sub = (ps.t - t_first) / OBb;  // output sub-band of the column band
               if ((ps.t - t_first) % OBb == OBb - 1 || ps.t == t_end - 1) {
                 const int64_t sn0 = bn0 + sub * OBb * cw * C;
-                if (out_dmas_issued++) wait_flag(kOutFlag);
-                dma_on(kOutFlag, hbm(o0 + (m0 * N + sn0) * eo), vmem(out_base + (sub % 2) * Mg * obs),
+                if (out_issued[static_cast<size_t>(cur_)]++) wait_flag(kOutFlag);
+                out_last[static_cast<size_t>(cur_)] = obuf(sub);
+                dma_on(kOutFlag, hbm(o0 + (m0 * N + sn0) * eo), vmem(out_base + obuf(sub) * Mg * obs),
                        std::min(OBb * cw * C, bn1 - sn0) * eo, dim(mr, obs, N * eo));
               }
             } else {
               for (int64_t w = 0; w < ps.cwt; ++w) {
-                if (out_dmas_issued++) wait_flag(kOutFlag);
+                if (out_issued[static_cast<size_t>(cur_)]++) wait_flag(kOutFlag);
+                out_last[static_cast<size_t>(cur_)] = obuf(ps.t);
                 dma_on(kOutFlag, hbm(o0 + (m0 * N + ps.n0 + w * C) * eo),
-                       vmem(out_base + ((ps.t % 2) * cw + w) * Mg * orow), ncols(ps, w) * eo, dim(mr, orow, N * eo));
+                       vmem(out_base + (obuf(ps.t) * cw + w) * Mg * orow), ncols(ps, w) * eo, dim(mr, orow, N * eo));
               }
             }
             if (any_full && ps.t + 2 < t_end) epi_fetch(ps.t + 2);
           }
         }
       }
-      wait_flag(kOutFlag);
     }
   }
   }
+  for (cur_ = 0; cur_ < cores_; ++cur_)
+    if (out_issued[static_cast<size_t>(cur_)] > 0) wait_flag(kOutFlag);
+  cur_ = 0;
 }
 
 }  // namespace tpusim::compiler::lowering

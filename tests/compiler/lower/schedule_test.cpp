@@ -324,6 +324,41 @@ TEST(LowerSchedule, MatmulWeightBoundColumnBandsStreamPanels) {
   }
 }
 
+// The resident plan's units (here a batch element each, two a core on 2 cores) store
+// their output bands while the next unit's MXU work goes on: a core's next unit starts
+// on the output buffer its last store does not read, so no wait on f4 sits between a
+// store and the next mmul (each store is waited for before the next is issued, and
+// at the end). Bit-exact with the race checker, one and two column groups a unit.
+TEST(LowerSchedule, MatmulUnitsDoNotWaitForTheirStores) {
+  for (auto p : kPolicies)
+    for (int64_t N : {12, 40})
+      for (int cores : {1, 2}) {
+        const std::string ir = matmul_ir(60, 40, N, "", "", "4,");
+        const std::string as = expect_bit_exact(ir, p, target(2, 16, 16), cores);
+        int stores = 0;
+        for (size_t c = as.find(".core "); c != std::string::npos;) {
+          const size_t end = as.find(".core ", c + 1);
+          const std::string core = as.substr(c, end == std::string::npos ? std::string::npos : end - c);
+          std::vector<size_t> at;
+          for (size_t d = core.find(", flag=f4\n"); d != std::string::npos; d = core.find(", flag=f4\n", d + 1))
+            at.push_back(d);
+          // A wait on f4 with no mmul since the last store is only ever one before
+          // another store (a group's column tiles go out one after another).
+          for (size_t k = 0; k + 1 < at.size(); ++k) {
+            const size_t w = core.find("wait f4,", at[k]);
+            ASSERT_NE(w, std::string::npos);
+            if (core.substr(at[k], w - at[k]).find("mmul ") != std::string::npos) continue;
+            const size_t next_mmul = core.find("mmul ", w);
+            EXPECT_LT(at[k + 1], next_mmul)
+                << "store " << k << " waited for before more MXU work: cores " << cores << "\n" << ir;
+          }
+          stores += static_cast<int>(at.size());
+          c = end;
+        }
+        EXPECT_GE(stores, 4) << "every unit stores its band";
+      }
+}
+
 // Batches of small matmuls with a B each (attention's per-head products) take the
 // K-streamed tiles (fetched ahead across a core's tiles: f14 in use); with one B for
 // the whole batch they keep the resident plan (no f14). Bit-exact, 1 and 2 cores.
