@@ -300,6 +300,26 @@ class Emitter {
   // A conv2d whose im2col rows the matmul reads straight from padded NHWC planes
   // (matrix.cpp); false when it does not apply or fit.
   bool lower_conv_shifted(const Node& n);
+  // The planes of a shifted conv: one per stride phase (phases, in first-use order),
+  // Hr rows of Wq pixels each (prow pixels), an image's planes `image` bytes; tap t
+  // reads plane tap_at[t].first at a shift of tap_at[t].second pixels; M1 matmul rows
+  // an image. False when the conv is not a shifted one (lower_conv takes another way,
+  // or its taps are under 128 bytes, or the planes do not fit VMEM's staging).
+  struct ShiftPlanes {
+    int64_t Hq, Wq, Hr, prow, nph, image, M1;
+    std::vector<std::pair<int64_t, int64_t>> phases, tap_at;
+  };
+  bool shift_planes(const Node& n, ShiftPlanes* p) const;
+  // Conv results stored as the planes of their sole consumer, a one-phase shifted
+  // conv whose rows are as wide as the producer's (lower_conv_shifted writes them so,
+  // the consumer reads them as they are): tensor -> the planes' bytes, which the HBM
+  // plan gives it instead of its NCHW size (lower.cpp), one image's, and the pixel
+  // the producer's row 0 starts at.
+  struct PlanesOut {
+    int64_t bytes, image, shift;  // all images' planes; one image's; where row 0 pixel 0 goes (pixels)
+  };
+  std::map<std::string, PlanesOut> planes_out_;
+  void plan_planes_out();
   // A conv's NHWC result at Y (rows of Wq pixels, the first OW outputs) -> group g's
   // channels of the NCHW output at y.
   void move_to_nchw(int64_t Y, int64_t y, int64_t NB, int64_t OH, int64_t OW, int64_t Wq, int64_t COg, int64_t CO,
@@ -390,6 +410,9 @@ class Emitter {
     int64_t base = 0, image = 0, ci = 0;
     std::vector<int64_t> tap_rows;
   } shifted_;
+  // Set for one lower_matmul: its output's batch stride in bytes (0: M x N elements),
+  // when a conv's NHWC result goes straight into its consumer's planes.
+  int64_t out_batch_stride_ = 0;
   std::vector<isa::IoEntry> extra_consts_;  // constants the lowering lays out itself (conv weights as W[(kh,kw,cin), o])
 };
 

@@ -125,7 +125,12 @@ LowerResult Emitter::run() {
   for (size_t k = 0; k < N; ++k)
     if (stored[k] && !kept.count(g_.nodes[k].output)) last_read_at[last[k]].push_back(k);
   std::vector<std::pair<int64_t, int64_t>> given_back;  // freed when the next lowered node ends
-  auto result_bytes = [&](const Node& n) { return num_elements(n.type.shape) * esz(n.type.dtype); };
+  // A conv result that is its consumer's planes (plan_planes_out) gets the planes' bytes.
+  plan_planes_out();
+  auto result_bytes = [&](const Node& n) {
+    const auto po = planes_out_.find(n.output);
+    return po != planes_out_.end() ? po->second.bytes : num_elements(n.type.shape) * esz(n.type.dtype);
+  };
   if (!feeds.empty()) {
     // One infeed DMA per input (the host prepares each as a batch), on core 0; the
     // other cores start after the barrier. Its own flag, apart from the nodes'.

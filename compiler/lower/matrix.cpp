@@ -109,43 +109,93 @@ void Emitter::move_to_nchw(int64_t Y, int64_t y, int64_t NB, int64_t OH, int64_t
 // are the contract's convolution. Against im2col rows in HBM this neither writes nor
 // gathers the K-times-larger rows: resnet's 64-channel 3x3 conv on 56 x 56 (v3 bf16,
 // 2 cores, run-time weights) 27,658 -> 17,855 cycles.
+bool Emitter::shift_planes(const Node& n, ShiftPlanes* sp) const {
+  const ConvShape cs = conv_shape(n);
+  const auto& [X, Wt, st, pads, dil, G, NB, CIall, H, W, CO, CI, KH, KW, OH, OW] = cs;
+  const int64_t ex = esz(X.type.dtype);
+  // Pointwise convs take their own lowering (lower_conv). A tap's run is Cin elements
+  // per LHS row: below 128 bytes (the 7x7 stems' 3 channels) the DMAs' short runs cost
+  // more than the im2col rows save.
+  if (G != 1 || CI * ex < 128) return false;
+  if (KH == 1 && KW == 1 && st[0] == 1 && st[1] == 1 && !(pads[0] || pads[1] || pads[2] || pads[3])) return false;
+  ShiftPlanes& p = *sp;
+  const int64_t s0 = st[0], s1 = st[1];
+  p.Hq = (H + pads[0] + pads[2] + s0 - 1) / s0;
+  p.Wq = (W + pads[1] + pads[3] + s1 - 1) / s1;
+  // The phases the taps use, in first-use order, and each tap's plane row offset.
+  p.phases.clear();
+  p.tap_at.clear();
+  int64_t max_shift = 0;
+  for (int64_t kh = 0; kh < KH; ++kh)
+    for (int64_t kw = 0; kw < KW; ++kw) {
+      const std::pair<int64_t, int64_t> ph{kh * dil[0] % s0, kw * dil[1] % s1};
+      const auto it = std::find(p.phases.begin(), p.phases.end(), ph);
+      const int64_t idx = it - p.phases.begin();
+      if (it == p.phases.end()) p.phases.push_back(ph);
+      const int64_t shift = kh * dil[0] / s0 * p.Wq + kw * dil[1] / s1;
+      p.tap_at.push_back({idx, shift});
+      max_shift = std::max(max_shift, shift);
+    }
+  p.M1 = OH * p.Wq;  // matmul rows per image
+  // Rows of a plane: the padded ones and what the last output rows' dropped columns
+  // read, in whole rows of Wq.
+  p.Hr = std::max(p.Hq, (p.M1 + max_shift + p.Wq - 1) / p.Wq);
+  p.prow = p.Hr * p.Wq;
+  p.nph = static_cast<int64_t>(p.phases.size());
+  p.image = p.nph * p.prow * CI * ex;
+  return staging_fits(CI * H * W * ex, p.image);
+}
+
+// Before the nodes are lowered: a shifted conv whose chain's end is read by one node
+// only, a shifted conv of one phase (stride 1) whose planes are rows of the same Wq
+// pixels, writes its NHWC result straight into those planes (lower_conv_shifted):
+// its move to NCHW and the consumer's planes are never made.
+void Emitter::plan_planes_out() {
+  std::map<std::string, int> readers;
+  for (const Node& n : g_.nodes)
+    for (const std::string& in : n.inputs) ++readers[in];
+  for (const std::string& out : g_.outputs) readers[out] += 2;
+  std::map<std::string, const Node*> reader_of;
+  for (const Node& n : g_.nodes)
+    for (const std::string& in : n.inputs) reader_of[in] = &n;
+  ShiftPlanes mine, theirs;
+  for (const Node& n : g_.nodes) {
+    if (n.op != OpKind::kConv2d || fused_away(n) || !shift_planes(n, &mine)) continue;
+    const std::vector<const Node*>& chain = chain_of(n);
+    const Node& last = chain.empty() ? n : *chain.back();
+    if (readers[last.output] != 1) continue;
+    const Node& next = *reader_of.at(last.output);
+    if (next.op != OpKind::kConv2d || next.inputs[0] != last.output || !shift_planes(next, &theirs)) continue;
+    const auto& pads = next.attr_ints("pads");
+    const int64_t shift = pads[0] * theirs.Wq + pads[1];
+    if (theirs.nph != 1 || theirs.Wq != mine.Wq || shift + mine.M1 > theirs.prow) continue;
+    planes_out_[last.output] = PlanesOut{n.type.shape[0] * theirs.image, theirs.image, shift};
+  }
+}
+
 bool Emitter::lower_conv_shifted(const Node& n) {
+  ShiftPlanes sp;
+  if (!shift_planes(n, &sp)) return false;
   const ConvShape cs = conv_shape(n);
   const auto& [X, Wt, st, pads, dil, G, NB, CIall, H, W, CO, CI, KH, KW, OH, OW] = cs;
   const std::vector<const Node*>& chain = chain_of(n);
   const Node& last = chain.empty() ? n : *chain.back();
   const int64_t ex = esz(X.type.dtype), eo = esz(last.type.dtype);
-  // A tap's run is Cin elements per LHS row: below 128 bytes (the 7x7 stems' 3
-  // channels) the DMAs' short runs cost more than the im2col rows save.
-  if (G != 1 || CI * ex < 128) return false;
   const int64_t s0 = st[0], s1 = st[1];
-  const int64_t Hq = (H + pads[0] + pads[2] + s0 - 1) / s0, Wq = (W + pads[1] + pads[3] + s1 - 1) / s1;
-  // The phases the taps use, in first-use order, and each tap's plane row offset.
-  std::vector<std::pair<int64_t, int64_t>> phases;
-  std::vector<std::pair<int64_t, int64_t>> tap_at;  // (phase index, shift in rows)
-  int64_t max_shift = 0;
-  for (int64_t kh = 0; kh < KH; ++kh)
-    for (int64_t kw = 0; kw < KW; ++kw) {
-      const std::pair<int64_t, int64_t> ph{kh * dil[0] % s0, kw * dil[1] % s1};
-      const auto it = std::find(phases.begin(), phases.end(), ph);
-      const int64_t idx = it - phases.begin();
-      if (it == phases.end()) phases.push_back(ph);
-      const int64_t shift = kh * dil[0] / s0 * Wq + kw * dil[1] / s1;
-      tap_at.push_back({idx, shift});
-      max_shift = std::max(max_shift, shift);
-    }
-  const int64_t M1 = OH * Wq;  // matmul rows per image
-  // Rows of a plane: the padded ones and what the last output rows' dropped columns
-  // read, in whole rows of Wq.
-  const int64_t Hr = std::max(Hq, (M1 + max_shift + Wq - 1) / Wq), prow = Hr * Wq;
-  const int64_t nph = static_cast<int64_t>(phases.size());
-  const int64_t img = CI * H * W * ex, image = nph * prow * CI * ex, ybytes = M1 * CO * eo;
-  if (!staging_fits(img, image)) return false;
-
+  const int64_t Hq = sp.Hq, Wq = sp.Wq, M1 = sp.M1, Hr = sp.Hr, prow = sp.prow, nph = sp.nph, image = sp.image;
+  const auto& phases = sp.phases;
+  const int64_t ybytes = M1 * CO * eo;
   const std::string tag = "#conv" + std::to_string(n.id) + "g0";
   const bool const_w = g_.find_constant(n.inputs[1]) != nullptr;
   const int64_t K = KH * KW * CI;
-  const int64_t Xq = place_hbm(NB * image), Y = place_hbm(NB * ybytes);
+  // Planes the producer wrote (plan_planes_out): the input tensor is them.
+  const bool planes_in = planes_out_.count(n.inputs[0]) != 0;
+  // This conv's result goes into its consumer's planes: row 0 pixel 0 at `shift`
+  // pixels into an image's, the images `image` bytes apart.
+  const auto po = planes_out_.find(last.output);
+  const bool planes_out = po != planes_out_.end();
+  const int64_t Xq = planes_in ? X.addr : place_hbm(NB * image);
+  const int64_t Y = planes_out ? t_.at(last.output).addr + po->second.shift * CO * eo : place_hbm(NB * ybytes);
   const int64_t Wm = const_w ? place_hbm_pinned(K * CO * esz(Wt.type.dtype)) : place_hbm(K * CO * esz(Wt.type.dtype));
   check_addr(n, hbm_top_);
   // Run-time weights are laid out on the last core, beside the first image's planes.
@@ -157,7 +207,7 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   // one VMEM -> VMEM gather per phase, and each phase's rows go out as one DMA.
   const int64_t per_image = (cores_ + NB - 1) / NB, band = (Hr + per_image - 1) / per_image;
   int64_t unit = 0;
-  for (int64_t b = 0; b < NB; ++b)
+  for (int64_t b = 0; b < (planes_in ? 0 : NB); ++b)
     for (int64_t i0 = 0; i0 < Hr; i0 += band) {
       const int64_t i1 = std::min(Hr, i0 + band);
       // Input rows [ya, yb): every row a phase's plane rows [i0, i1) hold.
@@ -191,11 +241,34 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   shifted_.base = Xq;
   shifted_.image = image;
   shifted_.ci = CI;
-  for (const auto& [idx, shift] : tap_at) shifted_.tap_rows.push_back(idx * prow + shift);
+  for (const auto& [idx, shift] : sp.tap_at) shifted_.tap_rows.push_back(idx * prow + shift);
   sync_all();
+  if (planes_out) out_batch_stride_ = po->second.image;
   conv_matmul(n, tag, tag + "p", tag + "w", {NB, M1, CO});
   sync_all();
-  move_to_nchw(Y, t_.at(last.output).addr, NB, OH, OW, Wq, CO, CO, 0, last.type.dtype);
+  if (!planes_out) {
+    move_to_nchw(Y, t_.at(last.output).addr, NB, OH, OW, Wq, CO, CO, 0, last.type.dtype);
+    return true;
+  }
+  // The consumer's padding: an image's pixels before row 0 and after the last row, and
+  // the Wq - OW dropped columns of each row (the next row's left padding and this
+  // one's right), zeros from VMEM, an image a core.
+  const int64_t px = CO * eo, head = po->second.shift, tail = po->second.image / px - head - M1;
+  const int64_t zbytes = align_up(std::max({head, tail, Wq - OW}) * px, kTileElems * eo);
+  for (int64_t b = 0; b < NB; ++b) {
+    on_core(b);
+    const int64_t base = t_.at(last.output).addr + b * po->second.image;
+    if (b < cores_) {  // the core's zeros
+      line("vbcast v0, 0.0");
+      for (int64_t off = 0; off < zbytes; off += kTileElems * eo)
+        line(std::string(this->st(last.type.dtype)) + " v0, " + at(off));
+    }
+    if (head > 0) dma(hbm(base), vmem(0), head * px, "");
+    if (tail > 0) dma(hbm(base + (head + M1) * px), vmem(0), tail * px, "");
+    if (Wq > OW) dma(hbm(base + (head + OW) * px), vmem(0), (Wq - OW) * px, dim(OH, 0, Wq * px));
+  }
+  for (cur_ = 0; cur_ < std::min<int64_t>(cores_, NB); ++cur_) wait_dmas();
+  cur_ = 0;
   return true;
 }
 
@@ -379,6 +452,7 @@ void Emitter::lower_matmul(const Node& n) {
   epi_.clear();
   epi_dst_.clear();
   const ShiftedLhs shifted = std::exchange(shifted_, ShiftedLhs{});
+  const int64_t out_bs0 = std::exchange(out_batch_stride_, 0);  // the output's batch stride in bytes
   const Placed& A = t_.at(n.inputs[0]);
   Placed B = t_.at(n.inputs[1]);
   const bool ta = n.has_attr("trans_a") && n.attr_int("trans_a");
@@ -395,6 +469,7 @@ void Emitter::lower_matmul(const Node& n) {
   const Placed Out = t_.at(dst_name);
   const DType ot = Out.type.dtype;
   const int64_t ea = esz(at_), eb = esz(bt), eo = esz(ot);
+  const int64_t out_bs = out_bs0 > 0 ? out_bs0 : M * N * eo;
   if (const Constant* bc = tb && bs.size() == 2 ? g_.find_constant(n.inputs[1]) : nullptr) {
     // Constant B^T (a Gemm's weights, transB=1) is laid out as B at compile time: the
     // weight loads read rows of B, and no run-time transpose reads and writes it again.
@@ -1023,7 +1098,7 @@ void Emitter::lower_matmul(const Node& n) {
               // piece's rows goes out once its last block is stored, so only the last one is
               // left at the end.
               if (ps.last && i == ks.b1 - 1 && ((ps.t + 1) % OBs == 0 || ps.t == tl.ng - 1)) {
-                const int64_t o0 = Out.addr + tl.b * M * N * eo, g0 = ps.t / OBs * OBs;
+                const int64_t o0 = Out.addr + tl.b * out_bs, g0 = ps.t / OBs * OBs;
                 const int64_t c0 = tl.n0 + g0 * cw * C, cols = std::min((ps.t + 1 - g0) * cw * C, N - c0);
                 const int64_t r0 = ks.b0 * 8, nr = std::min(tl.mr, ks.b1 * 8) - r0;
                 if (wide_out)
@@ -1107,7 +1182,7 @@ void Emitter::lower_matmul(const Node& n) {
   const int64_t bn0 = passes.front().n0, bn1 = std::min(N, bn0 + BG * cw * C);
   for (int64_t b = 0; b < batches; ++b) {
     const int64_t b0 = B.addr + batch_offset(bs, b, eb);
-    const int64_t o0 = Out.addr + b * M * N * eo;
+    const int64_t o0 = Out.addr + b * out_bs;
     for (int64_t m0 = 0; m0 < M; m0 += Mg) {
       on_core(unit++);
       const int64_t mr = std::min(Mg, M - m0);

@@ -531,5 +531,59 @@ TEST(LowerSchedule, Im2colRowsFromPaddedNhwcBands) {
     }
 }
 
+// A shifted conv whose result (after its fused relu) only a stride-1 shifted conv with
+// rows as wide reads writes it straight into that conv's padded NHWC planes: neither
+// its move to NCHW nor the consumer's planes are made, so a pair has 2 VMEM -> VMEM
+// copies a band (the first conv's planes, the second's move) instead of 4. Images 1
+// and 2, cores 1 and 2, three convs in a row (the middle one reads and writes
+// planes), and not when the result has another reader or the producer's rows are
+// narrower (stride 2); bit-exact with the race checker.
+TEST(LowerSchedule, ConvResultsStraightIntoTheNextConvsPlanes) {
+  auto conv = [](const std::string& in, const std::string& out, const std::string& w, int64_t ci, int64_t h,
+                 int64_t wd, int64_t s, int id) {
+    const int64_t oh = (h + 2 - 3) / s + 1, ow = (wd + 2 - 3) / s + 1;
+    std::ostringstream o;
+    o << "  const %" << w << " : f32[64," << ci << ",3,3] = "
+      << hex_list(random_values(static_cast<size_t>(64 * ci * 9), static_cast<uint32_t>(id)))
+      << "\n  %" << out << " = conv2d(%" << in << ", %" << w << ") {dilations=[1,1], groups=1, pads=[1,1,1,1], strides=["
+      << s << "," << s << "]} : f32[NB,64," << oh << "," << ow << "] #" << id << "\n";
+    return o.str();
+  };
+  auto graph = [](std::string body, int64_t nb, const std::string& x, const std::string& out) {
+    for (size_t at = body.find("NB"); at != std::string::npos; at = body.find("NB"))
+      body.replace(at, 2, std::to_string(nb));
+    return "graph c {\n  input %x : f32[" + std::to_string(nb) + x + "]\n" + body + "  output %" + out + "\n}\n";
+  };
+  auto copies = [](const std::string& as) {
+    int n = 0;
+    for (size_t at = as.find("dma vmem:"); at != std::string::npos; at = as.find("dma vmem:", at + 1))
+      n += as.compare(as.find(", ", at) + 2, 5, "vmem:") == 0;
+    return n;
+  };
+  const std::string pair = conv("x", "c1", "w1", 64, 5, 6, 1, 1) + "  %r1 = relu(%c1) : f32[NB,64,5,6] #2\n" +
+                           conv("r1", "c2", "w2", 64, 5, 6, 1, 3);
+  const std::string three = pair + conv("c2", "c3", "w3", 64, 5, 6, 1, 4);
+  const std::string shared = pair + "  %a = add(%c2, %r1) : f32[NB,64,5,6] #5\n";
+  const std::string strided = conv("x", "c1", "w1", 64, 10, 12, 2, 1) + conv("c1", "c2", "w2", 64, 5, 6, 1, 3);
+  for (auto p : kPolicies)
+    for (int64_t nb : {1, 2})
+      for (int cores : {1, 2}) {
+        // A band of plane rows or of the move a core, or an image a band.
+        const int bands = static_cast<int>(std::max<int64_t>(cores, nb));
+        const std::string as = expect_bit_exact(graph(pair, nb, ",64,5,6", "c2"), p, target(2, 16, 16), cores);
+        EXPECT_EQ(copies(as), 2 * bands) << "images " << nb << ", cores " << cores;
+        EXPECT_EQ(copies(expect_bit_exact(graph(three, nb, ",64,5,6", "c3"), p, target(2, 16, 16), cores)), 2 * bands);
+        EXPECT_EQ(copies(expect_bit_exact(graph(shared, nb, ",64,5,6", "a"), p, target(2, 16, 16), cores)), 4 * bands)
+            << "a result with two readers went into the planes";
+        expect_bit_exact(graph(strided, nb, ",64,10,12", "c2"), p, target(2, 16, 16), cores);
+        // The planes on memory given back by an earlier node (nonzero): every padding
+        // pixel must be written.
+        std::string reused = graph("  input %y : f32[NB,64,12,12]\n  %t = relu(%y) : f32[NB,64,12,12] #10\n"
+                                   "  %m = global_avgpool(%t) : f32[NB,64,1,1] #11\n" + pair + "  output %m\n",
+                                   nb, ",64,5,6", "c2");
+        expect_bit_exact(reused, p, target(2, 16, 16), cores);
+      }
+}
+
 }  // namespace
 }  // namespace tpusim::compiler
