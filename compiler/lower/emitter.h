@@ -319,6 +319,10 @@ class Emitter {
     int64_t bytes, image, shift;  // all images' planes; one image's; where row 0 pixel 0 goes (pixels)
   };
   std::map<std::string, PlanesOut> planes_out_;
+  // Producers of several phases (stride 2) whose rows are narrower than their
+  // consumer's planes compute that many pixels a row instead (conv id -> Wq): the
+  // extra ones read zero padding and land on the consumer's padding.
+  std::map<int, int64_t> wq_at_least_;
   void plan_planes_out();
   // A conv's NHWC result at Y (rows of Wq pixels, the first OW outputs) -> group g's
   // channels of the NCHW output at y.

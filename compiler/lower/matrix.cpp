@@ -122,6 +122,7 @@ bool Emitter::shift_planes(const Node& n, ShiftPlanes* sp) const {
   const int64_t s0 = st[0], s1 = st[1];
   p.Hq = (H + pads[0] + pads[2] + s0 - 1) / s0;
   p.Wq = (W + pads[1] + pads[3] + s1 - 1) / s1;
+  if (const auto wq = wq_at_least_.find(n.id); wq != wq_at_least_.end()) p.Wq = std::max(p.Wq, wq->second);
   // The phases the taps use, in first-use order, and each tap's plane row offset.
   p.phases.clear();
   p.tap_at.clear();
@@ -168,7 +169,20 @@ void Emitter::plan_planes_out() {
     if (next.op != OpKind::kConv2d || next.inputs[0] != last.output || !shift_planes(next, &theirs)) continue;
     const auto& pads = next.attr_ints("pads");
     const int64_t shift = pads[0] * theirs.Wq + pads[1];
-    if (theirs.nph != 1 || theirs.Wq != mine.Wq || shift + mine.M1 > theirs.prow) continue;
+    if (theirs.nph != 1) continue;
+    // A producer of several phases reads no planes (only a one-phase conv does), so
+    // its rows may widen to the consumer's: the extra pixels read padding.
+    if (mine.nph > 1 && mine.Wq < theirs.Wq) {
+      wq_at_least_[n.id] = theirs.Wq;
+      if (!shift_planes(n, &mine)) {
+        wq_at_least_.erase(n.id);
+        continue;
+      }
+    }
+    if (theirs.Wq != mine.Wq || shift + mine.M1 > theirs.prow) {
+      wq_at_least_.erase(n.id);
+      continue;
+    }
     planes_out_[last.output] = PlanesOut{n.type.shape[0] * theirs.image, theirs.image, shift};
   }
 }
