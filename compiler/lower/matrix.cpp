@@ -116,8 +116,7 @@ bool Emitter::shift_planes(const Node& n, ShiftPlanes* sp) const {
   // Pointwise convs take their own lowering (lower_conv). A tap's run is Cin elements
   // per LHS row: below 128 bytes (the 7x7 stems' 3 channels) the DMAs' short runs cost
   // more than the im2col rows save.
-  if (G != 1 || CI * ex < 128) return false;
-  if (KH == 1 && KW == 1 && st[0] == 1 && st[1] == 1 && !(pads[0] || pads[1] || pads[2] || pads[3])) return false;
+  if (G != 1 || CI * ex < 128 || pointwise(cs)) return false;
   ShiftPlanes& p = *sp;
   const int64_t s0 = st[0], s1 = st[1];
   p.Hq = (H + pads[0] + pads[2] + s0 - 1) / s0;
@@ -152,13 +151,11 @@ bool Emitter::shift_planes(const Node& n, ShiftPlanes* sp) const {
 // pixels, writes its NHWC result straight into those planes (lower_conv_shifted):
 // its move to NCHW and the consumer's planes are never made.
 void Emitter::plan_planes_out() {
-  std::map<std::string, int> readers;
-  for (const Node& n : g_.nodes)
-    for (const std::string& in : n.inputs) ++readers[in];
-  for (const std::string& out : g_.outputs) readers[out] += 2;
+  std::map<std::string, int> readers;  // a graph output counts as two
   std::map<std::string, const Node*> reader_of;
   for (const Node& n : g_.nodes)
-    for (const std::string& in : n.inputs) reader_of[in] = &n;
+    for (const std::string& in : n.inputs) ++readers[in], reader_of[in] = &n;
+  for (const std::string& out : g_.outputs) readers[out] += 2;
   ShiftPlanes mine, theirs;
   for (const Node& n : g_.nodes) {
     if (n.op != OpKind::kConv2d || fused_away(n) || !shift_planes(n, &mine)) continue;
@@ -303,7 +300,7 @@ void Emitter::lower_conv(const Node& n) {
   const Node& last = chain.empty() ? n : *chain.back();
   const int64_t ex = esz(X.type.dtype), ew = esz(Wt.type.dtype), eo = esz(last.type.dtype);
   if (G == CIall && CI == 1 && COg == 1 && lower_depthwise(n)) return;
-  if (G == 1 && KH == 1 && KW == 1 && st[0] == 1 && st[1] == 1 && !(pads[0] || pads[1] || pads[2] || pads[3])) {
+  if (pointwise(cs)) {
     lower_pointwise(n);
     return;
   }
