@@ -329,10 +329,10 @@ class Emitter {
   // extra ones read zero padding and land on the consumer's padding.
   std::map<int, int64_t> wq_at_least_;
   void plan_planes_out();
-  // A conv's NHWC result at Y (rows of Wq pixels, the first OW outputs) -> group g's
-  // channels of the NCHW output at y.
+  // A conv's NHWC result at Y (rows of Wq pixels, the first OW outputs; images
+  // ystride bytes apart, 0: OH rows) -> group g's channels of the NCHW output at y.
   void move_to_nchw(int64_t Y, int64_t y, int64_t NB, int64_t OH, int64_t OW, int64_t Wq, int64_t COg, int64_t CO,
-                    int64_t g, DType dt);
+                    int64_t g, DType dt, int64_t ystride = 0);
   // Group g's OIHW weights as the im2col matmul's B, W[(kh,kw,cin), o], at HBM Wm.
   void conv_weights(const Node& n, int64_t g, int64_t Wm, bool const_w);
   // A 1x1 conv2d as the matmul W x X per image, in NCHW (matrix.cpp).
@@ -416,7 +416,7 @@ class Emitter {
   // `ci` elements at HBM base + b * image + (tap_rows[t] + r) * ci * element size:
   // a padded NHWC plane read at the tap's shift (matrix.cpp, lower_conv_shifted).
   struct ShiftedLhs {
-    int64_t base = 0, image = 0, ci = 0;
+    int64_t base = 0, image = 0, ci = 0, prow = 0;  // prow: the rows of one plane
     std::vector<int64_t> tap_rows;
   } shifted_;
   // Set for one lower_matmul: its output's batch stride in bytes (0: M x N elements),

@@ -74,8 +74,8 @@ void Emitter::conv_weights(const Node& n, int64_t g, int64_t Wm, bool const_w) {
 // core when images are fewer than cores): a band's rows come in as one DMA and go out
 // as one, a run per channel.
 void Emitter::move_to_nchw(int64_t Y, int64_t y, int64_t NB, int64_t OH, int64_t OW, int64_t Wq, int64_t COg,
-                           int64_t CO, int64_t g, DType dt) {
-  const int64_t eo = esz(dt), ibytes = OH * Wq * COg * eo;
+                           int64_t CO, int64_t g, DType dt, int64_t ystride) {
+  const int64_t eo = esz(dt), ibytes = ystride > 0 ? ystride : OH * Wq * COg * eo;
   const int64_t per_image = (cores_ + NB - 1) / NB, band = (OH + per_image - 1) / per_image;
   int64_t unit = 0;
   for (int64_t b = 0; b < NB; ++b) {
@@ -206,7 +206,17 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   const auto po = planes_out_.find(last.output);
   const bool planes_out = po != planes_out_.end();
   const int64_t Xq = planes_in ? X.addr : place_hbm(NB * image);
-  const int64_t Y = planes_out ? t_.at(last.output).addr + po->second.shift * CO * eo : place_hbm(NB * ybytes);
+  // Small images go through the MXUs as one tall matmul over the batch: with one phase
+  // an image's planes are one plane, image b's rows follow image b - 1's, so matmul row
+  // b * prow + r is image b's row r, and rows r >= M1 between images are computed and
+  // dropped. Taken where an image's weights outweigh its rows twice (per image, each
+  // would fetch and push all the weights for its few rows: resnet50's layer4, 63 rows
+  // an image against 4.7 MB of weights), or where the dropped rows are at most 1/16.
+  const bool tall = nph == 1 && NB > 1 && (CO * esz(Wt.type.dtype) > 2 * M1 * ex || (prow - M1) * 16 <= M1) &&
+                    (!planes_out || prow * CO * eo == po->second.image);
+  const int64_t ystride = tall ? prow * CO * eo : ybytes;  // an image's result rows
+  const int64_t MB = tall ? 1 : NB, MR = tall ? (NB - 1) * prow + M1 : M1;  // the matmul's batches and rows
+  const int64_t Y = planes_out ? t_.at(last.output).addr + po->second.shift * CO * eo : place_hbm(NB * ystride);
   const int64_t Wm = const_w ? place_hbm_pinned(K * CO * esz(Wt.type.dtype)) : place_hbm(K * CO * esz(Wt.type.dtype));
   check_addr(n, hbm_top_);
   // Run-time weights are laid out on the last core, beside the first image's planes.
@@ -245,20 +255,21 @@ bool Emitter::lower_conv_shifted(const Node& n) {
                     X.type.dtype, nph, prow * CI * ex, {CI, H * W * ex});
     }
   cur_ = 0;
-  t_[tag + "p"] = Placed{TensorType{X.type.dtype, {NB, M1, K}}, Xq};
+  t_[tag + "p"] = Placed{TensorType{X.type.dtype, {MB, MR, K}}, Xq};
   t_[tag + "w"] = Placed{TensorType{Wt.type.dtype, {K, CO}}, Wm};
-  t_[tag + "y"] = Placed{TensorType{last.type.dtype, {NB, M1, CO}}, Y};
+  t_[tag + "y"] = Placed{TensorType{last.type.dtype, {MB, MR, CO}}, Y};
   if (n.inputs.size() > 2) t_[tag + "b"] = t_.at(n.inputs[2]);
   shifted_.base = Xq;
   shifted_.image = image;
   shifted_.ci = CI;
+  shifted_.prow = prow;
   for (const auto& [idx, shift] : sp.tap_at) shifted_.tap_rows.push_back(idx * prow + shift);
   sync_all();
   if (planes_out) out_batch_stride_ = po->second.image;
-  conv_matmul(n, tag, tag + "p", tag + "w", {NB, M1, CO});
+  conv_matmul(n, tag, tag + "p", tag + "w", {MB, MR, CO});
   sync_all();
   if (!planes_out) {
-    move_to_nchw(Y, t_.at(last.output).addr, NB, OH, OW, Wq, CO, CO, 0, last.type.dtype);
+    move_to_nchw(Y, t_.at(last.output).addr, NB, OH, OW, Wq, CO, CO, 0, last.type.dtype, ystride);
     return true;
   }
   // The consumer's padding: an image's pixels before row 0 and after the last row, and
@@ -695,8 +706,40 @@ void Emitter::lower_matmul(const Node& n) {
   // DMA with long runs; narrower MXUs store each tile on its own.
   const bool wide_out = C == 128;
   const int64_t OB = wide_out ? std::max<int64_t>(1, kRunBytes / (cw * C * eo)) : 1;
-  // LHS columns are fetched in bands of LB chunks (a multiple of kw).
-  const int64_t LB = std::max<int64_t>(kw, (kRunBytes / (R * ea) + kw - 1) / kw * kw);
+  // A shifted conv's LHS rows read in place (docs/codegen.md, "Plane rows in place"):
+  // a unit's LHS is the plane rows its taps reach, loaded once as one DMA per plane,
+  // and chunk c of an 8-row block is a vld at its taps' shift, where the im2col image
+  // read every row from HBM once a tap. A chunk's K lanes are runs of taps whose rows
+  // follow each other (a stride-1 conv's kw): one run is one vld; two (a 64-channel
+  // conv's chunk of taps (0, 2) and (1, 0)) are two masked vlds and a vsel.
+  const int64_t ci = shifted.ci;
+  struct Run {
+    int64_t l0, l1, t, e0;  // lanes [l0, l1) of the chunk: tap t's elements from e0 on
+  };
+  auto tap_row = [&](int64_t t) { return shifted.tap_rows[static_cast<size_t>(t)]; };
+  std::vector<std::vector<Run>> runs(static_cast<size_t>(chunks));
+  std::vector<std::pair<int64_t, int64_t>> masks;  // lane ranges loaded under m3, m4, ...
+  const bool in_place = [&] {
+    if (shifted.tap_rows.empty() || ta) return false;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t kr = std::min(R, K - c * R);
+      for (int64_t l = 0; l < kr;) {
+        const int64_t t = (c * R + l) / ci;
+        int64_t tl = t, end = std::min(kr, (t + 1) * ci - c * R);
+        while (end < kr && tap_row(tl + 1) == tap_row(tl) + 1) end = std::min(kr, (++tl + 1) * ci - c * R);
+        runs[static_cast<size_t>(c)].push_back(Run{l, end, t, c * R + l - t * ci});
+        if (l > 0 || end < 128)
+          if (std::find(masks.begin(), masks.end(), std::make_pair(l, end)) == masks.end()) masks.push_back({l, end});
+        l = end;
+      }
+      if (runs[static_cast<size_t>(c)].size() > 2) return false;
+    }
+    return masks.size() <= 5;  // m3..m7
+  }();
+  // LHS columns are fetched in bands of LB chunks (a multiple of kw); plane rows in
+  // place are one band (its taps share their rows).
+  const int64_t LB = in_place ? (chunks + kw - 1) / kw * kw
+                              : std::max<int64_t>(kw, (kRunBytes / (R * ea) + kw - 1) / kw * kw);
 
   // Flags: f1 general, f4 output stores, f6/f7 full epilogue operands (by column-tile
   // group parity), f8..f12 the pass ring's slots (f8..f10 the K-streamed tiles' weight
@@ -749,14 +792,96 @@ void Emitter::lower_matmul(const Node& n) {
   // DMA and the vlds of another band touch disjoint byte ranges (race checker).
   const int64_t ls = odd_stride(((std::min(LB, chunks) - 1) * R + 128) * ea, lrow);
   const int64_t lbands = (chunks + LB - 1) / LB;
-  auto lhs_at = [&](int64_t c, int64_t row) {  // chunk c's lanes of LHS row `row`, relative to the LHS image
-    return ((c / LB) * Mg + row) * ls + (c % LB) * R * ea;
+  // Plane rows in place: the segment of each plane the taps read, rows [lo, hi + cap)
+  // for a unit of `cap` rows (lo, hi the taps' least and greatest shift on it), with 8
+  // rows to spare for a ragged last block and a tile before it for a second run's vld
+  // address (lanes below its mask are not read); each segment starts on a tile.
+  const int64_t pix = ci * ea, kLead = 512;
+  struct Segment {
+    int64_t plane, lo, hi;
   };
-  // Rows [row0, row0 + rows) x columns [k0, k0 + lcols) of batch element b's LHS into
-  // VMEM at dst, rows ls apart. Shifted LHS rows (a conv's, lower_conv_shifted) come
-  // a tap's columns per DMA, taps whose rows follow each other in the plane (the kw
-  // of a stride-1 conv) as one run.
-  auto lhs_dma = [&](int flag, int64_t dst, int64_t b, int64_t row0, int64_t rows, int64_t k0, int64_t lcols) {
+  std::vector<Segment> segs;
+  auto seg_of = [&](int64_t t) {  // the segment holding tap t's rows
+    for (size_t s = 0; s < segs.size(); ++s)
+      if (segs[s].plane == tap_row(t) / shifted.prow) return static_cast<int64_t>(s);
+    return int64_t{-1};
+  };
+  if (in_place)
+    for (int64_t t = 0; t < static_cast<int64_t>(shifted.tap_rows.size()); ++t) {
+      const int64_t s = seg_of(t);
+      if (s < 0) {
+        segs.push_back(Segment{tap_row(t) / shifted.prow, tap_row(t), tap_row(t)});
+      } else {
+        Segment& g = segs[static_cast<size_t>(s)];
+        g.lo = std::min(g.lo, tap_row(t));
+        g.hi = std::max(g.hi, tap_row(t));
+      }
+    }
+  auto seg_bytes = [&](const Segment& g, int64_t cap) {
+    return kLead + align_up((cap + 8 + g.hi - g.lo) * pix + 256, 512);
+  };
+  auto seg_at = [&](int64_t s, int64_t cap) {
+    int64_t off = 0;
+    for (int64_t i = 0; i < s; ++i) off += seg_bytes(segs[static_cast<size_t>(i)], cap);
+    return off;
+  };
+  // The bytes of one LHS band of a unit of `cap` rows.
+  auto lhs_band_bytes = [&](int64_t cap) {
+    return in_place ? seg_at(static_cast<int64_t>(segs.size()), cap) : cap * ls;
+  };
+  // Chunk c of the 8-row block at `row` of the band at `band` (a unit of `cap` rows) into vv.
+  auto lhs_vld = [&](int64_t vv, int64_t band, int64_t c, int64_t row, int64_t cap) {
+    if (!in_place) {
+      line(std::string(ld(at_)) + " " + vr(vv) + ", " + at(band + row * ls + (c % LB) * R * ea) +
+           ", stride=" + std::to_string(ls));
+      return;
+    }
+    const std::vector<Run>& rs = runs[static_cast<size_t>(c)];
+    auto mask_of = [&](const Run& r) {
+      const auto m = std::find(masks.begin(), masks.end(), std::make_pair(r.l0, r.l1));
+      return m == masks.end() ? std::string() : "m" + std::to_string(3 + (m - masks.begin()));
+    };
+    for (size_t j = 0; j < rs.size(); ++j) {
+      const Run& r = rs[j];
+      const int64_t s = seg_of(r.t);
+      const int64_t addr = band + seg_at(s, cap) + kLead +
+                           (row + tap_row(r.t) - segs[static_cast<size_t>(s)].lo) * pix + (r.e0 - r.l0) * ea;
+      const std::string m = mask_of(r);
+      line(std::string(ld(at_)) + " " + vr(j == 0 ? vv : 31) + ", " + at(addr) + ", stride=" + std::to_string(pix) +
+           (m.empty() ? "" : ", mask=" + m));
+    }
+    if (rs.size() == 2) line("vsel " + vr(vv) + ", " + mask_of(rs[1]) + ", v31, " + vr(vv));
+  };
+  // The lane masks of the runs read in place, on each core before its first vld (m2
+  // a scratch: the matmul's other masks are set where they are used).
+  auto lhs_masks = [&]() {
+    for (size_t i = 0; i < masks.size(); ++i) {
+      const std::string m = "m" + std::to_string(3 + i);
+      line("vmask " + m + ", 8, " + std::to_string(masks[i].second));
+      if (masks[i].first == 0) continue;
+      line("vmask m2, 8, " + std::to_string(masks[i].first));
+      line("mnot m2, m2");
+      line("mand " + m + ", " + m + ", m2");
+    }
+  };
+  // Rows [m0 + r0, m0 + r1) x columns [k0, k0 + lcols) of batch element b's LHS into
+  // the VMEM band at dst (a band of cap rows). Shifted LHS rows (a conv's,
+  // lower_conv_shifted) come a tap's columns per DMA, taps whose rows follow each other
+  // in the plane (the kw of a stride-1 conv) as one run; read in place, one run a
+  // segment, a later piece (r0 > 0) only the rows the pieces before did not load.
+  auto lhs_dma = [&](int flag, int64_t dst, int64_t b, int64_t m0, int64_t r0, int64_t r1, int64_t k0, int64_t lcols,
+                     int64_t cap) {
+    const int64_t row0 = m0 + r0, rows = r1 - r0;
+    if (in_place) {
+      for (size_t s = 0; s < segs.size(); ++s) {
+        const Segment& g = segs[s];
+        const int64_t a = r0 == 0 ? 0 : r0 + g.hi - g.lo, e = r1 + g.hi - g.lo;
+        dma_on(flag, vmem(dst + seg_at(static_cast<int64_t>(s), cap) + kLead + a * pix),
+               hbm(shifted.base + b * shifted.image + (m0 + g.lo + a) * pix), (e - a) * pix, "");
+      }
+      return;
+    }
+    dst += r0 * ls;
     if (shifted.tap_rows.empty()) {
       const int64_t a0 = A.addr + batch_offset(as, b, ea);
       if (!ta)
@@ -765,13 +890,13 @@ void Emitter::lower_matmul(const Node& n) {
         dma_on(flag, vmem(dst), hbm(a0 + (k0 * M + row0) * ea), ea, dim(lcols, M * ea, ea) + dim(rows, ea, ls));
       return;
     }
-    const int64_t ci = shifted.ci, taps = static_cast<int64_t>(shifted.tap_rows.size());
+    const int64_t taps = static_cast<int64_t>(shifted.tap_rows.size());
     for (int64_t t = k0 / ci; t < taps && t * ci < k0 + lcols;) {
       const int64_t c0 = std::max(k0, t * ci);
       int64_t t1 = t + 1;
-      while (t1 < taps && t1 * ci < k0 + lcols && shifted.tap_rows[t1] == shifted.tap_rows[t1 - 1] + 1) ++t1;
+      while (t1 < taps && t1 * ci < k0 + lcols && tap_row(t1) == tap_row(t1 - 1) + 1) ++t1;
       const int64_t c1 = std::min(k0 + lcols, t1 * ci);
-      const int64_t src = shifted.base + b * shifted.image + ((shifted.tap_rows[t] + row0) * ci + c0 - t * ci) * ea;
+      const int64_t src = shifted.base + b * shifted.image + ((tap_row(t) + row0) * ci + c0 - t * ci) * ea;
       dma_on(flag, vmem(dst + (c0 - k0) * ea), hbm(src), (c1 - c0) * ea, dim(rows, ci * ea, ls));
       t = t1;
     }
@@ -785,7 +910,7 @@ void Emitter::lower_matmul(const Node& n) {
     else vec_bytes += (o.scalar ? 2 : ntiles) * 8 * 128 * esz(o.dt);
   }
   auto need = [&](int64_t mg, bool res, int64_t bg) {
-    return (res ? chunks * R * ws_of(bg) + wrow : kSlots * kw * cw * wtile) + lbands * mg * ls + cw * mg * 512 +
+    return (res ? chunks * R * ws_of(bg) + wrow : kSlots * kw * cw * wtile) + lbands * lhs_band_bytes(mg) + cw * mg * 512 +
            2 * mg * obs_of(std::min(OB, bg)) + vec_bytes + mg * (full_per_row + col_per_row);
   };
   bool resident = true;
@@ -844,7 +969,7 @@ void Emitter::lower_matmul(const Node& n) {
     const int64_t NGr = std::min(ngroups, (kRunBytes + cw * C * eb - 1) / (cw * C * eb));
     auto tile_out_bytes = [&](int64_t mt, int64_t ng) { return wide_out ? mt * obs_of(ng) : ng * cw * mt * orow; };
     auto need_s = [&](int64_t mt, int64_t ng) {
-      return panels * kw * R * ws_of(ng) + wrow + 2 * mt * ls + ng * cw * mt * 512 + tile_out_bytes(mt, ng) +
+      return panels * kw * R * ws_of(ng) + wrow + 2 * lhs_band_bytes(mt) + ng * cw * mt * 512 + tile_out_bytes(mt, ng) +
              vec_bytes + mt * col_per_row;
     };
     // Rows up to 256 first (an mswap per Mt/8 blocks), then panel rows of kRunBytes,
@@ -880,7 +1005,7 @@ void Emitter::lower_matmul(const Node& n) {
     }
     if (Mt > 0) {
       const int64_t wsp = ws_of(NG), panel = kw * R * wsp;
-      const int64_t lbase = panels * panel + wrow, abase = lbase + 2 * Mt * ls, obase = abase + NG * cw * Mt * 512;
+      const int64_t lbase = panels * panel + wrow, abase = lbase + 2 * lhs_band_bytes(Mt), obase = abase + NG * cw * Mt * 512;
       const int64_t tobs = obs_of(NG);
       const int64_t OBs = wide_out ? std::min(NG, OB) : 1;
       int64_t vtop = obase + tile_out_bytes(Mt, NG);
@@ -912,6 +1037,7 @@ void Emitter::lower_matmul(const Node& n) {
         cur_ = core;
         const std::vector<Tile>& tiles = core_tiles[static_cast<size_t>(core)];
         if (tiles.empty()) continue;
+        lhs_masks();
         // Passes and LHS bands of all the core's tiles in order: pass z uses panel slot
         // z % panels, band y slot y % 2.
         auto tile_of_pass = [&](int64_t z) { return tiles[static_cast<size_t>(z / np)]; };
@@ -928,8 +1054,8 @@ void Emitter::lower_matmul(const Node& n) {
           const Tile tl = tiles[static_cast<size_t>(y / nbands)];
           if (r1 < 0) r1 = tl.mr;
           const int64_t k0 = (y % nbands) * LB * R, lcols = std::min(K, k0 + LB * R) - k0;
-          lhs_dma(kBandFlag + static_cast<int>(y % 2), lbase + (y % 2) * Mt * ls + r0 * ls, tl.b, tl.m0 + r0, r1 - r0,
-                  k0, lcols);
+          lhs_dma(kBandFlag + static_cast<int>(y % 2), lbase + (y % 2) * lhs_band_bytes(Mt), tl.b, tl.m0, r0, r1, k0,
+                  lcols, Mt);
         };
         // Ramped ends (docs/codegen.md, "Large GEMMs"): the core's first pass runs in row
         // pieces whose LHS rows come as separate DMAs, so the MXUs start after panel 0 and
@@ -1063,9 +1189,7 @@ void Emitter::lower_matmul(const Node& n) {
               }
               const int64_t lset = (s % LS) * kw;
               for (int64_t k = 0; k < ps.kk; ++k)
-                line(std::string(ld(at_)) + " " + vr(lset + k) + ", " +
-                     at(lbase + (y % 2) * Mt * ls + i * 8 * ls + ((ps.c0 + k) % LB) * R * ea) +
-                     ", stride=" + std::to_string(ls));
+                lhs_vld(lset + k, lbase + (y % 2) * lhs_band_bytes(Mt), ps.c0 + k, i * 8, Mt);
               for (int64_t w = 0; w < ps.cwt; ++w)
                 for (int64_t k = 0; k < ps.kk; ++k) line("mmul " + mx(w * kw + k) + ", " + vr(lset + k));
               for (int64_t x = 0; x < per_item && next_push < pending.size(); ++x) emit_push(pending[next_push++]);
@@ -1144,8 +1268,8 @@ void Emitter::lower_matmul(const Node& n) {
   // units and the next unit's rows are fetched (f13) as soon as a unit starts, so the
   // MXUs do not wait for them between units.
   const int64_t col_bands = (ngroups + BG - 1) / BG;
-  const bool lhs_double = lbands == 1 && row_units * col_bands > cores_ && need(Mg, resident, BG) + Mg * ls <= vmem_cap;
-  const int64_t acc_base = lhs_base + (lbands + lhs_double) * Mg * ls;
+  const bool lhs_double = lbands == 1 && row_units * col_bands > cores_ && need(Mg, resident, BG) + lhs_band_bytes(Mg) <= vmem_cap;
+  const int64_t acc_base = lhs_base + (lbands + lhs_double) * lhs_band_bytes(Mg);
   const int64_t out_base = acc_base + cw * Mg * 512;
   const int64_t OBb = std::min(OB, BG);
   const int64_t obs = obs_of(OBb);  // output band buffer row stride
@@ -1185,7 +1309,7 @@ void Emitter::lower_matmul(const Node& n) {
   // last out DMA does not read, so it does not wait for that store (resnet's 7 x 7
   // stem, one column group a unit: ~1,000 cycles between units, the MXUs idle).
   std::vector<int64_t> out_issued(static_cast<size_t>(cores_), 0), out_last(static_cast<size_t>(cores_), 1);
-  auto lhs_image = [&](int64_t k) { return lhs_base + (lhs_double ? k % 2 * Mg * ls : 0); };  // a core's unit k
+  auto lhs_image = [&](int64_t k) { return lhs_base + (lhs_double ? k % 2 * lhs_band_bytes(Mg) : 0); };  // a core's unit k
   for (size_t band = 0; band < band_passes.size(); ++band) {
   const std::vector<Pass>& passes = band_passes[band];
   const int64_t Q = static_cast<int64_t>(passes.size());
@@ -1196,17 +1320,19 @@ void Emitter::lower_matmul(const Node& n) {
     const int64_t o0 = Out.addr + b * out_bs;
     for (int64_t m0 = 0; m0 < M; m0 += Mg) {
       on_core(unit++);
+      lhs_masks();
       const int64_t mr = std::min(Mg, M - m0);
       const int64_t blocks = (mr + 7) / 8;
-      const int64_t wkey = b * static_cast<int64_t>(band_passes.size()) + static_cast<int64_t>(band);
+      // Batches that share B (a conv's images, a batched product's one weight matrix)
+      // share its resident band: keyed by where the batch's B is.
+      const int64_t wkey = batch_offset(bs, b, eb) * static_cast<int64_t>(band_passes.size()) + static_cast<int64_t>(band);
       const bool load_w = !resident || !w_loaded[static_cast<size_t>(cur_)][wkey];
       auto unit_key = [&](int64_t row0) { return (static_cast<int64_t>(band) * batches + b) * M + row0; };
       const bool lhs0_ready = lhs_prefetched[static_cast<size_t>(cur_)] == unit_key(m0);
       const int64_t lbase = lhs_image(core_units[static_cast<size_t>(cur_)]++);
       // The first LHS band (chunks [0, LB)) of the core's next unit, starting at row `row0`, `rows` rows.
       auto lhs_band0 = [&](int flag, int64_t row0, int64_t rows) {
-        lhs_dma(flag, lhs_image(core_units[static_cast<size_t>(cur_)]) + lhs_at(0, 0), b, row0, rows, 0,
-                std::min(K, LB * R));
+        lhs_dma(flag, lhs_image(core_units[static_cast<size_t>(cur_)]), b, row0, 0, rows, 0, std::min(K, LB * R), Mg);
       };
       w_loaded[static_cast<size_t>(cur_)][wkey] = true;
       // Weight tile (chunk c, column tile starting at col) in VMEM.
@@ -1250,7 +1376,8 @@ void Emitter::lower_matmul(const Node& n) {
             }
         }
         if (ps.t == t_first && ps.c0 % LB == 0 && !(ps.c0 == 0 && lhs0_ready)) {  // the unit's LHS rows, a band of LB chunks' columns
-          lhs_dma(flag, lbase + lhs_at(ps.c0, 0), b, m0, mr, k0, std::min(K, (ps.c0 + LB) * R) - k0);
+          lhs_dma(flag, lbase + ps.c0 / LB * lhs_band_bytes(Mg), b, m0, 0, mr, k0, std::min(K, (ps.c0 + LB) * R) - k0,
+                  Mg);
           any = true;
         }
         return any;
@@ -1348,8 +1475,7 @@ void Emitter::lower_matmul(const Node& n) {
           }
           const int64_t lset = (s % LS) * kw;
           for (int64_t k = 0; k < ps.kk; ++k)
-            line(std::string(ld(at_)) + " " + vr(lset + k) + ", " + at(lbase + lhs_at(ps.c0 + k, i * 8)) +
-                 ", stride=" + std::to_string(ls));
+            lhs_vld(lset + k, lbase + (ps.c0 + k) / LB * lhs_band_bytes(Mg), ps.c0 + k, i * 8, Mg);
           for (int64_t w = 0; w < ps.cwt; ++w)
             for (int64_t k = 0; k < ps.kk; ++k) line("mmul " + mx(w * kw + k) + ", " + vr(lset + k));
           for (int64_t x = 0; x < per_item && next_push < pending.size(); ++x) emit_push(pending[next_push++]);

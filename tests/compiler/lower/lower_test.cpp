@@ -518,24 +518,40 @@ TEST(LowerConv, ShiftedOverPaddedPlanes) {
                                "dilations=[1,1], groups=1, pads=[0,0,0,0], strides=[2,2]", "[9]"),
                        p, target(1, 16, 16), 4, cores);
     }
+  // The LHS rows read in place: 64 channels on 128 rows are chunks of two taps, one of
+  // them not adjacent ((0, 2) and (1, 0): two masked loads and a vsel); 48 channels
+  // make runs of 16 and 32 lanes (five masks).
   for (auto p : kPolicies) {
-    LowerOptions lo;
-    lo.target = target(2, 32, 32);
-    lo.policy = p;
-    lo.cores = 2;
-    const LowerResult lr = lower_graph(parse_graph(chain, "test.ir"), lo);
-    const int64_t e = p == PrecisionPolicy::kBf16 ? 2 : 4;
-    int tap_runs = 0;
-    for (const auto& core : lr.bundle.cores)
-      for (const auto& in : core.code) {
-        if (in.op != isa::Op::kDma || in.op_id != 1) continue;
-        int64_t bytes = in.imm;
-        for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
-        EXPECT_LT(bytes, 9 * 8 * 9 * 64 * e);  // an image's im2col rows
-        tap_runs += in.src.space == isa::Space::kHbm && in.dst.space == isa::Space::kVmem && in.imm == 3 * 64 * e;
-      }
-    EXPECT_GT(tap_runs, 0);
+    expect_bit_exact(chain, p, target(2, 128, 128), 1, 2);
+    expect_bit_exact(conv_ir("[2,48,7,9]", "[20,48,3,3]", "[2,20,7,9]",
+                             "dilations=[1,1], groups=1, pads=[1,1,1,1], strides=[1,1]", "[20]"),
+                     p, target(2, 128, 128), 5, 2);
   }
+  // Each image's planes are read from HBM about once, not once a tap: the conv's
+  // HBM -> VMEM bytes are its input, weights and bias and at most twice the planes
+  // (2 images of 12 rows of 10 pixels), where the 9 taps' rows were 6.75 times them.
+  for (auto p : kPolicies)
+    for (uint32_t rows : {32u, 128u}) {
+      LowerOptions lo;
+      lo.target = target(2, rows, rows);
+      lo.policy = p;
+      lo.cores = 2;
+      const LowerResult lr = lower_graph(parse_graph(chain, "test.ir"), lo);
+      const int64_t e = p == PrecisionPolicy::kBf16 ? 2 : 4;
+      int64_t loaded = 0, in_place = 0;
+      for (const auto& core : lr.bundle.cores)
+        for (const auto& in : core.code) {
+          if (in.op_id != 1) continue;
+          in_place += (in.op == isa::Op::kVld || in.op == isa::Op::kVldBf16) && in.imm2 == 64 * e;
+          if (in.op != isa::Op::kDma || in.src.space != isa::Space::kHbm || in.dst.space != isa::Space::kVmem) continue;
+          int64_t bytes = in.imm;
+          for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
+          loaded += bytes;
+        }
+      SCOPED_TRACE(rows);
+      EXPECT_GT(in_place, 0);
+      EXPECT_LE(loaded, (2 * 64 * 9 * 8 + 5 * 64 * 9 + 5 + 2 * 2 * 12 * 10 * 64) * e);
+    }
 }
 
 TEST(LowerMovement, Transpose) {

@@ -590,3 +590,54 @@ TEST(LowerSchedule, ConvResultsStraightIntoTheNextConvsPlanes) {
 
 }  // namespace
 }  // namespace tpusim::compiler
+
+namespace tpusim::compiler {
+namespace {
+
+// Batch elements that share their weights fetch them once a core: the resident plan
+// keyed a core's weight band by the batch index, so every element of a batched
+// product with one B loaded all of B again. And a shifted conv on small images runs
+// its batch as one tall matmul (image b's plane rows after image b - 1's): its weights
+// are pushed for the batch's rows together, as often as for one image, where each
+// image pushed them all for its few rows (resnet50's layer4: 63 rows an image).
+TEST(LowerSchedule, BatchesThatShareWeightsFetchAndPushThemOnce) {
+  auto summary = [](const std::string& ir, PrecisionPolicy p, const isa::Target& t, int cores) {
+    LowerOptions lo;
+    lo.target = t;
+    lo.policy = p;
+    lo.cores = cores;
+    const LowerResult lr = lower_graph(parse_graph(ir, "test.ir"), lo);
+    int64_t loaded = 0, pushes = 0;
+    for (const auto& core : lr.bundle.cores)
+      for (const auto& in : core.code) {
+        pushes += in.op == isa::Op::kMpush;
+        if (in.op != isa::Op::kDma || in.src.space != isa::Space::kHbm || in.dst.space != isa::Space::kVmem) continue;
+        int64_t bytes = in.imm;
+        for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
+        loaded += bytes;
+      }
+    return std::make_pair(loaded, pushes);
+  };
+  auto conv = [](int64_t nb) {
+    std::ostringstream o;
+    o << "graph c {\n  input %x : f32[" << nb << ",64,3,3]\n  const %w : f32[40,64,3,3] = "
+      << hex_list(random_values(40 * 64 * 9, 3)) << "\n  %y = conv2d(%x, %w) {dilations=[1,1], groups=1, "
+      << "pads=[1,1,1,1], strides=[1,1]} : f32[" << nb << ",40,3,3] #1\n  output %y\n}\n";
+    return o.str();
+  };
+  for (auto p : kPolicies) {
+    const int64_t e = p == PrecisionPolicy::kBf16 ? 2 : 4;
+    for (int cores : {1, 2}) {
+      // 4 x (16 x 64) @ (64 x 24): A once, B once a core.
+      const std::string mm = matmul_ir(16, 64, 24, "", "", "4,");
+      expect_bit_exact(mm, p, target(2, 16, 16), cores);
+      EXPECT_LE(summary(mm, p, target(2, 16, 16), cores).first, (4 * 16 * 64 + cores * 64 * 24) * e) << cores;
+      // 4 images of 3 x 5 matmul rows against 40 x 576 weights.
+      expect_bit_exact(conv(4), p, target(2, 128, 128), cores);
+    }
+    EXPECT_EQ(summary(conv(4), p, target(2, 128, 128), 1).second, summary(conv(1), p, target(2, 128, 128), 1).second);
+  }
+}
+
+}  // namespace
+}  // namespace tpusim::compiler
