@@ -63,12 +63,34 @@ void check_access(RaceChecker& rc, size_t who, CoreState& st, const isa::Instr& 
     case Op::kVldBf16:
     case Op::kVst:
     case Op::kVstBf16: {
-      // Eight sublane rows of 128 lanes, `stride=` bytes apart (masked lanes included).
+      // Eight sublane rows of 128 lanes, `stride=` bytes apart. Masked-off lanes are
+      // neither read nor written (docs/isa.md), so they are not part of the access: a
+      // mask's runs of lanes that are on, as one strided pattern each where every
+      // sublane has the same runs (a lane prefix, its complement), else a row at a time.
       const int64_t es = (in.op == Op::kVldBf16 || in.op == Op::kVstBf16) ? 2 : 4;
       const int64_t rows = isa::kSublanes, stride = static_cast<int32_t>(in.imm2);
-      check_bytes(rc, who, &st.vmem,
-                  BytePattern::strided(effective_address(st, in.b, in.imm), isa::kLanes * es, 1, &rows, &stride),
-                  in.op == Op::kVst || in.op == Op::kVstBf16);
+      const int64_t base = effective_address(st, in.b, in.imm);
+      const bool write = in.op == Op::kVst || in.op == Op::kVstBf16;
+      if (in.c == 0) {
+        check_bytes(rc, who, &st.vmem, BytePattern::strided(base, isa::kLanes * es, 1, &rows, &stride), write);
+        return;
+      }
+      const MaskReg& m = st.m[in.c];
+      std::vector<std::pair<int, int>> runs[isa::kSublanes];  // [l0, l1) of each sublane
+      for (int sl = 0; sl < isa::kSublanes; ++sl)
+        for (int l = 0; l < isa::kLanes; ++l)
+          if (m.at(sl, l) && (l == 0 || !m.at(sl, l - 1))) {
+            int e = l;
+            while (e < isa::kLanes && m.at(sl, e)) ++e;
+            runs[sl].push_back({l, e});
+          }
+      bool same = true;
+      for (int sl = 1; sl < isa::kSublanes; ++sl) same = same && runs[sl] == runs[0];
+      for (int sl = 0; sl < (same ? 1 : isa::kSublanes); ++sl)
+        for (const auto& [l0, l1] : runs[sl]) {
+          const int64_t a = base + (same ? 0 : sl * stride) + l0 * es, n = same ? rows : 1;
+          check_bytes(rc, who, &st.vmem, BytePattern::strided(a, (l1 - l0) * es, 1, &n, &stride), write);
+        }
       return;
     }
     default: return;

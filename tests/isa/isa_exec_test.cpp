@@ -273,6 +273,24 @@ TEST(IsaExecRaces, CheckerFlagsEachRuleAndAcceptsSynchronisedCode) {
       {"  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=256, dim=8:256:1024, flag=f1\n  vld v0, [s0 + 7360], stride=-1024\n"
        "  wait f1, 1\n",
        "race: reads bytes [192, 7872) of vmem"},
+      // masked-off lanes are not read: a load whose lanes < 64 stop short of a DMA's
+      // bytes does not race with it, the same load unmasked or on the other lanes does
+      {"  dma vmem:[s0 + 256], hbm:[s0 + 0], bytes=256, flag=f1\n  vmask m1, 8, 64\n"
+       "  vld.bf16 v0, [s0 + 128], stride=512, mask=m1\n  wait f1, 1\n",
+       nullptr},
+      {"  dma vmem:[s0 + 256], hbm:[s0 + 0], bytes=256, flag=f1\n  vld.bf16 v0, [s0 + 128], stride=512\n"
+       "  wait f1, 1\n",
+       "race: reads bytes [128, 3968) of vmem"},
+      {"  dma vmem:[s0 + 256], hbm:[s0 + 0], bytes=256, flag=f1\n  vmask m1, 8, 64\n  mnot m2, m1\n"
+       "  vld.bf16 v0, [s0 + 128], stride=512, mask=m2\n  wait f1, 1\n",
+       "race: reads bytes [256, 3968) of vmem"},
+      // ... and per sublane: only sublane 0 on, a DMA under sublane 1's row is not read
+      {"  dma vmem:[s0 + 512], hbm:[s0 + 0], bytes=256, flag=f1\n  vmask m1, 1, 128\n"
+       "  vst v0, [s0 + 0], stride=512, mask=m1\n  wait f1, 1\n",
+       nullptr},
+      {"  dma vmem:[s0 + 256], hbm:[s0 + 0], bytes=256, flag=f1\n  vmask m1, 1, 128\n"
+       "  vst v0, [s0 + 0], stride=512, mask=m1\n  wait f1, 1\n",
+       "race: writes bytes [0, 512) of vmem"},
       // the receiver's rflag orders its reads; the sender waits before reusing its buffer
       {".target cores=2\n.core 0\n  dma vmem@c1:[s0 + 0], vmem:[s0 + 0], bytes=4096, flag=f1, rflag=f2\n"
        "  wait f1, 1\n  vst v1, [s0 + 0]\n.core 1\n  wait f2, 1\n  vld v0, [s0 + 0]\n",
