@@ -410,6 +410,7 @@ class Emitter {
   std::map<int, std::vector<const Node*>> chains_;  // root id -> fused members
   std::map<int, int> fused_;                        // member id -> root id
   std::vector<const Node*> epi_;  // the chain lower_matmul applies (set by its caller)
+  std::string epi_src_;           // the result the chain's first member reads, when not the matmul's own
   std::string epi_dst_;           // where lower_matmul stores, if not the chain's end (conv's NHWC scratch)
   // Set by lower_conv_shifted for one lower_matmul: the LHS is im2col rows that are never
   // built. Row r of batch element b, columns [t * ci, (t + 1) * ci) (tap t), is

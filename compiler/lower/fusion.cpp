@@ -19,7 +19,8 @@ bool unary(const Node& m) { return m.inputs.size() == 1; }
 // a member joins only if it consumes the current end of the chain, that end has no
 // other use and is no graph output, the member's shape is the root's (matmul,
 // elementwise) or its other operand is a single element (conv2d, whose tiles are
-// NHWC while the tensors are NCHW), and that operand exists before the root runs.
+// NHWC while the tensors are NCHW; a pointwise conv's are NCHW, so an operand of its
+// shape too), and that operand exists before the root runs.
 // The first member that fails ends the chain; it and later ones run on their own.
 void Emitter::plan_fusion() {
   chains_.clear();
@@ -56,7 +57,12 @@ void Emitter::plan_fusion() {
       auto it = defined_at.find(other);
       ok = it == defined_at.end() || it->second < ri;
       const Shape& os = t_.at(other).type.shape;
-      if (root.op == OpKind::kConv2d) ok = ok && num_elements(os) == 1;
+      // A pointwise conv's tiles are NCHW (lower_pointwise): an operand of its shape too.
+      if (root.op == OpKind::kConv2d) {
+        const ConvShape cs = conv_shape(root);
+        ok = ok && (num_elements(os) == 1 ||
+                    (pointwise(cs) && !(cs.CIall == 1 && cs.CO == 1) && os == root.type.shape));
+      }
       if (t_.at(other).type.dtype == DType::kI64) ok = false;
     }
     if (ok) ok = m.type.shape == root.type.shape;

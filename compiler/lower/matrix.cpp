@@ -452,6 +452,7 @@ void Emitter::conv_matmul(const Node& n, const std::string& tag, const std::stri
   mm.type = TensorType{n.type.dtype, shape};
   epi_ = chain_of(n);
   epi_dst_ = tag + "y";
+  epi_src_ = n.output;
   lower_matmul(mm);
 }
 
@@ -473,6 +474,8 @@ void Emitter::lower_matmul(const Node& n) {
   const std::string dst_name = !epi_dst_.empty() ? epi_dst_ : chain.empty() ? n.output : chain.back()->output;
   epi_.clear();
   epi_dst_.clear();
+  // The tensor the chain's first member reads: the conv's result for a conv's matmul.
+  const std::string chain_src = std::exchange(epi_src_, std::string());
   const ShiftedLhs shifted = std::exchange(shifted_, ShiftedLhs{});
   const int64_t out_bs0 = std::exchange(out_batch_stride_, 0);  // the output's batch stride in bytes
   const Placed& A = t_.at(n.inputs[0]);
@@ -556,8 +559,10 @@ void Emitter::lower_matmul(const Node& n) {
       o.addr = p.addr;
       o.per_row = true;
     } else {
+      // As many elements as the output: its own layout (a pointwise conv's operand of
+      // the conv's NCHW shape against the matmul's (batch, CO, H*W)); else materialised.
       o.full = true;
-      o.addr = broadcast_to(n, name, os);
+      o.addr = num_elements(s) == num_elements(os) ? p.addr : broadcast_to(n, name, os);
     }
     ops.push_back(o);
     return static_cast<int>(ops.size()) - 1;
@@ -570,7 +575,7 @@ void Emitter::lower_matmul(const Node& n) {
   };
   std::vector<Step> steps;
   {
-    std::string run = n.output;
+    std::string run = chain_src.empty() ? n.output : chain_src;
     for (const Node* m : chain) {
       Step s{m, -1, true};
       if (m->inputs.size() == 2) {
@@ -585,12 +590,19 @@ void Emitter::lower_matmul(const Node& n) {
   // The recipe's epilogue on accumulator register a of column tile `tile`: alpha,
   // beta * C, the fused members (v28-v31 scratch). A full operand's tile is at
   // full_at(operand); a replicated one's is loaded once per core.
-  auto emit_epilogue = [&](int64_t a, int64_t tile, const std::function<int64_t(const Operand&)>& full_at) {
+  auto emit_epilogue = [&](int64_t a, int64_t tile,
+                           const std::function<std::pair<int64_t, int64_t>(const Operand&)>& full_at) {
     const std::string va = "v" + std::to_string(a);
     auto load_operand = [&](int idx, const std::string& into) {
       const Operand& o = ops[static_cast<size_t>(idx)];
-      const int64_t addr = o.full || o.per_row ? full_at(o) : o.vbase + (o.scalar ? 0 : tile * 8 * 128 * esz(o.dt));
-      line(std::string(o.per_row ? "vld" : ld(o.dt)) + " " + into + ", " + at(addr));
+      // A full or per-row operand's tile and its row stride; a replicated one's dense tile.
+      const auto [addr, stride] = o.full || o.per_row
+                                      ? full_at(o)
+                                      : std::make_pair(o.vbase + (o.scalar ? 0 : tile * 8 * 128 * esz(o.dt)),
+                                                       int64_t{128} * (o.per_row ? 4 : esz(o.dt)));
+      const bool dense = stride == 128 * (o.per_row ? 4 : esz(o.dt));
+      line(std::string(o.per_row ? "vld" : ld(o.dt)) + " " + into + ", " + at(addr) +
+           (dense ? "" : ", stride=" + std::to_string(stride)));
     };
     if (alpha != 1.0f) {
       line("vbcast v31, " + fimm(alpha));
@@ -903,15 +915,29 @@ void Emitter::lower_matmul(const Node& n) {
   };
   auto obs_of = [&](int64_t ob) { return wide_out ? odd_stride(ob * cw * C * eo, orow) : cw * orow; };
   auto ws_of = [&](int64_t bg) { return odd_stride((std::min(bg * cw, ntiles) * C - C + 128) * eb, wrow); };
-  int64_t vec_bytes = 0, full_per_row = 0, col_per_row = 0;
+  // Full epilogue operands come in sub-bands of up to OB column groups, runs of at
+  // least 1 KiB (a pointwise conv's residual; a tile's rows were 256 B runs N apart;
+  // whole output sub-bands made the first epilogue wait longer on BERT's residuals),
+  // rows fstride_of apart, two sub-bands in flight; narrower MXUs a group at a time.
+  auto fstride_of = [&](const Operand& o, int64_t ob) {
+    return wide_out ? odd_stride(ob * cw * C * esz(o.dt), 128 * esz(o.dt)) : cw * 128 * esz(o.dt);
+  };
+  int64_t vec_bytes = 0, col_per_row = 0;
+  bool has_full = false;
   for (const Operand& o : ops) {
-    if (o.full) full_per_row += 2 * cw * 128 * esz(o.dt);
+    if (o.full) has_full = true;
     else if (o.per_row) vec_bytes += align_up(M * esz(o.dt), 512), col_per_row += 512;
     else vec_bytes += (o.scalar ? 2 : ntiles) * 8 * 128 * esz(o.dt);
   }
+  auto full_per_row = [&](int64_t ob) {
+    int64_t bytes = 0;
+    for (const Operand& o : ops)
+      if (o.full) bytes += 2 * fstride_of(o, ob);
+    return bytes;
+  };
   auto need = [&](int64_t mg, bool res, int64_t bg) {
     return (res ? chunks * R * ws_of(bg) + wrow : kSlots * kw * cw * wtile) + lbands * lhs_band_bytes(mg) + cw * mg * 512 +
-           2 * mg * obs_of(std::min(OB, bg)) + vec_bytes + mg * (full_per_row + col_per_row);
+           2 * mg * obs_of(std::min(OB, bg)) + vec_bytes + mg * (full_per_row(std::min(OB, bg)) + col_per_row);
   };
   bool resident = true;
   int64_t BG = ngroups;
@@ -954,7 +980,7 @@ void Emitter::lower_matmul(const Node& n) {
       cols_over_cores && K * ((N + cores_ - 1) / cores_) * eb > M * batches * K * ea;
   if ((shrunk || small_batches || weight_bound_cols || (per_core >= 512 && chunks >= 2 * kw) ||
        (chunks >= LB && per_core >= 2048)) &&
-      full_per_row == 0 && !tb) {
+      !has_full && !tb) {
     int64_t panels = 3;  // weight panel slots (f8..); up to kMaxPanels when they fit, below
     constexpr int kBandFlag = 13;  // f13, f14: the two LHS band slots
     // Row pieces of the core's first pass (at most kFirstPieceRows rows: their LHS rows
@@ -1222,7 +1248,8 @@ void Emitter::lower_matmul(const Node& n) {
                   line("vst " + vr(a) + ", " + at(acc_at(ps, w, i)));
                   continue;
                 }
-                emit_epilogue(a, ps.n0 / C + w, [&](const Operand& o) { return o.vbase + i * 8 * 512; });
+                emit_epilogue(a, ps.n0 / C + w,
+                              [&](const Operand& o) { return std::make_pair(o.vbase + i * 8 * 512, int64_t{512}); });
                 if (wide_out)
                   line(std::string(st(ot)) + " " + vr(a) + ", " + at(obase + i * 8 * tobs + (ps.t * cw + w) * orow) +
                        ", stride=" + std::to_string(tobs));
@@ -1280,7 +1307,7 @@ void Emitter::lower_matmul(const Node& n) {
       o.raw = top + Mg * 512;
       top = o.raw + align_up(M * esz(o.dt), 512);
     } else {
-      top += o.full ? 2 * cw * Mg * 128 * esz(o.dt) : (o.scalar ? 2 : ntiles) * 8 * 128 * esz(o.dt);
+      top += o.full ? 2 * Mg * fstride_of(o, OBb) : (o.scalar ? 2 : ntiles) * 8 * 128 * esz(o.dt);
     }
   }
 
@@ -1386,25 +1413,31 @@ void Emitter::lower_matmul(const Node& n) {
       auto wait_pass = [&](int64_t q) {
         if (q < Q && fetched[static_cast<size_t>(q)]) wait_flag(kSlotFlag + static_cast<int>(q % kSlots));
       };
-      auto epi_fetch = [&](int64_t t) {  // full operands of column-tile group t
-        const Pass* ps = nullptr;
-        for (const Pass& x : passes)
-          if (x.t == t) { ps = &x; break; }
+      // Full operands of sub-band x (column groups t_first + x * FB ..), into buffer x % 2.
+      const int64_t FB = wide_out ? std::min(OBb, std::max<int64_t>(1, 1024 / (cw * C * eo))) : 1;
+      const int64_t nsub = (t_end - t_first + FB - 1) / FB;
+      auto epi_fetch = [&](int64_t x) {
+        const int64_t sn0 = bn0 + x * FB * cw * C, cols = std::min(FB * cw * C, bn1 - sn0);
         for (const Operand& o : ops) {
           if (!o.full) continue;
-          const int64_t e = esz(o.dt), crow = 128 * e;
-          for (int64_t w = 0; w < ps->cwt; ++w)
-            dma_on(kEpiFlag + static_cast<int>(t % 2), vmem(o.vbase + ((t % 2) * cw + w) * Mg * crow),
-                   hbm(o.addr + b * M * N * e + (m0 * N + ps->n0 + w * C) * e), ncols(*ps, w) * e,
-                   dim(mr, N * e, crow));
+          const int64_t e = esz(o.dt), fs = fstride_of(o, OBb);
+          if (wide_out) {
+            dma_on(kEpiFlag + static_cast<int>(x % 2), vmem(o.vbase + (x % 2) * Mg * fs),
+                   hbm(o.addr + b * M * N * e + (m0 * N + sn0) * e), cols * e, dim(mr, N * e, fs));
+            continue;
+          }
+          for (int64_t w = 0; w * C < cols; ++w)
+            dma_on(kEpiFlag + static_cast<int>(x % 2), vmem(o.vbase + ((x % 2) * cw + w) * Mg * 128 * e),
+                   hbm(o.addr + b * M * N * e + (m0 * N + sn0 + w * C) * e), std::min(C, cols - w * C) * e,
+                   dim(mr, N * e, 128 * e));
         }
       };
-      const bool any_full = full_per_row > 0;
+      const bool any_full = has_full;
 
       // Prologue: replicated operand tiles, passes 0 and 1, pass 0's weights.
       if (any_full) {
-        epi_fetch(t_first);
-        if (t_first + 1 < t_end) epi_fetch(t_first + 1);
+        epi_fetch(0);
+        if (nsub > 1) epi_fetch(1);
       }
       for (int64_t q = 0; q < std::min<int64_t>(kSlots - 1, Q); ++q) fetched[static_cast<size_t>(q)] = fetch(q);
       if (!vec_loaded[static_cast<size_t>(cur_)] && vec_bytes > 0) {  // behind the first passes' fetches
@@ -1448,7 +1481,7 @@ void Emitter::lower_matmul(const Node& n) {
       std::vector<std::pair<int64_t, int64_t>> pending;  // pushes of the next pass
       size_t next_push = 0;
       int64_t per_item = 0;
-      std::vector<bool> epi_waited(static_cast<size_t>(t_end), false);
+      std::vector<bool> epi_waited(static_cast<size_t>(std::max<int64_t>(nsub, 1)), false);
       // Buffer of output group (or wide sub-band) x: the first is the one the core's
       // last out DMA does not read.
       const int64_t op0 = (((1 - out_last[static_cast<size_t>(cur_)] - (wide_out ? 0 : t_first)) % 2) + 2) % 2;
@@ -1501,9 +1534,10 @@ void Emitter::lower_matmul(const Node& n) {
         if (j2 >= 0 && j2 < items) {
           const int64_t q = j2 / blocks, i = j2 % blocks;
           const Pass& ps = passes[static_cast<size_t>(q)];
-          if (ps.last && any_full && !epi_waited[static_cast<size_t>(ps.t)]) {
-            wait_flag(kEpiFlag + static_cast<int>(ps.t % 2));
-            epi_waited[static_cast<size_t>(ps.t)] = true;
+          const int64_t sub_f = (ps.t - t_first) / FB;  // the group's full-operand sub-band
+          if (ps.last && any_full && !epi_waited[static_cast<size_t>(sub_f)]) {
+            wait_flag(kEpiFlag + static_cast<int>(sub_f % 2));
+            epi_waited[static_cast<size_t>(sub_f)] = true;
           }
           for (int64_t w = 0; w < ps.cwt; ++w) {
             const int64_t a = 8 + (j2 % AS) * cw + w;
@@ -1513,8 +1547,14 @@ void Emitter::lower_matmul(const Node& n) {
               continue;
             }
             emit_epilogue(a, ps.n0 / C + w, [&](const Operand& o) {
-              if (o.per_row) return o.vbase + i * 8 * 512;
-              return o.vbase + (((ps.t % 2) * cw + w) * Mg + i * 8) * 128 * esz(o.dt);
+              if (o.per_row) return std::make_pair(o.vbase + i * 8 * 512, int64_t{512});
+              const int64_t fs = fstride_of(o, OBb);
+              if (wide_out)
+                return std::make_pair(o.vbase + (sub_f % 2) * Mg * fs + i * 8 * fs +
+                                          (((ps.t - t_first) % FB) * cw + w) * C * esz(o.dt),
+                                      fs);
+              return std::make_pair(o.vbase + (((sub_f % 2) * cw + w) * Mg + i * 8) * 128 * esz(o.dt),
+                                    128 * esz(o.dt));
             });
             if (wide_out)
               line(std::string(st(ot)) + " " + va + ", " +
@@ -1544,7 +1584,8 @@ void Emitter::lower_matmul(const Node& n) {
                        vmem(out_base + (obuf(ps.t) * cw + w) * Mg * orow), ncols(ps, w) * eo, dim(mr, orow, N * eo));
               }
             }
-            if (any_full && ps.t + 2 < t_end) epi_fetch(ps.t + 2);
+            if (any_full && ((ps.t - t_first) % FB == FB - 1 || ps.t == t_end - 1) && sub_f + 2 < nsub)
+              epi_fetch(sub_f + 2);
           }
         }
       }

@@ -230,6 +230,23 @@ void fuse_layernorm(Graph& g) {
   eliminate_dead_code(g);
 }
 
+namespace {
+// A conv2d whose result tiles are NCHW like its tensors: the lowering's pointwise
+// conv (1x1, stride 1, unpadded, one group) computes W x X per image (docs/codegen.md);
+// a 1x1 conv of one channel in and out is a depthwise one there.
+bool nchw_tiles(const Node& conv, const std::map<std::string, TensorType>& types) {
+  const Shape& ws = types.at(conv.inputs[1]).shape;
+  auto all = [&](const char* name, int64_t v) {
+    if (!conv.has_attr(name)) return true;
+    for (int64_t x : conv.attr_ints(name))
+      if (x != v) return false;
+    return true;
+  };
+  return ws.size() == 4 && ws[2] == 1 && ws[3] == 1 && !(ws[0] == 1 && ws[1] == 1) &&
+         (!conv.has_attr("groups") || conv.attr_int("groups") == 1) && all("strides", 1) && all("pads", 0);
+}
+}  // namespace
+
 void fuse_elementwise(Graph& g) {
   const auto uses = use_counts(g);
   std::map<std::string, size_t> at;  // tensor -> index of the node defining it
@@ -257,10 +274,15 @@ void fuse_elementwise(Graph& g) {
         if (n.inputs[0] == n.inputs[1]) continue;
         const std::string& other = n.inputs[0] == in ? n.inputs[1] : n.inputs[0];
         // The other operand must exist when the root's kernel runs; a conv's tiles
-        // are NHWC while tensors are NCHW, so it takes only a single element there.
+        // are NHWC while tensors are NCHW, so it takes only a single element there,
+        // but for a pointwise conv's NCHW tiles (a bottleneck's residual add) an
+        // operand of its own shape too.
         auto ot = at.find(other);
         if (ot != at.end() && ot->second >= index_of.at(root_id)) continue;
-        if (root.op == OpKind::kConv2d && num_elements(types.at(other).shape) != 1) continue;
+        const int64_t on = num_elements(types.at(other).shape);
+        if (root.op == OpKind::kConv2d && on != 1 &&
+            !(nchw_tiles(root, types) && types.at(other).shape == root.type.shape))
+          continue;
       }
       n.fusion_group = root_id;
       chain_end[root_id] = n.output;

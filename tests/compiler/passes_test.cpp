@@ -190,10 +190,21 @@ const char* kResidual = R"(graph r {
 
 TEST(Passes, FuseElementwiseMarksGroups) {
   const std::string out = run(kResidual, "fuse-elementwise");
-  // A conv's tiles are NHWC while %skip is NCHW: the add roots its own group
-  // (an elementwise chain), the relu joins it.
-  EXPECT_NE(out.find("%a = add(%c, %skip) : f32[1,2,4,4] #1\n"), std::string::npos) << out;
-  EXPECT_NE(out.find("%r = relu(%a) : f32[1,2,4,4] #2 fusion=#1\n"), std::string::npos) << out;
+  // A pointwise conv's tiles are NCHW like %skip: the residual add and the relu join
+  // the conv's group.
+  EXPECT_NE(out.find("%a = add(%c, %skip) : f32[1,2,4,4] #1 fusion=#0\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("%r = relu(%a) : f32[1,2,4,4] #2 fusion=#0\n"), std::string::npos) << out;
+  // Any other conv's tiles are NHWC (a strided 1x1 conv's too): the add roots its own
+  // group (an elementwise chain), the relu joins it.
+  std::string strided = kResidual;
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"strides=[1,1]", "strides=[2,2]"}, {"f32[1,2,4,4] #0", "f32[1,2,2,2] #0"},
+           {"%skip : f32[1,2,4,4]", "%skip : f32[1,2,2,2]"}, {"f32[1,2,4,4] #1", "f32[1,2,2,2] #1"},
+           {"f32[1,2,4,4] #2", "f32[1,2,2,2] #2"}})
+    strided.replace(strided.find(from), from.size(), to);
+  const std::string out2 = run(strided, "fuse-elementwise");
+  EXPECT_NE(out2.find("%a = add(%c, %skip) : f32[1,2,2,2] #1\n"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("%r = relu(%a) : f32[1,2,2,2] #2 fusion=#1\n"), std::string::npos) << out2;
   // %t has two users: its consumers cannot run on its output tile in registers.
   EXPECT_NE(out.find("%u = sigmoid(%t) : f32[1,2,4,4] #4\n"), std::string::npos) << out;
   EXPECT_NE(out.find("%v = exp(%t) : f32[1,2,4,4] #5\n"), std::string::npos) << out;

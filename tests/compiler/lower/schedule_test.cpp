@@ -600,6 +600,45 @@ namespace {
 // its batch as one tall matmul (image b's plane rows after image b - 1's): its weights
 // are pushed for the batch's rows together, as often as for one image, where each
 // image pushed them all for its few rows (resnet50's layer4: 63 rows an image).
+// A pointwise conv's tiles are NCHW, so a residual of its shape (a bottleneck's
+// add(conv3, x), then relu) runs in its epilogue: the add and relu leave no code,
+// the conv's result is never stored and read back, and with 128-column MXUs the
+// residual comes in sub-bands of the output's column groups, runs of 1 KiB or the
+// row's end, not a tile's 256 B or 512 B. Either operand order (sub is not
+// commutative), a ragged last column tile (480 pixels an image), 1 and 2 cores.
+TEST(LowerSchedule, PointwiseConvTakesTheResidualInItsEpilogue) {
+  auto graph = [](const std::string& member) {
+    std::ostringstream o;
+    o << "graph r {\n  input %x : f32[2,24,12,40]\n  input %skip : f32[2,40,12,40]\n  const %w : f32[40,24,1,1] = "
+      << hex_list(random_values(40 * 24, 5)) << "\n  const %b : f32[40] = " << hex_list(random_values(40, 6))
+      << "\n  %c = conv2d(%x, %w, %b) {dilations=[1,1], groups=1, pads=[0,0,0,0], strides=[1,1]} : f32[2,40,12,40] #1"
+      << "\n  %a = " << member << " : f32[2,40,12,40] #2\n  %r = relu(%a) : f32[2,40,12,40] #3\n  output %r\n}\n";
+    return o.str();
+  };
+  for (auto p : kPolicies)
+    for (const std::string member : {"add(%c, %skip)", "sub(%skip, %c)", "sub(%c, %skip)"})
+      for (uint32_t rows : {16u, 128u})
+        for (int cores : {1, 2}) {
+          const std::string as = expect_bit_exact(graph(member), p, target(2, rows, rows), cores);
+          EXPECT_EQ(as.find("  op 2\n"), std::string::npos) << member;
+          EXPECT_EQ(as.find("  op 3\n"), std::string::npos) << member;
+          // The residual's loads (f6/f7): with 128-column MXUs runs of 1 KiB or the rest
+          // of the row (fp32: 256 + 224 columns; bf16: all 480 at once), with 16 columns
+          // a tile of 16 each.
+          const int64_t e = p == PrecisionPolicy::kBf16 ? 2 : 4;
+          int loads = 0;
+          for (size_t at = as.find("dma vmem:"); at != std::string::npos; at = as.find("dma vmem:", at + 1)) {
+            const std::string l = as.substr(at, as.find('\n', at) - at);
+            if (l.find("flag=f6") == std::string::npos && l.find("flag=f7") == std::string::npos) continue;
+            const int64_t bytes = std::stoll(l.substr(l.find("bytes=") + 6));
+            if (rows == 16) EXPECT_EQ(bytes, 16 * e) << l;
+            else EXPECT_GE(bytes, 224 * 4) << l;
+            ++loads;
+          }
+          EXPECT_GT(loads, 0) << member << " " << rows;
+        }
+}
+
 TEST(LowerSchedule, BatchesThatShareWeightsFetchAndPushThemOnce) {
   auto summary = [](const std::string& ir, PrecisionPolicy p, const isa::Target& t, int cores) {
     LowerOptions lo;
