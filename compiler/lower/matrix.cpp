@@ -980,7 +980,7 @@ void Emitter::lower_matmul(const Node& n) {
       cols_over_cores && K * ((N + cores_ - 1) / cores_) * eb > M * batches * K * ea;
   if ((shrunk || small_batches || weight_bound_cols || (per_core >= 512 && chunks >= 2 * kw) ||
        (chunks >= LB && per_core >= 2048)) &&
-      !has_full && !tb) {
+      !tb) {
     int64_t panels = 3;  // weight panel slots (f8..); up to kMaxPanels when they fit, below
     constexpr int kBandFlag = 13;  // f13, f14: the two LHS band slots
     // Row pieces of the core's first pass (at most kFirstPieceRows rows: their LHS rows
@@ -994,9 +994,20 @@ void Emitter::lower_matmul(const Node& n) {
     // Column groups whose panel rows are kRunBytes long (HBM efficiency), if they fit.
     const int64_t NGr = std::min(ngroups, (kRunBytes + cw * C * eb - 1) / (cw * C * eb));
     auto tile_out_bytes = [&](int64_t mt, int64_t ng) { return wide_out ? mt * obs_of(ng) : ng * cw * mt * orow; };
+    // A tile's full epilogue operands: its rows x columns, one buffer a tile parity
+    // (f6/f7), fetched a tile ahead; rows fs_t apart (wide MXUs) or tile by tile.
+    auto fs_t = [&](const Operand& o, int64_t ng) {
+      return wide_out ? odd_stride(ng * cw * C * esz(o.dt), 128 * esz(o.dt)) : ng * cw * 128 * esz(o.dt);
+    };
+    auto full_t = [&](int64_t mt, int64_t ng) {
+      int64_t bytes = 0;
+      for (const Operand& o : ops)
+        if (o.full) bytes += 2 * mt * fs_t(o, ng);
+      return bytes;
+    };
     auto need_s = [&](int64_t mt, int64_t ng) {
       return panels * kw * R * ws_of(ng) + wrow + 2 * lhs_band_bytes(mt) + ng * cw * mt * 512 + tile_out_bytes(mt, ng) +
-             vec_bytes + mt * col_per_row;
+             vec_bytes + mt * col_per_row + full_t(mt, ng);
     };
     // Rows up to 256 first (an mswap per Mt/8 blocks), then panel rows of kRunBytes,
     // then more rows (fewer weight re-reads), then more columns (fewer LHS re-reads).
@@ -1041,7 +1052,7 @@ void Emitter::lower_matmul(const Node& n) {
           o.raw = vtop + Mt * 512;
           vtop = o.raw + align_up(M * esz(o.dt), 512);
         } else {
-          vtop += (o.scalar ? 2 : ntiles) * 8 * 128 * esz(o.dt);
+          vtop += o.full ? 2 * Mt * fs_t(o, NG) : (o.scalar ? 2 : ntiles) * 8 * 128 * esz(o.dt);
         }
       }
       struct Tile {
@@ -1106,10 +1117,30 @@ void Emitter::lower_matmul(const Node& n) {
           load_replicated();
           wait_dmas();
         }
+        // Tile ti's full operands into buffer ti % 2 (f6/f7).
+        auto fetch_full = [&](size_t ti) {
+          const Tile& tl = tiles[ti];
+          const int64_t par = static_cast<int64_t>(ti % 2), cols = std::min(NG * cw * C, N - tl.n0);
+          for (const Operand& o : ops) {
+            if (!o.full) continue;
+            const int64_t e = esz(o.dt), fs = fs_t(o, NG), src = o.addr + tl.b * M * N * e + (tl.m0 * N + tl.n0) * e;
+            if (wide_out) {
+              dma_on(kEpiFlag + static_cast<int>(par), vmem(o.vbase + par * Mt * fs), hbm(src), cols * e,
+                     dim(tl.mr, N * e, fs));
+              continue;
+            }
+            for (int64_t c0 = 0; c0 < cols; c0 += C)
+              dma_on(kEpiFlag + static_cast<int>(par), vmem(o.vbase + par * Mt * fs + c0 / C * Mt * 128 * e),
+                     hbm(src + c0 * e), std::min(C, cols - c0) * e, dim(tl.mr, N * e, 128 * e));
+          }
+        };
+        if (has_full) fetch_full(0);
         int64_t out_dmas = 0;
         for (size_t ti = 0; ti < tiles.size(); ++ti) {
           const Tile& tl = tiles[ti];
           const int64_t z0 = static_cast<int64_t>(ti) * np, y0 = static_cast<int64_t>(ti) * nbands;
+          if (has_full && ti + 1 < tiles.size()) fetch_full(ti + 1);  // its buffer's last reader was tile ti - 1
+          bool full_waited = false;
           const int64_t blocks = (tl.mr + 7) / 8;
           // Steps: one pass's column group over blocks [b0, b1) of the tile; the core's
           // first pass and its last are cut into row pieces (the ramped ends above).
@@ -1242,14 +1273,23 @@ void Emitter::lower_matmul(const Node& n) {
               const Pass& ps = ks.ps;
               if (ps.last && !out_waited && out_dmas > 0) wait_flag(kOutFlag);  // the output buffer is free
               out_waited |= ps.last;
+              if (ps.last && has_full && !full_waited) {
+                wait_flag(kEpiFlag + static_cast<int>(ti % 2));
+                full_waited = true;
+              }
               for (int64_t w = 0; w < ps.cwt; ++w) {
                 const int64_t a = 8 + (j2 % AS) * cw + w;
                 if (!ps.last) {
                   line("vst " + vr(a) + ", " + at(acc_at(ps, w, i)));
                   continue;
                 }
-                emit_epilogue(a, ps.n0 / C + w,
-                              [&](const Operand& o) { return std::make_pair(o.vbase + i * 8 * 512, int64_t{512}); });
+                emit_epilogue(a, ps.n0 / C + w, [&](const Operand& o) {
+                  if (o.per_row) return std::make_pair(o.vbase + i * 8 * 512, int64_t{512});
+                  const int64_t e = esz(o.dt), fs = fs_t(o, NG), c0 = ps.n0 - tl.n0 + w * C;
+                  const int64_t buf = o.vbase + static_cast<int64_t>(ti % 2) * Mt * fs;
+                  if (wide_out) return std::make_pair(buf + i * 8 * fs + c0 * e, fs);
+                  return std::make_pair(buf + (c0 / C * Mt + i * 8) * 128 * e, 128 * e);
+                });
                 if (wide_out)
                   line(std::string(st(ot)) + " " + vr(a) + ", " + at(obase + i * 8 * tobs + (ps.t * cw + w) * orow) +
                        ", stride=" + std::to_string(tobs));

@@ -179,18 +179,22 @@ TEST(LowerSchedule, MatmulEpilogueOperandsBatchesAndCores) {
 // once that unit's last column group is past band 0: it needs more than one LHS band
 // (K > 1024 columns in f32, > 2048 in bf16, 4 KiB runs) and several row units per
 // core (VMEM small enough to cut the rows).
-// Both A layouts, ragged M, K and N. A full C operand (streamed per column group)
-// keeps the matmul on this resident schedule: without it these shapes take the
-// K-streamed tiles (below), which use f13 for something else.
+// Both A layouts, ragged M, K and N. A run-time B^T too large to transpose through
+// this VMEM first (its weight loads read B^T's columns) keeps the matmul on this
+// resident schedule: without it these shapes take the K-streamed tiles (below),
+// which use f13 for something else (so did a full C operand until the tiles took
+// those too).
 TEST(LowerSchedule, MatmulNextUnitLhsPrefetch) {
   for (auto p : kPolicies) {
-    const int64_t M = 61, K = p == PrecisionPolicy::kBf16 ? 2060 : 1030, N = 37;
-    std::ostringstream ta;
-    ta << "graph t {\n  input %a : f32[" << K << "," << M << "]\n  input %b : f32[" << K << "," << N
-       << "]\n  input %c : f32[" << M << "," << N << "]\n  %y = matmul(%a, %b, %c) {trans_a=1} : f32[" << M << ","
-       << N << "] #0\n  output %y\n}\n";
-    const std::string full_c = "[" + std::to_string(M) + "," + std::to_string(N) + "]";
-    for (const std::string& ir : {matmul_ir(M, K, N, "", full_c), ta.str()})
+    const int64_t M = 61, K = p == PrecisionPolicy::kBf16 ? 2060 : 1030, N = 41;  // B: 169 KB, twice > VMEM
+    auto graph = [&](bool trans_a) {
+      std::ostringstream g;
+      g << "graph t {\n  input %a : f32[" << (trans_a ? K : M) << "," << (trans_a ? M : K) << "]\n  input %b : f32["
+        << N << "," << K << "]\n  input %c : f32[" << M << "," << N << "]\n  %y = matmul(%a, %b, %c) {trans_b=1"
+        << (trans_a ? ", trans_a=1" : "") << "} : f32[" << M << "," << N << "] #0\n  output %y\n}\n";
+      return g.str();
+    };
+    for (const std::string& ir : {graph(false), graph(true)})
       for (int cores : {1, 2}) {
         const std::string as = expect_bit_exact(ir, p, target(2, 16, 16, 320ull << 10), cores);
         EXPECT_EQ(count_of(as, ", flag=f14\n"), 0) << "took the K-streamed tiles";
@@ -605,7 +609,8 @@ namespace {
 // the conv's result is never stored and read back, and with 128-column MXUs the
 // residual comes in sub-bands of the output's column groups, runs of 1 KiB or the
 // row's end, not a tile's 256 B or 512 B. Either operand order (sub is not
-// commutative), a ragged last column tile (480 pixels an image), 1 and 2 cores.
+// commutative), a ragged last column tile (480 pixels an image), 1 and 2 cores (the
+// K-streamed tiles and the resident plan).
 TEST(LowerSchedule, PointwiseConvTakesTheResidualInItsEpilogue) {
   auto graph = [](const std::string& member) {
     std::ostringstream o;
@@ -620,6 +625,9 @@ TEST(LowerSchedule, PointwiseConvTakesTheResidualInItsEpilogue) {
       for (uint32_t rows : {16u, 128u})
         for (int cores : {1, 2}) {
           const std::string as = expect_bit_exact(graph(member), p, target(2, rows, rows), cores);
+          // On one core the 2 images (a B each) take the K-streamed tiles (f14: their
+          // second LHS band slot), whose tiles fetch the residual a tile ahead.
+          EXPECT_EQ(count_of(as, ", flag=f14\n") > 0, cores == 1) << member;
           EXPECT_EQ(as.find("  op 2\n"), std::string::npos) << member;
           EXPECT_EQ(as.find("  op 3\n"), std::string::npos) << member;
           // The residual's loads (f6/f7): with 128-column MXUs runs of 1 KiB or the rest
@@ -675,6 +683,43 @@ TEST(LowerSchedule, BatchesThatShareWeightsFetchAndPushThemOnce) {
       expect_bit_exact(conv(4), p, target(2, 128, 128), cores);
     }
     EXPECT_EQ(summary(conv(4), p, target(2, 128, 128), 1).second, summary(conv(1), p, target(2, 128, 128), 1).second);
+  }
+}
+
+}  // namespace
+}  // namespace tpusim::compiler
+
+namespace tpusim::compiler {
+namespace {
+
+// Runs of one element cost an HBM request each: im2col's NCHW -> NHWC move,
+// maxpool_grad's tap gathers and scatters and a broadcast operand materialised over
+// an inner axis go through VMEM (gathers cost per byte there), so no HBM -> HBM DMA
+// of the training step moves one element a run. A [1,1,H,W] operand over N x C
+// planes repeats H rows: one DMA, not one a plane. Bit-exact, both policies.
+TEST(LowerSchedule, ElementRunsGoThroughVmem) {
+  const std::string ir =
+      "graph g {\n  input %x : f32[2,5,6,8]\n  input %dy : f32[2,5,3,4]\n  input %c : f32[2,5,1,1]\n"
+      "  input %z : f32[1,1,6,8]\n"
+      "  %r1 = im2col(%x) {dilations=[1,1], kernel=[1,1], pads=[0,0,0,0], strides=[1,1]} : f32[96,5] #1\n"
+      "  %r3 = im2col(%x) {dilations=[1,1], kernel=[3,3], pads=[1,1,1,1], strides=[1,1]} : f32[96,45] #2\n"
+      "  %y = maxpool(%x) {kernel=[2,2], pads=[0,0,0,0], strides=[2,2]} : f32[2,5,3,4] #3\n"
+      "  %dx = maxpool_grad(%dy, %x, %y) {kernel=[2,2], pads=[0,0,0,0], strides=[2,2]} : f32[2,5,6,8] #4\n"
+      "  %a = add(%dx, %c) : f32[2,5,6,8] #5\n  %b = mul(%a, %z) : f32[2,5,6,8] #6\n"
+      "  output %r1\n  output %r3\n  output %b\n}\n";
+  for (auto p : kPolicies) {
+    const std::string as = expect_bit_exact(ir, p, target(1, 16, 16), 1, false);
+    const int64_t e = p == PrecisionPolicy::kBf16 ? 2 : 4;
+    int element_runs = 0, mul_dmas = 0, op = -1;
+    std::istringstream lines(as);
+    for (std::string l; std::getline(lines, l);) {
+      if (l.rfind("  op ", 0) == 0) op = std::stoi(l.substr(5));
+      mul_dmas += op == 6 && l.rfind("  dma vmem:", 0) == 0 && l.find(", vmem:") != std::string::npos;
+      if (l.rfind("  dma hbm:", 0) != 0) continue;
+      element_runs += l.find(", hbm:") != std::string::npos && l.find("bytes=" + std::to_string(e) + ",") != std::string::npos;
+    }
+    EXPECT_EQ(element_runs, 0) << as;
+    EXPECT_EQ(mul_dmas, 1) << "the [1,1,6,8] operand over 10 planes: one VMEM gather";
   }
 }
 
