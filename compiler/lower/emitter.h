@@ -232,6 +232,10 @@ class Emitter {
     std::pair<int64_t, int64_t> dst_hull() const;
     int64_t runs() const;  // how many runs of `run` bytes it moves
   };
+  // HBM runs shorter than this (bytes) cost about a memory request each: moves made
+  // of them (transposes, broadcasts, reverse, im2col's taps) go through VMEM, whose
+  // gathers cost per byte, where staging_fits.
+  static constexpr int64_t kStagedRunsBelow = 128;
   bool staging_fits(int64_t src_bytes, int64_t dst_bytes) const {
     return static_cast<uint64_t>(align_up(src_bytes, kAlign) + align_up(dst_bytes, kAlign) + 8192) <=
            opt_.target.vmem_bytes;

@@ -4,6 +4,7 @@
 // members' recipes on its output tiles in registers and stores only the chain's
 // end, so the intermediate results never go through HBM (docs/codegen.md).
 #include "compiler/lower/emitter.h"
+#include "compiler/passes/passes.h"
 
 #include <set>
 
@@ -58,11 +59,9 @@ void Emitter::plan_fusion() {
       ok = it == defined_at.end() || it->second < ri;
       const Shape& os = t_.at(other).type.shape;
       // A pointwise conv's tiles are NCHW (lower_pointwise): an operand of its shape too.
-      if (root.op == OpKind::kConv2d) {
-        const ConvShape cs = conv_shape(root);
+      if (root.op == OpKind::kConv2d)
         ok = ok && (num_elements(os) == 1 ||
-                    (pointwise(cs) && !(cs.CIall == 1 && cs.CO == 1) && os == root.type.shape));
-      }
+                    (conv_tiles_nchw(root, t_.at(root.inputs[1]).type.shape) && os == root.type.shape));
       if (t_.at(other).type.dtype == DType::kI64) ok = false;
     }
     if (ok) ok = m.type.shape == root.type.shape;

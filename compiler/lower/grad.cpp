@@ -95,7 +95,7 @@ void Emitter::lower_reverse(const Node& n) {
   const size_t outer_axes = rank - first_dim - ndims;
   const int64_t outer = num_elements(Shape(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(outer_axes)));
   const int64_t bytes = num_elements(s) * e;
-  constexpr int64_t kStagedRunsBelow = 128, kMaxGathers = 16;  // bytes; VMEM -> VMEM copies of ~400 cycles each
+  constexpr int64_t kMaxGathers = 16;  // VMEM -> VMEM copies of ~400 cycles each
   const bool staged = run < kStagedRunsBelow && outer <= kMaxGathers && staging_fits(bytes, bytes);
   std::vector<Gather> gathers;
   for (int64_t o = 0; o < outer; ++o) {
@@ -146,7 +146,7 @@ void Emitter::lower_im2col(const Node& n) {
   // bundled CNN's patches at v3 batch 8: the input's 15,465 -> 5,797 cycles).
   const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
   const int64_t sbytes = NB * H * W * CI * ex, pbytes = NB * OH * OW * K * ex;
-  const bool staged_taps = !pointwise && CI * ex < 128 && staging_fits(sbytes, pbytes);
+  const bool staged_taps = !pointwise && CI * ex < kStagedRunsBelow && staging_fits(sbytes, pbytes);
   if (any_pad && !staged_taps) zero_if_reused(P, pbytes, X.type.dtype);
   // NCHW -> NHWC: runs of one element, which in HBM cost a memory request each, so
   // through VMEM (a VMEM -> VMEM gather costs per byte) in blocks of whole images
@@ -219,18 +219,23 @@ void Emitter::lower_maxpool_grad(const Node& n) {
   const int64_t dx = t_.at(n.output).addr;
   if (st[0] != k[0] || st[1] != k[1] || OH * k[0] != H || OW * k[1] != W)
     zero_if_reused(dx, planes * H * W * esz(n.type.dtype), n.type.dtype);  // positions no window covers
-  // Tap (kh, kw) of window (p, oh, ow) <-> X_k[(p*OH + oh)*OW + ow]; planes in
-  // groups of at most 65535 (a DMA dim's count).
+  // Tap (kh, kw) of window (p, oh, ow) <-> X_k[(p*OH + oh)*OW + ow], planes [p0, p0 +
+  // pc): the gather's runs from x (offsets in x) to the tap rows (offsets in XK), or
+  // the scatter's from the tap rows (DK) back to dx's geometry (x's).
+  auto tap = [&](bool gather, int64_t kh, int64_t kw, int64_t p0, int64_t pc) {
+    const int64_t xoff = ((p0 * H + kh) * W + kw) * e, roff = (kh * k[1] + kw) * row + p0 * OH * OW * e;
+    if (gather)
+      return Gather{xoff, roff, e,
+                    dim(OW, st[1] * e, e) + dim(OH, st[0] * W * e, OW * e) + dim(pc, H * W * e, OH * OW * e)};
+    return Gather{roff, xoff, e,
+                  dim(OW, e, st[1] * e) + dim(OH, OW * e, st[0] * W * e) + dim(pc, OH * OW * e, H * W * e)};
+  };
+  // In HBM: planes in groups of at most 65535 (a DMA dim's count).
   auto tap_dmas = [&](bool gather, int64_t kh, int64_t kw) {
     for (int64_t p0 = 0; p0 < planes; p0 += 65535) {
-      const int64_t pc = std::min<int64_t>(65535, planes - p0);
-      const int64_t img = dx - X.addr;  // gather reads X, scatter writes dx: same geometry
-      const int64_t xoff = ((p0 * H + kh) * W + kw) * e;
-      const int64_t roff = (kh * k[1] + kw) * row + p0 * OH * OW * e;
-      const std::string d_img = dim(OW, st[1] * e, e) + dim(OH, st[0] * W * e, OW * e) + dim(pc, H * W * e, OH * OW * e);
-      const std::string d_row = dim(OW, e, st[1] * e) + dim(OH, OW * e, st[0] * W * e) + dim(pc, OH * OW * e, H * W * e);
-      if (gather) dma(hbm(XK + roff), hbm(X.addr + xoff), e, d_img);
-      else dma(hbm(X.addr + img + xoff), hbm(DK + roff), e, d_row);
+      const Gather g = tap(gather, kh, kw, p0, std::min<int64_t>(65535, planes - p0));
+      if (gather) dma(hbm(XK + g.dst_off), hbm(X.addr + g.src_off), e, g.dims);
+      else dma(hbm(dx + g.dst_off), hbm(DK + g.src_off), e, g.dims);
       wait_dmas();  // bounding ranges of neighbouring taps interleave (race checker)
     }
   };
@@ -242,15 +247,7 @@ void Emitter::lower_maxpool_grad(const Node& n) {
   auto tap_gathers = [&](bool gather) {
     std::vector<Gather> g;
     for (int64_t kh = 0; kh < k[0]; ++kh)
-      for (int64_t kw = 0; kw < k[1]; ++kw) {
-        const int64_t xoff = (kh * W + kw) * e, roff = (kh * k[1] + kw) * row;
-        if (gather)
-          g.push_back(Gather{xoff, roff, e, dim(OW, st[1] * e, e) + dim(OH, st[0] * W * e, OW * e) +
-                                                dim(planes, H * W * e, OH * OW * e)});
-        else
-          g.push_back(Gather{roff, xoff, e, dim(OW, e, st[1] * e) + dim(OH, OW * e, st[0] * W * e) +
-                                                dim(planes, OH * OW * e, H * W * e)});
-      }
+      for (int64_t kw = 0; kw < k[1]; ++kw) g.push_back(tap(gather, kh, kw, 0, planes));
     return g;
   };
   if (staged) {

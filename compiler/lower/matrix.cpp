@@ -925,12 +925,15 @@ void Emitter::lower_matmul(const Node& n) {
   };
   auto obs_of = [&](int64_t ob) { return wide_out ? odd_stride(ob * cw * C * eo, orow) : cw * orow; };
   auto ws_of = [&](int64_t bg) { return odd_stride((std::min(bg * cw, ntiles) * C - C + 128) * eb, wrow); };
-  // Full epilogue operands come in sub-bands of up to OB column groups, runs of at
-  // least 1 KiB (a pointwise conv's residual; a tile's rows were 256 B runs N apart;
-  // whole output sub-bands made the first epilogue wait longer on BERT's residuals),
-  // rows fstride_of apart, two sub-bands in flight; narrower MXUs a group at a time.
-  auto fstride_of = [&](const Operand& o, int64_t ob) {
-    return wide_out ? odd_stride(ob * cw * C * esz(o.dt), 128 * esz(o.dt)) : cw * 128 * esz(o.dt);
+  // A full epilogue operand's buffer of ng column groups: rows fstride_of apart with
+  // wide MXUs (one DMA of runs of the groups' columns), else tile by tile (Mt or Mg
+  // rows of 128 lanes each). The resident plan fetches sub-bands of up to OB groups,
+  // runs of at least 1 KiB (a pointwise conv's residual; a tile's rows were 256 B runs
+  // N apart; whole output sub-bands made the first epilogue wait longer on BERT's
+  // residuals), two sub-bands in flight, narrower MXUs a group at a time; the
+  // K-streamed tiles a tile's columns, a tile ahead.
+  auto fstride_of = [&](const Operand& o, int64_t ng) {
+    return wide_out ? odd_stride(ng * cw * C * esz(o.dt), 128 * esz(o.dt)) : ng * cw * 128 * esz(o.dt);
   };
   int64_t vec_bytes = 0, col_per_row = 0;
   bool has_full = false;
@@ -1006,16 +1009,8 @@ void Emitter::lower_matmul(const Node& n) {
     const int64_t NGr = std::min(ngroups, (kRunBytes + cw * C * eb - 1) / (cw * C * eb));
     auto tile_out_bytes = [&](int64_t mt, int64_t ng) { return wide_out ? mt * obs_of(ng) : ng * cw * mt * orow; };
     // A tile's full epilogue operands: its rows x columns, one buffer a tile parity
-    // (f6/f7), fetched a tile ahead; rows fs_t apart (wide MXUs) or tile by tile.
-    auto fs_t = [&](const Operand& o, int64_t ng) {
-      return wide_out ? odd_stride(ng * cw * C * esz(o.dt), 128 * esz(o.dt)) : ng * cw * 128 * esz(o.dt);
-    };
-    auto full_t = [&](int64_t mt, int64_t ng) {
-      int64_t bytes = 0;
-      for (const Operand& o : ops)
-        if (o.full) bytes += 2 * mt * fs_t(o, ng);
-      return bytes;
-    };
+    // (f6/f7), fetched a tile ahead.
+    auto full_t = [&](int64_t mt, int64_t ng) { return mt * full_per_row(ng); };
     auto need_s = [&](int64_t mt, int64_t ng) {
       return panels * kw * R * ws_of(ng) + wrow + 2 * lhs_band_bytes(mt) + ng * cw * mt * 512 + tile_out_bytes(mt, ng) +
              vec_bytes + mt * col_per_row + full_t(mt, ng);
@@ -1064,7 +1059,7 @@ void Emitter::lower_matmul(const Node& n) {
           o.raw = vtop + Mt * 512;
           vtop = o.raw + align_up(M * esz(o.dt), 512);
         } else {
-          vtop += o.full ? 2 * Mt * fs_t(o, NG) : (o.scalar ? 2 : ntiles) * 8 * 128 * esz(o.dt);
+          vtop += o.full ? 2 * Mt * fstride_of(o, NG) : (o.scalar ? 2 : ntiles) * 8 * 128 * esz(o.dt);
         }
       }
       struct Tile {
@@ -1135,7 +1130,8 @@ void Emitter::lower_matmul(const Node& n) {
           const int64_t par = static_cast<int64_t>(ti % 2), cols = std::min(NG * cw * C, N - tl.n0);
           for (const Operand& o : ops) {
             if (!o.full) continue;
-            const int64_t e = esz(o.dt), fs = fs_t(o, NG), src = o.addr + tl.b * M * N * e + (tl.m0 * N + tl.n0) * e;
+            const int64_t e = esz(o.dt), fs = fstride_of(o, NG);
+            const int64_t src = o.addr + tl.b * M * N * e + (tl.m0 * N + tl.n0) * e;
             if (wide_out) {
               dma_on(kEpiFlag + static_cast<int>(par), vmem(o.vbase + par * Mt * fs), hbm(src), cols * e,
                      dim(tl.mr, N * e, fs));
@@ -1297,7 +1293,7 @@ void Emitter::lower_matmul(const Node& n) {
                 }
                 emit_epilogue(a, ps.n0 / C + w, [&](const Operand& o) {
                   if (o.per_row) return std::make_pair(o.vbase + i * 8 * 512, int64_t{512});
-                  const int64_t e = esz(o.dt), fs = fs_t(o, NG), c0 = ps.n0 - tl.n0 + w * C;
+                  const int64_t e = esz(o.dt), fs = fstride_of(o, NG), c0 = ps.n0 - tl.n0 + w * C;
                   const int64_t buf = o.vbase + static_cast<int64_t>(ti % 2) * Mt * fs;
                   if (wide_out) return std::make_pair(buf + i * 8 * fs + c0 * e, fs);
                   return std::make_pair(buf + (c0 / C * Mt + i * 8) * 128 * e, 128 * e);

@@ -45,7 +45,6 @@ int64_t Emitter::broadcast_to(const Node& n, const std::string& name, const Shap
   // bundled CNN's global_avgpool gradient, a [N,C,1,1] value over H x W and a
   // [1,1,H,W] one over N x C: 276,844 -> 4,330 cycles, with the blocks below).
   const int64_t src_bytes = num_elements(p.type.shape) * e, dst_bytes = num_elements(out_shape) * e;
-  constexpr int64_t kStagedRunsBelow = 128;  // bytes, as lower_transpose
   const bool staged = (inner_bcast ? e : row_bytes) < kStagedRunsBelow && staging_fits(src_bytes, dst_bytes);
   std::vector<Gather> gathers;
   for (int64_t r = 0; r < rows;) {
@@ -113,7 +112,6 @@ void Emitter::lower_transpose(const Node& n) {
   for (size_t d = 0; d < rank; ++d) src[d] = in_stride[static_cast<size_t>(perm[d])];
   const int64_t total = num_elements(os) * e, y = t_.at(n.output).addr;
   const std::vector<Gather> direct = strided_copies(dst, src, os, e);
-  constexpr int64_t kStagedRunsBelow = 128;  // bytes
   if (!direct.empty() && direct.front().run < kStagedRunsBelow) {
     size_t d0 = 0;
     while (d0 < rank && os[d0] == 1) ++d0;

@@ -230,12 +230,7 @@ void fuse_layernorm(Graph& g) {
   eliminate_dead_code(g);
 }
 
-namespace {
-// A conv2d whose result tiles are NCHW like its tensors: the lowering's pointwise
-// conv (1x1, stride 1, unpadded, one group) computes W x X per image (docs/codegen.md);
-// a 1x1 conv of one channel in and out is a depthwise one there.
-bool nchw_tiles(const Node& conv, const std::map<std::string, TensorType>& types) {
-  const Shape& ws = types.at(conv.inputs[1]).shape;
+bool conv_tiles_nchw(const Node& conv, const Shape& ws) {
   auto all = [&](const char* name, int64_t v) {
     if (!conv.has_attr(name)) return true;
     for (int64_t x : conv.attr_ints(name))
@@ -245,7 +240,6 @@ bool nchw_tiles(const Node& conv, const std::map<std::string, TensorType>& types
   return ws.size() == 4 && ws[2] == 1 && ws[3] == 1 && !(ws[0] == 1 && ws[1] == 1) &&
          (!conv.has_attr("groups") || conv.attr_int("groups") == 1) && all("strides", 1) && all("pads", 0);
 }
-}  // namespace
 
 void fuse_elementwise(Graph& g) {
   const auto uses = use_counts(g);
@@ -281,7 +275,7 @@ void fuse_elementwise(Graph& g) {
         if (ot != at.end() && ot->second >= index_of.at(root_id)) continue;
         const int64_t on = num_elements(types.at(other).shape);
         if (root.op == OpKind::kConv2d && on != 1 &&
-            !(nchw_tiles(root, types) && types.at(other).shape == root.type.shape))
+            !(conv_tiles_nchw(root, types.at(root.inputs[1]).shape) && types.at(other).shape == root.type.shape))
           continue;
       }
       n.fusion_group = root_id;

@@ -56,8 +56,14 @@ void fuse_gelu(Graph& g);
 // node joins that root's group (fusion_group = the root's id), so the lowering
 // applies it to the root's output tiles in registers and only the chain's end is
 // stored. Conditions: the root's output shape; a second operand that exists before
-// the root runs (for conv2d, whose tiles are NHWC, a single element).
+// the root runs (for conv2d, whose tiles are NHWC, a single element; for a conv
+// with NCHW tiles, below, also one of its shape).
 void fuse_elementwise(Graph& g);
+
+// Whether the lowering computes this conv2d (weights of shape `w`) as W x X per image,
+// its result tiles NCHW like its tensors: a pointwise conv (1x1, stride 1, unpadded,
+// one group) that is not one channel in and out (a depthwise conv there).
+bool conv_tiles_nchw(const Node& conv, const Shape& w);
 
 // Removes identity nodes (exporters emit them for shared initializers) whose
 // result is not a graph output; their users read the operand instead.
