@@ -275,13 +275,15 @@ class Emitter {
   // A depthwise conv2d on the VPU (vector.cpp); false when it does not apply or
   // fit, and lower_conv takes it as a matmul per channel.
   bool lower_depthwise(const Node& n);
-  // A fused member of a depthwise conv, with its single-element operand if binary.
+  // A fused member of a conv whose epilogue is its own (depthwise on the VPU,
+  // lower_conv_patches), with its single-element operand if binary.
   struct DwMember {
     const Node* m;
     std::string other;  // a binary member's single-element operand
     bool run_first;     // the running value is its first operand
     int64_t tile;       // VMEM of that operand replicated over a tile
   };
+  std::vector<DwMember> conv_members(const Node& n) const;  // n's chain, each member's operand named
   bool depthwise_shifted(const Node& n, std::vector<DwMember>& members);
   void load_dw_constants(const Node& n, int64_t ws, int64_t bs, const std::vector<DwMember>& members);
   void apply_dw_members(const Node& n, const std::vector<DwMember>& members, int v);
@@ -309,6 +311,10 @@ class Emitter {
   // A conv2d whose im2col rows the matmul reads straight from padded NHWC planes
   // (matrix.cpp); false when it does not apply or fit.
   bool lower_conv_shifted(const Node& n);
+  // A conv2d of K <= R a chunk per MXU (the stems) as W x P^T: its patches gathered in
+  // VMEM a band of output rows at a time and pushed as the MXUs' columns, its tiles
+  // NCHW (matrix.cpp); false when it does not apply or fit.
+  bool lower_conv_patches(const Node& n);
   // The planes of a shifted conv: one per stride phase (phases, in first-use order),
   // Hr rows of Wq pixels each (prow pixels), an image's planes `image` bytes; tap t
   // reads plane tap_at[t].first at a shift of tap_at[t].second pixels; M1 matmul rows

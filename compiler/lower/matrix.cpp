@@ -294,6 +294,292 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   return true;
 }
 
+// A conv2d whose patches fit the MXUs' rows in a chunk each (K = KH*KW*Cin <= R a
+// chunk per MXU: the 7 x 7 and 3 x 3 stems of 3 channels, whose taps the shifted
+// planes do not take) as W x P^T, P its im2col patches (docs/codegen.md, "Stems:
+// patches pushed as columns"). Bands of output rows, round robin over the cores, go
+// through five stages, each band's a stage or two ahead of the band computing: its
+// input rows come into VMEM (one DMA), are laid out as padded NHWC rows (one VMEM
+// gather; the padding +0.0), its patches are gathered (one VMEM gather: a run of KW
+// taps' channels a pixel and kernel row), the MXUs compute, and its NCHW rows go out
+// (one DMA). Per tile of C output pixels, chunk c of the pixels' patches goes into
+// MXU c as columns (mpush.t: patch row p is column p) and the LHS is the weights,
+// W[co, k] over k = (kh*KW + kw)*Cin + cin in lanes, so each result row is an output
+// channel over C pixels, NCHW as it lies. Each output sums the im2col matmul's
+// products in its chunk order (mpop, then mpop.add a chunk), so the values are the
+// contract's convolution; the bias and the fused members follow as in the matmul's
+// epilogue. Against im2col rows in HBM and the move to NCHW this reads the input once
+// and writes the output once, and the MXUs run while the next band's patches gather.
+bool Emitter::lower_conv_patches(const Node& n) {
+  const ConvShape cs = conv_shape(n);
+  const auto& [X, Wt, st, pads, dil, G, NB, CIall, H, W, CO, CI, KH, KW, OH, OW] = cs;
+  const int64_t R = opt_.target.mxu_rows, C = opt_.target.mxu_cols, mxus = opt_.target.mxus_per_core;
+  const int64_t K = KH * KW * CI, chunks = (K + R - 1) / R, nb = (CO + 7) / 8;
+  const int64_t fifo_vregs = static_cast<int64_t>(opt_.target.fifo_rows) / 8;
+  // A chunk an MXU, two sets of an accumulator register an 8-channel block (v8..v15,
+  // v16..v23), two tiles' results in each FIFO (the pops lag a tile behind the mmuls).
+  if (G != 1 || dil[0] != 1 || dil[1] != 1 || chunks > mxus || nb > 8 || 2 * nb > fifo_vregs) return false;
+  std::vector<DwMember> members = conv_members(n);
+  for (const DwMember& x : members)
+    if (!x.other.empty() && num_elements(t_.at(x.other).type.shape) != 1) return false;
+  const Node& last = chain_of(n).empty() ? n : *chain_of(n).back();
+  const DType dt = X.type.dtype, wt = Wt.type.dtype, ot = last.type.dtype;
+  const bool has_bias = n.inputs.size() > 2;
+  const DType bt = has_bias ? t_.at(n.inputs[2]).type.dtype : DType::kF32;
+  const int64_t ex = esz(dt), ew = esz(wt), eb = esz(bt), eo = esz(ot);
+  const int64_t Wp = W + pads[1] + pads[3], prow = Wp * CI * ex;  // a padded NHWC row
+  const int64_t ztile = kTileElems * ex;                            // one zero store
+  const auto rows_in = [&](int64_t rows) { return (rows - 1) * st[0] + KH; };
+  const Constant* wc = g_.find_constant(n.inputs[1]);
+  const int64_t wbytes = CO * CI * KH * KW * ew, wr_bytes = chunks * nb * kTileElems * ew;
+  // Per buffer: the input rows of a band (CI planes of pr rows), its padded NHWC rows,
+  // its patches (bpo rows of K; the last chunk's vld reads 128 lanes), its output
+  // channels (rows os apart). Once: the weights as chunks x nb 8 x 128 tiles (row
+  // co of chunk c holds W[co, c*R ..]), as OIHW first when they come at run time, the
+  // bias raw and as a tile a block (row s of block j: bias[8j + s] in every lane).
+  struct Layout {
+    int64_t pr, ich, bpo, os, in[2], pad[2], patch[2], out[2], wraw, wr, braw, btile, end;
+  };
+  const auto layout = [&](int64_t rows) {
+    Layout l{};
+    l.pr = rows_in(rows);
+    l.ich = l.pr * W * ex;
+    l.bpo = align_up(rows * OW, C);
+    l.os = odd_stride((l.bpo - C + 128) * eo, 128 * eo);
+    int64_t a = 0;
+    const auto take = [&a](int64_t bytes) { return std::exchange(a, a + align_up(bytes, 512)); };
+    for (int par = 0; par < 2; ++par) {
+      l.in[par] = take(CI * l.ich);
+      l.pad[par] = take(align_up(l.pr * prow, ztile) + ztile);  // a zero store runs up to a tile past its rows
+      l.patch[par] = take((l.bpo * K + chunks * R + 128) * ex);
+      l.out[par] = take(nb * 8 * l.os);
+    }
+    l.wraw = wc ? 0 : take(wbytes);
+    l.wr = take(wr_bytes);
+    l.braw = take(CO * eb);
+    l.btile = take(nb * kTileElems * eb);
+    for (DwMember& x : members)  // a member's operand tile and its one element's staging
+      if (!x.other.empty()) x.tile = take(2 * kTileElems * esz(t_.at(x.other).type.dtype));
+    l.end = a;
+    return l;
+  };
+  // Band rows: the least estimated time of a core (tiles at ~160 cycles, ~600 a band,
+  // the first band's stages before the MXUs start), bands of at most 4096 pixels.
+  int64_t rows = 0;
+  double best = 0;
+  for (int64_t r = 1; r <= OH && (r == 1 || r * OW <= 4096); ++r) {
+    if (static_cast<uint64_t>(layout(r).end) > opt_.target.vmem_bytes) break;
+    const int64_t units = NB * ((OH + r - 1) / r), per_core = (units + cores_ - 1) / cores_;
+    const double cost = static_cast<double>(per_core * (((r * OW + C - 1) / C) * 160 + 600) + 1500 +
+                                            r * OW * K * ex / 512);
+    if (rows == 0 || cost < best) best = cost, rows = r;
+  }
+  if (rows == 0) return false;
+  const Layout l = layout(rows);
+
+  const std::string id = std::to_string(n.id);
+  int64_t Wr = 0;  // constant weights, laid out at compile time as the VMEM tiles
+  if (wc) {
+    Wr = place_hbm_pinned(wr_bytes);
+    check_addr(n, hbm_top_);
+    layout_constant(Wr, "#conv" + id + "r", wt, {chunks * nb * 8, 128}, [&](int64_t i) {
+      const int64_t row = i / 128, lane = i % 128, c = row / (nb * 8), co = row % (nb * 8), k = c * R + lane;
+      if (co >= CO || lane >= R || k >= K) return 0.0f;
+      const int64_t t = k / CI, cin = k % CI;
+      return wc->f[static_cast<size_t>(((co * CI + cin) * KH + t / KW) * KW + t % KW)];
+    });
+  }
+  struct Unit {
+    int64_t b, oh0, oh1;
+  };
+  std::vector<Unit> units;
+  for (int64_t b = 0; b < NB; ++b)
+    for (int64_t oh0 = 0; oh0 < OH; oh0 += rows) units.push_back({b, oh0, std::min(OH, oh0 + rows)});
+  const int64_t y = t_.at(last.output).addr;
+  const auto vr = [](int64_t r) { return "v" + std::to_string(r); };
+  const auto mx = [](int64_t m) { return "mxu" + std::to_string(m); };
+  const std::string zst = std::string(this->st(dt)) + " v31, ";
+  // The band's padded rows [r0, r1) as +0.0 (v31 holds it).
+  const auto zero_rows = [&](int64_t base, int64_t r0, int64_t r1) {
+    for (int64_t off = r0 * prow; off < r1 * prow; off += ztile) line(zst + at(base + off));
+  };
+  // Flags, one a buffer: input rows (f14/f15), padded rows (f8/f9), patches (f10/f11),
+  // output (f16/f17).
+  constexpr int kRelFlag = 8, kTapFlag = 10;
+  // The padded rows band u reads: pr0 .. pr0 + PR; [top, bot) of them are the input's.
+  const auto span = [&](const Unit& u, int64_t* pr0, int64_t* top, int64_t* bot) {
+    *pr0 = u.oh0 * st[0];
+    const int64_t PR = rows_in(u.oh1 - u.oh0);
+    *top = std::clamp(pads[0] - *pr0, int64_t{0}, PR);
+    *bot = std::clamp(H + pads[0] - *pr0, *top, PR);
+    return PR;
+  };
+  const auto fetch = [&](const Unit& u, int par) {
+    int64_t pr0, top, bot;
+    span(u, &pr0, &top, &bot);
+    if (bot > top)
+      dma_on(kStreamInFlag + par, vmem(l.in[par]), hbm(X.addr + (u.b * CI * H + pr0 + top - pads[0]) * W * ex),
+             (bot - top) * W * ex, dim(CI, H * W * ex, l.ich));
+  };
+  // Rows in the top or bottom padding (this buffer's previous band may have had
+  // pixels there) zeroed, then the input's rows laid out between the zero columns.
+  const auto relayout = [&](const Unit& u, int par) {
+    int64_t pr0, top, bot;
+    const int64_t PR = span(u, &pr0, &top, &bot);
+    zero_rows(l.pad[par], 0, top);
+    zero_rows(l.pad[par], bot, PR);
+    if (bot > top)
+      dma_on(kRelFlag + par, vmem(l.pad[par] + (top * Wp + pads[1]) * CI * ex), vmem(l.in[par]), ex,
+             dim(W, ex, CI * ex) + dim(CI, l.ich, ex) + dim(bot - top, W * ex, prow));
+  };
+  // Patch row (r, ow) of the band: kernel row kh's KW * CI elements at padded row
+  // r * s0 + kh, pixel ow * s1, one run each.
+  const auto taps = [&](const Unit& u, int par) {
+    dma_on(kTapFlag + par, vmem(l.patch[par]), vmem(l.pad[par]), KW * CI * ex,
+           dim(OW, st[1] * CI * ex, K * ex) + dim(u.oh1 - u.oh0, st[0] * prow, OW * K * ex) +
+               dim(KH, prow, KW * CI * ex));
+  };
+  const auto store = [&](const Unit& u, int par) {
+    dma_on(kStreamOutFlag + par, hbm(y + (u.b * CO * OH + u.oh0) * OW * eo), vmem(l.out[par]),
+           (u.oh1 - u.oh0) * OW * eo, dim(CO, l.os, OH * OW * eo));
+  };
+  for (int core = 0; core < cores_ && core < static_cast<int>(units.size()); ++core) {
+    cur_ = core;
+    // The weights, the bias tiles, the members' operands, both padded buffers zeroed.
+    if (wc) {
+      dma(vmem(l.wr), hbm(Wr), wr_bytes);
+    } else {
+      dma(vmem(l.wraw), hbm(Wt.addr), wbytes);
+      wait_dmas();
+      for (int64_t t = 0; t < KH * KW; ++t)
+        for (int64_t cin = 0; cin < CI;) {
+          const int64_t k = t * CI + cin, cnt = std::min(CI - cin, R - k % R);
+          dma(vmem(l.wr + (k / R * nb * kTileElems + k % R) * ew), vmem(l.wraw + (cin * KH * KW + t) * ew), ew,
+              dim(cnt, KH * KW * ew, ew) + dim(CO, CI * KH * KW * ew, 128 * ew));
+          cin += cnt;
+        }
+    }
+    if (has_bias) {
+      dma(vmem(l.braw), hbm(t_.at(n.inputs[2]).addr), CO * eb);
+      wait_dmas();
+      dma(vmem(l.btile), vmem(l.braw), eb, dim(128, 0, eb) + dim(CO, eb, 128 * eb));
+    }
+    for (const DwMember& x : members)
+      if (x.tile >= 0) replicate_scalar(x.tile, t_.at(x.other).addr, esz(t_.at(x.other).type.dtype));
+    line("vbcast v31, " + fimm(0.0f));
+    for (int par = 0; par < 2; ++par) zero_rows(l.pad[par], 0, l.pr);
+    if (C < 128) line("vmask m1, 8, " + std::to_string(C));
+    wait_dmas();
+
+    std::vector<Unit> mine;
+    for (size_t u = static_cast<size_t>(core); u < units.size(); u += static_cast<size_t>(cores_))
+      mine.push_back(units[u]);
+    const int64_t m = static_cast<int64_t>(mine.size());
+    struct Tile {
+      int64_t k, i, cols, last;  // band k of the core, tile i of T, its pixels; last: i == T - 1
+    };
+    std::vector<Tile> tiles;
+    std::vector<int64_t> ntiles;
+    for (int64_t k = 0; k < m; ++k) {
+      const int64_t bp = (mine[k].oh1 - mine[k].oh0) * OW, T = (bp + C - 1) / C;
+      ntiles.push_back(T);
+      for (int64_t i = 0; i < T; ++i) tiles.push_back({k, i, std::min(C, bp - i * C), i == T - 1});
+    }
+    int64_t pv = 0, wv = 0;  // the next push (v0..v7) and weight (v24..v27) register
+    // Group g (8 pixels) of tile t: chunk c's patch lanes into MXU c as 8 columns.
+    const auto push_group = [&](const Tile& t, int64_t g) {
+      const int64_t base = l.patch[t.k % 2] + (t.i * C + 8 * g) * K * ex;
+      for (int64_t c = 0; c < chunks; ++c)
+        line(std::string(ld(dt)) + " " + vr((pv + c) % 8) + ", " + at(base + c * R * ex) +
+             ", stride=" + std::to_string(K * ex));
+      for (int64_t c = 0; c < chunks; ++c) line("mpush.t " + mx(c) + ", " + vr((pv + c) % 8));
+      pv = (pv + chunks) % 8;
+    };
+    const auto groups = [](const Tile& t) { return (t.cols + 7) / 8; };
+    const auto mmul_block = [&](int64_t j) {
+      for (int64_t c = 0; c < chunks; ++c) {
+        const std::string w = vr(24 + wv++ % 4);
+        line(std::string(ld(wt)) + " " + w + ", " + at(l.wr + (c * nb + j) * kTileElems * ew));
+        line("mmul " + mx(c) + ", " + w);
+      }
+    };
+    // Tile x's results go to accumulator set x % 2 (v8.. or v16..): block j's chunks
+    // popped in increasing order, and a step later (the pops long done, so the
+    // sequencer never waits on them) the bias, the members and the store of 8 output
+    // channels x C pixels as rows of the band's NCHW output; after a band's last
+    // tile its output goes out.
+    const auto acc = [&](size_t x, int64_t j) { return vr(8 + static_cast<int64_t>(x % 2) * 8 + j); };
+    const auto pop_block = [&](size_t x, int64_t j) {
+      for (int64_t c = 0; c < chunks; ++c) line((c ? "mpop.add " : "mpop ") + acc(x, j) + ", " + mx(c));
+    };
+    const auto epi_block = [&](size_t x, int64_t j) {
+      const Tile& t = tiles[x];
+      if (j == 0 && t.i == 0 && t.k >= 2) wait_flag(kStreamOutFlag + static_cast<int>(t.k % 2));  // band k - 2 went out
+      const std::string a = acc(x, j);
+      if (has_bias) {
+        line(std::string(ld(bt)) + " v30, " + at(l.btile + j * kTileElems * eb));
+        line("vadd " + a + ", " + a + ", v30");
+      }
+      apply_dw_members(n, members, static_cast<int>(8 + (x % 2) * 8 + j));
+      line(std::string(this->st(ot)) + " " + a + ", " + at(l.out[t.k % 2] + 8 * j * l.os + t.i * C * eo) +
+           ", stride=" + std::to_string(l.os) + (C < 128 ? ", mask=m1" : ""));
+      if (j == nb - 1 && t.last) store(mine[t.k], static_cast<int>(t.k % 2));
+    };
+    // Before band k's first push: its patches are in; band k + 2's input comes into the
+    // buffer band k's relayout has read.
+    const auto band_ready = [&](int64_t k) {
+      wait_flag(kTapFlag + static_cast<int>(k % 2));
+      if (k + 2 < m) fetch(mine[k + 2], static_cast<int>(k % 2));
+    };
+    fetch(mine[0], 0);
+    if (m > 1) fetch(mine[1], 1);
+    wait_flag(kStreamInFlag);
+    relayout(mine[0], 0);
+    wait_flag(kRelFlag);
+    taps(mine[0], 0);
+    band_ready(0);
+    for (int64_t g = 0; g < groups(tiles[0]); ++g) push_group(tiles[0], g);
+    for (size_t x = 0; x < tiles.size(); ++x) {
+      const Tile& t = tiles[x];
+      for (int64_t c = 0; c < chunks; ++c) line("mswap " + mx(c) + ", k=" + std::to_string(std::min(R, K - c * R)));
+      // Band k + 1's stages: its relayout as band k starts, its patches a third in.
+      if (t.k + 1 < m && t.i == 0) {
+        wait_flag(kStreamInFlag + static_cast<int>((t.k + 1) % 2));
+        relayout(mine[t.k + 1], static_cast<int>((t.k + 1) % 2));
+      }
+      if (t.k + 1 < m && t.i == ntiles[t.k] / 3) {
+        wait_flag(kRelFlag + static_cast<int>((t.k + 1) % 2));
+        taps(mine[t.k + 1], static_cast<int>((t.k + 1) % 2));
+      }
+      // The next tile's pushes go between this one's mmuls and the previous one's pops:
+      // the MXU's staging port fills while its LHS and result ports stream (each op
+      // waits in queue order for its own port only); the epilogues of the tile before
+      // go between them too.
+      const Tile* next = x + 1 < tiles.size() ? &tiles[x + 1] : nullptr;
+      if (next && next->i == 0) band_ready(next->k);
+      const int64_t g1 = next ? groups(*next) : 0, np = x > 0 ? nb : 0, ne = x > 1 ? nb : 0;
+      int64_t j = 0, p = 0, q = 0;
+      for (int64_t g = 0; g < g1; ++g) {
+        push_group(*next, g);
+        while (j < nb && (j + 1) * g1 <= (g + 1) * nb) mmul_block(j++);
+        while (p < np && (p + 1) * g1 <= (g + 1) * np) pop_block(x - 1, p++);
+        while (q < ne && (q + 1) * g1 <= (g + 1) * ne) epi_block(x - 2, q++);
+      }
+      while (j < nb) mmul_block(j++);
+      while (p < np) pop_block(x - 1, p++);
+      while (q < ne) epi_block(x - 2, q++);
+    }
+    const size_t N = tiles.size();
+    for (int64_t j = 0; j < nb; ++j) pop_block(N - 1, j);
+    for (size_t x = N >= 2 ? N - 2 : 0; x < N; ++x)
+      for (int64_t j = 0; j < nb; ++j) epi_block(x, j);
+    wait_flag(kStreamOutFlag);
+    wait_flag(kStreamOutFlag + 1);
+  }
+  cur_ = 0;
+  return true;
+}
+
 // conv2d (each group on its own) as a matmul over im2col rows: P[(n,oh,ow), (kh,kw,cin)] is
 // gathered into fresh HBM scratch by one 3-D DMA per (n, kh, kw) (padding taps are
 // never written, so they read +0.0), the OIHW weights become W[(kh,kw,cin), o], and
@@ -316,6 +602,7 @@ void Emitter::lower_conv(const Node& n) {
     return;
   }
   if (lower_conv_shifted(n)) return;
+  if (lower_conv_patches(n)) return;
   // Each group is its own convolution (the reference's per-group chunking).
   for (int64_t g = 0; g < G; ++g) {
   const std::string tag = "#conv" + std::to_string(n.id) + "g" + std::to_string(g);

@@ -467,6 +467,21 @@ void Emitter::load_dw_constants(const Node& n, int64_t ws, int64_t bs, const std
   cur_ = 0;
 }
 
+std::vector<Emitter::DwMember> Emitter::conv_members(const Node& n) const {
+  std::vector<DwMember> members;
+  std::string run = n.output;
+  for (const Node* m : chain_of(n)) {
+    DwMember x{m, "", true, -1};
+    if (m->inputs.size() == 2) {
+      x.run_first = m->inputs[0] == run;
+      x.other = m->inputs[x.run_first ? 1 : 0];
+    }
+    members.push_back(x);
+    run = m->output;
+  }
+  return members;
+}
+
 // The fused members on register v, after the conv's bias (v28-v30 scratch).
 void Emitter::apply_dw_members(const Node& n, const std::vector<DwMember>& members, int v) {
   const std::string r = "v" + std::to_string(v);
@@ -731,17 +746,7 @@ bool Emitter::lower_depthwise(const Node& n) {
   const bool has_bias = n.inputs.size() > 2;
   const DType bt = has_bias ? t_.at(n.inputs[2]).type.dtype : DType::kF32;
   const int64_t e = esz(dt), ew = esz(wt), eb = esz(bt), eo = esz(ot);
-  std::vector<DwMember> members;
-  std::string run = n.output;
-  for (const Node* m : chain) {
-    DwMember x{m, "", true, -1};
-    if (m->inputs.size() == 2) {
-      x.run_first = m->inputs[0] == run;
-      x.other = m->inputs[x.run_first ? 1 : 0];
-    }
-    members.push_back(x);
-    run = m->output;
-  }
+  std::vector<DwMember> members = conv_members(n);
   if (depthwise_shifted(n, members)) return true;
   // Blocks of up to `blk` outputs: `ncb` whole channels, or (when a channel has
   // more outputs) `rows` output rows of one channel; the input is the block's
