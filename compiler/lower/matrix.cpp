@@ -397,7 +397,13 @@ bool Emitter::lower_conv_patches(const Node& n) {
     for (int64_t oh0 = 0; oh0 < OH; oh0 += rows) units.push_back({b, oh0, std::min(OH, oh0 + rows)});
   const int64_t y = t_.at(last.output).addr;
   const auto vr = [](int64_t r) { return "v" + std::to_string(r); };
-  const auto mx = [](int64_t m) { return "mxu" + std::to_string(m); };
+  // Tile x's chunk c on MXU (x % groups) * chunks + c: with chunks to spare (a
+  // single-chunk 3x3 stem on two MXUs) tiles take turns, each group's pushes
+  // overlapping the other's.
+  const int64_t mgroups = mxus / chunks;
+  const auto mx = [&](size_t x, int64_t c) {
+    return "mxu" + std::to_string(static_cast<int64_t>(x % static_cast<size_t>(mgroups)) * chunks + c);
+  };
   const std::string zst = std::string(this->st(dt)) + " v31, ";
   // The band's padded rows [r0, r1) as +0.0 (v31 holds it).
   const auto zero_rows = [&](int64_t base, int64_t r0, int64_t r1) {
@@ -486,21 +492,22 @@ bool Emitter::lower_conv_patches(const Node& n) {
       for (int64_t i = 0; i < T; ++i) tiles.push_back({k, i, std::min(C, bp - i * C), i == T - 1});
     }
     int64_t pv = 0, wv = 0;  // the next push (v0..v7) and weight (v24..v27) register
-    // Group g (8 pixels) of tile t: chunk c's patch lanes into MXU c as 8 columns.
-    const auto push_group = [&](const Tile& t, int64_t g) {
+    // Group g (8 pixels) of tile x: chunk c's patch lanes into its MXU for c as 8 columns.
+    const auto push_group = [&](size_t x, int64_t g) {
+      const Tile& t = tiles[x];
       const int64_t base = l.patch[t.k % 2] + (t.i * C + 8 * g) * K * ex;
       for (int64_t c = 0; c < chunks; ++c)
         line(std::string(ld(dt)) + " " + vr((pv + c) % 8) + ", " + at(base + c * R * ex) +
              ", stride=" + std::to_string(K * ex));
-      for (int64_t c = 0; c < chunks; ++c) line("mpush.t " + mx(c) + ", " + vr((pv + c) % 8));
+      for (int64_t c = 0; c < chunks; ++c) line("mpush.t " + mx(x, c) + ", " + vr((pv + c) % 8));
       pv = (pv + chunks) % 8;
     };
     const auto groups = [](const Tile& t) { return (t.cols + 7) / 8; };
-    const auto mmul_block = [&](int64_t j) {
+    const auto mmul_block = [&](size_t x, int64_t j) {
       for (int64_t c = 0; c < chunks; ++c) {
         const std::string w = vr(24 + wv++ % 4);
         line(std::string(ld(wt)) + " " + w + ", " + at(l.wr + (c * nb + j) * kTileElems * ew));
-        line("mmul " + mx(c) + ", " + w);
+        line("mmul " + mx(x, c) + ", " + w);
       }
     };
     // Tile x's results go to accumulator set x % 2 (v8.. or v16..): block j's chunks
@@ -510,7 +517,7 @@ bool Emitter::lower_conv_patches(const Node& n) {
     // tile its output goes out.
     const auto acc = [&](size_t x, int64_t j) { return vr(8 + static_cast<int64_t>(x % 2) * 8 + j); };
     const auto pop_block = [&](size_t x, int64_t j) {
-      for (int64_t c = 0; c < chunks; ++c) line((c ? "mpop.add " : "mpop ") + acc(x, j) + ", " + mx(c));
+      for (int64_t c = 0; c < chunks; ++c) line((c ? "mpop.add " : "mpop ") + acc(x, j) + ", " + mx(x, c));
     };
     const auto epi_block = [&](size_t x, int64_t j) {
       const Tile& t = tiles[x];
@@ -538,10 +545,10 @@ bool Emitter::lower_conv_patches(const Node& n) {
     wait_flag(kRelFlag);
     taps(mine[0], 0);
     band_ready(0);
-    for (int64_t g = 0; g < groups(tiles[0]); ++g) push_group(tiles[0], g);
+    for (int64_t g = 0; g < groups(tiles[0]); ++g) push_group(0, g);
     for (size_t x = 0; x < tiles.size(); ++x) {
       const Tile& t = tiles[x];
-      for (int64_t c = 0; c < chunks; ++c) line("mswap " + mx(c) + ", k=" + std::to_string(std::min(R, K - c * R)));
+      for (int64_t c = 0; c < chunks; ++c) line("mswap " + mx(x, c) + ", k=" + std::to_string(std::min(R, K - c * R)));
       // Band k + 1's stages: its relayout as band k starts, its patches a third in.
       if (t.k + 1 < m && t.i == 0) {
         wait_flag(kStreamInFlag + static_cast<int>((t.k + 1) % 2));
@@ -560,12 +567,12 @@ bool Emitter::lower_conv_patches(const Node& n) {
       const int64_t g1 = next ? groups(*next) : 0, np = x > 0 ? nb : 0, ne = x > 1 ? nb : 0;
       int64_t j = 0, p = 0, q = 0;
       for (int64_t g = 0; g < g1; ++g) {
-        push_group(*next, g);
-        while (j < nb && (j + 1) * g1 <= (g + 1) * nb) mmul_block(j++);
+        push_group(x + 1, g);
+        while (j < nb && (j + 1) * g1 <= (g + 1) * nb) mmul_block(x, j++);
         while (p < np && (p + 1) * g1 <= (g + 1) * np) pop_block(x - 1, p++);
         while (q < ne && (q + 1) * g1 <= (g + 1) * ne) epi_block(x - 2, q++);
       }
-      while (j < nb) mmul_block(j++);
+      while (j < nb) mmul_block(x, j++);
       while (p < np) pop_block(x - 1, p++);
       while (q < ne) epi_block(x - 2, q++);
     }

@@ -344,6 +344,10 @@ void Emitter::lower_pool(const Node& n) {
   const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
   if (!is_max && any_pad && n.attr_int("count_include_pad") == 0)
     fail(n, "avgpool with padding and count_include_pad=0 is not lowered yet");
+  // A maxpool of stride 1 or 2 runs as shifted loads over padded planes, as a
+  // depthwise conv does (its window, max for multiply-add).
+  std::vector<DwMember> none;
+  if (is_max && depthwise_shifted(n, none)) return;
   const int64_t NB = X.type.shape[0], CH = X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
   const int64_t OH = n.type.shape[2], OW = n.type.shape[3], KK = k[0] * k[1];
   const int64_t T = NB * CH * OH * OW;
@@ -507,19 +511,24 @@ void Emitter::apply_dw_members(const Node& n, const std::vector<DwMember>& membe
 // together, so the VPU's ALU is not left waiting on one chunk's multiply-add chain.
 // Blocks (image, channel groups, output rows) are double-buffered on each core.
 bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
-  const Placed X = t_.at(n.inputs[0]), Wt = t_.at(n.inputs[1]);
+  // A maxpool is the same window over each channel's plane, max for multiply-add: no
+  // weights, -inf in the padding, its taps in the order lower_pool's planes take them.
+  const bool pool = n.op == OpKind::kMaxPool;
+  const Placed X = t_.at(n.inputs[0]), Wt = pool ? X : t_.at(n.inputs[1]);
   const auto& pads = n.attr_ints("pads");
-  const auto& dil = n.attr_ints("dilations");
+  const std::vector<int64_t> dil = pool ? std::vector<int64_t>{1, 1} : n.attr_ints("dilations");
   const auto& strides = n.attr_ints("strides");
   const int64_t NB = X.type.shape[0], CH = X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
-  const int64_t KH = Wt.type.shape[2], KW = Wt.type.shape[3], KK = KH * KW;
+  const int64_t KH = pool ? n.attr_ints("kernel")[0] : Wt.type.shape[2];
+  const int64_t KW = pool ? n.attr_ints("kernel")[1] : Wt.type.shape[3], KK = KH * KW;
   const int64_t OH = n.type.shape[2], OW = n.type.shape[3];
   constexpr int64_t kWeightRegs = 19;  // v4..v22 hold a channel group's taps, v23 (at most) its bias
   const int64_t S = strides[0];
   if (KK > kWeightRegs || strides[1] != S || S < 1 || S > 2) return false;
   const Node& last = chain_of(n).empty() ? n : *chain_of(n).back();
   const DType dt = X.type.dtype, wt = Wt.type.dtype, ot = last.type.dtype;
-  const bool has_bias = n.inputs.size() > 2;
+  const bool has_bias = !pool && n.inputs.size() > 2;
+  const float padv = pool ? -INFINITY : 0.0f;
   const DType bt = has_bias ? t_.at(n.inputs[2]).type.dtype : DType::kF32;
   const int64_t e = esz(dt), ew = esz(wt), eb = esz(bt), eo = esz(ot);
   const int64_t pt = pads[0], pl = pads[1], Wp = pl + W + pads[3];
@@ -555,18 +564,20 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
       l.img[par] = take(gpb * 8 * l.pb);
       l.ph[par] = S > 1 ? take(S * S * gpb * 8 * l.pq) : l.img[par];
       l.out[par] = take(gpb * 8 * l.po);
-      l.wtl[par] = take(gpb * KK * kTileElems * ew);
-      l.btl[par] = take(gpb * kTileElems * eb);
+      l.wtl[par] = pool ? 0 : take(gpb * KK * kTileElems * ew);
+      l.btl[par] = pool ? 0 : take(gpb * kTileElems * eb);
     }
-    l.ws = take(CH * KK * ew + 8 * KK * ew);  // the last group's rows past CH read these
-    l.bs = take(CH * eb);
+    l.ws = pool ? 0 : take(CH * KK * ew + 8 * KK * ew);  // the last group's rows past CH read these
+    l.bs = pool ? 0 : take(CH * eb);
     for (DwMember& x : members)  // a member's operand tile and its one element's staging
       if (!x.other.empty()) x.tile = take(2 * kTileElems * esz(t_.at(x.other).type.dtype));
     l.end = a;
     return l;
   };
   // About 32 K outputs a block, and at least 4 blocks a core where the work allows.
-  const int64_t kBlockElems = 32 * kTileElems, want = 4 * cores_;
+  // (A maxpool has no multiply-adds to cover its stride-2 phase split: 64 K, resnet18's
+  // at v3 batch 8 35,179 -> 28,240 cycles; 128 K 35,458.)
+  const int64_t kBlockElems = (pool ? 64 : 32) * kTileElems, want = 4 * cores_;
   int64_t gpb = 1, rows = OH;
   if (8 * OH * Wq <= kBlockElems) {
     gpb = std::min(ngroups, kBlockElems / (8 * OH * Wq));
@@ -583,14 +594,15 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
     else return false;
   }
   const Layout v = layout(gpb, rows);
-  load_dw_constants(n, v.ws, v.bs, members);
+  if (!pool) load_dw_constants(n, v.ws, v.bs, members);
   const bool any_pad = pads[0] || pads[1] || pads[2] || pads[3];
   const std::string zst = std::string(st(dt)) + " v2, ";
-  // The padding: both input buffers zeroed once (the left and right columns stay so).
+  // The padding: both input buffers zeroed (-inf for a maxpool) once (the left and
+  // right columns stay so).
   if (any_pad)
     for (int c = 0; c < cores_; ++c) {
       on_core(c);
-      line("vbcast v2, " + fimm(0.0f));
+      line("vbcast v2, " + fimm(padv));
       for (int par = 0; par < 2; ++par)
         for (int64_t p = 0; p < v.gpb; ++p)
           for (int64_t q = 0; q < v.pb / e; q += 128)
@@ -625,7 +637,7 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
     // Rows in the top or bottom padding: this buffer's previous block may have had data there.
     const auto zero_rows = [&](int64_t r0, int64_t r1) {
       if (r0 >= r1) return;
-      line("vbcast v2, " + fimm(0.0f));
+      line("vbcast v2, " + fimm(padv));
       for (int64_t g = 0; g < k.g1 - k.g0; ++g)
         for (int64_t q = (r0 - pr0) * Wp; q < (r1 - pr0) * Wp; q += 128)
           line(zst + at(img + g * 8 * v.pb + q * e) + ", stride=" + std::to_string(v.pb));
@@ -633,7 +645,7 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
     zero_rows(pr0, std::min(ra, pr1));
     zero_rows(std::max(rb, pr0), pr1);
     const int flag = kStreamInFlag + static_cast<int>(par);
-    if (S == 1) fetch_weights(k, par, flag);
+    if (S == 1 && !pool) fetch_weights(k, par, flag);
     if (ra >= rb) return;
     const int64_t src = X.addr + ((k.b * CH + c0) * H + ra - pt) * W * e, dst = img + ((ra - pr0) * Wp + pl) * e;
     if (Wp == W)
@@ -651,7 +663,7 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
       for (int64_t q = 0; q < S; ++q)
         dma_on(flag, vmem(v.ph[par] + (p * S + q) * v.gpb * 8 * v.pq), vmem(v.img[par] + (p * Wp + q) * e), e,
                dim(Wq, S * e, e) + dim(v.hq, S * Wp * e, Wq * e) + dim(nc, v.pb, v.pq));
-    fetch_weights(k, par, flag);
+    if (!pool) fetch_weights(k, par, flag);
   };
   const auto body = [&](int64_t u, int64_t par) {
     const Block& k = blocks[static_cast<size_t>(u)];
@@ -666,17 +678,26 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
         const int64_t ph = (kh * dil[0] % S) * S + kw * dil[1] % S;
         return v.ph[par] + (ph * v.gpb + g - k.g0) * 8 * v.pq;
       };
-      for (int64_t t = 0; t < KK; ++t) {
+      for (int64_t t = 0; t < (pool ? 0 : KK); ++t) {
         line(std::string(ld(wt)) + " " + vr(4 + t) + ", " + at(v.wtl[par] + (t * v.gpb + g - k.g0) * kTileElems * ew));
         if (wt != DType::kBf16) line("vcvt.bf16 " + vr(4 + t) + ", " + vr(4 + t));  // the operands enter as bf16
       }
       if (has_bias) line(std::string(ld(bt)) + " " + vr(breg) + ", " + at(v.btl[par] + (g - k.g0) * kTileElems * eb));
       for (int64_t q0 = 0; q0 < nr * Wq; q0 += 4 * 128) {
         const int U = static_cast<int>(std::min<int64_t>(4, (nr * Wq - q0 + 127) / 128));
-        for (int i = 0; i < U; ++i) line("vbcast " + vr(kAcc[i]) + ", " + fimm(0.0f));  // +0.0: the partial sum starts there
+        for (int i = 0; i < (pool ? 0 : U); ++i)
+          line("vbcast " + vr(kAcc[i]) + ", " + fimm(0.0f));  // +0.0: the partial sum starts there
         for (int64_t kh = 0; kh < KH; ++kh)
           for (int64_t kw = 0; kw < KW; ++kw) {
             const int64_t off = kh * dil[0] / S * Wq + kw * dil[1] / S;
+            if (pool) {  // the max of the taps in (kh, kw) order, from the first (max is exact)
+              for (int i = 0; i < U; ++i)
+                line(std::string(ld(dt)) + " " + vr(kh + kw ? kTap[i] : kAcc[i]) + ", " +
+                     at(plane(kh, kw) + (q0 + i * 128 + off) * e) + ", stride=" + std::to_string(v.pq));
+              for (int i = 0; kh + kw && i < U; ++i)
+                line("vmax " + vr(kAcc[i]) + ", " + vr(kAcc[i]) + ", " + vr(kTap[i]));
+              continue;
+            }
             for (int i = 0; i < U; ++i) {
               line(std::string(ld(dt)) + " " + vr(kTap[i]) + ", " + at(plane(kh, kw) + (q0 + i * 128 + off) * e) +
                    ", stride=" + std::to_string(v.pq));

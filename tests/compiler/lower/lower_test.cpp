@@ -558,8 +558,9 @@ TEST(LowerConv, ShiftedOverPaddedPlanes) {
 // its patches as the MXUs' columns and computes NCHW tiles (docs/codegen.md, "Stems:
 // patches pushed as columns"): bit-exact against evaluate() with a 7x7 stride-2 conv
 // of two chunks, asymmetric padding and strides, ragged tiles of narrow MXUs (masked
-// stores), a chunk boundary inside a tap's channels, constant and run-time weights, a
-// bias, a fused chain with a scalar operand, and bands over several images and cores.
+// stores), a chunk boundary inside a tap's channels, one chunk over two MXUs (tiles
+// take turns), constant and run-time weights, a bias, a fused chain with a scalar
+// operand, and bands over several images and cores.
 // HBM sees the input, the weights, the bias and the output once each: no im2col rows
 // and no NHWC result, which the im2col matmul wrote and read back.
 TEST(LowerConv, StemPatchesPushedAsColumns) {
@@ -579,7 +580,18 @@ TEST(LowerConv, StemPatchesPushedAsColumns) {
       expect_bit_exact(chain, p, target(2, 128, 128), 1, cores);
       expect_bit_exact(narrow, p, target(1, 32, 32), 2, cores);
       expect_bit_exact(split, p, target(2, 16, 16), 3, cores);  // tap 5's channels: k 15 | 16, 17
+      expect_bit_exact(narrow, p, target(2, 32, 32), 4, cores);  // one chunk: tiles take turns on the MXUs
     }
+  {
+    // With a chunk and two MXUs the tiles alternate between them.
+    LowerOptions lo;
+    lo.target = target(2, 32, 32);
+    int64_t per_mxu[2] = {0, 0};
+    for (const auto& in : lower_graph(parse_graph(narrow, "test.ir"), lo).bundle.cores.at(0).code)
+      if (in.op == isa::Op::kMpushT) ++per_mxu[in.a];
+    EXPECT_GT(per_mxu[0], 0);
+    EXPECT_GT(per_mxu[1], 0);
+  }
   for (auto p : kPolicies) {
     LowerOptions lo;
     lo.target = target(2, 128, 128);
@@ -739,6 +751,45 @@ TEST(LowerRows, Pooling) {
       for (const auto& in : core.code)
         if (in.op == isa::Op::kDma && in.dst.space == isa::Space::kHbm) stored += in.imm;
     EXPECT_EQ(stored, 21 * 10 * 10 * 4);
+  }
+}
+
+// A maxpool of stride 1 or 2 on planes large enough runs as a depthwise conv does
+// (docs/codegen.md "Depthwise conv2d"): each tap a shifted load of a padded plane
+// (-inf in the padding) or of one of its stride phases, max for multiply-add.
+// Bit-exact against evaluate() with padding, strides 1 and 2, a 2x2 window, several
+// images, channel groups and cores; at stride 1 no tap is gathered (no VMEM -> VMEM
+// DMA), and HBM sees the input (with bands' edge rows) and the output once.
+TEST(LowerRows, MaxpoolAsShiftedWindows) {
+  const char* cases[][3] = {{"[1,10,50,46]", "kernel=[3,3], pads=[1,1,1,1], strides=[2,2]", "[1,10,25,23]"},
+                            {"[2,11,9,13]", "kernel=[3,3], pads=[1,1,1,1], strides=[1,1]", "[2,11,9,13]"},
+                            {"[1,9,48,48]", "kernel=[2,2], pads=[0,0,0,0], strides=[2,2]", "[1,9,24,24]"}};
+  auto ir = [](const char* const* c) {
+    return std::string("graph p {\n  input %x : f32") + c[0] + "\n  %y = maxpool(%x) {" + c[1] + "} : f32" + c[2] +
+           " #0\n  output %y\n}\n";
+  };
+  for (auto p : kPolicies)
+    for (const auto& c : cases)
+      for (int cores : {1, 2}) expect_bit_exact(ir(c), p, target(1, 128, 128), 1, cores);
+  for (int cores : {1, 2}) {
+    LowerOptions lo;
+    lo.target = target(1, 128, 128);
+    lo.cores = cores;
+    int64_t loaded = 0, stored = 0, gathers = 0;
+    for (const auto& core : lower_graph(parse_graph(ir(cases[1]), "p.ir"), lo).bundle.cores)
+      for (const auto& in : core.code) {
+        if (in.op != isa::Op::kDma) continue;
+        int64_t bytes = in.imm;
+        for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
+        gathers += in.src.space == isa::Space::kVmem && in.dst.space == isa::Space::kVmem;
+        if (in.src.space == isa::Space::kHbm) loaded += bytes;
+        if (in.dst.space == isa::Space::kHbm) stored += bytes;
+      }
+    EXPECT_EQ(gathers, 0);
+    // (Bands of rows read their neighbours' edge rows too.)
+    EXPECT_GE(loaded, 2 * 11 * 9 * 13 * 4);
+    EXPECT_LE(loaded, 2 * 2 * 11 * 9 * 13 * 4);
+    EXPECT_EQ(stored, 2 * 11 * 9 * 13 * 4);
   }
 }
 
