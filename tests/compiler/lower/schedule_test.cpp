@@ -371,6 +371,7 @@ TEST(LowerSchedule, MatmulUnitsDoNotWaitForTheirStores) {
 // Batches of small matmuls with a B each (attention's per-head products) take the
 // K-streamed tiles (fetched ahead across a core's tiles: f14 in use); with one B for
 // the whole batch they keep the resident plan (no f14). Bit-exact, 1 and 2 cores.
+// One-pass tiles keep four bands in flight and alternate two output buffers.
 TEST(LowerSchedule, MatmulSmallBatchesWithTheirOwnWeightsTakeTheTiles) {
   const std::string own =
       "graph a {\n  input %q : f32[1,6,24,16]\n  input %k : f32[1,6,16,40]\n"
@@ -385,6 +386,12 @@ TEST(LowerSchedule, MatmulSmallBatchesWithTheirOwnWeightsTakeTheTiles) {
       EXPECT_EQ(count_of(expect_bit_exact(shared, p, target(2, 16, 16), cores), ", flag=f14\n"), 0)
           << "a shared B left the resident plan: cores " << cores;
     }
+  // Tiles of one pass (K = 16, one chunk) take four LHS band slots (f13..f16) and two
+  // output buffers (stores on f4 and f5), so a tile neither waits for its own band
+  // fetched a tile ahead nor for the store of the tile before it.
+  const std::string one_core = expect_bit_exact(own, PrecisionPolicy::kDefault, target(2, 16, 16), 1);
+  for (const char* f : {"f13", "f14", "f15", "f16", "f4", "f5"})
+    EXPECT_GT(count_of(one_core, std::string(", flag=") + f + "\n"), 0) << f;
 }
 
 // The K-streamed tiles' ramped ends: a core's first pass runs in row pieces (its first LHS
