@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "compiler/lower/lower.h"
+#include "compiler/passes/passes.h"
 
 namespace tpusim::compiler::lowering {
 
@@ -303,11 +304,9 @@ class Emitter {
                      n.has_attr("groups") ? n.attr_int("groups") : 1, xs[0], xs[1], xs[2], xs[3],
                      ws[0], ws[1], ws[2], ws[3], n.type.shape[2], n.type.shape[3]};
   }
-  // A 1x1 conv of stride 1, unpadded, one group: lower_pointwise's W x X in NCHW.
-  static bool pointwise(const ConvShape& c) {
-    return c.G == 1 && c.KH == 1 && c.KW == 1 && c.st[0] == 1 && c.st[1] == 1 &&
-           !(c.pads[0] || c.pads[1] || c.pads[2] || c.pads[3]);
-  }
+  // A conv lower_pointwise takes, W x X in NCHW: the passes' conv_tiles_nchw (1x1,
+  // unpadded, one group; a strided one on its input's every s-th pixel).
+  bool pointwise(const Node& n) const { return conv_tiles_nchw(n, t_.at(n.inputs[1]).type.shape); }
   // A conv2d whose im2col rows the matmul reads straight from padded NHWC planes
   // (matrix.cpp); false when it does not apply or fit.
   bool lower_conv_shifted(const Node& n);

@@ -116,7 +116,7 @@ bool Emitter::shift_planes(const Node& n, ShiftPlanes* sp) const {
   // Pointwise convs take their own lowering (lower_conv). A tap's run is Cin elements
   // per LHS row: below 128 bytes (the 7x7 stems' 3 channels) the DMAs' short runs cost
   // more than the im2col rows save.
-  if (G != 1 || CI * ex < 128 || pointwise(cs)) return false;
+  if (G != 1 || CI * ex < 128 || pointwise(n)) return false;
   ShiftPlanes& p = *sp;
   const int64_t s0 = st[0], s1 = st[1];
   p.Hq = (H + pads[0] + pads[2] + s0 - 1) / s0;
@@ -604,7 +604,7 @@ void Emitter::lower_conv(const Node& n) {
   const Node& last = chain.empty() ? n : *chain.back();
   const int64_t ex = esz(X.type.dtype), ew = esz(Wt.type.dtype), eo = esz(last.type.dtype);
   if (G == CIall && CI == 1 && COg == 1 && lower_depthwise(n)) return;
-  if (pointwise(cs)) {
+  if (pointwise(n)) {
     lower_pointwise(n);
     return;
   }
@@ -709,17 +709,50 @@ void Emitter::lower_conv(const Node& n) {
   }
 }
 
-// A pointwise conv (1x1, stride 1, no padding, one group) on NCHW is, per image, the
-// matmul Y[b] (CO x H*W) = W (CO x CI) x X[b] (CI x H*W): the OIHW weights are W as
-// they lie, each image's channels are the weight rows the MXUs hold, and the result is
-// NCHW already, so no im2col rows and no NHWC -> NCHW move. The bias is a value per
-// output row (a column-vector operand of the matmul). Each output element sums the same
-// products in the same k = cin order as the im2col matmul: the contract's convolution.
+// A pointwise conv (1x1, no padding, one group) on NCHW is, per image, the matmul Y[b]
+// (CO x H*W) = W (CO x CI) x X[b] (CI x H*W): the OIHW weights are W as they lie, each
+// image's channels are the weight rows the MXUs hold, and the result is NCHW already,
+// so no im2col rows and no NHWC -> NCHW move. The bias is a value per output row (a
+// column-vector operand of the matmul). Each output element sums the same products in
+// the same k = cin order as the im2col matmul: the contract's convolution. A strided
+// one (resnet's downsamples) first takes its input's every s-th pixel into NCHW
+// scratch (through VMEM, where element runs cost per byte: a band of channels of an
+// image a unit, round robin over the cores), then is pointwise on that; its tiles
+// being NCHW, the residual add after it joins its epilogue (conv_tiles_nchw).
 void Emitter::lower_pointwise(const Node& n) {
-  const Placed X = t_.at(n.inputs[0]);
+  Placed X = t_.at(n.inputs[0]);
   const Placed Wt = t_.at(n.inputs[1]);
-  const int64_t NB = X.type.shape[0], CI = X.type.shape[1], HW = X.type.shape[2] * X.type.shape[3];
+  const auto& st = n.attr_ints("strides");
+  const int64_t NB = X.type.shape[0], CI = X.type.shape[1], HW = n.type.shape[2] * n.type.shape[3];
   const int64_t CO = Wt.type.shape[0];
+  if (st[0] > 1 || st[1] > 1) {
+    const int64_t H = X.type.shape[2], W = X.type.shape[3], OH = n.type.shape[2], OW = n.type.shape[3];
+    const int64_t e = esz(X.type.dtype), Xs = place_hbm(NB * CI * HW * e);
+    check_addr(n, hbm_top_);
+    // Channels a band: what staging holds, and a band a core at least when images are fewer.
+    int64_t cb = CI;
+    while (cb > 1 && !staging_fits(cb * H * W * e, cb * HW * e)) cb = (cb + 1) / 2;
+    const int64_t per_image = (cores_ + NB - 1) / NB;
+    cb = std::min(cb, (CI + per_image - 1) / per_image);
+    const bool staged = staging_fits(H * W * e, HW * e);
+    int64_t unit = 0;
+    for (int64_t b = 0; b < NB; ++b)
+      for (int64_t c0 = 0; c0 < CI; c0 += staged ? cb : CI) {
+        const int64_t nc = staged ? std::min(cb, CI - c0) : CI;
+        const std::string dims = dim(OW, st[1] * e, e) + dim(OH, st[0] * W * e, OW * e) + dim(nc, H * W * e, HW * e);
+        const int64_t src = X.addr + (b * CI + c0) * H * W * e, dst = Xs + (b * CI + c0) * HW * e;
+        if (!staged) {  // not even one channel fits VMEM: element runs in HBM
+          dma(hbm(dst), hbm(src), e, dims);
+          wait_dmas();
+          continue;
+        }
+        on_core(unit++);
+        staged_gather(src, nc * H * W * e, dst, nc * HW * e, {Gather{0, 0, e, dims}}, false, 0.0f, X.type.dtype);
+      }
+    cur_ = 0;
+    sync_all();  // the matmul's loads on every core read it
+    X = Placed{TensorType{X.type.dtype, {NB, CI, OH, OW}}, Xs};
+  }
   const std::vector<const Node*>& chain = chain_of(n);
   const Node& last = chain.empty() ? n : *chain.back();
   const std::string tag = "#pw" + std::to_string(n.id);

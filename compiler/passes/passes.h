@@ -61,8 +61,9 @@ void fuse_gelu(Graph& g);
 void fuse_elementwise(Graph& g);
 
 // Whether the lowering computes this conv2d (weights of shape `w`) as W x X per image,
-// its result tiles NCHW like its tensors: a pointwise conv (1x1, stride 1, unpadded,
-// one group) that is not one channel in and out (a depthwise conv there).
+// its result tiles NCHW like its tensors: a pointwise conv (1x1, unpadded, one group;
+// strided with at least 128 outputs an image) that is not one channel in and out (a
+// depthwise conv there).
 bool conv_tiles_nchw(const Node& conv, const Shape& w);
 
 // Removes identity nodes (exporters emit them for shared initializers) whose

@@ -491,6 +491,45 @@ TEST(LowerConv, PointwiseAsWeightsTimesImages) {
   }
 }
 
+// A strided 1x1 conv with a column tile of outputs an image (resnet's downsamples) is
+// pointwise on its input's every s-th pixel, gathered first into NCHW scratch through
+// VMEM: bit-exact against evaluate() with strides 2 and (3, 2), a bias, and a residual
+// add + relu in its epilogue (its tiles are NCHW, so the add fuses: no code of its
+// own); the result needs no NHWC -> NCHW move (the only HBM stores are the scratch's and
+// the output's). With fewer outputs an image it stays an im2col (shifted) conv.
+TEST(LowerConv, StridedPointwiseOnEverySthPixel) {
+  const std::string residual =
+      "graph d {\n  input %x : f32[2,20,24,22]\n  input %w : f32[13,20,1,1]\n  input %b : f32[13]\n"
+      "  input %z : f32[2,13,12,11]\n"
+      "  %c = conv2d(%x, %w, %b) {dilations=[1,1], groups=1, pads=[0,0,0,0], strides=[2,2]} : f32[2,13,12,11] #1\n"
+      "  %a = add(%z, %c) : f32[2,13,12,11] #2\n  %r = relu(%a) : f32[2,13,12,11] #3\n  output %r\n}\n";
+  const std::string attrs3 = "dilations=[1,1], groups=1, pads=[0,0,0,0], strides=[3,2]";
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) {
+      SCOPED_TRACE(cores);
+      expect_bit_exact(residual, p, target(2, 16, 16), 1, cores);
+      expect_bit_exact(conv_ir("[1,9,40,26]", "[24,9,1,1]", "[1,24,14,13]", attrs3), p, target(1, 8, 8), 2, cores);
+    }
+  for (int cores : {1, 2}) {
+    LowerOptions lo;
+    lo.target = target(2, 16, 16);
+    lo.cores = cores;
+    const Graph g = parse_graph(residual, "test.ir");
+    const auto bundle = lower_graph(g, lo).bundle;
+    int64_t stored = 0;
+    for (const auto& core : bundle.cores)
+      for (const auto& in : core.code) {
+        EXPECT_NE(in.op_id, 2);  // the add and the relu run in the conv's epilogue
+        EXPECT_NE(in.op_id, 3);
+        if (in.op != isa::Op::kDma || in.dst.space != isa::Space::kHbm) continue;
+        int64_t bytes = in.imm;
+        for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
+        stored += bytes;
+      }
+    EXPECT_EQ(stored, (2 * 20 * 12 * 11 + 2 * 13 * 12 * 11) * 4);  // the scratch, then the output
+  }
+}
+
 // An ungrouped conv whose taps are at least 128 bytes of channels reads its im2col
 // rows straight from padded NHWC planes, one per stride phase (docs/codegen.md,
 // "Shifted convolutions"): bit-exact against evaluate() with padding (asymmetric too),
