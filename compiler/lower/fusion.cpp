@@ -4,7 +4,6 @@
 // members' recipes on its output tiles in registers and stores only the chain's
 // end, so the intermediate results never go through HBM (docs/codegen.md).
 #include "compiler/lower/emitter.h"
-#include "compiler/passes/passes.h"
 
 #include <set>
 

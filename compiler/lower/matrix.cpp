@@ -116,7 +116,7 @@ bool Emitter::shift_planes(const Node& n, ShiftPlanes* sp) const {
   // Pointwise convs take their own lowering (lower_conv). A tap's run is Cin elements
   // per LHS row: below 128 bytes (the 7x7 stems' 3 channels) the DMAs' short runs cost
   // more than the im2col rows save.
-  if (G != 1 || CI * ex < 128 || pointwise(n)) return false;
+  if (G != 1 || CI * ex < kStagedRunsBelow || pointwise(n)) return false;
   ShiftPlanes& p = *sp;
   const int64_t s0 = st[0], s1 = st[1];
   p.Hq = (H + pads[0] + pads[2] + s0 - 1) / s0;
