@@ -432,6 +432,16 @@ class Emitter {
   // Set for one lower_matmul: its output's batch stride in bytes (0: M x N elements),
   // when a conv's NHWC result goes straight into its consumer's planes.
   int64_t out_batch_stride_ = 0;
+  // Set by lower_conv_shifted for one lower_matmul: the conv's NCHW output (addr < 0:
+  // none). The K-streamed tiles store it straight, each tile's rows transposed
+  // through VMEM, instead of NHWC rows that move_to_nchw reads back; nchw_stored_
+  // says they did. Matmul row m is pixel m % Wq of output row m / Wq (pixels >= OW
+  // dropped) of image b, or with `prow` (a tall matmul over the batch) of image
+  // m / prow at row m % prow (rows >= OH * Wq dropped).
+  struct NchwOut {
+    int64_t addr = -1, OH = 0, OW = 0, Wq = 0, prow = 0;
+  } nchw_out_;
+  bool nchw_stored_ = false;
   std::vector<isa::IoEntry> extra_consts_;  // constants the lowering lays out itself (conv weights as W[(kh,kw,cin), o])
 };
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -266,8 +267,10 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   for (const auto& [idx, shift] : sp.tap_at) shifted_.tap_rows.push_back(idx * prow + shift);
   sync_all();
   if (planes_out) out_batch_stride_ = po->second.image;
+  else nchw_out_ = NchwOut{t_.at(last.output).addr, OH, OW, Wq, tall ? prow : 0};
   conv_matmul(n, tag, tag + "p", tag + "w", {MB, MR, CO});
   sync_all();
+  if (std::exchange(nchw_stored_, false)) return true;
   if (!planes_out) {
     move_to_nchw(Y, t_.at(last.output).addr, NB, OH, OW, Wq, CO, CO, 0, last.type.dtype, ystride);
     return true;
@@ -805,6 +808,7 @@ void Emitter::lower_matmul(const Node& n) {
   const std::string chain_src = std::exchange(epi_src_, std::string());
   const ShiftedLhs shifted = std::exchange(shifted_, ShiftedLhs{});
   const int64_t out_bs0 = std::exchange(out_batch_stride_, 0);  // the output's batch stride in bytes
+  const NchwOut nchw = std::exchange(nchw_out_, NchwOut{});
   Placed A = t_.at(n.inputs[0]);
   Placed B = t_.at(n.inputs[1]);
   bool ta = n.has_attr("trans_a") && n.attr_int("trans_a");
@@ -1276,10 +1280,71 @@ void Emitter::lower_matmul(const Node& n) {
       if (o.full) bytes += 2 * fstride_of(o, ob);
     return bytes;
   };
+  // A conv's NCHW output stored straight (nchw_out_, docs/codegen.md "Shifted
+  // convolutions"): each output band (rows x columns) is transposed in VMEM into one of
+  // two images, a channel's pixels a row (mg elements apart), and goes out from there a
+  // band later, so neither DMA is waited for when issued.
+  const bool to_nchw = nchw.addr >= 0 && wide_out;
+  auto nchw_bytes = [&](int64_t mg, int64_t ng) { return to_nchw ? 2 * ng * cw * C * mg * eo : 0; };
+  // Rows [m0, m0 + mr) of batch element b as runs of an image's pixels: nrows x npx
+  // pixels from (oh, ow) of image img, band row r, transposed pixel j. A run is an
+  // output row's pixels (the first and last may be partial); runs of whole rows merge.
+  struct PixelRun {
+    int64_t img, oh, ow, npx, nrows, r, j;
+  };
+  auto pixel_runs = [&](int64_t b, int64_t m0, int64_t mr) {
+    std::vector<PixelRun> v;
+    const int64_t Wq = nchw.Wq, OW = nchw.OW, M1 = nchw.OH * Wq;
+    for (int64_t r = 0, j = 0; r < mr;) {
+      const int64_t m = m0 + r, img = nchw.prow > 0 ? m / nchw.prow : b;
+      const int64_t rr = nchw.prow > 0 ? m % nchw.prow : m;
+      if (rr >= M1) {  // the rows between two images of a tall matmul
+        r += nchw.prow - rr;
+        continue;
+      }
+      const int64_t oh = rr / Wq, ow = rr % Wq, rows = std::min(Wq - ow, mr - r);
+      const int64_t npx = std::max<int64_t>(0, std::min(OW, ow + rows) - ow);
+      if (npx > 0) {
+        PixelRun* last = v.empty() ? nullptr : &v.back();
+        if (last && ow == 0 && npx == OW && last->ow == 0 && last->npx == OW && last->img == img &&
+            last->oh + last->nrows == oh)
+          ++last->nrows;
+        else
+          v.push_back(PixelRun{img, oh, ow, npx, 1, r, j});
+        j += npx;
+      }
+      r += rows;
+    }
+    return v;
+  };
+  // An output band (rows `sstride` bytes apart at src, `cols` columns) -> the transposed
+  // image at tb (a channel every ts bytes): VMEM -> VMEM, element runs cost their bytes.
+  auto transpose_out = [&](int flag, int64_t b, int64_t m0, int64_t mr, int64_t cols, int64_t src, int64_t sstride,
+                           int64_t tb, int64_t ts) {
+    for (const PixelRun& pr : pixel_runs(b, m0, mr))
+      dma_on(flag, vmem(tb + pr.j * eo), vmem(src + pr.r * sstride), eo,
+             dim(cols, eo, ts) + dim(pr.npx, sstride, eo) + dim(pr.nrows, nchw.Wq * sstride, nchw.OW * eo));
+  };
+  // The transposed image -> channels [n0, n0 + cols) of the NCHW output: per image a run a channel.
+  auto store_nchw = [&](int flag, int64_t b, int64_t m0, int64_t mr, int64_t n0, int64_t cols, int64_t tb,
+                        int64_t ts) {
+    const int64_t plane = nchw.OH * nchw.OW;
+    const std::vector<PixelRun> rs = pixel_runs(b, m0, mr);
+    for (size_t a = 0; a < rs.size();) {
+      size_t z = a + 1;
+      while (z < rs.size() && rs[z].img == rs[a].img) ++z;
+      const PixelRun& f = rs[a];
+      const int64_t px = rs[z - 1].j + rs[z - 1].npx * rs[z - 1].nrows - f.j;
+      dma_on(flag, hbm(nchw.addr + ((f.img * N + n0) * plane + f.oh * nchw.OW + f.ow) * eo), vmem(tb + f.j * eo),
+             px * eo, dim(cols, ts, plane * eo));
+      a = z;
+    }
+  };
+  constexpr int kXposeFlag = 17, kNchwFlag = 19;  // transposes (f17, f18), NCHW stores (f19, f20)
   auto need = [&](int64_t mg, bool res, int64_t bg) {
     return (res ? chunks * R * ws_of(bg) + wrow : kSlots * kw * cw * wtile) + lbands * lhs_band_bytes(mg) +
            cw * mg * 512 + 2 * mg * obs_of(std::min(OB, bg)) + vec_bytes +
-           mg * (full_per_row(std::min(OB, bg)) + col_per_row);
+           mg * (full_per_row(std::min(OB, bg)) + col_per_row) + nchw_bytes(mg, std::min(OB, bg));
   };
   bool resident = true;
   int64_t BG = ngroups;
@@ -1348,7 +1413,7 @@ void Emitter::lower_matmul(const Node& n) {
     auto full_t = [&](int64_t mt, int64_t ng) { return mt * full_per_row(ng); };
     auto need_s = [&](int64_t mt, int64_t ng) {
       return panels * kw * R * ws_of(ng) + wrow + BS * lhs_band_bytes(mt) + ng * cw * mt * 512 +
-             OBUF * tile_out_bytes(mt, ng) + vec_bytes + mt * col_per_row + full_t(mt, ng);
+             OBUF * tile_out_bytes(mt, ng) + vec_bytes + mt * col_per_row + full_t(mt, ng) + nchw_bytes(mt, ng);
     };
     // Rows up to 256 first (an mswap per Mt/8 blocks), then panel rows of kRunBytes,
     // then more rows (fewer weight re-reads), then more columns (fewer LHS re-reads).
@@ -1397,6 +1462,10 @@ void Emitter::lower_matmul(const Node& n) {
           vtop += o.full ? 2 * Mt * fstride_of(o, NG) : (o.scalar ? 2 : ntiles) * 8 * 128 * esz(o.dt);
         }
       }
+      // The two transposed images (to_nchw): a channel every TS bytes.
+      const int64_t TS = Mt * eo;
+      auto timage = [&, tbase = vtop](size_t ti) { return tbase + static_cast<int64_t>(ti % 2) * NG * cw * C * TS; };
+      auto tile_cols = [&](const auto& tl) { return std::min(NG * cw * C, N - tl.n0); };
       struct Tile {
         int64_t b, m0, mr, n0, ng;
       };
@@ -1417,6 +1486,10 @@ void Emitter::lower_matmul(const Node& n) {
         const std::vector<Tile>& tiles = core_tiles[static_cast<size_t>(core)];
         if (tiles.empty()) continue;
         lhs_masks();
+        auto tile_store_nchw = [&](size_t ti) {
+          const Tile& tl = tiles[ti];
+          store_nchw(kNchwFlag + static_cast<int>(ti % 2), tl.b, tl.m0, tl.mr, tl.n0, tile_cols(tl), timage(ti), TS);
+        };
         // Passes and LHS bands of all the core's tiles in order: pass z uses panel slot
         // z % panels, band y slot y % BS.
         auto tile_of_pass = [&](int64_t z) { return tiles[static_cast<size_t>(z / np)]; };
@@ -1617,7 +1690,8 @@ void Emitter::lower_matmul(const Node& n) {
               const int64_t i = item_at[static_cast<size_t>(j2)].second;
               const KStep& ks = seq[static_cast<size_t>(item_at[static_cast<size_t>(j2)].first)];
               const Pass& ps = ks.ps;
-              if (ps.last && !out_waited && out_dmas[ob] > 0) wait_flag(kOutFlag + ob);  // the output buffer is free
+              if (ps.last && !out_waited && out_dmas[ob] > 0)  // the output buffer is free
+                wait_flag((to_nchw ? kXposeFlag : kOutFlag) + ob);
               out_waited |= ps.last;
               if (ps.last && has_full && !full_waited) {
                 wait_flag(kEpiFlag + static_cast<int>(ti % 2));
@@ -1645,7 +1719,7 @@ void Emitter::lower_matmul(const Node& n) {
               // In the last pass each sub-band of OBs column groups (runs of kRunBytes) of a
               // piece's rows goes out once its last block is stored, so only the last one is
               // left at the end.
-              if (ps.last && i == ks.b1 - 1 && ((ps.t + 1) % OBs == 0 || ps.t == tl.ng - 1)) {
+              if (!to_nchw && ps.last && i == ks.b1 - 1 && ((ps.t + 1) % OBs == 0 || ps.t == tl.ng - 1)) {
                 const int64_t o0 = Out.addr + tl.b * out_bs, g0 = ps.t / OBs * OBs;
                 const int64_t c0 = tl.n0 + g0 * cw * C, cols = std::min((ps.t + 1 - g0) * cw * C, N - c0);
                 const int64_t r0 = ks.b0 * 8, nr = std::min(tl.mr, ks.b1 * 8) - r0;
@@ -1661,10 +1735,30 @@ void Emitter::lower_matmul(const Node& n) {
               }
             }
           }
+          if (to_nchw) {
+            // The tile before this one is transposed by now (a tile's passes ago): out it
+            // goes, and this tile's band takes the transposed image it left two tiles ago.
+            if (ti > 0) {
+              wait_flag(kXposeFlag + static_cast<int>(static_cast<int64_t>(ti - 1) % OBUF));
+              tile_store_nchw(ti - 1);
+            }
+            if (ti >= 2) wait_flag(kNchwFlag + static_cast<int>(ti % 2));
+            transpose_out(kXposeFlag + ob, tl.b, tl.m0, tl.mr, tile_cols(tl), obuf, tobs, timage(ti), TS);
+            ++out_dmas[ob];
+          }
         }
-        wait_flag(kOutFlag);
-        if (OBUF > 1) wait_flag(kOutFlag + 1);
+        if (to_nchw) {
+          const size_t last = tiles.size() - 1;
+          wait_flag(kXposeFlag + static_cast<int>(static_cast<int64_t>(last) % OBUF));
+          tile_store_nchw(last);
+          wait_flag(kNchwFlag);
+          if (last > 0) wait_flag(kNchwFlag + 1);
+        } else {
+          wait_flag(kOutFlag);
+          if (OBUF > 1) wait_flag(kOutFlag + 1);
+        }
       }
+      nchw_stored_ = to_nchw;
       return;
     }
   }
@@ -1698,6 +1792,23 @@ void Emitter::lower_matmul(const Node& n) {
       top += o.full ? 2 * Mg * fstride_of(o, OBb) : (o.scalar ? 2 : ntiles) * 8 * 128 * esz(o.dt);
     }
   }
+  // Straight to NCHW: per core, the output sub-band transposed last (its NCHW store
+  // waits for the next one) and how many were, whose parity picks the image.
+  struct SubBand {
+    int64_t b, m0, mr, n0, cols;
+  };
+  const int64_t TS = Mg * eo;
+  auto timage = [&, tbase = top](int64_t k) { return tbase + k % 2 * OBb * cw * C * TS; };
+  std::vector<std::optional<SubBand>> nchw_pending(static_cast<size_t>(cores_));
+  std::vector<int64_t> nchw_bands(static_cast<size_t>(cores_), 0);
+  auto flush_nchw = [&]() {  // the pending sub-band's store, once its transpose is done
+    std::optional<SubBand>& p = nchw_pending[static_cast<size_t>(cur_)];
+    if (!p) return;
+    const int64_t k = nchw_bands[static_cast<size_t>(cur_)] - 1;
+    wait_flag(kXposeFlag);
+    store_nchw(kNchwFlag + static_cast<int>(k % 2), p->b, p->m0, p->mr, p->n0, p->cols, timage(k), TS);
+    p.reset();
+  };
 
   std::vector<std::vector<Pass>> band_passes(static_cast<size_t>(col_bands));
   for (int64_t t = 0, n0 = 0; n0 < N; ++t, n0 += cw * C) {
@@ -1961,11 +2072,22 @@ void Emitter::lower_matmul(const Node& n) {
             if (wide_out) {
               const int64_t sub = (ps.t - t_first) / OBb;  // output sub-band of the column band
               if ((ps.t - t_first) % OBb == OBb - 1 || ps.t == t_end - 1) {
-                const int64_t sn0 = bn0 + sub * OBb * cw * C;
-                if (out_issued[static_cast<size_t>(cur_)]++) wait_flag(kOutFlag);
+                const int64_t sn0 = bn0 + sub * OBb * cw * C, cols = std::min(OBb * cw * C, bn1 - sn0);
                 out_last[static_cast<size_t>(cur_)] = obuf(sub);
-                dma_on(kOutFlag, hbm(o0 + (m0 * N + sn0) * eo), vmem(out_base + obuf(sub) * Mg * obs),
-                       std::min(OBb * cw * C, bn1 - sn0) * eo, dim(mr, obs, N * eo));
+                if (to_nchw) {
+                  // The sub-band before it goes out, and this one takes the image that one
+                  // two before left (its store issued a sub-band ago).
+                  flush_nchw();
+                  int64_t& k = nchw_bands[static_cast<size_t>(cur_)];
+                  if (k >= 2) wait_flag(kNchwFlag + static_cast<int>(k % 2));
+                  transpose_out(kXposeFlag, b, m0, mr, cols, out_base + obuf(sub) * Mg * obs, obs, timage(k), TS);
+                  nchw_pending[static_cast<size_t>(cur_)] = SubBand{b, m0, mr, sn0, cols};
+                  ++k;
+                } else {
+                  if (out_issued[static_cast<size_t>(cur_)]++) wait_flag(kOutFlag);
+                  dma_on(kOutFlag, hbm(o0 + (m0 * N + sn0) * eo), vmem(out_base + obuf(sub) * Mg * obs), cols * eo,
+                         dim(mr, obs, N * eo));
+                }
               }
             } else {
               for (int64_t w = 0; w < ps.cwt; ++w) {
@@ -1983,9 +2105,14 @@ void Emitter::lower_matmul(const Node& n) {
     }
   }
   }
-  for (cur_ = 0; cur_ < cores_; ++cur_)
+  for (cur_ = 0; cur_ < cores_; ++cur_) {
     if (out_issued[static_cast<size_t>(cur_)] > 0) wait_flag(kOutFlag);
+    flush_nchw();
+    for (int64_t k = 0; k < std::min<int64_t>(2, nchw_bands[static_cast<size_t>(cur_)]); ++k)
+      wait_flag(kNchwFlag + static_cast<int>(k));
+  }
   cur_ = 0;
+  nchw_stored_ = to_nchw;
 }
 
 }  // namespace tpusim::compiler::lowering

@@ -593,6 +593,62 @@ TEST(LowerConv, ShiftedOverPaddedPlanes) {
     }
 }
 
+// A shifted conv whose result is not a next conv's planes stores it as NCHW straight
+// from its tiles (docs/codegen.md, "Shifted convolutions"): each output band is
+// transposed in VMEM, the Wq - OW dropped pixels of a row left out, and goes out a run
+// a channel. Bit-exact against evaluate() with K-streamed tiles that start and end
+// inside output rows (40 x 37 outputs, rows of 39), a tall matmul over small images
+// whose tiles cross images and the rows between them (resident and K-streamed), ragged
+// column tiles and several column bands, four stride phases and asymmetric padding.
+// The conv's HBM stores are its planes, its rearranged weights and its output: no
+// NHWC rows, which the move to NCHW wrote and read back.
+TEST(LowerConv, ShiftedConvStoresNchwStraight) {
+  const std::string pad1 = "dilations=[1,1], groups=1, pads=[1,1,1,1], strides=[1,1]";
+  struct Case {
+    std::string x, w, y, bias;
+    int64_t planes, weights, out;  // elements the conv stores
+  };
+  // Planes of Hr rows of Wq pixels: Hr the padded rows or what the last output row's
+  // dropped pixels read at the largest shift (2 Wq + 2), in whole rows.
+  const std::vector<Case> cases = {
+      {"[1,64,80,70]", "[40,64,3,3]", "[1,40,80,70]", "", 83 * 72 * 64, 576 * 40, 40 * 80 * 70},
+      {"[6,64,5,5]", "[300,64,3,3]", "[6,300,5,5]", "[300]", 6 * 8 * 7 * 64, 576 * 300, 6 * 300 * 25},
+      {"[48,64,5,5]", "[300,64,3,3]", "[48,300,5,5]", "", 48 * 8 * 7 * 64, 576 * 300, 48 * 300 * 25},
+  };
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) {
+      SCOPED_TRACE(cores);
+      for (const Case& c : cases) expect_bit_exact(conv_ir(c.x, c.w, c.y, pad1, c.bias), p, target(2, 128, 128), 1, cores);
+      expect_bit_exact(conv_ir("[2,64,11,10]", "[200,64,3,3]", "[2,200,6,5]",
+                               "dilations=[1,1], groups=1, pads=[2,1,1,0], strides=[2,2]", "[200]"),
+                       p, target(2, 128, 128), 2, cores);
+    }
+  for (auto p : kPolicies)
+    for (int cores : {1, 2})
+      for (const Case& c : cases) {
+        SCOPED_TRACE(c.x + " on " + std::to_string(cores) + " cores");
+        LowerOptions lo;
+        lo.target = target(2, 128, 128);
+        lo.policy = p;
+        lo.cores = cores;
+        const LowerResult lr = lower_graph(parse_graph(conv_ir(c.x, c.w, c.y, pad1, c.bias), "test.ir"), lo);
+        int64_t stored = 0, transposes = 0;
+        for (const auto& core : lr.bundle.cores)
+          for (const auto& in : core.code) {
+            if (in.op != isa::Op::kDma || in.op_id != 1) continue;
+            transposes += in.src.space == isa::Space::kVmem && in.dst.space == isa::Space::kVmem && in.ndims == 3 &&
+                          in.dims[0].src_stride == in.imm;
+            if (in.dst.space != isa::Space::kHbm) continue;
+            int64_t bytes = in.imm;
+            for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
+            stored += bytes;
+          }
+        const int64_t e = p == PrecisionPolicy::kBf16 ? 2 : 4;
+        EXPECT_GT(transposes, 0);
+        EXPECT_EQ(stored, (c.planes + c.weights + c.out) * e);
+      }
+}
+
 // A conv whose patches fit a chunk per MXU (the stems: 3 channels, K = KH*KW*3) pushes
 // its patches as the MXUs' columns and computes NCHW tiles (docs/codegen.md, "Stems:
 // patches pushed as columns"): bit-exact against evaluate() with a 7x7 stride-2 conv
