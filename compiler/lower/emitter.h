@@ -330,7 +330,7 @@ class Emitter {
   // plan gives it instead of its NCHW size (lower.cpp), one image's, and the pixel
   // the producer's row 0 starts at.
   struct PlanesOut {
-    int64_t bytes, image, shift;  // all images' planes; one image's; where row 0 pixel 0 goes (pixels)
+    int64_t bytes, image, shift, wq;  // all images' planes; one image's; where row 0 pixel 0 goes (pixels); pixels a row
   };
   std::map<std::string, PlanesOut> planes_out_;
   // Producers of several phases (stride 2) whose rows are narrower than their
@@ -340,6 +340,8 @@ class Emitter {
   void plan_planes_out();
   // A conv's NHWC result at Y (rows of Wq pixels, the first OW outputs; images
   // ystride bytes apart, 0: OH rows) -> group g's channels of the NCHW output at y.
+  void zero_planes_padding(int64_t addr, const PlanesOut& po, int64_t NB, int64_t OH, int64_t OW, int64_t Wq,
+                           int64_t CO, DType dt);
   void move_to_nchw(int64_t Y, int64_t y, int64_t NB, int64_t OH, int64_t OW, int64_t Wq, int64_t COg, int64_t CO,
                     int64_t g, DType dt, int64_t ystride = 0);
   // Group g's OIHW weights as the im2col matmul's B, W[(kh,kw,cin), o], at HBM Wm.
@@ -434,14 +436,20 @@ class Emitter {
   int64_t out_batch_stride_ = 0;
   // Set by lower_conv_shifted for one lower_matmul: the conv's NCHW output (addr < 0:
   // none). The K-streamed tiles store it straight, each tile's rows transposed
-  // through VMEM, instead of NHWC rows that move_to_nchw reads back; nchw_stored_
-  // says they did. Matmul row m is pixel m % Wq of output row m / Wq (pixels >= OW
+  // through VMEM, instead of NHWC rows that move_to_nchw reads back;
+  // transposed_stored_ says they did. Matmul row m is pixel m % Wq of output row m / Wq (pixels >= OW
   // dropped) of image b, or with `prow` (a tall matmul over the batch) of image
   // m / prow at row m % prow (rows >= OH * Wq dropped).
   struct NchwOut {
     int64_t addr = -1, OH = 0, OW = 0, Wq = 0, prow = 0;
   } nchw_out_;
-  bool nchw_stored_ = false;
+  // Set by lower_pointwise for one lower_matmul: its W x X tiles (rows channels, columns
+  // pixels) go transposed into the next conv's planes (plan_planes_out): pixel
+  // oh * W + ow of image b is plane pixel head + oh * Wq + ow, at addr + b * image.
+  struct PlanesStore {
+    int64_t addr = -1, image = 0, head = 0, W = 0, Wq = 0;
+  } planes_store_;
+  bool transposed_stored_ = false;  // lower_matmul stored nchw_out_ or planes_store_
   std::vector<isa::IoEntry> extra_consts_;  // constants the lowering lays out itself (conv weights as W[(kh,kw,cin), o])
 };
 

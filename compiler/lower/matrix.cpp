@@ -159,7 +159,11 @@ void Emitter::plan_planes_out() {
   for (const std::string& out : g_.outputs) readers[out] += 2;
   ShiftPlanes mine, theirs;
   for (const Node& n : g_.nodes) {
-    if (n.op != OpKind::kConv2d || fused_away(n) || !shift_planes(n, &mine)) continue;
+    if (n.op != OpKind::kConv2d || fused_away(n)) continue;
+    // A pointwise conv's W x X tiles go transposed into the planes on full-width MXUs
+    // (lower_matmul's planes_store_): any Wq.
+    const bool pw = pointwise(n) && opt_.target.mxu_cols == 128;
+    if (!pw && !shift_planes(n, &mine)) continue;
     const std::vector<const Node*>& chain = chain_of(n);
     const Node& last = chain.empty() ? n : *chain.back();
     if (readers[last.output] != 1) continue;
@@ -168,6 +172,10 @@ void Emitter::plan_planes_out() {
     const auto& pads = next.attr_ints("pads");
     const int64_t shift = pads[0] * theirs.Wq + pads[1];
     if (theirs.nph != 1) continue;
+    if (pw) {
+      planes_out_[last.output] = PlanesOut{n.type.shape[0] * theirs.image, theirs.image, shift, theirs.Wq};
+      continue;
+    }
     // A producer of several phases reads no planes (only a one-phase conv does), so
     // its rows may widen to the consumer's: the extra pixels read padding.
     if (mine.nph > 1 && mine.Wq < theirs.Wq) {
@@ -181,8 +189,32 @@ void Emitter::plan_planes_out() {
       wq_at_least_.erase(n.id);
       continue;
     }
-    planes_out_[last.output] = PlanesOut{n.type.shape[0] * theirs.image, theirs.image, shift};
+    planes_out_[last.output] = PlanesOut{n.type.shape[0] * theirs.image, theirs.image, shift, theirs.Wq};
   }
+}
+
+// A producer's result written into its consumer's planes (plan_planes_out) leaves
+// the consumer's padding to zero: an image's pixels before row 0 and after the last
+// row, and the Wq - OW pixels after each row (its right padding and the next one's
+// left; a shifted producer's dropped columns wrote over them), zeros from VMEM, an
+// image a core.
+void Emitter::zero_planes_padding(int64_t addr, const PlanesOut& po, int64_t NB, int64_t OH, int64_t OW, int64_t Wq,
+                                  int64_t CO, DType dt) {
+  const int64_t eo = esz(dt), px = CO * eo, head = po.shift, tail = po.image / px - head - OH * Wq;
+  const int64_t zbytes = align_up(std::max({head, tail, Wq - OW}) * px, kTileElems * eo);
+  for (int64_t b = 0; b < NB; ++b) {
+    on_core(b);
+    const int64_t base = addr + b * po.image;
+    if (b < cores_) {  // the core's zeros
+      line("vbcast v0, 0.0");
+      for (int64_t off = 0; off < zbytes; off += kTileElems * eo) line(std::string(st(dt)) + " v0, " + at(off));
+    }
+    if (head > 0) dma(hbm(base), vmem(0), head * px, "");
+    if (tail > 0) dma(hbm(base + (head + OH * Wq) * px), vmem(0), tail * px, "");
+    if (Wq > OW) dma(hbm(base + (head + OW) * px), vmem(0), (Wq - OW) * px, dim(OH, 0, Wq * px));
+  }
+  for (cur_ = 0; cur_ < std::min<int64_t>(cores_, NB); ++cur_) wait_dmas();
+  cur_ = 0;
 }
 
 bool Emitter::lower_conv_shifted(const Node& n) {
@@ -270,30 +302,12 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   else nchw_out_ = NchwOut{t_.at(last.output).addr, OH, OW, Wq, tall ? prow : 0};
   conv_matmul(n, tag, tag + "p", tag + "w", {MB, MR, CO});
   sync_all();
-  if (std::exchange(nchw_stored_, false)) return true;
+  if (std::exchange(transposed_stored_, false)) return true;
   if (!planes_out) {
     move_to_nchw(Y, t_.at(last.output).addr, NB, OH, OW, Wq, CO, CO, 0, last.type.dtype, ystride);
     return true;
   }
-  // The consumer's padding: an image's pixels before row 0 and after the last row, and
-  // the Wq - OW dropped columns of each row (the next row's left padding and this
-  // one's right), zeros from VMEM, an image a core.
-  const int64_t px = CO * eo, head = po->second.shift, tail = po->second.image / px - head - M1;
-  const int64_t zbytes = align_up(std::max({head, tail, Wq - OW}) * px, kTileElems * eo);
-  for (int64_t b = 0; b < NB; ++b) {
-    on_core(b);
-    const int64_t base = t_.at(last.output).addr + b * po->second.image;
-    if (b < cores_) {  // the core's zeros
-      line("vbcast v0, 0.0");
-      for (int64_t off = 0; off < zbytes; off += kTileElems * eo)
-        line(std::string(this->st(last.type.dtype)) + " v0, " + at(off));
-    }
-    if (head > 0) dma(hbm(base), vmem(0), head * px, "");
-    if (tail > 0) dma(hbm(base + (head + M1) * px), vmem(0), tail * px, "");
-    if (Wq > OW) dma(hbm(base + (head + OW) * px), vmem(0), (Wq - OW) * px, dim(OH, 0, Wq * px));
-  }
-  for (cur_ = 0; cur_ < std::min<int64_t>(cores_, NB); ++cur_) wait_dmas();
-  cur_ = 0;
+  zero_planes_padding(t_.at(last.output).addr, po->second, NB, OH, OW, Wq, CO, last.type.dtype);
   return true;
 }
 
@@ -766,7 +780,17 @@ void Emitter::lower_pointwise(const Node& n) {
     const Placed& Bi = t_.at(n.inputs[2]);
     t_[tag + "b"] = Placed{TensorType{Bi.type.dtype, {CO, 1}}, Bi.addr};
   }
+  // Into the next conv's planes (plan_planes_out): the tiles go there transposed, a
+  // pixel's channels together, and the padding is zeroed after.
+  const auto po = planes_out_.find(last.output);
+  const int64_t OH = n.type.shape[2], OW = n.type.shape[3];
+  if (po != planes_out_.end())
+    planes_store_ = PlanesStore{t_.at(last.output).addr, po->second.image, po->second.shift, OW, po->second.wq};
   conv_matmul(n, tag, tag + "w", tag + "x", {NB, CO, HW});
+  if (po == planes_out_.end()) return;
+  if (!std::exchange(transposed_stored_, false)) fail(n, "internal: its result was planned into the next conv's planes");
+  sync_all();
+  zero_planes_padding(t_.at(last.output).addr, po->second, NB, OH, OW, po->second.wq, CO, last.type.dtype);
 }
 
 // Conv n's matmul lhs x rhs (+ tag + "b", n's bias as the caller placed it) into
@@ -809,6 +833,7 @@ void Emitter::lower_matmul(const Node& n) {
   const ShiftedLhs shifted = std::exchange(shifted_, ShiftedLhs{});
   const int64_t out_bs0 = std::exchange(out_batch_stride_, 0);  // the output's batch stride in bytes
   const NchwOut nchw = std::exchange(nchw_out_, NchwOut{});
+  const PlanesStore pst = std::exchange(planes_store_, PlanesStore{});
   Placed A = t_.at(n.inputs[0]);
   Placed B = t_.at(n.inputs[1]);
   bool ta = n.has_attr("trans_a") && n.attr_int("trans_a");
@@ -1281,11 +1306,13 @@ void Emitter::lower_matmul(const Node& n) {
     return bytes;
   };
   // A conv's NCHW output stored straight (nchw_out_, docs/codegen.md "Shifted
-  // convolutions"): each output band (rows x columns) is transposed in VMEM into one of
-  // two images, a channel's pixels a row (mg elements apart), and goes out from there a
-  // band later, so neither DMA is waited for when issued.
-  const bool to_nchw = nchw.addr >= 0 && wide_out;
-  auto nchw_bytes = [&](int64_t mg, int64_t ng) { return to_nchw ? 2 * ng * cw * C * mg * eo : 0; };
+  // convolutions"), or a pointwise conv's into the next conv's planes (planes_store_):
+  // each output band (rows x columns) is transposed in VMEM into one of two images (a
+  // channel's pixels a row mg elements apart, or a pixel's channels), and goes out from
+  // there a band later, so neither DMA is waited for when issued.
+  const bool to_planes = pst.addr >= 0 && wide_out;
+  const bool transposed = (nchw.addr >= 0 && wide_out) || to_planes;
+  auto nchw_bytes = [&](int64_t mg, int64_t ng) { return transposed ? 2 * ng * cw * C * mg * eo : 0; };
   // Rows [m0, m0 + mr) of batch element b as runs of an image's pixels: nrows x npx
   // pixels from (oh, ow) of image img, band row r, transposed pixel j. A run is an
   // output row's pixels (the first and last may be partial); runs of whole rows merge.
@@ -1321,13 +1348,36 @@ void Emitter::lower_matmul(const Node& n) {
   // image at tb (a channel every ts bytes): VMEM -> VMEM, element runs cost their bytes.
   auto transpose_out = [&](int flag, int64_t b, int64_t m0, int64_t mr, int64_t cols, int64_t src, int64_t sstride,
                            int64_t tb, int64_t ts) {
+    if (to_planes) {  // rows are channels, columns pixels: a pixel's mr channels together
+      dma_on(flag, vmem(tb), vmem(src), eo, dim(mr, sstride, eo) + dim(cols, eo, mr * eo));
+      return;
+    }
     for (const PixelRun& pr : pixel_runs(b, m0, mr))
       dma_on(flag, vmem(tb + pr.j * eo), vmem(src + pr.r * sstride), eo,
              dim(cols, eo, ts) + dim(pr.npx, sstride, eo) + dim(pr.nrows, nchw.Wq * sstride, nchw.OW * eo));
   };
   // The transposed image -> channels [n0, n0 + cols) of the NCHW output: per image a run a channel.
-  auto store_nchw = [&](int flag, int64_t b, int64_t m0, int64_t mr, int64_t n0, int64_t cols, int64_t tb,
-                        int64_t ts) {
+  auto store_out = [&](int flag, int64_t b, int64_t m0, int64_t mr, int64_t n0, int64_t cols, int64_t tb,
+                       int64_t ts) {
+    if (to_planes) {
+      // Pixels [n0, n0 + cols) of image b, a run an output row or whole rows at once,
+      // into the planes' rows of Wq pixels of M channels (one run a row when the band
+      // holds every channel).
+      const int64_t W = pst.W, Wq = pst.Wq;
+      for (int64_t p = n0; p < n0 + cols;) {
+        const int64_t oh = p / W, ow = p % W, npx = std::min(W - ow, n0 + cols - p);
+        const int64_t nrows = ow == 0 && npx == W ? (n0 + cols - p) / W : 1;
+        const int64_t dst = pst.addr + b * pst.image + ((pst.head + oh * Wq + ow) * M + m0) * eo;
+        const int64_t src = tb + (p - n0) * mr * eo;
+        const std::string rows = nrows > 1 ? dim(nrows, W * mr * eo, Wq * M * eo) : "";
+        if (mr == M)
+          dma_on(flag, hbm(dst), vmem(src), npx * M * eo, rows);
+        else
+          dma_on(flag, hbm(dst), vmem(src), mr * eo, dim(npx, mr * eo, M * eo) + rows);
+        p += npx * nrows;
+      }
+      return;
+    }
     const int64_t plane = nchw.OH * nchw.OW;
     const std::vector<PixelRun> rs = pixel_runs(b, m0, mr);
     for (size_t a = 0; a < rs.size();) {
@@ -1462,7 +1512,7 @@ void Emitter::lower_matmul(const Node& n) {
           vtop += o.full ? 2 * Mt * fstride_of(o, NG) : (o.scalar ? 2 : ntiles) * 8 * 128 * esz(o.dt);
         }
       }
-      // The two transposed images (to_nchw): a channel every TS bytes.
+      // The two transposed images (transposed): a channel every TS bytes.
       const int64_t TS = Mt * eo;
       auto timage = [&, tbase = vtop](size_t ti) { return tbase + static_cast<int64_t>(ti % 2) * NG * cw * C * TS; };
       auto tile_cols = [&](const auto& tl) { return std::min(NG * cw * C, N - tl.n0); };
@@ -1486,9 +1536,9 @@ void Emitter::lower_matmul(const Node& n) {
         const std::vector<Tile>& tiles = core_tiles[static_cast<size_t>(core)];
         if (tiles.empty()) continue;
         lhs_masks();
-        auto tile_store_nchw = [&](size_t ti) {
+        auto tile_store_out = [&](size_t ti) {
           const Tile& tl = tiles[ti];
-          store_nchw(kNchwFlag + static_cast<int>(ti % 2), tl.b, tl.m0, tl.mr, tl.n0, tile_cols(tl), timage(ti), TS);
+          store_out(kNchwFlag + static_cast<int>(ti % 2), tl.b, tl.m0, tl.mr, tl.n0, tile_cols(tl), timage(ti), TS);
         };
         // Passes and LHS bands of all the core's tiles in order: pass z uses panel slot
         // z % panels, band y slot y % BS.
@@ -1691,7 +1741,7 @@ void Emitter::lower_matmul(const Node& n) {
               const KStep& ks = seq[static_cast<size_t>(item_at[static_cast<size_t>(j2)].first)];
               const Pass& ps = ks.ps;
               if (ps.last && !out_waited && out_dmas[ob] > 0)  // the output buffer is free
-                wait_flag((to_nchw ? kXposeFlag : kOutFlag) + ob);
+                wait_flag((transposed ? kXposeFlag : kOutFlag) + ob);
               out_waited |= ps.last;
               if (ps.last && has_full && !full_waited) {
                 wait_flag(kEpiFlag + static_cast<int>(ti % 2));
@@ -1719,7 +1769,7 @@ void Emitter::lower_matmul(const Node& n) {
               // In the last pass each sub-band of OBs column groups (runs of kRunBytes) of a
               // piece's rows goes out once its last block is stored, so only the last one is
               // left at the end.
-              if (!to_nchw && ps.last && i == ks.b1 - 1 && ((ps.t + 1) % OBs == 0 || ps.t == tl.ng - 1)) {
+              if (!transposed && ps.last && i == ks.b1 - 1 && ((ps.t + 1) % OBs == 0 || ps.t == tl.ng - 1)) {
                 const int64_t o0 = Out.addr + tl.b * out_bs, g0 = ps.t / OBs * OBs;
                 const int64_t c0 = tl.n0 + g0 * cw * C, cols = std::min((ps.t + 1 - g0) * cw * C, N - c0);
                 const int64_t r0 = ks.b0 * 8, nr = std::min(tl.mr, ks.b1 * 8) - r0;
@@ -1735,22 +1785,22 @@ void Emitter::lower_matmul(const Node& n) {
               }
             }
           }
-          if (to_nchw) {
+          if (transposed) {
             // The tile before this one is transposed by now (a tile's passes ago): out it
             // goes, and this tile's band takes the transposed image it left two tiles ago.
             if (ti > 0) {
               wait_flag(kXposeFlag + static_cast<int>(static_cast<int64_t>(ti - 1) % OBUF));
-              tile_store_nchw(ti - 1);
+              tile_store_out(ti - 1);
             }
             if (ti >= 2) wait_flag(kNchwFlag + static_cast<int>(ti % 2));
             transpose_out(kXposeFlag + ob, tl.b, tl.m0, tl.mr, tile_cols(tl), obuf, tobs, timage(ti), TS);
             ++out_dmas[ob];
           }
         }
-        if (to_nchw) {
+        if (transposed) {
           const size_t last = tiles.size() - 1;
           wait_flag(kXposeFlag + static_cast<int>(static_cast<int64_t>(last) % OBUF));
-          tile_store_nchw(last);
+          tile_store_out(last);
           wait_flag(kNchwFlag);
           if (last > 0) wait_flag(kNchwFlag + 1);
         } else {
@@ -1758,7 +1808,7 @@ void Emitter::lower_matmul(const Node& n) {
           if (OBUF > 1) wait_flag(kOutFlag + 1);
         }
       }
-      nchw_stored_ = to_nchw;
+      transposed_stored_ = transposed;
       return;
     }
   }
@@ -1806,7 +1856,7 @@ void Emitter::lower_matmul(const Node& n) {
     if (!p) return;
     const int64_t k = nchw_bands[static_cast<size_t>(cur_)] - 1;
     wait_flag(kXposeFlag);
-    store_nchw(kNchwFlag + static_cast<int>(k % 2), p->b, p->m0, p->mr, p->n0, p->cols, timage(k), TS);
+    store_out(kNchwFlag + static_cast<int>(k % 2), p->b, p->m0, p->mr, p->n0, p->cols, timage(k), TS);
     p.reset();
   };
 
@@ -2074,7 +2124,7 @@ void Emitter::lower_matmul(const Node& n) {
               if ((ps.t - t_first) % OBb == OBb - 1 || ps.t == t_end - 1) {
                 const int64_t sn0 = bn0 + sub * OBb * cw * C, cols = std::min(OBb * cw * C, bn1 - sn0);
                 out_last[static_cast<size_t>(cur_)] = obuf(sub);
-                if (to_nchw) {
+                if (transposed) {
                   // The sub-band before it goes out, and this one takes the image that one
                   // two before left (its store issued a sub-band ago).
                   flush_nchw();
@@ -2112,7 +2162,7 @@ void Emitter::lower_matmul(const Node& n) {
       wait_flag(kNchwFlag + static_cast<int>(k));
   }
   cur_ = 0;
-  nchw_stored_ = to_nchw;
+  transposed_stored_ = transposed;
 }
 
 }  // namespace tpusim::compiler::lowering

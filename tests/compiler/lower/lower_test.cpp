@@ -649,6 +649,60 @@ TEST(LowerConv, ShiftedConvStoresNchwStraight) {
       }
 }
 
+// A pointwise conv read only by a stride-1 shifted conv stores its W x X tiles into
+// that conv's planes (docs/codegen.md, "Shifted convolutions"): each output band is
+// transposed in VMEM, a pixel's channels together, and written at its plane rows; the
+// padding is zeroed after. Bit-exact against evaluate() with K-streamed tiles over a
+// batch (4 images) and resident units that hold part of the channels (one image on
+// two cores: bands of 40 and 32 of 72), output sub-bands that end inside a row (35 x 33
+// pixels), a bias and a fused relu. The pointwise conv's
+// HBM stores are the planes, each byte once (no NCHW result), and the 3x3 conv builds
+// none (its only stores are its rearranged weights and its output).
+TEST(LowerConv, PointwiseResultsTransposedIntoTheNextConvsPlanes) {
+  auto ir = [](int64_t B, int64_t CIN, int64_t CO, int64_t H, int64_t W, int64_t C2) {
+    auto sh = [](std::vector<int64_t> d) {
+      std::string r = "[";
+      for (size_t i = 0; i < d.size(); ++i) r += (i ? "," : "") + std::to_string(d[i]);
+      return r + "]";
+    };
+    return "graph d {\n  input %x : f32" + sh({B, CIN, H, W}) + "\n  input %w1 : f32" + sh({CO, CIN, 1, 1}) +
+           "\n  input %b1 : f32" + sh({CO}) + "\n  input %w2 : f32" + sh({C2, CO, 3, 3}) +
+           "\n  %c = conv2d(%x, %w1, %b1) {dilations=[1,1], groups=1, pads=[0,0,0,0], strides=[1,1]} : f32" +
+           sh({B, CO, H, W}) + " #1\n  %r = relu(%c) : f32" + sh({B, CO, H, W}) +
+           " #2\n  %d = conv2d(%r, %w2) {dilations=[1,1], groups=1, pads=[1,1,1,1], strides=[1,1]} : f32" +
+           sh({B, C2, H, W}) + " #3\n  output %d\n}\n";
+  };
+  struct Case {
+    int64_t B, CIN, CO, H, W, C2;
+  };
+  const std::vector<Case> cases = {{4, 24, 64, 9, 11, 20}, {1, 40, 72, 6, 7, 9}, {1, 24, 72, 35, 33, 9}};
+  for (auto p : kPolicies)
+    for (int cores : {1, 2})
+      for (const Case& c : cases) {
+        SCOPED_TRACE(std::to_string(c.B) + " images on " + std::to_string(cores) + " cores");
+        const std::string g = ir(c.B, c.CIN, c.CO, c.H, c.W, c.C2);
+        expect_bit_exact(g, p, target(2, 128, 128), 1, cores);
+        LowerOptions lo;
+        lo.target = target(2, 128, 128);
+        lo.policy = p;
+        lo.cores = cores;
+        const LowerResult lr = lower_graph(parse_graph(g, "test.ir"), lo);
+        std::map<int, int64_t> stored;
+        for (const auto& core : lr.bundle.cores)
+          for (const auto& in : core.code) {
+            if (in.op != isa::Op::kDma || in.dst.space != isa::Space::kHbm) continue;
+            int64_t bytes = in.imm;
+            for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
+            stored[in.op_id] += bytes;
+          }
+        const int64_t e = p == PrecisionPolicy::kBf16 ? 2 : 4;
+        // Planes of H + 3 rows (the padding and what the last row's dropped pixels read)
+        // of W + 2 pixels.
+        EXPECT_EQ(stored[1], c.B * (c.H + 3) * (c.W + 2) * c.CO * e);
+        EXPECT_EQ(stored[3], (9 * c.CO * c.C2 + c.B * c.C2 * c.H * c.W) * e);
+      }
+}
+
 // A conv whose patches fit a chunk per MXU (the stems: 3 channels, K = KH*KW*3) pushes
 // its patches as the MXUs' columns and computes NCHW tiles (docs/codegen.md, "Stems:
 // patches pushed as columns"): bit-exact against evaluate() with a 7x7 stride-2 conv
