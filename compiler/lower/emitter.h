@@ -348,8 +348,14 @@ class Emitter {
   void conv_weights(const Node& n, int64_t g, int64_t Wm, bool const_w);
   // A 1x1 conv2d as the matmul W x X per image, in NCHW (matrix.cpp).
   void lower_pointwise(const Node& n);
+  // `members`: how many of n's chain the matmul's epilogue applies (-1: all).
   void conv_matmul(const Node& n, const std::string& tag, const std::string& lhs, const std::string& rhs,
-                   const Shape& shape);
+                   const Shape& shape, int members = -1);
+  // A shifted conv on full-width MXUs stores its NCHW result itself (lower_matmul's
+  // nchw_out_), so a fused member may take an operand of its shape: it runs on the
+  // transposed bands (NCHW), after the epilogue.
+  bool stores_nchw_bands(const Node& conv) const;
+  size_t first_on_bands(const Node& conv) const;
   void lower_all_reduce(const Node& n);  // collective.cpp
   void lower_direct_collective(const Node& n);  // all_gather, reduce_scatter, all_to_all
   // grad.cpp: the training graphs' backward ops (docs/training.md).
@@ -435,13 +441,17 @@ class Emitter {
   // when a conv's NHWC result goes straight into its consumer's planes.
   int64_t out_batch_stride_ = 0;
   // Set by lower_conv_shifted for one lower_matmul: the conv's NCHW output (addr < 0:
-  // none). The K-streamed tiles store it straight, each tile's rows transposed
-  // through VMEM, instead of NHWC rows that move_to_nchw reads back;
-  // transposed_stored_ says they did. Matmul row m is pixel m % Wq of output row m / Wq (pixels >= OW
-  // dropped) of image b, or with `prow` (a tall matmul over the batch) of image
-  // m / prow at row m % prow (rows >= OH * Wq dropped).
+  // none). The matmul stores it straight, each output band transposed through VMEM,
+  // instead of NHWC rows that move_to_nchw reads back; transposed_stored_ says it did.
+  // Matmul row m is pixel m % Wq of output row m / Wq (pixels >= OW dropped) of image
+  // b, or with `prow` (a tall matmul over the batch) of image m / prow at row m % prow
+  // (rows >= OH * Wq dropped). `post`: the chain's members from the first whose operand
+  // is a tensor of the conv's shape (NCHW) on, applied to the transposed bands; `run`
+  // is the value the first of them reads.
   struct NchwOut {
     int64_t addr = -1, OH = 0, OW = 0, Wq = 0, prow = 0;
+    std::vector<const Node*> post;
+    std::string run;
   } nchw_out_;
   // Set by lower_pointwise for one lower_matmul: its W x X tiles (rows channels, columns
   // pixels) go transposed into the next conv's planes (plan_planes_out): pixel

@@ -20,7 +20,9 @@ bool unary(const Node& m) { return m.inputs.size() == 1; }
 // other use and is no graph output, the member's shape is the root's (matmul,
 // elementwise) or its other operand is a single element (conv2d, whose tiles are
 // NHWC while the tensors are NCHW; a pointwise conv's are NCHW, so an operand of its
-// shape too), and that operand exists before the root runs.
+// shape too; a shifted conv that stores NCHW bands takes one such operand, of its
+// dtype, after which only unary members), and that operand exists before the root
+// runs.
 // The first member that fails ends the chain; it and later ones run on their own.
 void Emitter::plan_fusion() {
   chains_.clear();
@@ -35,6 +37,7 @@ void Emitter::plan_fusion() {
   std::map<int, size_t> index_of;
   for (size_t k = 0; k < g_.nodes.size(); ++k) index_of[g_.nodes[k].id] = k;
   std::set<int> cut;  // roots whose chain has ended
+  std::set<int> on_bands;  // shifted convs whose chain has reached its members on NCHW bands
   std::map<int, std::string> end;
   for (size_t k = 0; k < g_.nodes.size(); ++k) {
     const Node& m = g_.nodes[k];
@@ -57,13 +60,21 @@ void Emitter::plan_fusion() {
       auto it = defined_at.find(other);
       ok = it == defined_at.end() || it->second < ri;
       const Shape& os = t_.at(other).type.shape;
-      // A pointwise conv's tiles are NCHW (lower_pointwise): an operand of its shape too.
-      if (root.op == OpKind::kConv2d)
-        ok = ok && (num_elements(os) == 1 ||
-                    (conv_tiles_nchw(root, t_.at(root.inputs[1]).type.shape) && os == root.type.shape));
+      // A pointwise conv's tiles are NCHW (lower_pointwise): an operand of its shape too;
+      // a shifted conv's NCHW bands take one, its own dtype, and only unary members after.
+      if (root.op == OpKind::kConv2d) {
+        const bool nchw_tiles = conv_tiles_nchw(root, t_.at(root.inputs[1]).type.shape);
+        const bool bands = !nchw_tiles && os == root.type.shape && !on_bands.count(root.id) &&
+                           t_.at(other).type.dtype == root.type.dtype && m.type.dtype == root.type.dtype &&
+                           stores_nchw_bands(root);
+        ok = ok && !on_bands.count(root.id) &&
+             (num_elements(os) == 1 || (nchw_tiles && os == root.type.shape) || bands);
+        if (ok && bands) on_bands.insert(root.id);
+      }
       if (t_.at(other).type.dtype == DType::kI64) ok = false;
     }
     if (ok) ok = m.type.shape == root.type.shape;
+    if (ok && on_bands.count(root.id)) ok = m.type.dtype == root.type.dtype;
     if (ok && m.op == OpKind::kPow) {
       const float p = m.attr_float("exponent");
       ok = p == 0.5f || p == 1.0f || p == 2.0f || p == 3.0f;

@@ -147,6 +147,24 @@ bool Emitter::shift_planes(const Node& n, ShiftPlanes* sp) const {
   return staging_fits(CI * H * W * ex, p.image);
 }
 
+// The index in n's chain of the first member whose other operand is a tensor (not a
+// single element): on a shifted conv it and the rest run on the NCHW bands (fusion.cpp).
+size_t Emitter::first_on_bands(const Node& n) const {
+  const std::vector<const Node*>& chain = chain_of(n);
+  std::string run = n.output;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    const Node& m = *chain[i];
+    if (m.inputs.size() == 2 && num_elements(t_.at(m.inputs[m.inputs[0] == run ? 1 : 0]).type.shape) > 1) return i;
+    run = m.output;
+  }
+  return chain.size();
+}
+
+bool Emitter::stores_nchw_bands(const Node& n) const {
+  ShiftPlanes sp;
+  return n.op == OpKind::kConv2d && opt_.target.mxu_cols == 128 && shift_planes(n, &sp);
+}
+
 // Before the nodes are lowered: a shifted conv whose chain's end is read by one node
 // only, a shifted conv of one phase (stride 1) whose planes are rows of the same Wq
 // pixels, writes its NHWC result straight into those planes (lower_conv_shifted):
@@ -166,7 +184,7 @@ void Emitter::plan_planes_out() {
     if (!pw && !shift_planes(n, &mine)) continue;
     const std::vector<const Node*>& chain = chain_of(n);
     const Node& last = chain.empty() ? n : *chain.back();
-    if (readers[last.output] != 1) continue;
+    if (readers[last.output] != 1 || (!pw && first_on_bands(n) < chain.size())) continue;
     const Node& next = *reader_of.at(last.output);
     if (next.op != OpKind::kConv2d || next.inputs[0] != last.output || !shift_planes(next, &theirs)) continue;
     const auto& pads = next.attr_ints("pads");
@@ -298,11 +316,16 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   shifted_.prow = prow;
   for (const auto& [idx, shift] : sp.tap_at) shifted_.tap_rows.push_back(idx * prow + shift);
   sync_all();
+  // Members from the first with an operand of the conv's shape on run on the NCHW bands.
+  const size_t on_bands = first_on_bands(n);
   if (planes_out) out_batch_stride_ = po->second.image;
-  else nchw_out_ = NchwOut{t_.at(last.output).addr, OH, OW, Wq, tall ? prow : 0};
-  conv_matmul(n, tag, tag + "p", tag + "w", {MB, MR, CO});
+  else nchw_out_ = NchwOut{t_.at(last.output).addr, OH, OW, Wq, tall ? prow : 0,
+                           std::vector<const Node*>(chain.begin() + static_cast<std::ptrdiff_t>(on_bands), chain.end()),
+                           on_bands == 0 ? n.output : chain[on_bands - 1]->output};
+  conv_matmul(n, tag, tag + "p", tag + "w", {MB, MR, CO}, static_cast<int>(on_bands));
   sync_all();
   if (std::exchange(transposed_stored_, false)) return true;
+  if (on_bands < chain.size()) fail(n, "internal: fused members on NCHW bands, not stored so");
   if (!planes_out) {
     move_to_nchw(Y, t_.at(last.output).addr, NB, OH, OW, Wq, CO, CO, 0, last.type.dtype, ystride);
     return true;
@@ -796,7 +819,7 @@ void Emitter::lower_pointwise(const Node& n) {
 // Conv n's matmul lhs x rhs (+ tag + "b", n's bias as the caller placed it) into
 // tag + "y", with n's fused members in its epilogue.
 void Emitter::conv_matmul(const Node& n, const std::string& tag, const std::string& lhs, const std::string& rhs,
-                          const Shape& shape) {
+                          const Shape& shape, int members) {
   Node mm;
   mm.id = n.id;
   mm.op = OpKind::kMatmul;
@@ -805,6 +828,7 @@ void Emitter::conv_matmul(const Node& n, const std::string& tag, const std::stri
   mm.output = tag + "y";
   mm.type = TensorType{n.type.dtype, shape};
   epi_ = chain_of(n);
+  if (members >= 0) epi_.resize(static_cast<size_t>(members));
   epi_dst_ = tag + "y";
   epi_src_ = n.output;
   lower_matmul(mm);
@@ -1312,7 +1336,22 @@ void Emitter::lower_matmul(const Node& n) {
   // there a band later, so neither DMA is waited for when issued.
   const bool to_planes = pst.addr >= 0 && wide_out;
   const bool transposed = (nchw.addr >= 0 && wide_out) || to_planes;
-  auto nchw_bytes = [&](int64_t mg, int64_t ng) { return transposed ? 2 * ng * cw * C * mg * eo : 0; };
+  // Members on the NCHW bands (nchw.post): their tensor operand's band comes with the
+  // transpose, into an image of the same layout beside it.
+  const bool post = transposed && !nchw.post.empty();
+  int64_t post_operand = -1;
+  {
+    std::string run = nchw.run;
+    for (const Node* m : nchw.post) {
+      if (m->inputs.size() == 2) post_operand = t_.at(m->inputs[m->inputs[0] == run ? 1 : 0]).addr;
+      run = m->output;
+    }
+  }
+  const int64_t images = post ? 2 : 1;  // transposed images a band: the result's, the operand's
+  // A transposed image's channel stride for bands of mg rows: an odd number of 8 x 128
+  // tiles' rows, so the members' loads of 8 channels hit 8 VMEM banks, not one.
+  auto tstride = [&](int64_t mg) { return odd_stride(mg * eo, 128 * eo); };
+  auto nchw_bytes = [&](int64_t mg, int64_t ng) { return transposed ? 2 * images * ng * cw * C * tstride(mg) : 0; };
   // Rows [m0, m0 + mr) of batch element b as runs of an image's pixels: nrows x npx
   // pixels from (oh, ow) of image img, band row r, transposed pixel j. A run is an
   // output row's pixels (the first and last may be partial); runs of whole rows merge.
@@ -1344,10 +1383,28 @@ void Emitter::lower_matmul(const Node& n) {
     }
     return v;
   };
+  // The runs of each image: its first, and the band's pixels of it in the image.
+  auto image_runs = [&](int64_t b, int64_t m0, int64_t mr) {
+    std::vector<std::pair<PixelRun, int64_t>> v;
+    const std::vector<PixelRun> rs = pixel_runs(b, m0, mr);
+    for (size_t a = 0; a < rs.size();) {
+      size_t z = a + 1;
+      while (z < rs.size() && rs[z].img == rs[a].img) ++z;
+      v.push_back({rs[a], rs[z - 1].j + rs[z - 1].npx * rs[z - 1].nrows - rs[a].j});
+      a = z;
+    }
+    return v;
+  };
+  // Channels [n0, n0 + cols) of an NCHW tensor at `addr`: image f.img's pixels from
+  // (f.oh, f.ow) on, a run a channel.
+  auto nchw_at = [&](int64_t addr, const PixelRun& f, int64_t n0) {
+    return addr + ((f.img * N + n0) * nchw.OH * nchw.OW + f.oh * nchw.OW + f.ow) * eo;
+  };
   // An output band (rows `sstride` bytes apart at src, `cols` columns) -> the transposed
-  // image at tb (a channel every ts bytes): VMEM -> VMEM, element runs cost their bytes.
-  auto transpose_out = [&](int flag, int64_t b, int64_t m0, int64_t mr, int64_t cols, int64_t src, int64_t sstride,
-                           int64_t tb, int64_t ts) {
+  // image at tb (a channel every ts bytes): VMEM -> VMEM, element runs cost their bytes;
+  // the NCHW band of the members' operand into rb beside it.
+  auto transpose_out = [&](int flag, int64_t b, int64_t m0, int64_t mr, int64_t n0, int64_t cols, int64_t src,
+                           int64_t sstride, int64_t tb, int64_t ts, int64_t rb) {
     if (to_planes) {  // rows are channels, columns pixels: a pixel's mr channels together
       dma_on(flag, vmem(tb), vmem(src), eo, dim(mr, sstride, eo) + dim(cols, eo, mr * eo));
       return;
@@ -1355,10 +1412,62 @@ void Emitter::lower_matmul(const Node& n) {
     for (const PixelRun& pr : pixel_runs(b, m0, mr))
       dma_on(flag, vmem(tb + pr.j * eo), vmem(src + pr.r * sstride), eo,
              dim(cols, eo, ts) + dim(pr.npx, sstride, eo) + dim(pr.nrows, nchw.Wq * sstride, nchw.OW * eo));
+    if (post_operand >= 0)
+      for (const auto& [f, px] : image_runs(b, m0, mr))
+        dma_on(flag, vmem(rb + f.j * eo), hbm(nchw_at(post_operand, f, n0)), px * eo,
+               dim(cols, nchw.OH * nchw.OW * eo, ts));
+  };
+  // The members on the NCHW bands, on the transposed image at tb in place (8 channels x
+  // 128 pixels a register), their operand's band at rb, as the epilogue would run them
+  // (the running value rounded to its dtype before each; the first reads it as
+  // stored). With the registers free (`many`: between K-streamed tiles) six blocks at a
+  // time in v0..v23 so the loads' and ops' latencies overlap; else one in v28..v31.
+  // Lanes past the band's pixels are masked (m1).
+  auto run_post = [&](int64_t b, int64_t m0, int64_t mr, int64_t cols, int64_t tb, int64_t ts, int64_t rb, bool many) {
+    int64_t J = 0;
+    for (const auto& run : image_runs(b, m0, mr)) J += run.second;
+    const bool ragged = cols % 8 != 0;  // each masked block sets its own mask
+    const int64_t G = many && !ragged ? 6 : 1, base = many && !ragged ? 0 : 28;
+    struct Blk {
+      int64_t off, rows, lanes;
+    };
+    std::vector<Blk> blks;
+    for (int64_t p0 = 0; p0 < J; p0 += 128)
+      for (int64_t c0 = 0; c0 < cols; c0 += 8)
+        blks.push_back(Blk{c0 * ts + p0 * eo, std::min<int64_t>(8, cols - c0), std::min<int64_t>(128, J - p0)});
+    if (!ragged && J % 128) line("vmask m1, 8, " + std::to_string(J % 128));
+    auto v = [&](int64_t g, int k) { return static_cast<int>(base + 4 * g + k); };
+    auto vs = [&](int64_t g, int k) { return "v" + std::to_string(v(g, k)); };
+    for (size_t i0 = 0; i0 < blks.size(); i0 += static_cast<size_t>(G)) {
+      const int64_t n = std::min<int64_t>(G, static_cast<int64_t>(blks.size() - i0));
+      auto tail = [&](int64_t g) {
+        const Blk& k = blks[i0 + static_cast<size_t>(g)];
+        return ", stride=" + std::to_string(ts) + (k.rows < 8 || k.lanes < 128 ? ", mask=m1" : "");
+      };
+      if (ragged && (blks[i0].rows < 8 || blks[i0].lanes < 128))
+        line("vmask m1, " + std::to_string(blks[i0].rows) + ", " + std::to_string(blks[i0].lanes));
+      for (int64_t g = 0; g < n; ++g)
+        line(std::string(ld(ot)) + " " + vs(g, 0) + ", " + at(tb + blks[i0 + static_cast<size_t>(g)].off) + tail(g));
+      if (post_operand >= 0)
+        for (int64_t g = 0; g < n; ++g)
+          line(std::string(ld(ot)) + " " + vs(g, 1) + ", " + at(rb + blks[i0 + static_cast<size_t>(g)].off) + tail(g));
+      std::string run = nchw.run;
+      for (size_t k = 0; k < nchw.post.size(); ++k) {
+        const Node& m = *nchw.post[k];
+        const bool first = m.inputs.size() == 1 || m.inputs[0] == run;
+        for (int64_t g = 0; g < n; ++g) {
+          if (k > 0 && ot == DType::kBf16) line("vcvt.bf16 " + vs(g, 0) + ", " + vs(g, 0));
+          emit_op(m, v(g, 0), first ? v(g, 0) : v(g, 1), first ? v(g, 1) : v(g, 0), v(g, 2), v(g, 3));
+        }
+        run = m.output;
+      }
+      for (int64_t g = 0; g < n; ++g)
+        line(std::string(st(ot)) + " " + vs(g, 0) + ", " + at(tb + blks[i0 + static_cast<size_t>(g)].off) + tail(g));
+    }
   };
   // The transposed image -> channels [n0, n0 + cols) of the NCHW output: per image a run a channel.
   auto store_out = [&](int flag, int64_t b, int64_t m0, int64_t mr, int64_t n0, int64_t cols, int64_t tb,
-                       int64_t ts) {
+                       int64_t ts, int64_t rb, bool many) {
     if (to_planes) {
       // Pixels [n0, n0 + cols) of image b, a run an output row or whole rows at once,
       // into the planes' rows of Wq pixels of M channels (one run a row when the band
@@ -1378,17 +1487,9 @@ void Emitter::lower_matmul(const Node& n) {
       }
       return;
     }
-    const int64_t plane = nchw.OH * nchw.OW;
-    const std::vector<PixelRun> rs = pixel_runs(b, m0, mr);
-    for (size_t a = 0; a < rs.size();) {
-      size_t z = a + 1;
-      while (z < rs.size() && rs[z].img == rs[a].img) ++z;
-      const PixelRun& f = rs[a];
-      const int64_t px = rs[z - 1].j + rs[z - 1].npx * rs[z - 1].nrows - f.j;
-      dma_on(flag, hbm(nchw.addr + ((f.img * N + n0) * plane + f.oh * nchw.OW + f.ow) * eo), vmem(tb + f.j * eo),
-             px * eo, dim(cols, ts, plane * eo));
-      a = z;
-    }
+    if (post) run_post(b, m0, mr, cols, tb, ts, rb, many);
+    for (const auto& [f, px] : image_runs(b, m0, mr))
+      dma_on(flag, hbm(nchw_at(nchw.addr, f, n0)), vmem(tb + f.j * eo), px * eo, dim(cols, ts, nchw.OH * nchw.OW * eo));
   };
   constexpr int kXposeFlag = 17, kNchwFlag = 19;  // transposes (f17, f18), NCHW stores (f19, f20)
   auto need = [&](int64_t mg, bool res, int64_t bg) {
@@ -1513,8 +1614,8 @@ void Emitter::lower_matmul(const Node& n) {
         }
       }
       // The two transposed images (transposed): a channel every TS bytes.
-      const int64_t TS = Mt * eo;
-      auto timage = [&, tbase = vtop](size_t ti) { return tbase + static_cast<int64_t>(ti % 2) * NG * cw * C * TS; };
+      const int64_t TS = tstride(Mt);
+      auto timage = [&, tbase = vtop](size_t ti) { return tbase + static_cast<int64_t>(ti % 2) * images * NG * cw * C * TS; };
       auto tile_cols = [&](const auto& tl) { return std::min(NG * cw * C, N - tl.n0); };
       struct Tile {
         int64_t b, m0, mr, n0, ng;
@@ -1538,7 +1639,8 @@ void Emitter::lower_matmul(const Node& n) {
         lhs_masks();
         auto tile_store_out = [&](size_t ti) {
           const Tile& tl = tiles[ti];
-          store_out(kNchwFlag + static_cast<int>(ti % 2), tl.b, tl.m0, tl.mr, tl.n0, tile_cols(tl), timage(ti), TS);
+          store_out(kNchwFlag + static_cast<int>(ti % 2), tl.b, tl.m0, tl.mr, tl.n0, tile_cols(tl), timage(ti), TS,
+                    timage(ti) + NG * cw * C * TS, true);
         };
         // Passes and LHS bands of all the core's tiles in order: pass z uses panel slot
         // z % panels, band y slot y % BS.
@@ -1793,7 +1895,8 @@ void Emitter::lower_matmul(const Node& n) {
               tile_store_out(ti - 1);
             }
             if (ti >= 2) wait_flag(kNchwFlag + static_cast<int>(ti % 2));
-            transpose_out(kXposeFlag + ob, tl.b, tl.m0, tl.mr, tile_cols(tl), obuf, tobs, timage(ti), TS);
+            transpose_out(kXposeFlag + ob, tl.b, tl.m0, tl.mr, tl.n0, tile_cols(tl), obuf, tobs, timage(ti), TS,
+                          timage(ti) + NG * cw * C * TS);
             ++out_dmas[ob];
           }
         }
@@ -1847,8 +1950,8 @@ void Emitter::lower_matmul(const Node& n) {
   struct SubBand {
     int64_t b, m0, mr, n0, cols;
   };
-  const int64_t TS = Mg * eo;
-  auto timage = [&, tbase = top](int64_t k) { return tbase + k % 2 * OBb * cw * C * TS; };
+  const int64_t TS = tstride(Mg);
+  auto timage = [&, tbase = top](int64_t k) { return tbase + k % 2 * images * OBb * cw * C * TS; };
   std::vector<std::optional<SubBand>> nchw_pending(static_cast<size_t>(cores_));
   std::vector<int64_t> nchw_bands(static_cast<size_t>(cores_), 0);
   auto flush_nchw = [&]() {  // the pending sub-band's store, once its transpose is done
@@ -1856,7 +1959,8 @@ void Emitter::lower_matmul(const Node& n) {
     if (!p) return;
     const int64_t k = nchw_bands[static_cast<size_t>(cur_)] - 1;
     wait_flag(kXposeFlag);
-    store_out(kNchwFlag + static_cast<int>(k % 2), p->b, p->m0, p->mr, p->n0, p->cols, timage(k), TS);
+    store_out(kNchwFlag + static_cast<int>(k % 2), p->b, p->m0, p->mr, p->n0, p->cols, timage(k), TS,
+              timage(k) + OBb * cw * C * TS, false);
     p.reset();
   };
 
@@ -2130,7 +2234,8 @@ void Emitter::lower_matmul(const Node& n) {
                   flush_nchw();
                   int64_t& k = nchw_bands[static_cast<size_t>(cur_)];
                   if (k >= 2) wait_flag(kNchwFlag + static_cast<int>(k % 2));
-                  transpose_out(kXposeFlag, b, m0, mr, cols, out_base + obuf(sub) * Mg * obs, obs, timage(k), TS);
+                  transpose_out(kXposeFlag, b, m0, mr, sn0, cols, out_base + obuf(sub) * Mg * obs, obs, timage(k), TS,
+                                timage(k) + OBb * cw * C * TS);
                   nchw_pending[static_cast<size_t>(cur_)] = SubBand{b, m0, mr, sn0, cols};
                   ++k;
                 } else {

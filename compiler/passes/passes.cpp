@@ -246,6 +246,12 @@ bool conv_tiles_nchw(const Node& conv, const Shape& ws) {
          (!conv.has_attr("groups") || conv.attr_int("groups") == 1) && all("pads", 0) && (all("strides", 1) || wide);
 }
 
+bool conv_bands_nchw(const Node& conv, const Shape& ws, DType in) {
+  const int64_t e = in == DType::kBf16 ? 2 : 4;
+  return ws.size() == 4 && !conv_tiles_nchw(conv, ws) && (!conv.has_attr("groups") || conv.attr_int("groups") == 1) &&
+         !(ws[2] == 1 && ws[3] == 1) && ws[1] * e >= 128;
+}
+
 void fuse_elementwise(Graph& g) {
   const auto uses = use_counts(g);
   std::map<std::string, size_t> at;  // tensor -> index of the node defining it
@@ -253,6 +259,7 @@ void fuse_elementwise(Graph& g) {
   std::map<int, size_t> index_of;
   for (size_t k = 0; k < g.nodes.size(); ++k) index_of[g.nodes[k].id] = k;
   std::map<int, std::string> chain_end;  // root id -> the tensor its kernel holds in registers
+  std::set<int> on_bands;                // convs whose chain has taken an operand on NCHW bands
   const auto types = g.types();
   for (size_t k = 0; k < g.nodes.size(); ++k) {
     Node& n = g.nodes[k];
@@ -269,20 +276,29 @@ void fuse_elementwise(Graph& g) {
       if (chain_end.count(root_id) ? chain_end[root_id] != in : root_id != p.id) continue;
       // Same tiles as the root's result.
       if (n.type.shape != root.type.shape) continue;
+      if (on_bands.count(root_id) && (n.inputs.size() == 2 || n.type.dtype != root.type.dtype)) continue;
+      bool bands = false;
       if (n.inputs.size() == 2) {
         if (n.inputs[0] == n.inputs[1]) continue;
         const std::string& other = n.inputs[0] == in ? n.inputs[1] : n.inputs[0];
         // The other operand must exist when the root's kernel runs; a conv's tiles
         // are NHWC while tensors are NCHW, so it takes only a single element there,
         // but for a pointwise conv's NCHW tiles (a bottleneck's residual add) an
-        // operand of its own shape too.
+        // operand of its own shape too, and a shifted conv's NCHW bands one of its
+        // shape and dtype (a basic block's residual add), unary members only after it
+        // (the lowering checks the target: full-width MXUs).
         auto ot = at.find(other);
         if (ot != at.end() && ot->second >= index_of.at(root_id)) continue;
         const int64_t on = num_elements(types.at(other).shape);
-        if (root.op == OpKind::kConv2d && on != 1 &&
-            !(conv_tiles_nchw(root, types.at(root.inputs[1]).shape) && types.at(other).shape == root.type.shape))
-          continue;
+        if (root.op == OpKind::kConv2d && on != 1) {
+          const Shape& ws = types.at(root.inputs[1]).shape;
+          const bool same = types.at(other).shape == root.type.shape;
+          bands = same && types.at(other).dtype == root.type.dtype && n.type.dtype == root.type.dtype &&
+                  conv_bands_nchw(root, ws, types.at(root.inputs[0]).dtype);
+          if (!(conv_tiles_nchw(root, ws) && same) && !bands) continue;
+        }
       }
+      if (bands) on_bands.insert(root_id);
       n.fusion_group = root_id;
       chain_end[root_id] = n.output;
       break;

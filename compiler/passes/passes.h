@@ -66,6 +66,12 @@ void fuse_elementwise(Graph& g);
 // depthwise conv there).
 bool conv_tiles_nchw(const Node& conv, const Shape& w);
 
+// Whether the lowering may store this conv2d's result as NCHW bands and apply a fused
+// member with an operand of its shape there: an ungrouped conv of taps of at least 128
+// bytes of channels (input dtype `in`) that is not pointwise, a shifted conv
+// (docs/codegen.md); the lowering re-checks against the target (full-width MXUs).
+bool conv_bands_nchw(const Node& conv, const Shape& w, DType in);
+
 // Removes identity nodes (exporters emit them for shared initializers) whose
 // result is not a graph output; their users read the operand instead.
 void fold_identity(Graph& g);

@@ -205,6 +205,24 @@ TEST(Passes, FuseElementwiseMarksGroups) {
   const std::string out2 = run(strided, "fuse-elementwise");
   EXPECT_NE(out2.find("%a = add(%c, %skip) : f32[1,2,2,2] #1\n"), std::string::npos) << out2;
   EXPECT_NE(out2.find("%r = relu(%a) : f32[1,2,2,2] #2 fusion=#1\n"), std::string::npos) << out2;
+  // A shifted conv (3x3, taps of 64 channels: 256 bytes) takes one operand of its shape
+  // on its NCHW bands, then unary members only: the add and the relu join it, the mul
+  // after them roots its own group.
+  const std::string shifted = R"(graph s {
+  input %x : f32[1,64,4,4]
+  input %w : f32[2,64,3,3]
+  input %skip : f32[1,2,4,4]
+  %c = conv2d(%x, %w) {dilations=[1,1], groups=1, pads=[1,1,1,1], strides=[1,1]} : f32[1,2,4,4] #0
+  %a = add(%skip, %c) : f32[1,2,4,4] #1
+  %r = relu(%a) : f32[1,2,4,4] #2
+  %m = mul(%r, %skip) : f32[1,2,4,4] #3
+  output %m
+}
+)";
+  const std::string out3 = run(shifted, "fuse-elementwise");
+  EXPECT_NE(out3.find("%a = add(%skip, %c) : f32[1,2,4,4] #1 fusion=#0\n"), std::string::npos) << out3;
+  EXPECT_NE(out3.find("%r = relu(%a) : f32[1,2,4,4] #2 fusion=#0\n"), std::string::npos) << out3;
+  EXPECT_NE(out3.find("%m = mul(%r, %skip) : f32[1,2,4,4] #3\n"), std::string::npos) << out3;
   // %t has two users: its consumers cannot run on its output tile in registers.
   EXPECT_NE(out.find("%u = sigmoid(%t) : f32[1,2,4,4] #4\n"), std::string::npos) << out;
   EXPECT_NE(out.find("%v = exp(%t) : f32[1,2,4,4] #5\n"), std::string::npos) << out;

@@ -649,6 +649,61 @@ TEST(LowerConv, ShiftedConvStoresNchwStraight) {
       }
 }
 
+// A shifted conv's residual add (a basic block's: conv, + identity, relu) joins its
+// group and runs on the NCHW bands after the transpose, the identity's band fetched
+// beside each (docs/codegen.md, "Shifted convolutions"): bit-exact against evaluate()
+// with K-streamed tiles (two on a core, their registers free: six blocks at a time),
+// resident units (one register block), the operand first or second (sub), a ragged
+// channel count (cols % 8 != 0: a mask a block), ragged pixel counts, and columns
+// split over the cores (bands from channel 256 on, the operand's too); the add and
+// the relu have no code of their own, and the conv's HBM stores are its planes, its
+// rearranged weights and the chain's end once.
+TEST(LowerConv, ResidualAddOnTheNchwBands) {
+  auto ir = [](const std::string& x, const std::string& w, const std::string& y, const std::string& op,
+               bool conv_first) {
+    const std::string a = conv_first ? "%c, %z" : "%z, %c";
+    return "graph d {\n  input %x : f32" + x + "\n  input %w : f32" + w + "\n  input %z : f32" + y +
+           "\n  %c = conv2d(%x, %w) {dilations=[1,1], groups=1, pads=[1,1,1,1], strides=[1,1]} : f32" + y +
+           " #1\n  %a = " + op + "(" + a + ") : f32" + y + " #2\n  %r = relu(%a) : f32" + y +
+           " #3\n  output %r\n}\n";
+  };
+  struct Case {
+    std::string x, w, y, op;
+    bool conv_first;
+    int64_t planes, weights, out;
+  };
+  const std::vector<Case> cases = {
+      {"[1,64,80,70]", "[40,64,3,3]", "[1,40,80,70]", "add", true, 83 * 72 * 64, 576 * 40, 40 * 80 * 70},
+      {"[2,64,9,8]", "[21,64,3,3]", "[2,21,9,8]", "sub", false, 2 * 12 * 10 * 64, 576 * 21, 2 * 21 * 72},
+      {"[6,64,5,5]", "[300,64,3,3]", "[6,300,5,5]", "add", false, 6 * 8 * 7 * 64, 576 * 300, 6 * 300 * 25},
+      {"[1,64,6,7]", "[300,64,3,3]", "[1,300,6,7]", "add", true, 9 * 9 * 64, 576 * 300, 300 * 42},
+  };
+  for (auto p : kPolicies)
+    for (int cores : {1, 2})
+      for (const Case& c : cases) {
+        SCOPED_TRACE(c.x + " " + c.op + " on " + std::to_string(cores) + " cores");
+        const std::string g = ir(c.x, c.w, c.y, c.op, c.conv_first);
+        expect_bit_exact(g, p, target(2, 128, 128), 1, cores);
+        LowerOptions lo;
+        lo.target = target(2, 128, 128);
+        lo.policy = p;
+        lo.cores = cores;
+        const LowerResult lr = lower_graph(parse_graph(g, "test.ir"), lo);
+        int64_t stored = 0;
+        for (const auto& core : lr.bundle.cores)
+          for (const auto& in : core.code) {
+            EXPECT_NE(in.op_id, 2);
+            EXPECT_NE(in.op_id, 3);
+            if (in.op != isa::Op::kDma || in.dst.space != isa::Space::kHbm) continue;
+            int64_t bytes = in.imm;
+            for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
+            stored += bytes;
+          }
+        const int64_t e = p == PrecisionPolicy::kBf16 ? 2 : 4;
+        EXPECT_EQ(stored, (c.planes + c.weights + c.out) * e);
+      }
+}
+
 // A pointwise conv read only by a stride-1 shifted conv stores its W x X tiles into
 // that conv's planes (docs/codegen.md, "Shifted convolutions"): each output band is
 // transposed in VMEM, a pixel's channels together, and written at its plane rows; the
