@@ -122,6 +122,20 @@ LowerResult Emitter::run() {
     if (fused_away(n) && chain_of(g_.nodes[index_of.at(fused_.at(n.id))]).back() != &n) stored[k] = false;
   }
   std::set<std::string> kept(g_.outputs.begin(), g_.outputs.end());
+  // A reshape or flatten (row-major: the same bytes in the same order) that is not a
+  // graph output is its operand, not a copy of it: its result takes the operand's
+  // address, and the tensor that owns those bytes (a chain of them resolves to it) is
+  // given back after the last read of either. BERT's head splits and merges each
+  // copied 3 MB at batch 8.
+  std::map<std::string, std::string> owner;  // aliased result -> the tensor whose bytes it is
+  for (size_t k = 0; k < N; ++k) {
+    const Node& n = g_.nodes[k];
+    if ((n.op != OpKind::kReshape && n.op != OpKind::kFlatten) || kept.count(n.output) || !opt_.reuse_hbm) continue;
+    const std::string src = owner.count(n.inputs[0]) ? owner.at(n.inputs[0]) : n.inputs[0];
+    owner[n.output] = src;
+    stored[k] = false;
+    if (const auto it = producer.find(src); it != producer.end()) last[it->second] = std::max(last[it->second], last[k]);
+  }
   for (size_t k = 0; k < N; ++k)
     if (stored[k] && !kept.count(g_.nodes[k].output)) last_read_at[last[k]].push_back(k);
   std::vector<std::pair<int64_t, int64_t>> given_back;  // freed when the next lowered node ends
@@ -149,6 +163,8 @@ LowerResult Emitter::run() {
         const int64_t a = alloc_hbm(result_bytes(g_.nodes[j]), true);
         check_addr(g_.nodes[j], a);
         t_[g_.nodes[j].output].addr = a;
+      } else if (const auto o = owner.find(g_.nodes[j].output); o != owner.end()) {
+        t_[g_.nodes[j].output].addr = t_.at(o->second).addr;
       }
     for (size_t j : last_read_at[k]) given_back.emplace_back(t_.at(g_.nodes[j].output).addr, result_bytes(g_.nodes[j]));
     if (fused_away(n)) continue;  // its root's kernel applied it (fusion.cpp)
@@ -178,7 +194,9 @@ LowerResult Emitter::run() {
       case OpKind::kGather: lower_gather(n); break;
       case OpKind::kBatchNorm: lower_batchnorm(n); break;
       case OpKind::kReshape:
-      case OpKind::kFlatten: lower_copy(n); break;
+      case OpKind::kFlatten:
+        if (!owner.count(n.output)) lower_copy(n);  // else it is its operand's bytes
+        break;
       case OpKind::kReluGrad: lower_relu_grad(n); break;
       case OpKind::kMaxPoolGrad: lower_maxpool_grad(n); break;
       case OpKind::kReverse: lower_reverse(n); break;

@@ -251,6 +251,34 @@ TEST(LowerGraph, ChainOfOpsWithReshape) {
   for (auto p : kPolicies) expect_bit_exact(ir, p, target(2, 16, 16));
 }
 
+// A reshape or flatten that is not a graph output is its operand's bytes: no copy, and
+// the tensor owning them (through a chain of reshapes) lives until the last read of
+// any of them, so results placed after the operand's last direct read (%b, %c) do
+// not reuse its bytes while %f still reads them. A reshape that is a graph output
+// still copies (its home is its own).
+TEST(LowerGraph, ReshapeIsItsOperandsBytes) {
+  const std::string ir =
+      "graph rs {\n  input %x : f32[6,40]\n"
+      "  %a = relu(%x) : f32[6,40] #0\n  %r = reshape(%a) {shape=[3,80]} : f32[3,80] #1\n"
+      "  %f = reshape(%r) {shape=[240]} : f32[240] #2\n  %b = exp(%x) : f32[6,40] #3\n"
+      "  %c = neg(%x) : f32[6,40] #4\n  %d = mul(%b, %c) : f32[6,40] #5\n"
+      "  %g = flatten(%d) {axis=0} : f32[1,240] #6\n  %h = reshape(%g) {shape=[240]} : f32[240] #7\n"
+      "  %o = add(%f, %h) : f32[240] #8\n  %q = reshape(%x) {shape=[240]} : f32[240] #9\n"
+      "  output %o\n  output %q\n}\n";
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
+  LowerOptions lo;
+  lo.target = target(1, 128, 128);
+  const LowerResult lr = lower_graph(parse_graph(ir, "test.ir"), lo);
+  std::map<int, int> copies;
+  for (const auto& core : lr.bundle.cores)
+    for (const auto& in : core.code)
+      if (in.op == isa::Op::kDma && in.src.space == isa::Space::kHbm && in.dst.space == isa::Space::kHbm)
+        ++copies[in.op_id];
+  EXPECT_EQ(copies[1] + copies[2] + copies[6] + copies[7], 0);
+  EXPECT_EQ(copies[9], 1);
+}
+
 TEST(LowerRows, SoftmaxLastAxis) {
   for (auto p : kPolicies) {
     expect_bit_exact(unary_ir("softmax", "[3,5]", "axis=1"), p, target(1, 128, 128));
