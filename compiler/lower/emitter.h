@@ -440,6 +440,15 @@ class Emitter {
   // Set for one lower_matmul: its output's batch stride in bytes (0: M x N elements),
   // when a conv's NHWC result goes straight into its consumer's planes.
   int64_t out_batch_stride_ = 0;
+  // Head transposes folded into a matmul (lower.cpp): a [B0, S, H, D] tensor read or
+  // written as the [B0, H, S, D] one (perm [0, 2, 1, 3]), whose batch b = b0 * H + h
+  // starts at element (b0 * S * H + h) * D and whose rows are H * D elements apart.
+  // Keyed by the matmul operand (the transpose's result, never stored) or the matmul's
+  // result (stored so: the transpose's result is its bytes).
+  struct HeadView {
+    int64_t S = 0, H = 0, D = 0;
+  };
+  std::map<std::string, HeadView> views_;
   // Set by lower_conv_shifted for one lower_matmul: the conv's NCHW output (addr < 0:
   // none). The matmul stores it straight, each output band transposed through VMEM,
   // instead of NHWC rows that move_to_nchw reads back; transposed_stored_ says it did.

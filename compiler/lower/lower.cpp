@@ -127,10 +127,52 @@ LowerResult Emitter::run() {
   // address, and the tensor that owns those bytes (a chain of them resolves to it) is
   // given back after the last read of either. BERT's head splits and merges each
   // copied 3 MB at batch 8.
+  // A transpose of perm [0, 2, 1, 3] (attention's head split and merge) read only by a
+  // matmul, as its LHS or RHS, is a view the matmul reads with strides (views_): its
+  // result is its operand's bytes. One whose operand is a matmul's result read by it
+  // alone has that matmul store its result so: the transpose's result is the matmul's
+  // bytes. BERT's Q and V splits and its merge each copied 3 MB at batch 8.
+  std::map<std::string, int> readers;
+  std::map<std::string, size_t> reader_at;
+  for (size_t k = 0; k < N; ++k)
+    for (const auto& in : g_.nodes[k].inputs) ++readers[in], reader_at[in] = k;
+  for (const auto& o : g_.outputs) readers[o] += 2;
+  auto head_swap = [](const Node& t) {
+    return t.op == OpKind::kTranspose && t.type.shape.size() == 4 &&
+           t.attr_ints("perm") == std::vector<int64_t>{0, 2, 1, 3};
+  };
+  auto head_view_operand = [&](const Node& t) {
+    if (readers[t.output] != 1) return false;
+    const Node& m = g_.nodes[reader_at.at(t.output)];
+    if (m.op != OpKind::kMatmul || fused_away(m) || m.type.shape.size() != 4 || m.inputs[0] == m.inputs[1] ||
+        m.type.shape[0] != t.type.shape[0] || m.type.shape[1] != t.type.shape[1])
+      return false;
+    const char* trans = m.inputs[0] == t.output ? "trans_a" : "trans_b";
+    return !(m.has_attr(trans) && m.attr_int(trans));
+  };
+  auto head_view_result = [&](const Node& t) {
+    const auto p = producer.find(t.inputs[0]);
+    if (p == producer.end() || readers[t.inputs[0]] != 1 || kept.count(t.output)) return false;
+    const Node& m = g_.nodes[p->second];
+    return m.op == OpKind::kMatmul && !fused_away(m) && chain_of(m).empty() && m.type.shape.size() == 4;
+  };
+  // A reshape or flatten (row-major: the same bytes in the same order) that is not a
+  // graph output is its operand, not a copy of it: its result takes the operand's
+  // address, and the tensor that owns those bytes (a chain of them resolves to it) is
+  // given back after the last read of any of them. BERT's head splits and merges each
+  // copied 3 MB at batch 8.
   std::map<std::string, std::string> owner;  // aliased result -> the tensor whose bytes it is
-  for (size_t k = 0; k < N; ++k) {
+  for (size_t k = 0; k < N && opt_.reuse_hbm; ++k) {
     const Node& n = g_.nodes[k];
-    if ((n.op != OpKind::kReshape && n.op != OpKind::kFlatten) || kept.count(n.output) || !opt_.reuse_hbm) continue;
+    const bool reshape = (n.op == OpKind::kReshape || n.op == OpKind::kFlatten) && !kept.count(n.output);
+    if (head_swap(n) && head_view_operand(n)) {
+      const Shape& s = t_.at(n.inputs[0]).type.shape;
+      views_[n.output] = HeadView{s[1], s[2], s[3]};
+    } else if (head_swap(n) && head_view_result(n)) {
+      views_[n.inputs[0]] = HeadView{n.type.shape[1], n.type.shape[2], n.type.shape[3]};
+    } else if (!reshape) {
+      continue;
+    }
     const std::string src = owner.count(n.inputs[0]) ? owner.at(n.inputs[0]) : n.inputs[0];
     owner[n.output] = src;
     stored[k] = false;
@@ -180,7 +222,9 @@ LowerResult Emitter::run() {
       case OpKind::kAllGather:
       case OpKind::kReduceScatter:
       case OpKind::kAllToAll: lower_direct_collective(n); break;
-      case OpKind::kTranspose: lower_transpose(n); break;
+      case OpKind::kTranspose:
+        if (!owner.count(n.output)) lower_transpose(n);  // else a matmul's view of its bytes
+        break;
       case OpKind::kMaxPool: lower_pool(n); break;
       case OpKind::kAvgPool: {
         const auto& p = n.attr_ints("pads");

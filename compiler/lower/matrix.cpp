@@ -875,6 +875,18 @@ void Emitter::lower_matmul(const Node& n) {
   const DType ot = Out.type.dtype;
   const int64_t ea = esz(at_), eb = esz(bt), eo = esz(ot);
   const int64_t out_bs = out_bs0 > 0 ? out_bs0 : M * N * eo;
+  // Operands and result as head views (views_: a transpose folded in), else row-major
+  // batches of M x K, K x N and M x N.
+  const auto view_of = [&](const std::string& name, bool trans) {
+    const auto v = views_.find(name);
+    return v == views_.end() || trans ? std::optional<HeadView>() : std::optional<HeadView>(v->second);
+  };
+  const std::optional<HeadView> a_view = view_of(n.inputs[0], ta), b_view = view_of(n.inputs[1], tb),
+                                o_view = view_of(dst_name, false);
+  auto view_base = [](const HeadView& v, int64_t b, int64_t e) { return ((b / v.H) * v.S * v.H + b % v.H) * v.D * e; };
+  const int64_t arow = a_view ? a_view->H * a_view->D * ea : K * ea;   // bytes between LHS rows
+  const int64_t brow = b_view ? b_view->H * b_view->D * eb : N * eb;   // between RHS rows
+  const int64_t orow_s = o_view ? o_view->H * o_view->D * eo : N * eo;  // between result rows
   // A transposed operand stored as a batch of r x c matrices (the transposed view of
   // c x r ones) is transposed once through VMEM into HBM scratch where it fits, so
   // the loads read its rows instead of one element a run: B^T (a Gemm's weights,
@@ -1080,6 +1092,9 @@ void Emitter::lower_matmul(const Node& n) {
     }
     return off;
   };
+  auto a_at = [&](int64_t b) { return A.addr + (a_view ? view_base(*a_view, b, ea) : batch_offset(as, b, ea)); };
+  auto b_at = [&](int64_t b) { return B.addr + (b_view ? view_base(*b_view, b, eb) : batch_offset(bs, b, eb)); };
+  auto o_at = [&](int64_t b) { return Out.addr + (o_view ? view_base(*o_view, b, eo) : b * out_bs); };
 
   // kw chunks x cw column tiles per pass: the split whose estimated issue + MXU time
   // is least (one instruction per cycle; one 8-row mmul per MXU per 8 cycles).
@@ -1286,9 +1301,9 @@ void Emitter::lower_matmul(const Node& n) {
     }
     dst += r0 * ls;
     if (shifted.tap_rows.empty()) {
-      const int64_t a0 = A.addr + batch_offset(as, b, ea);
+      const int64_t a0 = a_at(b);
       if (!ta)
-        dma_on(flag, vmem(dst), hbm(a0 + (row0 * K + k0) * ea), lcols * ea, dim(rows, K * ea, ls));
+        dma_on(flag, vmem(dst), hbm(a0 + row0 * arow + k0 * ea), lcols * ea, dim(rows, arow, ls));
       else
         dma_on(flag, vmem(dst), hbm(a0 + (k0 * M + row0) * ea), ea, dim(lcols, M * ea, ea) + dim(rows, ea, ls));
       return;
@@ -1650,8 +1665,8 @@ void Emitter::lower_matmul(const Node& n) {
           const Tile tl = tile_of_pass(z);
           const int64_t k0 = (z % np) * kw * R, kcols = std::min(K, k0 + kw * R) - k0;
           dma_on(kSlotFlag + static_cast<int>(z % panels), vmem((z % panels) * panel),
-                 hbm(B.addr + batch_offset(bs, tl.b, eb) + (k0 * N + tl.n0) * eb),
-                 std::min(NG * cw * C, N - tl.n0) * eb, dim(kcols, N * eb, wsp));
+                 hbm(b_at(tl.b) + k0 * brow + tl.n0 * eb), std::min(NG * cw * C, N - tl.n0) * eb,
+                 dim(kcols, brow, wsp));
         };
         // Rows [r0, r1) of the tile (all of them by default).
         auto fetch_band = [&](int64_t y, int64_t r0 = 0, int64_t r1 = -1) {
@@ -1872,17 +1887,17 @@ void Emitter::lower_matmul(const Node& n) {
               // piece's rows goes out once its last block is stored, so only the last one is
               // left at the end.
               if (!transposed && ps.last && i == ks.b1 - 1 && ((ps.t + 1) % OBs == 0 || ps.t == tl.ng - 1)) {
-                const int64_t o0 = Out.addr + tl.b * out_bs, g0 = ps.t / OBs * OBs;
+                const int64_t o0 = o_at(tl.b), g0 = ps.t / OBs * OBs;
                 const int64_t c0 = tl.n0 + g0 * cw * C, cols = std::min((ps.t + 1 - g0) * cw * C, N - c0);
                 const int64_t r0 = ks.b0 * 8, nr = std::min(tl.mr, ks.b1 * 8) - r0;
                 if (wide_out)
-                  dma_on(kOutFlag + ob, hbm(o0 + ((tl.m0 + r0) * N + c0) * eo), vmem(obuf + r0 * tobs + g0 * cw * orow),
-                         cols * eo, dim(nr, tobs, N * eo));
+                  dma_on(kOutFlag + ob, hbm(o0 + (tl.m0 + r0) * orow_s + c0 * eo),
+                         vmem(obuf + r0 * tobs + g0 * cw * orow), cols * eo, dim(nr, tobs, orow_s));
                 else
                   for (int64_t tt = 0; tt * C < cols; ++tt)
-                    dma_on(kOutFlag + ob, hbm(o0 + ((tl.m0 + r0) * N + c0 + tt * C) * eo),
+                    dma_on(kOutFlag + ob, hbm(o0 + (tl.m0 + r0) * orow_s + (c0 + tt * C) * eo),
                            vmem(obuf + ((g0 * cw + tt) * Mt + r0) * orow), std::min(C, cols - tt * C) * eo,
-                           dim(nr, orow, N * eo));
+                           dim(nr, orow, orow_s));
                 ++out_dmas[ob];
               }
             }
@@ -1998,8 +2013,8 @@ void Emitter::lower_matmul(const Node& n) {
   const int64_t t_first = passes.front().t, t_end = passes.back().t + 1;  // the band's column groups
   const int64_t bn0 = passes.front().n0, bn1 = std::min(N, bn0 + BG * cw * C);
   for (int64_t b = 0; b < batches; ++b) {
-    const int64_t b0 = B.addr + batch_offset(bs, b, eb);
-    const int64_t o0 = Out.addr + b * out_bs;
+    const int64_t b0 = b_at(b);
+    const int64_t o0 = o_at(b);
     for (int64_t m0 = 0; m0 < M; m0 += Mg) {
       on_core(unit++);
       lhs_masks();
@@ -2007,8 +2022,7 @@ void Emitter::lower_matmul(const Node& n) {
       const int64_t blocks = (mr + 7) / 8;
       // Batches that share B (a conv's images, a batched product's one weight matrix)
       // share its resident band: keyed by where the batch's B is.
-      const int64_t wkey =
-          batch_offset(bs, b, eb) * static_cast<int64_t>(band_passes.size()) + static_cast<int64_t>(band);
+      const int64_t wkey = (b0 - B.addr) * static_cast<int64_t>(band_passes.size()) + static_cast<int64_t>(band);
       const bool load_w = !resident || !w_loaded[static_cast<size_t>(cur_)][wkey];
       auto unit_key = [&](int64_t row0) { return (static_cast<int64_t>(band) * batches + b) * M + row0; };
       const bool lhs0_ready = lhs_prefetched[static_cast<size_t>(cur_)] == unit_key(m0);
@@ -2038,8 +2052,8 @@ void Emitter::lower_matmul(const Node& n) {
           if ((ps.t - t_first) % wb == 0) {
             const int64_t gcols = std::min(wb * cw * C, bn1 - ps.n0);
             if (!tb)
-              dma_on(flag, vmem(k0 * ws + (ps.n0 - bn0) * eb), hbm(b0 + (k0 * N + ps.n0) * eb), gcols * eb,
-                     dim(kcols, N * eb, ws));
+              dma_on(flag, vmem(k0 * ws + (ps.n0 - bn0) * eb), hbm(b0 + k0 * brow + ps.n0 * eb), gcols * eb,
+                     dim(kcols, brow, ws));
             else
               dma_on(flag, vmem(k0 * ws + (ps.n0 - bn0) * eb), hbm(b0 + (ps.n0 * K + k0) * eb), eb,
                      dim(gcols, K * eb, eb) + dim(kcols, eb, ws));
@@ -2050,8 +2064,8 @@ void Emitter::lower_matmul(const Node& n) {
             for (int64_t k = 0; k < ps.kk; ++k) {
               const int64_t c = ps.c0 + k, kc = c * R, kr = kr_of(c), col = ps.n0 + w * C;
               if (!tb)
-                dma_on(flag, vmem(w_addr(q, w, k, 0)), hbm(b0 + (kc * N + col) * eb), ncols(ps, w) * eb,
-                       dim(kr, N * eb, wrow));
+                dma_on(flag, vmem(w_addr(q, w, k, 0)), hbm(b0 + kc * brow + col * eb), ncols(ps, w) * eb,
+                       dim(kr, brow, wrow));
               else
                 dma_on(flag, vmem(w_addr(q, w, k, 0)), hbm(b0 + (col * K + kc) * eb), eb,
                        dim(ncols(ps, w), K * eb, eb) + dim(kr, eb, wrow));
@@ -2240,16 +2254,16 @@ void Emitter::lower_matmul(const Node& n) {
                   ++k;
                 } else {
                   if (out_issued[static_cast<size_t>(cur_)]++) wait_flag(kOutFlag);
-                  dma_on(kOutFlag, hbm(o0 + (m0 * N + sn0) * eo), vmem(out_base + obuf(sub) * Mg * obs), cols * eo,
-                         dim(mr, obs, N * eo));
+                  dma_on(kOutFlag, hbm(o0 + m0 * orow_s + sn0 * eo), vmem(out_base + obuf(sub) * Mg * obs), cols * eo,
+                         dim(mr, obs, orow_s));
                 }
               }
             } else {
               for (int64_t w = 0; w < ps.cwt; ++w) {
                 if (out_issued[static_cast<size_t>(cur_)]++) wait_flag(kOutFlag);
                 out_last[static_cast<size_t>(cur_)] = obuf(ps.t);
-                dma_on(kOutFlag, hbm(o0 + (m0 * N + ps.n0 + w * C) * eo),
-                       vmem(out_base + (obuf(ps.t) * cw + w) * Mg * orow), ncols(ps, w) * eo, dim(mr, orow, N * eo));
+                dma_on(kOutFlag, hbm(o0 + m0 * orow_s + (ps.n0 + w * C) * eo),
+                       vmem(out_base + (obuf(ps.t) * cw + w) * Mg * orow), ncols(ps, w) * eo, dim(mr, orow, orow_s));
               }
             }
             if (any_full && ((ps.t - t_first) % FB == FB - 1 || ps.t == t_end - 1) && sub_f + 2 < nsub)

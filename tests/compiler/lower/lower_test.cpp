@@ -279,6 +279,47 @@ TEST(LowerGraph, ReshapeIsItsOperandsBytes) {
   EXPECT_EQ(copies[9], 1);
 }
 
+// Attention's head transposes (perm [0, 2, 1, 3]) fold into the matmuls: one read only
+// by a matmul is a strided view of its operand (Q as the LHS, V as the RHS), one of a
+// matmul's result read by it alone has the matmul store its rows so (the head merge).
+// Bit-exact against evaluate() on K-streamed tiles (6 heads' products over 2 cores)
+// and resident units (2), full-width and narrow MXUs; the folded transposes move no
+// data, K's (perm [0, 2, 3, 1]) and a merge that is a graph output still do.
+TEST(LowerGraph, HeadTransposesAreMatmulViews) {
+  auto ir = [](int64_t B0, int64_t H, bool merge_out) {
+    const std::string S = "5", D = "16", b = std::to_string(B0), h = std::to_string(H);
+    const std::string x = "[" + b + "," + S + "," + h + "," + D + "]", t = "[" + b + "," + h + "," + S + "," + D + "]";
+    return "graph at {\n  input %q : f32" + x + "\n  input %k : f32" + x + "\n  input %v : f32" + x + "\n" +
+           "  %qt = transpose(%q) {perm=[0,2,1,3]} : f32" + t + " #1\n" +
+           "  %kt = transpose(%k) {perm=[0,2,3,1]} : f32[" + b + "," + h + "," + D + "," + S + "] #2\n" +
+           "  %s = matmul(%qt, %kt) : f32[" + b + "," + h + "," + S + "," + S + "] #3\n" +
+           "  %vt = transpose(%v) {perm=[0,2,1,3]} : f32" + t + " #4\n" +
+           "  %o = matmul(%s, %vt) : f32" + t + " #5\n" + "  %ot = transpose(%o) {perm=[0,2,1,3]} : f32" + x +
+           " #6\n" + (merge_out ? "  output %ot\n}\n"
+                                : "  %r = reshape(%ot) {shape=[" + b + "," + S + "," + std::to_string(H * 16) +
+                                      "]} : f32[" + b + "," + S + "," + std::to_string(H * 16) + "] #7\n  output %r\n}\n");
+  };
+  for (auto p : kPolicies)
+    for (const auto& t : {target(1, 128, 128), target(2, 16, 16)})
+      for (int cores : {1, 2})
+        for (const auto& [B0, H] : std::vector<std::pair<int64_t, int64_t>>{{2, 3}, {1, 2}})
+          for (bool merge_out : {false, true}) {
+            const std::string g = ir(B0, H, merge_out);
+            expect_bit_exact(g, p, t, 1, cores);
+            LowerOptions lo;
+            lo.target = t;
+            lo.policy = p;
+            lo.cores = cores;
+            const LowerResult lr = lower_graph(parse_graph(g, "test.ir"), lo);
+            std::map<int, int> code;  // DMAs (every op ends at a barrier)
+            for (const auto& core : lr.bundle.cores)
+              for (const auto& in : core.code) code[in.op_id] += in.op == isa::Op::kDma;
+            EXPECT_EQ(code[1] + code[4], 0) << g;
+            EXPECT_GT(code[2], 0) << g;
+            EXPECT_EQ(code[6] > 0, merge_out) << g;
+          }
+}
+
 TEST(LowerRows, SoftmaxLastAxis) {
   for (auto p : kPolicies) {
     expect_bit_exact(unary_ir("softmax", "[3,5]", "axis=1"), p, target(1, 128, 128));
