@@ -1161,7 +1161,8 @@ void Emitter::lower_matmul(const Node& n) {
   // Flags: f1 general, f4 output stores (the K-streamed one-pass tiles' two buffers: f4,
   // f5), f6/f7 full epilogue operands (by column-tile group parity), f8..f12 the pass
   // ring's slots (f8..f10 the K-streamed tiles' weight panels), f13 the next unit's LHS
-  // band (the K-streamed tiles' band slots: f13, f14, and f15, f16 on one-pass tiles).
+  // band (the K-streamed tiles' band slots: f13, f14, and f15, f16 on one-pass tiles);
+  // f2/f3 and f18/f19 the transposed output bands (transpose_out, store_out).
   // Every wait covers every DMA issued on its flag so far (completion order is not
   // issue order).
   constexpr int kOutFlag = 4, kEpiFlag = 6, kSlotFlag = 8;
@@ -1506,7 +1507,8 @@ void Emitter::lower_matmul(const Node& n) {
     for (const auto& [f, px] : image_runs(b, m0, mr))
       dma_on(flag, hbm(nchw_at(nchw.addr, f, n0)), vmem(tb + f.j * eo), px * eo, dim(cols, ts, nchw.OH * nchw.OW * eo));
   };
-  constexpr int kXposeFlag = 17, kNchwFlag = 19;  // transposes (f17, f18), NCHW stores (f19, f20)
+  // Transposes f2/f3, NCHW or plane stores f18/f19 (f20 on are collectives' landing flags).
+  constexpr int kXposeFlag = 2, kNchwFlag = 18;
   auto need = [&](int64_t mg, bool res, int64_t bg) {
     return (res ? chunks * R * ws_of(bg) + wrow : kSlots * kw * cw * wtile) + lbands * lhs_band_bytes(mg) +
            cw * mg * 512 + 2 * mg * obs_of(std::min(OB, bg)) + vec_bytes +
