@@ -228,10 +228,6 @@ void Emitter::lower_rows(const Node& n) {
     line(std::string(ld(xt)) + " v1, " + at(ibuf(par) + (gi * 8 * len + t * 128) * ex) + ", stride=" +
          std::to_string(len * ex));
   };
-  auto store_y = [&](int64_t t) {
-    line(std::string(st(ot)) + " v1, " + at(obuf(par) + (gi * 8 * len + t * 128) * eo) + ", stride=" +
-         std::to_string(len * eo) + (t == nt - 1 && rem < 128 ? ", mask=m1" : ""));
-  };
   const int64_t nblocks = (rows + blk_rows - 1) / blk_rows;
   auto fetch = [&](int64_t blk, int64_t p) {
     const int64_t b0 = blk * blk_rows, br = std::min(blk_rows, rows - b0);
@@ -269,122 +265,126 @@ void Emitter::lower_rows(const Node& n) {
       dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + b0 * eo), vmem(obuf(par)), eo, dim(br, 512, eo));
       return;
     }
-    // Softmax: sets of 6 groups, each step over a set's groups in lockstep
+    // Softmax and layernorm: sets of 6 groups, each step over a set's groups in lockstep
     // (a temporary each: their loads' and ops' latencies overlap), and three sets in
-    // flight: set s + 1's row maxima are reduced, then set s's exponentials and their
-    // sums, then set s - 1's quotients, so no step waits for a lane reduction (79
-    // cycles on v3) issued just before it. The accumulators rotate over three banks,
-    // the exponentials over two scratch banks. Each row sees the same operations in the
-    // same order as one group at a time (BERT's 96 x 128 x 128 at batch 8 on v3: 28.9 K
-    // cycles, of which the reductions' waits were most).
-    if (n.op == OpKind::kSoftmax) {
-      constexpr int64_t G = 6;  // three banks of accumulators and a temporary each fit v2..v29
-      const int64_t nsets = (ng + G - 1) / G;
-      auto accr = [](int64_t s, int64_t g) {
-        static constexpr int kBank[3] = {22, 14, 2};  // v22..v27, v14..v19, v2..v7
-        return "v" + std::to_string(kBank[s % 3] + g);
-      };
-      auto tmp = [](int64_t g) {
-        static constexpr int kTmp[G] = {8, 9, 10, 11, 28, 29};
-        return "v" + std::to_string(kTmp[g]);
-      };
-      auto groups_of = [&](int64_t s) { return std::make_pair(s * G, std::min(ng, s * G + G)); };
-      auto scr = [&](int64_t s, int64_t g, int64_t t) { return at(sb + (((s % 2) * G + g) * nt + t) * kTile); };
-      const bool ragged = rem < 128;
-      // Rows' reduction over the tiles load(g, t) leaves in tmp(g), into the set's
-      // accumulators: acc = tile 0, acc = acc op tile t, the last tile's lanes past the
-      // row masked to `ident`, then the lane reduction.
-      auto reduce_set = [&](int64_t s, const char* kind, const char* ident, const auto& load) {
-        const auto [a, b] = groups_of(s);
-        for (int64_t t = 0; t < nt; ++t) {
-          for (int64_t g = a; g < b; ++g) load(g, t);
-          if (t == nt - 1 && ragged)
-            for (int64_t g = a; g < b; ++g) line("vsel " + tmp(g - a) + ", m1, " + tmp(g - a) + ", " + ident);
-          for (int64_t g = a; g < b; ++g)
-            line(t == 0 ? "vmov " + accr(s, g - a) + ", " + tmp(g - a)
-                        : std::string(kind[0] == 's' ? "vadd " : "vmax ") + accr(s, g - a) + ", " + accr(s, g - a) +
-                              ", " + tmp(g - a));
-        }
+    // flight: set s + 1's first row reduction (softmax's maxima, layernorm's sums), then
+    // set s's middle step (exponentials or deviations, and the sums of those or of
+    // their squares), then set s - 1's outputs, so no step waits for a lane reduction
+    // (79 cycles on v3) issued just before it. The accumulators rotate over three
+    // banks, the middle step's results over two scratch banks. Each row sees the same
+    // operations in the same order as one group at a time (BERT's softmax, 96 x 128 x
+    // 128 at batch 8 on v3: 28.9 K -> 17.4 K cycles; its layernorms 13.7 K -> 10.7 K).
+    constexpr int64_t G = 6;  // three banks of accumulators and a temporary each fit v2..v29
+    const int64_t nsets = (ng + G - 1) / G;
+    auto accr = [](int64_t s, int64_t g) {
+      static constexpr int kBank[3] = {22, 14, 2};  // v22..v27, v14..v19, v2..v7
+      return "v" + std::to_string(kBank[s % 3] + g);
+    };
+    auto tmp = [](int64_t g) {
+      static constexpr int kTmp[G] = {8, 9, 10, 11, 28, 29};
+      return "v" + std::to_string(kTmp[g]);
+    };
+    auto groups_of = [&](int64_t s) { return std::make_pair(s * G, std::min(ng, s * G + G)); };
+    auto scr = [&](int64_t s, int64_t g, int64_t t) { return at(sb + (((s % 2) * G + g) * nt + t) * kTile); };
+    const bool ragged = rem < 128;
+    // Rows' reduction over the tiles load(g, t) leaves in tmp(g), into the set's
+    // accumulators: acc = tile 0, acc = acc op tile t, the last tile's lanes past the
+    // row masked to `ident`, then the lane reduction.
+    auto reduce_set = [&](int64_t s, const char* kind, const char* ident, const auto& load) {
+      const auto [a, b] = groups_of(s);
+      for (int64_t t = 0; t < nt; ++t) {
+        for (int64_t g = a; g < b; ++g) load(g, t);
+        if (t == nt - 1 && ragged)
+          for (int64_t g = a; g < b; ++g) line("vsel " + tmp(g - a) + ", m1, " + tmp(g - a) + ", " + ident);
         for (int64_t g = a; g < b; ++g)
-          line(std::string("vreduce.lanes.") + kind + " " + accr(s, g - a) + ", " + accr(s, g - a));
+          line(t == 0 ? "vmov " + accr(s, g - a) + ", " + tmp(g - a)
+                      : std::string(kind[0] == 's' ? "vadd " : "vmax ") + accr(s, g - a) + ", " + accr(s, g - a) +
+                            ", " + tmp(g - a));
+      }
+      for (int64_t g = a; g < b; ++g)
+        line(std::string("vreduce.lanes.") + kind + " " + accr(s, g - a) + ", " + accr(s, g - a));
+    };
+    auto load_x_of = [&](int64_t s) {
+      return [&, s](int64_t g, int64_t t) {
+        line(std::string(ld(xt)) + " " + tmp(g - s * G) + ", " + at(ibuf(par) + (g * 8 * len + t * 128) * ex) +
+             ", stride=" + std::to_string(len * ex));
       };
-      auto load_x_of = [&](int64_t s) {
-        return [&, s](int64_t g, int64_t t) {
-          line(std::string(ld(xt)) + " " + tmp(g - s * G) + ", " + at(ibuf(par) + (g * 8 * len + t * 128) * ex) +
-               ", stride=" + std::to_string(len * ex));
-        };
-      };
-      auto maxima = [&](int64_t s) { reduce_set(s, "max", "v20", load_x_of(s)); };
-      auto exponentials = [&](int64_t s) {
+    };
+    // Each group's op over the set's temporaries (or accumulators).
+    auto each = [&](int64_t s, const std::function<std::string(const std::string&, const std::string&)>& f) {
+      const auto [a, b] = groups_of(s);
+      for (int64_t g = a; g < b; ++g) line(f(tmp(g - a), accr(s, g - a)));
+    };
+    auto store_set = [&](int64_t s, int64_t t) {
+      const auto [a, b] = groups_of(s);
+      for (int64_t g = a; g < b; ++g)
+        line(std::string(st(ot)) + " " + tmp(g - a) + ", " + at(obuf(par) + (g * 8 * len + t * 128) * eo) +
+             ", stride=" + std::to_string(len * eo) + (t == nt - 1 && ragged ? ", mask=m1" : ""));
+    };
+    auto load_scr = [&](int64_t s, int64_t t) {
+      const auto [a, b] = groups_of(s);
+      for (int64_t g = a; g < b; ++g) line("vld " + tmp(g - a) + ", " + scr(s, g - a, t));
+    };
+    std::function<void(int64_t)> first, middle, outputs;
+    if (n.op == OpKind::kSoftmax) {
+      first = [&](int64_t s) { reduce_set(s, "max", "v20", load_x_of(s)); };
+      middle = [&](int64_t s) {  // exponentials, then their sum (the max is dead)
         const auto [a, b] = groups_of(s);
         const auto load = load_x_of(s);
         for (int64_t t = 0; t < nt; ++t) {
           for (int64_t g = a; g < b; ++g) load(g, t);
-          for (int64_t g = a; g < b; ++g) line("vsub " + tmp(g - a) + ", " + tmp(g - a) + ", " + accr(s, g - a));
-          for (int64_t g = a; g < b; ++g) line("vexp " + tmp(g - a) + ", " + tmp(g - a));
+          each(s, [](const std::string& x, const std::string& m) { return "vsub " + x + ", " + x + ", " + m; });
+          each(s, [](const std::string& x, const std::string&) { return "vexp " + x + ", " + x; });
           for (int64_t g = a; g < b; ++g) line("vst " + tmp(g - a) + ", " + scr(s, g - a, t));
         }
         reduce_set(s, "sum", "v21", [&](int64_t g, int64_t t) { line("vld " + tmp(g - a) + ", " + scr(s, g - a, t)); });
       };
-      auto quotients = [&](int64_t s) {
-        const auto [a, b] = groups_of(s);
+      outputs = [&](int64_t s) {
         for (int64_t t = 0; t < nt; ++t) {
-          for (int64_t g = a; g < b; ++g) line("vld " + tmp(g - a) + ", " + scr(s, g - a, t));
-          for (int64_t g = a; g < b; ++g) line("vdiv " + tmp(g - a) + ", " + tmp(g - a) + ", " + accr(s, g - a));
-          for (int64_t g = a; g < b; ++g)
-            line(std::string(st(ot)) + " " + tmp(g - a) + ", " + at(obuf(par) + (g * 8 * len + t * 128) * eo) +
-                 ", stride=" + std::to_string(len * eo) + (t == nt - 1 && ragged ? ", mask=m1" : ""));
+          load_scr(s, t);
+          each(s, [](const std::string& x, const std::string& m) { return "vdiv " + x + ", " + x + ", " + m; });
+          store_set(s, t);
         }
       };
-      maxima(0);
-      for (int64_t s = 0; s < nsets; ++s) {
-        if (s + 1 < nsets) maxima(s + 1);
-        exponentials(s);
-        if (s > 0) quotients(s - 1);
-      }
-      quotients(nsets - 1);
-      dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + b0 * len * eo), vmem(obuf(par)), br * len * eo, "");
-      return;
-    }
-    // Layernorm: a set's groups go through each step together. The block's rows go out
-    // as one DMA.
-    int64_t g0 = 0, g1 = 0;
-    auto acc = [&](int64_t g) { return "v" + std::to_string(22 + g - g0); };
-    auto scratch = [&](int64_t g, int64_t t) { return at(sb + ((g - g0) * nt + t) * kTile); };
-    for (g0 = 0; g0 < ng; g0 = g1) {
-      g1 = std::min(ng, g0 + 8);
-      {
-        for (gi = g0; gi < g1; ++gi) reduce("sum", "v21", acc(gi), load_x);
-        for (gi = g0; gi < g1; ++gi) {  // deviations, then their squares' sum (the mean is dead)
-          line("vdiv " + acc(gi) + ", " + acc(gi) + ", v12");  // mean
-          for (int64_t t = 0; t < nt; ++t) {
-            load_x(t);
-            line("vsub v1, v1, " + acc(gi));  // d
-            line("vst v1, " + scratch(gi, t));
-          }
-          reduce("sum", "v21", acc(gi), [&](int64_t t) {
-            line("vld v1, " + scratch(gi, t));
-            line("vmul v1, v1, v1");
-          });
+    } else {
+      line("vbcast v13, " + fimm(n.attr_float("epsilon")));
+      first = [&](int64_t s) { reduce_set(s, "sum", "v21", load_x_of(s)); };
+      middle = [&](int64_t s) {  // deviations, then their squares' sum (the mean is dead)
+        const auto [a, b] = groups_of(s);
+        const auto load = load_x_of(s);
+        each(s, [](const std::string&, const std::string& m) { return "vdiv " + m + ", " + m + ", v12"; });  // mean
+        for (int64_t t = 0; t < nt; ++t) {
+          for (int64_t g = a; g < b; ++g) load(g, t);
+          each(s, [](const std::string& x, const std::string& m) { return "vsub " + x + ", " + x + ", " + m; });  // d
+          for (int64_t g = a; g < b; ++g) line("vst " + tmp(g - a) + ", " + scr(s, g - a, t));
         }
-        line("vbcast v13, " + fimm(n.attr_float("epsilon")));
-        for (gi = g0; gi < g1; ++gi) {
-          line("vdiv " + acc(gi) + ", " + acc(gi) + ", v12");  // var
-          line("vadd " + acc(gi) + ", " + acc(gi) + ", v13");
-          line("vsqrt " + acc(gi) + ", " + acc(gi));  // den
+        reduce_set(s, "sum", "v21", [&](int64_t g, int64_t t) {
+          line("vld " + tmp(g - a) + ", " + scr(s, g - a, t));
+          line("vmul " + tmp(g - a) + ", " + tmp(g - a) + ", " + tmp(g - a));
+        });
+      };
+      outputs = [&](int64_t s) {
+        each(s, [](const std::string&, const std::string& m) { return "vdiv " + m + ", " + m + ", v12"; });  // var
+        each(s, [](const std::string&, const std::string& m) { return "vadd " + m + ", " + m + ", v13"; });
+        each(s, [](const std::string&, const std::string& m) { return "vsqrt " + m + ", " + m; });  // den
+        for (int64_t t = 0; t < nt; ++t) {
+          line(std::string(ld(gt)) + " v0, " + at(gb + t * kTile));
+          line(std::string(ld(gt)) + " v1, " + at(bb + t * kTile));
+          load_scr(s, t);
+          each(s, [](const std::string& x, const std::string& m) { return "vdiv " + x + ", " + x + ", " + m; });
+          each(s, [](const std::string& x, const std::string&) { return "vmul " + x + ", " + x + ", v0"; });
+          each(s, [](const std::string& x, const std::string&) { return "vadd " + x + ", " + x + ", v1"; });
+          store_set(s, t);
         }
-        for (gi = g0; gi < g1; ++gi)
-          for (int64_t t = 0; t < nt; ++t) {
-            line("vld v1, " + scratch(gi, t));
-            line("vdiv v1, v1, " + acc(gi));
-            line(std::string(ld(gt)) + " v2, " + at(gb + t * kTile));
-            line("vmul v1, v1, v2");
-            line(std::string(ld(gt)) + " v3, " + at(bb + t * kTile));
-            line("vadd v1, v1, v3");
-            store_y(t);
-          }
-      }
+      };
     }
+    first(0);
+    for (int64_t s = 0; s < nsets; ++s) {
+      if (s + 1 < nsets) first(s + 1);
+      middle(s);
+      if (s > 0) outputs(s - 1);
+    }
+    outputs(nsets - 1);
     dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + b0 * len * eo), vmem(obuf(par)), br * len * eo, "");
   });
 }
