@@ -122,11 +122,6 @@ LowerResult Emitter::run() {
     if (fused_away(n) && chain_of(g_.nodes[index_of.at(fused_.at(n.id))]).back() != &n) stored[k] = false;
   }
   std::set<std::string> kept(g_.outputs.begin(), g_.outputs.end());
-  // A reshape or flatten (row-major: the same bytes in the same order) that is not a
-  // graph output is its operand, not a copy of it: its result takes the operand's
-  // address, and the tensor that owns those bytes (a chain of them resolves to it) is
-  // given back after the last read of either. BERT's head splits and merges each
-  // copied 3 MB at batch 8.
   // A transpose of perm [0, 2, 1, 3] (attention's head split and merge) read only by a
   // matmul, as its LHS or RHS, is a view the matmul reads with strides (views_): its
   // result is its operand's bytes. One whose operand is a matmul's result read by it

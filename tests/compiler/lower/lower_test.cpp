@@ -400,6 +400,28 @@ std::string conv_ir(const std::string& x, const std::string& w, const std::strin
          ") {" + attrs + "} : f32" + y + " #1\n  output %y\n}\n";
 }
 
+// `ir` lowered for target t (policy p, `cores` cores): each op's bytes DMAed into HBM,
+// and its instructions by op id.
+struct Lowered {
+  std::map<int, int64_t> stored;
+  LowerResult lr;
+};
+Lowered lower_for(const std::string& ir, PrecisionPolicy p, const isa::Target& t, int cores) {
+  LowerOptions lo;
+  lo.target = t;
+  lo.policy = p;
+  lo.cores = cores;
+  Lowered l{{}, lower_graph(parse_graph(ir, "test.ir"), lo)};
+  for (const auto& core : l.lr.bundle.cores)
+    for (const auto& in : core.code) {
+      if (in.op != isa::Op::kDma || in.dst.space != isa::Space::kHbm) continue;
+      int64_t bytes = in.imm;
+      for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
+      l.stored[in.op_id] += bytes;
+    }
+  return l;
+}
+
 // On two cores the im2col bands and the NHWC -> NCHW channel bands go round robin;
 // 9 taps or more gather into planes interleaved by one copy.
 TEST(LowerConv, Im2colOrderPaddingStridesBias) {
@@ -698,25 +720,16 @@ TEST(LowerConv, ShiftedConvStoresNchwStraight) {
     for (int cores : {1, 2})
       for (const Case& c : cases) {
         SCOPED_TRACE(c.x + " on " + std::to_string(cores) + " cores");
-        LowerOptions lo;
-        lo.target = target(2, 128, 128);
-        lo.policy = p;
-        lo.cores = cores;
-        const LowerResult lr = lower_graph(parse_graph(conv_ir(c.x, c.w, c.y, pad1, c.bias), "test.ir"), lo);
-        int64_t stored = 0, transposes = 0;
-        for (const auto& core : lr.bundle.cores)
-          for (const auto& in : core.code) {
-            if (in.op != isa::Op::kDma || in.op_id != 1) continue;
-            transposes += in.src.space == isa::Space::kVmem && in.dst.space == isa::Space::kVmem && in.ndims == 3 &&
-                          in.dims[0].src_stride == in.imm;
-            if (in.dst.space != isa::Space::kHbm) continue;
-            int64_t bytes = in.imm;
-            for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
-            stored += bytes;
-          }
+        const Lowered l = lower_for(conv_ir(c.x, c.w, c.y, pad1, c.bias), p, target(2, 128, 128), cores);
+        int64_t transposes = 0;
+        for (const auto& core : l.lr.bundle.cores)
+          for (const auto& in : core.code)
+            transposes += in.op == isa::Op::kDma && in.src.space == isa::Space::kVmem &&
+                          in.dst.space == isa::Space::kVmem && in.ndims == 3 && in.dims[0].src_stride == in.imm;
         const int64_t e = p == PrecisionPolicy::kBf16 ? 2 : 4;
         EXPECT_GT(transposes, 0);
-        EXPECT_EQ(stored, (c.planes + c.weights + c.out) * e);
+        EXPECT_EQ(l.stored.size(), 1u);
+        EXPECT_EQ(l.stored.at(1), (c.planes + c.weights + c.out) * e);
       }
 }
 
@@ -755,23 +768,15 @@ TEST(LowerConv, ResidualAddOnTheNchwBands) {
         SCOPED_TRACE(c.x + " " + c.op + " on " + std::to_string(cores) + " cores");
         const std::string g = ir(c.x, c.w, c.y, c.op, c.conv_first);
         expect_bit_exact(g, p, target(2, 128, 128), 1, cores);
-        LowerOptions lo;
-        lo.target = target(2, 128, 128);
-        lo.policy = p;
-        lo.cores = cores;
-        const LowerResult lr = lower_graph(parse_graph(g, "test.ir"), lo);
-        int64_t stored = 0;
-        for (const auto& core : lr.bundle.cores)
+        const Lowered l = lower_for(g, p, target(2, 128, 128), cores);
+        for (const auto& core : l.lr.bundle.cores)
           for (const auto& in : core.code) {
             EXPECT_NE(in.op_id, 2);
             EXPECT_NE(in.op_id, 3);
-            if (in.op != isa::Op::kDma || in.dst.space != isa::Space::kHbm) continue;
-            int64_t bytes = in.imm;
-            for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
-            stored += bytes;
           }
         const int64_t e = p == PrecisionPolicy::kBf16 ? 2 : 4;
-        EXPECT_EQ(stored, (c.planes + c.weights + c.out) * e);
+        EXPECT_EQ(l.stored.size(), 1u);
+        EXPECT_EQ(l.stored.at(1), (c.planes + c.weights + c.out) * e);
       }
 }
 
@@ -808,19 +813,7 @@ TEST(LowerConv, PointwiseResultsTransposedIntoTheNextConvsPlanes) {
         SCOPED_TRACE(std::to_string(c.B) + " images on " + std::to_string(cores) + " cores");
         const std::string g = ir(c.B, c.CIN, c.CO, c.H, c.W, c.C2);
         expect_bit_exact(g, p, target(2, 128, 128), 1, cores);
-        LowerOptions lo;
-        lo.target = target(2, 128, 128);
-        lo.policy = p;
-        lo.cores = cores;
-        const LowerResult lr = lower_graph(parse_graph(g, "test.ir"), lo);
-        std::map<int, int64_t> stored;
-        for (const auto& core : lr.bundle.cores)
-          for (const auto& in : core.code) {
-            if (in.op != isa::Op::kDma || in.dst.space != isa::Space::kHbm) continue;
-            int64_t bytes = in.imm;
-            for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
-            stored[in.op_id] += bytes;
-          }
+        std::map<int, int64_t> stored = lower_for(g, p, target(2, 128, 128), cores).stored;
         const int64_t e = p == PrecisionPolicy::kBf16 ? 2 : 4;
         // Planes of H + 3 rows (the padding and what the last row's dropped pixels read)
         // of W + 2 pixels.
