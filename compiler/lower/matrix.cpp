@@ -1367,7 +1367,13 @@ void Emitter::lower_matmul(const Node& n) {
   // A transposed image's channel stride for bands of mg rows: an odd number of 8 x 128
   // tiles' rows, so the members' loads of 8 channels hit 8 VMEM banks, not one.
   auto tstride = [&](int64_t mg) { return odd_stride(mg * eo, 128 * eo); };
-  auto nchw_bytes = [&](int64_t mg, int64_t ng) { return transposed ? 2 * images * ng * cw * C * tstride(mg) : 0; };
+  auto band_image_bytes = [&](int64_t mg, int64_t ng) { return transposed ? 2 * images * ng * cw * C * tstride(mg) : 0; };
+  // Band k's transposed image and its operand's beside it, from base: bands of up to
+  // `cols` columns, a channel every ts bytes, two pairs alternating.
+  auto band_images = [&](int64_t base, int64_t k, int64_t cols, int64_t ts) {
+    const int64_t tb = base + k % 2 * images * cols * ts;
+    return std::make_pair(tb, tb + cols * ts);
+  };
   // Rows [m0, m0 + mr) of batch element b as runs of an image's pixels: nrows x npx
   // pixels from (oh, ow) of image img, band row r, transposed pixel j. A run is an
   // output row's pixels (the first and last may be partial); runs of whole rows merge.
@@ -1512,7 +1518,7 @@ void Emitter::lower_matmul(const Node& n) {
   auto need = [&](int64_t mg, bool res, int64_t bg) {
     return (res ? chunks * R * ws_of(bg) + wrow : kSlots * kw * cw * wtile) + lbands * lhs_band_bytes(mg) +
            cw * mg * 512 + 2 * mg * obs_of(std::min(OB, bg)) + vec_bytes +
-           mg * (full_per_row(std::min(OB, bg)) + col_per_row) + nchw_bytes(mg, std::min(OB, bg));
+           mg * (full_per_row(std::min(OB, bg)) + col_per_row) + band_image_bytes(mg, std::min(OB, bg));
   };
   bool resident = true;
   int64_t BG = ngroups;
@@ -1581,7 +1587,7 @@ void Emitter::lower_matmul(const Node& n) {
     auto full_t = [&](int64_t mt, int64_t ng) { return mt * full_per_row(ng); };
     auto need_s = [&](int64_t mt, int64_t ng) {
       return panels * kw * R * ws_of(ng) + wrow + BS * lhs_band_bytes(mt) + ng * cw * mt * 512 +
-             OBUF * tile_out_bytes(mt, ng) + vec_bytes + mt * col_per_row + full_t(mt, ng) + nchw_bytes(mt, ng);
+             OBUF * tile_out_bytes(mt, ng) + vec_bytes + mt * col_per_row + full_t(mt, ng) + band_image_bytes(mt, ng);
     };
     // Rows up to 256 first (an mswap per Mt/8 blocks), then panel rows of kRunBytes,
     // then more rows (fewer weight re-reads), then more columns (fewer LHS re-reads).
@@ -1630,9 +1636,9 @@ void Emitter::lower_matmul(const Node& n) {
           vtop += o.full ? 2 * Mt * fstride_of(o, NG) : (o.scalar ? 2 : ntiles) * 8 * 128 * esz(o.dt);
         }
       }
-      // The two transposed images (transposed): a channel every TS bytes.
+      // The transposed images (band_images): a channel every TS bytes.
       const int64_t TS = tstride(Mt);
-      auto timage = [&, tbase = vtop](size_t ti) { return tbase + static_cast<int64_t>(ti % 2) * images * NG * cw * C * TS; };
+      auto timage = [&, tbase = vtop](size_t ti) { return band_images(tbase, static_cast<int64_t>(ti), NG * cw * C, TS); };
       auto tile_cols = [&](const auto& tl) { return std::min(NG * cw * C, N - tl.n0); };
       struct Tile {
         int64_t b, m0, mr, n0, ng;
@@ -1656,8 +1662,8 @@ void Emitter::lower_matmul(const Node& n) {
         lhs_masks();
         auto tile_store_out = [&](size_t ti) {
           const Tile& tl = tiles[ti];
-          store_out(kNchwFlag + static_cast<int>(ti % 2), tl.b, tl.m0, tl.mr, tl.n0, tile_cols(tl), timage(ti), TS,
-                    timage(ti) + NG * cw * C * TS, true);
+          const auto [tb, rb] = timage(ti);
+          store_out(kNchwFlag + static_cast<int>(ti % 2), tl.b, tl.m0, tl.mr, tl.n0, tile_cols(tl), tb, TS, rb, true);
         };
         // Passes and LHS bands of all the core's tiles in order: pass z uses panel slot
         // z % panels, band y slot y % BS.
@@ -1912,8 +1918,8 @@ void Emitter::lower_matmul(const Node& n) {
               tile_store_out(ti - 1);
             }
             if (ti >= 2) wait_flag(kNchwFlag + static_cast<int>(ti % 2));
-            transpose_out(kXposeFlag + ob, tl.b, tl.m0, tl.mr, tl.n0, tile_cols(tl), obuf, tobs, timage(ti), TS,
-                          timage(ti) + NG * cw * C * TS);
+            const auto [tb, rb] = timage(ti);
+            transpose_out(kXposeFlag + ob, tl.b, tl.m0, tl.mr, tl.n0, tile_cols(tl), obuf, tobs, tb, TS, rb);
             ++out_dmas[ob];
           }
         }
@@ -1968,7 +1974,7 @@ void Emitter::lower_matmul(const Node& n) {
     int64_t b, m0, mr, n0, cols;
   };
   const int64_t TS = tstride(Mg);
-  auto timage = [&, tbase = top](int64_t k) { return tbase + k % 2 * images * OBb * cw * C * TS; };
+  auto timage = [&, tbase = top](int64_t k) { return band_images(tbase, k, OBb * cw * C, TS); };
   std::vector<std::optional<SubBand>> nchw_pending(static_cast<size_t>(cores_));
   std::vector<int64_t> nchw_bands(static_cast<size_t>(cores_), 0);
   auto flush_nchw = [&]() {  // the pending sub-band's store, once its transpose is done
@@ -1976,8 +1982,8 @@ void Emitter::lower_matmul(const Node& n) {
     if (!p) return;
     const int64_t k = nchw_bands[static_cast<size_t>(cur_)] - 1;
     wait_flag(kXposeFlag);
-    store_out(kNchwFlag + static_cast<int>(k % 2), p->b, p->m0, p->mr, p->n0, p->cols, timage(k), TS,
-              timage(k) + OBb * cw * C * TS, false);
+    const auto [tb, rb] = timage(k);
+    store_out(kNchwFlag + static_cast<int>(k % 2), p->b, p->m0, p->mr, p->n0, p->cols, tb, TS, rb, false);
     p.reset();
   };
 
@@ -2250,8 +2256,8 @@ void Emitter::lower_matmul(const Node& n) {
                   flush_nchw();
                   int64_t& k = nchw_bands[static_cast<size_t>(cur_)];
                   if (k >= 2) wait_flag(kNchwFlag + static_cast<int>(k % 2));
-                  transpose_out(kXposeFlag, b, m0, mr, sn0, cols, out_base + obuf(sub) * Mg * obs, obs, timage(k), TS,
-                                timage(k) + OBb * cw * C * TS);
+                  const auto [tb, rb] = timage(k);
+                  transpose_out(kXposeFlag, b, m0, mr, sn0, cols, out_base + obuf(sub) * Mg * obs, obs, tb, TS, rb);
                   nchw_pending[static_cast<size_t>(cur_)] = SubBand{b, m0, mr, sn0, cols};
                   ++k;
                 } else {

@@ -166,8 +166,8 @@ void Emitter::lower_rows(const Node& n) {
   const DType xt = X.type.dtype, ot = n.type.dtype;
   const int64_t ex = esz(xt), eo = esz(ot);
   constexpr int64_t kTile = 4096;
-  // sb: scratch tiles of 8 row groups (layernorm's deviations; softmax's exponentials, two
-  // banks of 6).
+  // sb: scratch tiles of two banks of 6 row groups (softmax's exponentials, layernorm's
+  // deviations).
   const int64_t xb = 0, sb = xb + nt * kTile, gb = sb + 12 * nt * kTile, bb = gb + nt * kTile, ob = bb + nt * kTile;
   if (static_cast<uint64_t>(ob + nt * kTile) > opt_.target.vmem_bytes) fail(n, "rows too long for VMEM");
   const int64_t y = t_.at(n.output).addr;
