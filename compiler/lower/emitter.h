@@ -105,6 +105,18 @@ class Emitter {
                   "); the lowering addresses the first 6 GiB of a chip's HBM");
   }
   void line(const std::string& s) { cs_[cur_] << "  " << s << "\n"; }
+  void raw_line(const std::string& s) { cs_[cur_] << s << "\n"; }  // a line as captured_lines gives it
+  // The lines f emits on the current core, taken out of its program (to be reordered).
+  std::vector<std::string> captured_lines(const std::function<void()>& f) {
+    std::ostringstream kept = std::move(cs_[cur_]);
+    cs_[cur_] = std::ostringstream();
+    f();
+    std::istringstream in(cs_[cur_].str());
+    cs_[cur_] = std::move(kept);
+    std::vector<std::string> out;
+    for (std::string l; std::getline(in, l);) out.push_back(l);
+    return out;
+  }
   void dma(const std::string& dst, const std::string& src, int64_t bytes, const std::string& dims = "") {
     cs_[cur_] << "  dma " << dst << ", " << src << ", bytes=" << bytes << dims << ", flag=" << kDmaFlag << "\n";
     ++dmas_[cur_];
@@ -266,6 +278,18 @@ class Emitter {
   // The recipe's instruction sequence of elementwise op `n` on registers: vd = op(va[, vb]),
   // t0 and t1 are scratch (vector.cpp).
   void emit_op(const Node& n, int vd, int va, int vb, int t0, int t1);
+  // Whether emit_op's code for op has an instruction of more than a cycle's latency
+  // (mul, div, a transcendental), which an in-order vector unit waits out.
+  static bool has_slow_op(OpKind op) {
+    switch (op) {
+      case OpKind::kMul: case OpKind::kDiv: case OpKind::kTanh: case OpKind::kExp: case OpKind::kLog:
+      case OpKind::kSqrt: case OpKind::kRsqrt: case OpKind::kErf: case OpKind::kSigmoid: case OpKind::kGelu:
+      case OpKind::kPow:
+        return true;
+      default:
+        return false;
+    }
+  }
   void lower_elementwise(const Node& n);
   void lower_matmul(const Node& n);
   void lower_copy(const Node& n);

@@ -35,7 +35,8 @@ void Emitter::emit_op(const Node& n, int vd, int va, int vb, int t0, int t1) {
       line("vadd " + x + ", " + y + ", " + x); line("vdiv " + d + ", " + y + ", " + x);
       break;
     case OpKind::kGelu:  // t = x / fp32(sqrt 2); v = x * (erf(t) + 1); y = v * 0.5
-      line("vbcast " + x + ", " + fimm(1.41421354f)); line("vdiv " + x + ", " + a + ", " + x); line("verf " + x + ", " + x);
+      // t1 only ever holds a constant, so chains interleaved op by op can share it.
+      line("vbcast " + y + ", " + fimm(1.41421354f)); line("vdiv " + x + ", " + a + ", " + y); line("verf " + x + ", " + x);
       line("vbcast " + y + ", 1.0"); line("vadd " + x + ", " + x + ", " + y); line("vmul " + x + ", " + a + ", " + x);
       line("vbcast " + y + ", 0.5"); line("vmul " + d + ", " + x + ", " + y);
       break;

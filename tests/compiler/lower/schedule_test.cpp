@@ -333,7 +333,7 @@ TEST(LowerSchedule, MatmulWeightBoundColumnBandsStreamPanels) {
   }
 }
 
-// The resident plan's units (here a batch element each, two a core on 2 cores) store
+// The resident plan's units (here of 2048 rows, two a core on 2 cores) store
 // their output bands while the next unit's MXU work goes on: a core's next unit starts
 // on the output buffer its last store does not read, so no wait on f4 sits between a
 // store and the next mmul (each store is waited for before the next is issued, and
@@ -342,7 +342,8 @@ TEST(LowerSchedule, MatmulUnitsDoNotWaitForTheirStores) {
   for (auto p : kPolicies)
     for (int64_t N : {12, 40})
       for (int cores : {1, 2}) {
-        const std::string ir = matmul_ir(60, 40, N, "", "", "4,");
+        // Units of at most 2048 rows: four of them (a batch against one B would be one).
+        const std::string ir = matmul_ir(3 * 2048 + 60, 40, N);
         const std::string as = expect_bit_exact(ir, p, target(2, 16, 16), cores);
         int stores = 0;
         for (size_t c = as.find(".core "); c != std::string::npos;) {
@@ -439,6 +440,85 @@ TEST(LowerSchedule, MatmulKStreamedRampedEnds) {
       EXPECT_GT(count_of(as, ", flag=f13\n"), 0) << "not the K-streamed schedule: cores " << cores;
     }
   }
+}
+
+// A batch of LHS matrices against one B (BERT's [8, 128, 768] x [768, 3072]) is one
+// matmul of all the batch's rows: its weights are pushed as often as for an unbatched
+// matmul of as many rows, not once a batch element, on the resident plan and the
+// K-streamed tiles. Bit-exact with a bias row, a residual of the batch's shape and a
+// value a row broadcast over the batch ([M, 1], which no longer matches the folded
+// rows and is materialised at the output's shape), and an A^T batch, which is not
+// folded (its rows are not contiguous).
+TEST(LowerSchedule, BatchesAgainstOneWeightAreOneMatmul) {
+  auto pushes = [](const std::string& as) { return count_of(as, "  mpush "); };
+  auto fused = [](int64_t nb, int64_t M, int64_t K, int64_t N) {
+    std::ostringstream o;
+    o << "graph b {\n  input %a : f32[" << nb << "," << M << "," << K << "]\n  input %b : f32[" << K << "," << N
+      << "]\n  input %c : f32[" << N << "]\n  input %r : f32[" << nb << "," << M << "," << N << "]\n  input %q : f32["
+      << M << ",1]\n  %h = matmul(%a, %b, %c) : f32[" << nb << "," << M << "," << N << "] #0\n  %s = add(%h, %r) : f32["
+      << nb << "," << M << "," << N << "] #1\n  %y = mul(%s, %q) : f32[" << nb << "," << M << "," << N
+      << "] #2\n  output %y\n}\n";
+    return o.str();
+  };
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) {
+      SCOPED_TRACE(cores);
+      // Resident: 4 x 40 rows, one unit of 160 (or 80 a core).
+      const int batched = pushes(expect_bit_exact(matmul_ir(40, 200, 60, "", "", "4,"), p, target(2, 16, 16), cores));
+      EXPECT_EQ(batched, pushes(expect_bit_exact(matmul_ir(160, 200, 60), p, target(2, 16, 16), cores)));
+      EXPECT_LE(batched, 2 * pushes(lower_with(matmul_ir(40, 200, 60), p, target(2, 16, 16), cores).assembly))
+          << "pushed once a batch element";
+      expect_bit_exact(fused(4, 40, 200, 60), p, target(2, 16, 16), cores);
+      // K-streamed tiles: 4 x 130 rows a core, K of 9 passes.
+      const int64_t m = 130 * cores;
+      const std::string ks = expect_bit_exact(matmul_ir(m, 260, 40, "", "", "4,"), p, target(2, 16, 16), cores);
+      ASSERT_GT(count_of(ks, ", flag=f13\n"), 0) << "not the K-streamed schedule";
+      EXPECT_EQ(pushes(ks), pushes(lower_with(matmul_ir(4 * m, 260, 40), p, target(2, 16, 16), cores).assembly));
+      expect_bit_exact(fused(4, m, 260, 40), p, target(2, 16, 16), cores);
+      std::ostringstream ta;
+      ta << "graph t {\n  input %a : f32[3,50,40]\n  input %b : f32[50,30]\n"
+         << "  %y = matmul(%a, %b) {trans_a=1} : f32[3,40,30] #0\n  output %y\n}\n";
+      expect_bit_exact(ta.str(), p, target(2, 16, 16), cores);
+    }
+}
+
+// Epilogues with slow ops (gelu's div and erf, a mul) run in groups, op by op across
+// the group's blocks and column tiles, so the in-order vector unit does not wait out
+// each op's latency; a chain takes its operand register and temporary from the
+// accumulators of blocks not yet popped, and the chains of one column tile share a
+// replicated operand's register. Bit-exact under the race checker on the K-streamed
+// tiles and the resident plan, one and two column tiles a pass (2 and 4 MXUs), with a
+// bias row (replicated) and with a residual (a tile a chain); a relu chain (one-cycle
+// ops) stays one block at a time.
+TEST(LowerSchedule, SlowEpiloguesRunInterleaved) {
+  auto ir = [](int64_t M, int64_t K, int64_t N, bool residual, const std::string& act) {
+    std::ostringstream o;
+    o << "graph e {\n  input %a : f32[" << M << "," << K << "]\n  input %b : f32[" << K << "," << N << "]\n  input %c : f32["
+      << (residual ? std::to_string(M) + "," : "") << N << "]\n  %h = matmul(%a, %b) : f32[" << M << "," << N
+      << "] #0\n  %s = add(%h, %c) : f32[" << M << "," << N << "] #1\n  %y = " << act << "(%s) : f32[" << M << "," << N
+      << "] #2\n  output %y\n}\n";
+    return o.str();
+  };
+  // The longest run of consecutive `op` lines.
+  auto longest_run = [](const std::string& as, const std::string& op) {
+    int best = 0, run = 0;
+    std::istringstream in(as);
+    for (std::string l; std::getline(in, l);) best = std::max(best, run = l.rfind("  " + op + " ", 0) == 0 ? run + 1 : 0);
+    return best;
+  };
+  for (auto p : kPolicies)
+    for (uint32_t mxus : {2u, 4u})
+      for (bool residual : {false, true}) {
+        SCOPED_TRACE(std::to_string(mxus) + " MXUs, residual " + std::to_string(residual));
+        const isa::Target t = target(mxus, 128, 128);
+        const std::string ks = expect_bit_exact(ir(600, 520, 300, residual, "gelu"), p, t);
+        ASSERT_GT(count_of(ks, ", flag=f13\n"), 0) << "not the K-streamed schedule";
+        EXPECT_GE(longest_run(ks, "verf"), 3);
+        const std::string res = expect_bit_exact(ir(64, 200, 300, residual, "gelu"), p, t);
+        ASSERT_EQ(count_of(res, ", flag=f13\n"), 0) << "not the resident plan";
+        EXPECT_GE(longest_run(res, "verf"), 2);
+        EXPECT_EQ(longest_run(expect_bit_exact(ir(600, 520, 300, residual, "relu"), p, t), "vmax"), 1);
+      }
 }
 
 // matmul -> add bias row -> relu -> add residual -> mul scalar const -> clip -> sigmoid,
