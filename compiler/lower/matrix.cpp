@@ -1632,12 +1632,14 @@ void Emitter::lower_matmul(const Node& n) {
   // first tile waits on HBM. Each output element still sums its chunks in increasing
   // order (mpop, then mpop.add per chunk, the partial sum in VMEM between passes).
   const bool shrunk = Mg < Mg0 || BG < ngroups || !resident;
-  // Batches of small matmuls with a B of their own each (attention's per-head products)
-  // take the tiles too: their panels and LHS bands are fetched ahead across a core's
-  // tiles, where the resident plan's units would each wait for their own weights. (With
-  // one B for the batch the resident plan keeps it: the cnn training step's batched
-  // products ran 0.8% slower as tiles.)
-  const bool small_batches = batches >= 2 * cores_ && M <= 256 && num_elements(bs) > K * N;
+  // Batches of matmuls with a B of their own each (attention's per-head products, the
+  // images of a pointwise conv as W x X) take the tiles too: their panels and LHS bands
+  // are fetched ahead across a core's tiles, where the resident plan's units would each
+  // wait for their own weights (and full operands). resnet50's 1 x 1 convs at batch 8
+  // on v3 (512 to 1024 rows of W): layer2's conv3 + add ~38 K -> ~26 K cycles each.
+  // (With one B for the batch the resident plan keeps it: the cnn training step's
+  // batched products ran 0.8% slower as tiles.)
+  const bool own_b_batches = batches >= 2 * cores_ && num_elements(bs) > K * N;
   // Columns over the cores with more weight bytes a core than LHS bytes (a batch-1
   // classifier, layer4's convs, BERT's projections) take them too: the resident plan
   // loads a core's whole band before its MXUs start, the tiles' panels arrive while
@@ -1645,7 +1647,7 @@ void Emitter::lower_matmul(const Node& n) {
   // cycles). With the LHS the larger (layer3's 3x3 convs) the resident plan is faster.
   const bool weight_bound_cols =
       cols_over_cores && K * ((N + cores_ - 1) / cores_) * eb > M * batches * K * ea;
-  if ((shrunk || small_batches || weight_bound_cols || (per_core >= 512 && chunks >= 2 * kw) ||
+  if ((shrunk || own_b_batches || weight_bound_cols || (per_core >= 512 && chunks >= 2 * kw) ||
        (chunks >= LB && per_core >= 2048)) &&
       !tb) {
     constexpr int kBandFlag = 13;  // f13..f16: the LHS band slots

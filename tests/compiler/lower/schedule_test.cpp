@@ -369,21 +369,28 @@ TEST(LowerSchedule, MatmulUnitsDoNotWaitForTheirStores) {
       }
 }
 
-// Batches of small matmuls with a B each (attention's per-head products) take the
-// K-streamed tiles (fetched ahead across a core's tiles: f14 in use); with one B for
-// the whole batch they keep the resident plan (no f14). Bit-exact, 1 and 2 cores.
+// Batches of matmuls with a B each (attention's per-head products; a pointwise conv's
+// images, 300 rows of W each) take the K-streamed tiles (fetched ahead across a core's
+// tiles: f14 in use); with one B for the whole batch they keep the resident plan (no
+// f14). Bit-exact, 1 and 2 cores.
 // One-pass tiles keep four bands in flight and alternate two output buffers.
-TEST(LowerSchedule, MatmulSmallBatchesWithTheirOwnWeightsTakeTheTiles) {
+TEST(LowerSchedule, MatmulBatchesWithTheirOwnWeightsTakeTheTiles) {
   const std::string own =
       "graph a {\n  input %q : f32[1,6,24,16]\n  input %k : f32[1,6,16,40]\n"
       "  %y = matmul(%q, %k) {} : f32[1,6,24,40] #0\n  output %y\n}\n";
   const std::string shared =
       "graph s {\n  input %q : f32[1,6,24,16]\n  input %k : f32[16,40]\n"
       "  %y = matmul(%q, %k) {} : f32[1,6,24,40] #0\n  output %y\n}\n";
+  // A pointwise conv's shape: one W (300 output channels) against each image's X.
+  const std::string images =
+      "graph p {\n  input %w : f32[300,40]\n  input %x : f32[4,40,50]\n  input %c : f32[300,1]\n"
+      "  %y = matmul(%w, %x, %c) {} : f32[4,300,50] #0\n  output %y\n}\n";
   for (auto p : kPolicies)
     for (int cores : {1, 2}) {
       EXPECT_GT(count_of(expect_bit_exact(own, p, target(2, 16, 16), cores), ", flag=f14\n"), 0)
           << "not the K-streamed tiles: cores " << cores;
+      EXPECT_GT(count_of(expect_bit_exact(images, p, target(2, 128, 128), cores), ", flag=f14\n"), 0)
+          << "the images' tiles of 300 rows not the K-streamed tiles: cores " << cores;
       EXPECT_EQ(count_of(expect_bit_exact(shared, p, target(2, 16, 16), cores), ", flag=f14\n"), 0)
           << "a shared B left the resident plan: cores " << cores;
     }
