@@ -589,7 +589,9 @@ TEST(LowerConv, PointwiseAsWeightsTimesImages) {
 // VMEM: bit-exact against evaluate() with strides 2 and (3, 2), a bias, and a residual
 // add + relu in its epilogue (its tiles are NCHW, so the add fuses: no code of its
 // own); the result needs no NHWC -> NCHW move (the only HBM stores are the scratch's and
-// the output's). With fewer outputs an image it stays an im2col (shifted) conv.
+// the output's). Only the input rows that hold taps are read, and a core's next image
+// is loaded before this one's gather. With fewer outputs an image it stays an im2col
+// (shifted) conv.
 TEST(LowerConv, StridedPointwiseOnEverySthPixel) {
   const std::string residual =
       "graph d {\n  input %x : f32[2,20,24,22]\n  input %w : f32[13,20,1,1]\n  input %b : f32[13]\n"
@@ -609,17 +611,35 @@ TEST(LowerConv, StridedPointwiseOnEverySthPixel) {
     lo.cores = cores;
     const Graph g = parse_graph(residual, "test.ir");
     const auto bundle = lower_graph(g, lo).bundle;
-    int64_t stored = 0;
-    for (const auto& core : bundle.cores)
-      for (const auto& in : core.code) {
+    int64_t x_at = -1;
+    for (const auto& e : bundle.io)
+      if (e.name == "x") x_at = static_cast<int64_t>(e.addr);
+    ASSERT_GE(x_at, 0);
+    int64_t stored = 0, x_read = 0;
+    for (const auto& core : bundle.cores) {
+      std::vector<size_t> x_loads, gathers;  // instruction indices
+      for (size_t k = 0; k < core.code.size(); ++k) {
+        const auto& in = core.code[k];
         EXPECT_NE(in.op_id, 2);  // the add and the relu run in the conv's epilogue
         EXPECT_NE(in.op_id, 3);
-        if (in.op != isa::Op::kDma || in.dst.space != isa::Space::kHbm) continue;
+        if (in.op != isa::Op::kDma) continue;
         int64_t bytes = in.imm;
         for (int d = 0; d < in.ndims; ++d) bytes *= in.dims[d].count;
-        stored += bytes;
+        if (in.dst.space == isa::Space::kHbm) stored += bytes;
+        if (in.src.space == isa::Space::kHbm && in.src.reg == 0 && in.src.offset >= x_at &&
+            in.src.offset < x_at + 2 * 20 * 24 * 22 * 4) {
+          x_read += bytes;
+          x_loads.push_back(k);
+        }
+        if (in.src.space == isa::Space::kVmem && in.dst.space == isa::Space::kVmem) gathers.push_back(k);
       }
+      // A core's next image comes in while this one is gathered.
+      if (x_loads.size() >= 2) {
+        EXPECT_LT(x_loads[1], gathers.at(0)) << "the second image loaded after the first's gather";
+      }
+    }
     EXPECT_EQ(stored, (2 * 20 * 12 * 11 + 2 * 13 * 12 * 11) * 4);  // the scratch, then the output
+    EXPECT_EQ(x_read, 2 * 20 * 12 * 22 * 4) << "more of x read than its every other row";
   }
 }
 
