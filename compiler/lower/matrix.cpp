@@ -790,36 +790,27 @@ void Emitter::lower_pointwise(const Node& n) {
           dim(OW, st[1] * e, e) + dim(OH, st[0] * W * e, OW * e) + dim(NB * CI, H * W * e, HW * e));
       wait_dmas();
     } else {
-      std::vector<std::vector<std::pair<int64_t, int64_t>>> units(static_cast<size_t>(cores_));  // (image, c0)
-      int64_t unit = 0;
-      for (int64_t b = 0; b < NB; ++b)
-        for (int64_t c0 = 0; c0 < CI; c0 += cb) units[static_cast<size_t>(unit++ % cores_)].push_back({b, c0});
-      constexpr int kLoadFlag = 8, kGatherFlag = 10, kStoreFlag = 11;  // f8/f9, f10, f11/f12
-      const int64_t rows_at = 0, out_at = 2 * rows_bytes(cb);
-      for (int core = 0; core < cores_; ++core) {
-        cur_ = core;
-        const auto& us = units[static_cast<size_t>(core)];
-        auto load = [&](size_t k) {
-          const auto [b, c0] = us[k];
-          dma_on(kLoadFlag + static_cast<int>(k % 2), vmem(rows_at + static_cast<int64_t>(k % 2) * rows_bytes(cb)),
-                 hbm(X.addr + (b * CI + c0) * H * W * e), W * e,
-                 dim(OH, st[0] * W * e, W * e) + dim(std::min(cb, CI - c0), H * W * e, OH * W * e));
-        };
-        if (!us.empty()) load(0);
-        for (size_t k = 0; k < us.size(); ++k) {
-          const auto [b, c0] = us[k];
-          const int64_t nc = std::min(cb, CI - c0), par = static_cast<int64_t>(k % 2);
-          if (k + 1 < us.size()) load(k + 1);  // its buffer's gather (unit k - 1) is done
-          wait_flag(kLoadFlag + static_cast<int>(par));
-          if (k >= 2) wait_flag(kStoreFlag + static_cast<int>(par));  // unit k - 2's result is out
-          dma_on(kGatherFlag, vmem(out_at + par * out_bytes(cb)), vmem(rows_at + par * rows_bytes(cb)), e,
-                 dim(OW, st[1] * e, e) + dim(OH, W * e, OW * e) + dim(nc, OH * W * e, HW * e));
-          wait_flag(kGatherFlag);
-          dma_on(kStoreFlag + static_cast<int>(par), hbm(Xs + (b * CI + c0) * HW * e),
-                 vmem(out_at + par * out_bytes(cb)), nc * HW * e, "");
-        }
-        for (size_t k = 0; k < std::min<size_t>(2, us.size()); ++k) wait_flag(kStoreFlag + static_cast<int>(k));
-      }
+      // Unit u: image u / bands, channels from (u % bands) * cb; round robin over the cores.
+      const int64_t bands = (CI + cb - 1) / cb, rows_at = 0, out_at = 2 * rows_bytes(cb);
+      auto band = [&](int64_t u) { return std::make_pair(u / bands, u % bands * cb); };
+      constexpr int kGatherFlag = 10;
+      double_buffered(
+          NB * bands,
+          [&](int64_t u, int64_t par) {
+            const auto [b, c0] = band(u);
+            dma_on(kStreamInFlag + static_cast<int>(par), vmem(rows_at + par * rows_bytes(cb)),
+                   hbm(X.addr + (b * CI + c0) * H * W * e), W * e,
+                   dim(OH, st[0] * W * e, W * e) + dim(std::min(cb, CI - c0), H * W * e, OH * W * e));
+          },
+          [&](int64_t u, int64_t par) {
+            const auto [b, c0] = band(u);
+            const int64_t nc = std::min(cb, CI - c0);
+            dma_on(kGatherFlag, vmem(out_at + par * out_bytes(cb)), vmem(rows_at + par * rows_bytes(cb)), e,
+                   dim(OW, st[1] * e, e) + dim(OH, W * e, OW * e) + dim(nc, OH * W * e, HW * e));
+            wait_flag(kGatherFlag);
+            dma_on(kStreamOutFlag + static_cast<int>(par), hbm(Xs + (b * CI + c0) * HW * e),
+                   vmem(out_at + par * out_bytes(cb)), nc * HW * e, "");
+          });
     }
     cur_ = 0;
     sync_all();  // the matmul's loads on every core read it
