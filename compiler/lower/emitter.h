@@ -311,7 +311,9 @@ class Emitter {
   std::vector<DwMember> conv_members(const Node& n) const;  // n's chain, each member's operand named
   bool depthwise_shifted(const Node& n, std::vector<DwMember>& members);
   void load_dw_constants(const Node& n, int64_t ws, int64_t bs, const std::vector<DwMember>& members);
-  void apply_dw_members(const Node& n, const std::vector<DwMember>& members, int v);
+  void apply_dw_members(const Node& n, const std::vector<DwMember>& members, int v, int bounds = -1);
+  static bool bounds_member(const std::vector<DwMember>& members);
+  void hoisted_bounds(const std::vector<DwMember>& members, int k);
   // A conv2d node's operands and attributes (NCHW input, OIHW weights): CIall the
   // input's channels, CI a group's.
   struct ConvShape {

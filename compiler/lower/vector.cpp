@@ -548,10 +548,30 @@ std::vector<Emitter::DwMember> Emitter::conv_members(const Node& n) const {
   return members;
 }
 
-// The fused members on register v, after the conv's bias (v28-v30 scratch).
-void Emitter::apply_dw_members(const Node& n, const std::vector<DwMember>& members, int v) {
+// A single relu or clip member (mobilenet_v2's relu6): the caller may keep its bounds
+// in two registers for the whole op (hoisted_bounds) instead of broadcasting them again
+// for each tile, two of a depthwise tile's ~35 vector instructions.
+bool Emitter::bounds_member(const std::vector<DwMember>& members) {
+  return members.size() == 1 && (members[0].m->op == OpKind::kRelu || members[0].m->op == OpKind::kClip);
+}
+void Emitter::hoisted_bounds(const std::vector<DwMember>& members, int k) {
+  const Node& m = *members[0].m;
+  line("vbcast v" + std::to_string(k) + ", " + fimm(m.op == OpKind::kRelu ? 0.0f : m.attr_float("min")));
+  if (m.op == OpKind::kClip) line("vbcast v" + std::to_string(k + 1) + ", " + fimm(m.attr_float("max")));
+}
+
+// The fused members on register v, after the conv's bias (v28-v30 scratch); with
+// bounds >= 0, the single relu or clip member's bounds are in v<bounds>, v<bounds + 1>
+// (the same vmax, then vmin, as emit_op's).
+void Emitter::apply_dw_members(const Node& n, const std::vector<DwMember>& members, int v, int bounds) {
   const std::string r = "v" + std::to_string(v);
   DType cur = n.type.dtype;
+  if (bounds >= 0 && bounds_member(members)) {
+    if (cur == DType::kBf16) line("vcvt.bf16 " + r + ", " + r);
+    line("vmax " + r + ", " + r + ", v" + std::to_string(bounds));
+    if (members[0].m->op == OpKind::kClip) line("vmin " + r + ", " + r + ", v" + std::to_string(bounds + 1));
+    return;
+  }
   for (const DwMember& x : members) {
     if (cur == DType::kBf16) line("vcvt.bf16 " + r + ", " + r);
     if (x.tile >= 0) line(std::string(ld(t_.at(x.other).type.dtype)) + " v30, " + at(x.tile));
@@ -733,6 +753,11 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
     constexpr int kAcc[4] = {0, 2, 24, 26}, kTap[4] = {1, 3, 25, 27};
     const auto vr = [](int64_t r) { return "v" + std::to_string(r); };
     const int64_t breg = 4 + KK;
+    // A relu or clip member's bounds in v22, v23 for the block, where the taps' weights
+    // and the bias leave them free.
+    constexpr int kBounds = 22;
+    const bool hoist = !pool && breg < kBounds && bounds_member(members);
+    if (hoist) hoisted_bounds(members, kBounds);
     for (int64_t g = k.g0; g < k.g1; ++g) {
       const int64_t out = v.out[par] + (g - k.g0) * 8 * v.po;
       // Phase plane of tap (kh, kw) for this group's 8 channels.
@@ -771,7 +796,7 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
           }
         for (int i = 0; i < U; ++i) {
           if (has_bias) line("vadd " + vr(kAcc[i]) + ", " + vr(kAcc[i]) + ", " + vr(breg));
-          apply_dw_members(n, members, kAcc[i]);
+          apply_dw_members(n, members, kAcc[i], hoist ? kBounds : -1);
           line(std::string(st(ot)) + " " + vr(kAcc[i]) + ", " + at(out + (q0 + i * 128) * eo) +
                ", stride=" + std::to_string(v.po));
         }
