@@ -753,11 +753,14 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
     constexpr int kAcc[4] = {0, 2, 24, 26}, kTap[4] = {1, 3, 25, 27};
     const auto vr = [](int64_t r) { return "v" + std::to_string(r); };
     const int64_t breg = 4 + KK;
-    // A relu or clip member's bounds in v22, v23 for the block, where the taps' weights
-    // and the bias leave them free.
-    constexpr int kBounds = 22;
+    // A relu or clip member's bounds in v22, v23 for the block, and +0.0 in v21 (the
+    // first tap's add starts from it instead of an accumulator broadcast a chunk), where
+    // the taps' weights and the bias leave them free.
+    constexpr int kZero = 21, kBounds = 22;
     const bool hoist = !pool && breg < kBounds && bounds_member(members);
+    const bool zero_reg = !pool && breg < kZero;
     if (hoist) hoisted_bounds(members, kBounds);
+    if (zero_reg) line("vbcast " + vr(kZero) + ", " + fimm(0.0f));
     for (int64_t g = k.g0; g < k.g1; ++g) {
       const int64_t out = v.out[par] + (g - k.g0) * 8 * v.po;
       // Phase plane of tap (kh, kw) for this group's 8 channels.
@@ -772,7 +775,7 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
       if (has_bias) line(std::string(ld(bt)) + " " + vr(breg) + ", " + at(v.btl[par] + (g - k.g0) * kTileElems * eb));
       for (int64_t q0 = 0; q0 < nr * Wq; q0 += 4 * 128) {
         const int U = static_cast<int>(std::min<int64_t>(4, (nr * Wq - q0 + 127) / 128));
-        for (int i = 0; i < (pool ? 0 : U); ++i)
+        for (int i = 0; i < (pool || zero_reg ? 0 : U); ++i)
           line("vbcast " + vr(kAcc[i]) + ", " + fimm(0.0f));  // +0.0: the partial sum starts there
         for (int64_t kh = 0; kh < KH; ++kh)
           for (int64_t kw = 0; kw < KW; ++kw) {
@@ -792,7 +795,9 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
             }
             for (int i = 0; i < U; ++i)
               line("vmul " + vr(kTap[i]) + ", " + vr(kTap[i]) + ", " + vr(4 + kh * KW + kw));
-            for (int i = 0; i < U; ++i) line("vadd " + vr(kAcc[i]) + ", " + vr(kAcc[i]) + ", " + vr(kTap[i]));
+            const bool first = kh + kw == 0;
+            for (int i = 0; i < U; ++i)
+              line("vadd " + vr(kAcc[i]) + ", " + vr(first && zero_reg ? kZero : kAcc[i]) + ", " + vr(kTap[i]));
           }
         for (int i = 0; i < U; ++i) {
           if (has_bias) line("vadd " + vr(kAcc[i]) + ", " + vr(kAcc[i]) + ", " + vr(breg));

@@ -524,21 +524,27 @@ TEST(LowerConv, DepthwiseOnTheVpu) {
   }
   EXPECT_EQ(mxu, 0);
   EXPECT_GT(vmul, 0);
-  // A single relu6 (clip) member keeps its bounds in two registers for a block: its
-  // broadcasts are not repeated a tile (mobilenet_v2's depthwise convs: 2 of ~35 vector
-  // instructions a tile). Bit-exact, and the same vmax then vmin.
+  // A single relu6 (clip) member keeps its bounds in two registers for a block, and the
+  // first tap's add starts from a +0.0 register: no broadcast is repeated a tile
+  // (mobilenet_v2's depthwise convs: 3 of ~35 vector instructions a tile). Bit-exact,
+  // and the same vmax then vmin.
   const std::string relu6 =
       "graph r {\n  input %x : f32[1,8,40,40]\n  input %w : f32[8,1,3,3]\n  input %b : f32[8]\n"
       "  %c = conv2d(%x, %w, %b) {dilations=[1,1], groups=8, pads=[1,1,1,1], strides=[1,1]} : f32[1,8,40,40] #1\n"
       "  %y = clip(%c) {max=6, min=0} : f32[1,8,40,40] #2\n  output %y\n}\n";
   for (auto p : kPolicies) expect_bit_exact(relu6, p, big_vmem, 11, 1);
-  int bound_bcasts = 0, vmins = 0;
+  int bound_bcasts = 0, zero_bcasts = 0, vmins = 0;
   for (const auto& in : lower_graph(parse_graph(relu6, "test.ir"), lo).bundle.cores.at(0).code) {
+    if (in.op_id != 1) continue;
     bound_bcasts += in.op == isa::Op::kVbcast && static_cast<uint32_t>(in.imm) == 0x40c00000u;  // 6.0
+    // +0.0 into the third and fourth chunks' accumulators (v24, v26; v0 and v2 are also
+    // the padding rows' registers)
+    zero_bcasts += in.op == isa::Op::kVbcast && in.imm == 0 && (in.a == 24 || in.a == 26);
     vmins += in.op == isa::Op::kVmin;
   }
   EXPECT_GE(vmins, 13);  // a tile of 128 outputs each
   EXPECT_LE(4 * bound_bcasts, vmins) << "the clip's bounds broadcast for each tile";
+  EXPECT_EQ(zero_bcasts, 0) << "+0.0 broadcast into the accumulators for each chunk";
   // In the small VMEM the 40 x 40 conv is still the VPU's, in four blocks: four
   // stores to HBM, double-buffered over one core.
   lo.target = small_vmem;
