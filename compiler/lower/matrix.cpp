@@ -777,9 +777,7 @@ void Emitter::lower_pointwise(const Node& n) {
     // its 55.7 K cycles there).
     auto rows_bytes = [&](int64_t nc) { return align_up(nc * OH * W * e, kAlign); };
     auto out_bytes = [&](int64_t nc) { return align_up(nc * HW * e, kAlign); };
-    auto fits = [&](int64_t nc) {
-      return static_cast<uint64_t>(2 * (rows_bytes(nc) + out_bytes(nc)) + 8192) <= opt_.target.vmem_bytes;
-    };
+    auto fits = [&](int64_t nc) { return staging_fits(2 * rows_bytes(nc), 2 * out_bytes(nc)); };
     // Channels a band: what the buffers hold, and a band a core at least when images are fewer.
     int64_t cb = CI;
     while (cb > 1 && !fits(cb)) cb = (cb + 1) / 2;
@@ -1223,11 +1221,11 @@ void Emitter::lower_matmul(const Node& n) {
   // one after the other, as before (measured: grouped, resnet's convs moved by +-3%).
   const bool slow_epilogue = alpha != 1.0f || beta != 1.0f ||
                              std::any_of(steps.begin(), steps.end(), [](const Step& st_) { return has_slow_op(st_.m->op); });
-  auto epilogue_group = [&](int64_t AS_, int64_t E_) {
+  auto epilogue_group = [&](int64_t E_) {
     auto spare_needed = [&](int64_t g) { return g * cw - 1 + (replicated_ops ? cw - 1 : g * cw - 1); };
     int64_t g = 1;
     if (!slow_epilogue) return g;
-    while (g + E_ < AS_ && spare_needed(g + 1) <= (AS_ - E_ - g - 1) * cw) ++g;
+    while (g + E_ < AS && spare_needed(g + 1) <= (AS - E_ - g - 1) * cw) ++g;
     return g;
   };
   struct Held {
@@ -1237,12 +1235,18 @@ void Emitter::lower_matmul(const Node& n) {
   };
   // At step s of a pipeline whose item j's accumulators are v(8 + (j % AS) * cw + w) and
   // are popped at step j + D: the held epilogues, interleaved, their lines that are the
-  // same in every chain (a constant's broadcast) once.
-  auto flush_epilogues = [&](std::vector<Held>& held, int64_t s, int64_t AS_) {
+  // same in every chain (a constant's broadcast) once; fast chains in order.
+  auto flush_epilogues = [&](std::vector<Held>& held, int64_t s) {
+    if (!slow_epilogue) {  // one chain after the other, as they always ran
+      for (const Held& h : held)
+        for (int64_t w = 0; w < h.cwt; ++w) h.emit(w, Scratch{});
+      held.clear();
+      return;
+    }
     if (held.empty()) return;
     std::vector<int> spare;  // the accumulators of items not yet popped
-    for (int64_t j = s - D + 1; j < held.front().j + AS_; ++j)
-      for (int64_t w = 0; w < cw; ++w) spare.push_back(static_cast<int>(8 + (j % AS_) * cw + w));
+    for (int64_t j = s - D + 1; j < held.front().j + AS; ++j)
+      for (int64_t w = 0; w < cw; ++w) spare.push_back(static_cast<int>(8 + (j % AS) * cw + w));
     // With only replicated operands (a row vector's tile a column tile, a scalar) the
     // chains of one column tile load the same tile into the same register: its load (a
     // line the same in each chain) is emitted once.
@@ -1252,10 +1256,6 @@ void Emitter::lower_matmul(const Node& n) {
     for (const Held& h : held)
       for (int64_t w = 0; w < h.cwt; ++w) {
         Scratch sc;
-        if (!slow_epilogue) {  // one chain after the other, as they always ran
-          h.emit(w, sc);
-          continue;
-        }
         if (!chains.empty()) sc.t0 = spare.at(next++);
         int& shared_op = op_of_tile[static_cast<size_t>(w)];
         if (chains.empty()) sc.op = 30;
@@ -1265,7 +1265,6 @@ void Emitter::lower_matmul(const Node& n) {
         chains.push_back(captured_lines([&] { h.emit(w, sc); }));
       }
     held.clear();
-    if (chains.empty()) return;
     bool same_shape = true;
     for (const auto& c : chains) same_shape &= c.size() == chains[0].size();
     if (!same_shape) {
@@ -1911,7 +1910,7 @@ void Emitter::lower_matmul(const Node& n) {
           for (const auto& pw : push_list(0)) emit_push(pw);
           emit_swaps(0);
           const int64_t E = std::max<int64_t>(0, std::min<int64_t>({kw + 1, AS - 2, min_blocks - 1}));
-          const int64_t G = epilogue_group(AS, E);
+          const int64_t G = epilogue_group(E);
           std::vector<Held> held;
           // Block i's column tile w in the last pass: the epilogue, and the store into the
           // output buffer.
@@ -2011,7 +2010,7 @@ void Emitter::lower_matmul(const Node& n) {
                 held.push_back(Held{j2, [&, i, j2, ps](int64_t w, const Scratch& sc) { last_block(i, j2, ps, w, sc); },
                                     ps.cwt});
               if (ps.last && (static_cast<int64_t>(held.size()) == G || i == ks.b1 - 1))
-                flush_epilogues(held, s, AS);
+                flush_epilogues(held, s);
               // In the last pass each sub-band of OBs column groups (runs of kRunBytes) of a
               // piece's rows goes out once its last block is stored, so only the last one is
               // left at the end.
@@ -2276,7 +2275,7 @@ void Emitter::lower_matmul(const Node& n) {
       // load; storing E steps later keeps the in-order vector unit from waiting on it.
       // E < blocks keeps a store ahead of the next pass's load of the same rows.
       const int64_t E = std::max<int64_t>(0, std::min<int64_t>({kw + 1, AS - 2, blocks - 1}));
-      const int64_t G = epilogue_group(AS, E);
+      const int64_t G = epilogue_group(E);
       std::vector<Held> held;
       const int64_t items = Q * blocks;
       std::vector<std::pair<int64_t, int64_t>> pending;  // pushes of the next pass
@@ -2370,7 +2369,7 @@ void Emitter::lower_matmul(const Node& n) {
             held.push_back(
                 Held{j2, [&, i, j2, sub_f, ps](int64_t w, const Scratch& sc) { last_block(i, j2, sub_f, ps, w, sc); },
                      ps.cwt});
-          if (ps.last && (static_cast<int64_t>(held.size()) == G || i == blocks - 1)) flush_epilogues(held, s, AS);
+          if (ps.last && (static_cast<int64_t>(held.size()) == G || i == blocks - 1)) flush_epilogues(held, s);
           if (ps.last && i == blocks - 1) {
             // The group's rows go out; the race checker sees a strided DMA's bounding
             // range, and neighbouring groups interleave, so the previous one is waited on.
