@@ -17,11 +17,15 @@ docs/performance.md):
   MXU    = mmuls * L / (mxus * cores)          (one 8-row mmul per L cycles per MXU)
   pop    = mmuls * 8 / (mxus * cores)          (8 result rows per mpop, 1 row/cycle per MXU)
   HBM    = (graph inputs + constants + outputs, bytes at the policy's dtype) / (peak B/cycle)
-  VPU    = (sum over nodes of ceil(elements/1024) * c(op), for a depthwise conv
-            4*KH*KW + 1 (a multiply, an add and two loads a tap, one store)
-            + per matmul/conv: LHS, weight and output vregs loaded/stored once) / cores
+  VPU    = max(ALU / alu_per_cycle, transcendentals * interval, VMEM,
+               (ALU + VMEM) / dispatch_per_cycle) / cores, where per node of
+           ceil(elements/1024) tiles ALU counts each tile's ALU ops (a
+           transcendental takes an ALU slot too; a depthwise conv a multiply and an
+           add a tap) and VMEM its loads and stores that are counted (a depthwise
+           conv two loads a tap and one store; per matmul/conv the LHS, weight and
+           output vregs loaded/stored once): VMEM moves one dense tile a cycle
   bound  = max(MXU, pop, HBM, VPU)
-  issue  = max(2 * mmuls / matrix slots, (2 * mmuls + VPU instructions) / issue width) / cores
+  issue  = max(2 * mmuls / matrix slots, (2 * mmuls + ALU + VMEM) / issue width) / cores
            (every mmul and mpop is an instruction; the sequencer issues bundles of up to
            core.sequencer.issue_per_cycle, core.sequencer.slots.matrix of them matrix ops):
            reported beside the bound.
@@ -69,6 +73,8 @@ def load_preset(name):
         "vmem": int(y["core"]["vmem"]["bytes"]),
         "smem": int(y["core"]["smem"]["bytes"]),
         "trans_interval": int(vpu.get("transcendental_issue_interval_cycles", 1)),
+        "alu_per_cycle": int(vpu.get("alu_per_cycle", 1)),
+        "vpu_dispatch": int(vpu.get("dispatch_per_cycle", 1)),
         "issue_width": int(y["core"]["sequencer"].get("issue_per_cycle", 1)),
         "matrix_slots": int(y["core"]["sequencer"].get("slots", {}).get("matrix", 1)),
     }
@@ -128,19 +134,19 @@ def prod(s):
     return p
 
 
-# VPU instructions per 8x128 output tile of each op's recipe (arithmetic only;
-# transcendentals count their issue interval).
-def vpu_per_tile(op, t):
+# Vector ALU ops and, of them, transcendentals per 8x128 output tile of each op's
+# recipe (arithmetic only).
+def vpu_per_tile(op):
     simple = {"add": 1, "sub": 1, "mul": 1, "div": 1, "relu": 1, "neg": 1, "clip": 2, "cast": 0, "identity": 0,
               "pow": 1}
     if op in simple:
-        return simple[op]
+        return simple[op], 0
     if op in ("tanh", "exp", "log", "sqrt", "rsqrt", "erf"):
-        return t
+        return 1, 1
     if op == "sigmoid":
-        return 3 + t
+        return 4, 1
     if op == "gelu":
-        return 4 + t
+        return 5, 1
     return None
 
 
@@ -160,7 +166,7 @@ def bound(g, p, elem_bytes=2):
         types[n["out"]] = n["shape"]
     R, C, L, mxus, cores = p["R"], p["C"], p["L"], p["mxus"], p["cores"]
     t = p["trans_interval"]
-    mmuls = vpu = 0
+    mmuls = alu = trans = vmem = 0
     for n in g["nodes"]:
         op, sh = n["op"], n["shape"]
         tiles = math.ceil(prod(sh) / 1024)
@@ -171,13 +177,14 @@ def bound(g, p, elem_bytes=2):
             batches = prod(sh) // max(M * N, 1)
             ch = math.ceil(K / R)
             mmuls += batches * math.ceil(M / 8) * ch * math.ceil(N / C)
-            vpu += batches * (math.ceil(M / 8) * ch + math.ceil(M / 8) * math.ceil(N / 128))
-            vpu += ch * math.ceil(N / C) * (R // 8)
+            vmem += batches * (math.ceil(M / 8) * ch + math.ceil(M / 8) * math.ceil(N / 128))
+            vmem += ch * math.ceil(N / C) * (R // 8)
         elif op == "conv2d" and depthwise_on_vpu(types[n["in"][0]], types[n["in"][1]], n, R):
             # The VPU's: per output tile and tap one multiply and one add, the tap's
             # and the weight's vregs loaded once, the result stored once.
             KK = types[n["in"][1]][2] * types[n["in"][1]][3]
-            vpu += tiles * (4 * KK + 1)
+            alu += tiles * 2 * KK
+            vmem += tiles * (2 * KK + 1)
         elif op == "conv2d":
             x, w = types[n["in"][0]], types[n["in"][1]]
             G = int(n["attrs"].get("groups", 1))
@@ -185,21 +192,23 @@ def bound(g, p, elem_bytes=2):
             M = x[0] * sh[2] * sh[3]
             ch = math.ceil(KH * KW * CI / R)
             mmuls += G * math.ceil(M / 8) * ch * math.ceil(CO // G / C)
-            vpu += G * (math.ceil(M / 8) * ch + math.ceil(M / 8) * math.ceil(CO // G / 128) +
+            vmem += G * (math.ceil(M / 8) * ch + math.ceil(M / 8) * math.ceil(CO // G / 128) +
                         ch * math.ceil(CO // G / C) * (R // 8))
-        elif op == "softmax":
-            vpu += tiles * (4 + t)
+        elif op == "softmax":  # 4 ALU ops and an exp
+            alu += tiles * 5
+            trans += tiles
         elif op == "layernorm":
-            vpu += tiles * 7
+            alu += tiles * 7
         elif op in ("reduce_sum", "reduce_mean", "reduce_max", "global_avgpool"):
-            vpu += math.ceil(prod(types[n["in"][0]]) / 1024)
+            alu += math.ceil(prod(types[n["in"][0]]) / 1024)
         elif op in ("maxpool", "avgpool"):
             k = n["attrs"]["kernel"]
-            vpu += math.ceil(prod(sh) * k[0] * k[1] / 1024)
+            alu += math.ceil(prod(sh) * k[0] * k[1] / 1024)
         else:
-            c = vpu_per_tile(op, t)
+            c = vpu_per_tile(op)
             if c is not None:
-                vpu += tiles * c
+                alu += tiles * c[0]
+                trans += tiles * c[1]
     io_bytes = sum(prod(s) for _, s in g["inputs"].values()) + sum(prod(s) for _, s in g["consts"].values())
     io_bytes += sum(prod(types[o]) for o in g["outputs"])
     io_bytes *= elem_bytes
@@ -208,8 +217,8 @@ def bound(g, p, elem_bytes=2):
         "mxu": mmuls * L / (mxus * cores),
         "pop": mmuls * 8 / (mxus * cores),
         "hbm_bytes": io_bytes,
-        "vpu": vpu / cores,
-        "issue": max(2 * mmuls / p["matrix_slots"], (2 * mmuls + vpu) / p["issue_width"]) / cores,
+        "vpu": max(alu / p["alu_per_cycle"], trans * t, vmem, (alu + vmem) / p["vpu_dispatch"]) / cores,
+        "issue": max(2 * mmuls / p["matrix_slots"], (2 * mmuls + alu + vmem) / p["issue_width"]) / cores,
     }
 
 

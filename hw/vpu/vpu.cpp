@@ -21,11 +21,14 @@ VpuParams VpuParams::from_config(const config::Params& c) {
   p.transcendental_interval = gi("core.vpu.transcendental_issue_interval_cycles");
   p.vld_per_cycle = gi("core.vpu.vld_per_cycle");
   p.vst_per_cycle = gi("core.vpu.vst_per_cycle");
+  p.dispatch_per_cycle = gi("core.vpu.dispatch_per_cycle");
+  p.alu_per_cycle = gi("core.vpu.alu_per_cycle");
   p.transpose_cycles = gi("core.vpu.transpose_128x128_cycles");
   p.lane_reduce_latency = gi("core.vpu.lane_reduce_latency_cycles");
   p.sublane_reduce_latency = gi("core.vpu.sublane_reduce_latency_cycles");
   for (int v : {p.add, p.mul, p.cmp, p.select, p.move, p.convert, p.div, p.transcendental_latency,
-                p.transcendental_interval, p.vld_per_cycle, p.vst_per_cycle, p.transpose_cycles,
+                p.transcendental_interval, p.vld_per_cycle, p.vst_per_cycle, p.dispatch_per_cycle,
+                p.alu_per_cycle, p.transpose_cycles,
                 p.lane_reduce_latency, p.sublane_reduce_latency})
     if (v < 1) throw config::ConfigError(c.source() + ": core.vpu latencies and rates must be >= 1");
   return p;
@@ -76,6 +79,15 @@ uint64_t& Vpu::pipe_free(Pipe p) {
 }
 uint64_t Vpu::pipe_free(Pipe p) const { return const_cast<Vpu*>(this)->pipe_free(p); }
 
+int Vpu::per_cycle(Pipe p) const {
+  switch (p) {
+    case Pipe::kAlu: return p_.alu_per_cycle;
+    case Pipe::kLoad: return p_.vld_per_cycle;
+    case Pipe::kStore: return p_.vst_per_cycle;
+    default: return 1;  // one transcendental unit, one XLU
+  }
+}
+
 void Vpu::retire(InFlight& f, uint64_t cycle) {
   const isa::Instr& in = *f.it.in;
   try {
@@ -116,51 +128,71 @@ void Vpu::tick(uint64_t cycle) {
     ++i;
   }
   // Completions first, in dispatch order (the scoreboard forbids two in-flight
-  // writers of one register, so order only matters for VMEM, where it is program order).
+  // writers of one register, so order only matters for VMEM, where it is program
+  // order). A VMEM access whose earlier one is still in flight (a multi-pass tile,
+  // or one a DMA beat held up) waits for it: the scoreboard does not see memory.
+  bool mem_pending = false;
   for (size_t i = 0; i < inflight_.size();) {
-    if (inflight_[i].done == cycle) {
+    InFlight& f = inflight_[i];
+    if (f.done == cycle && f.mem && mem_pending) ++f.done;
+    mem_pending |= f.mem && f.done != cycle;
+    if (f.done == cycle) {
       retire(inflight_[i], cycle);
       inflight_.erase(inflight_.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
       ++i;
     }
   }
+  // Dispatch, in order, as many queued instructions as this cycle's slots take: at
+  // most dispatch_per_cycle in all, alu_per_cycle of them ALU, transcendental or
+  // XLU ops (the bundle's vector ALU slots), and each pipe's own per-cycle rate.
+  // The first that cannot go ends the cycle's dispatch (and names its stall if
+  // nothing went).
   stall_ = Stall::kNone;
-  if (!queue_.empty()) {
+  PerPipe went;
+  int went_all = 0, went_alu = 0;
+  while (!queue_.empty() && went_all < p_.dispatch_per_cycle) {
     Issued& head = queue_.front();
     const isa::Instr& in = *head.in;
     Timing t = timing(in);
-    VmemBanks::TileAccess acc;
     const bool mem = t.pipe == Pipe::kLoad || t.pipe == Pipe::kStore;
-    const bool ready = env_.scoreboard.ready(head.use, head.seq), port_free = ready && pipe_free(t.pipe) <= cycle;
+    if (!mem && went_alu >= p_.alu_per_cycle) break;  // no vector ALU slot left: not a stall
+    VmemBanks::TileAccess acc;
+    const bool ready = env_.scoreboard.ready(head.use, head.seq);
+    const bool port_free = ready && pipe_free(t.pipe) <= cycle && went[t.pipe] < per_cycle(t.pipe);
     if (mem && port_free) {  // the banks matter only to an access that could go now
       const bool bf16 = in.op == Op::kVldBf16 || in.op == Op::kVstBf16;
       const int64_t base = static_cast<int64_t>(static_cast<uint32_t>(head.s[in.b])) + in.imm;
       acc = banks_.tile(base, isa::kSublanes, in.imm2, isa::kLanes * (bf16 ? 2 : 4));
       // A conflict-free tile takes one pass; each extra granule in one bank adds a
-      // cycle. One instruction dispatches per cycle, so vld_per_cycle > 1 cannot
-      // be reached and the port is never the limit below one tile per cycle.
+      // cycle, during which the port takes no other access.
       t.latency = acc.cycles;
       t.interval = acc.cycles;
     }
-    if (!ready) {
-      stall_ = Stall::kDependency;
-    } else if (!port_free) {
-      stall_ = Stall::kStructural;
-    } else if (mem && !banks_.free(acc.first_mask)) {
-      stall_ = Stall::kBankConflict;
-    } else {
-      if (mem) banks_.claim_vpu(acc.first_mask);
-      if (mem && acc.cycles > 1) passes_.push_back({head.seq, t.pipe == Pipe::kStore, acc, 1});
-      pipe_free(t.pipe) = cycle + static_cast<uint64_t>(t.interval);
-      current_op_ = static_cast<int>(in.op);
-      inflight_.emplace_back(std::move(head), cycle, cycle + static_cast<uint64_t>(t.latency));
-      queue_.pop_front();
-      ++counters_["dispatched"];
-      if (mem) counters_["vmem_tile_cycles"] += static_cast<uint64_t>(acc.cycles);
-      env_.note_activity(cycle);
+    Stall why = Stall::kNone;
+    if (!ready) why = Stall::kDependency;
+    else if (!port_free) why = Stall::kStructural;
+    else if (mem && !banks_.free(acc.first_mask)) why = Stall::kBankConflict;
+    if (why != Stall::kNone) {
+      if (went_all == 0) stall_ = why;
+      break;
     }
+    if (mem) banks_.claim_vpu(acc.first_mask);
+    if (mem && acc.cycles > 1) passes_.push_back({head.seq, t.pipe == Pipe::kStore, acc, 1});
+    // A pipe taking several a cycle stays free until its rate is used up; one with
+    // an issue interval (transcendental, XLU, a multi-pass access) is held for it.
+    if (++went[t.pipe] >= per_cycle(t.pipe) || t.interval > 1)
+      pipe_free(t.pipe) = cycle + static_cast<uint64_t>(t.interval);
+    ++went_all;
+    if (!mem) ++went_alu;
+    current_op_ = static_cast<int>(in.op);
+    inflight_.emplace_back(std::move(head), cycle, cycle + static_cast<uint64_t>(t.latency), mem);
+    queue_.pop_front();
+    ++counters_["dispatched"];
+    if (mem) counters_["vmem_tile_cycles"] += static_cast<uint64_t>(acc.cycles);
+    env_.note_activity(cycle);
   }
+  if (went_all > 1) ++counters_["multi_dispatch_cycles"];
   switch (stall_) {
     case Stall::kDependency: ++counters_["stall_dependency_cycles"]; break;
     case Stall::kStructural: ++counters_["stall_unit_busy_cycles"]; break;

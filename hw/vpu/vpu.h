@@ -1,5 +1,8 @@
 // The vector unit of a TensorCore: 8 sublanes x 128 lanes, fed in order from its
-// instruction queue, one instruction per cycle. Each instruction class has its
+// instruction queue. Each cycle it dispatches what one VLIW bundle's vector slots
+// hold: up to core.vpu.dispatch_per_cycle instructions, of them at most
+// alu_per_cycle ALU/transcendental/XLU ops (two ALUs a lane) and one load and one
+// store (vld_per_cycle, vst_per_cycle). Each instruction class has its
 // latency and issue interval from the preset (core.vpu.*): ALU ops, the
 // transcendental unit, the VMEM load/store port (banked VMEM, see VmemBanks) and
 // the transpose/reduce unit (XLU). An instruction's semantics (isa/exec) run at
@@ -21,6 +24,7 @@ struct VpuParams {
   int add = 1, mul = 2, cmp = 1, select = 1, move = 1, convert = 1, div = 8;
   int transcendental_latency = 7, transcendental_interval = 2;
   int vld_per_cycle = 1, vst_per_cycle = 1;
+  int dispatch_per_cycle = 4, alu_per_cycle = 2;
   int transpose_cycles = 259, lane_reduce_latency = 79, sublane_reduce_latency = 8;
   static VpuParams from_config(const config::Params& p);
 };
@@ -49,11 +53,24 @@ class Vpu {
 
  private:
   struct InFlight {
-    InFlight(Issued&& i, uint64_t b, uint64_t d) : it(std::move(i)), begin(b), done(d) {}
+    InFlight(Issued&& i, uint64_t b, uint64_t d, bool m) : it(std::move(i)), begin(b), done(d), mem(m) {}
     Issued it;
     uint64_t begin, done;
+    bool mem;  // a VMEM load or store: these retire in program order
   };
   enum class Pipe { kAlu, kTrans, kLoad, kStore, kXlu };
+  struct PerPipe {  // instructions dispatched into each pipe this cycle
+    int alu = 0, trans = 0, load = 0, store = 0, xlu = 0;
+    int& operator[](Pipe p) {
+      switch (p) {
+        case Pipe::kTrans: return trans;
+        case Pipe::kLoad: return load;
+        case Pipe::kStore: return store;
+        case Pipe::kXlu: return xlu;
+        default: return alu;
+      }
+    }
+  };
   struct Timing {
     Pipe pipe;
     int latency;
@@ -62,6 +79,7 @@ class Vpu {
   Timing timing(const isa::Instr& in) const;
   uint64_t& pipe_free(Pipe p);
   uint64_t pipe_free(Pipe p) const;
+  int per_cycle(Pipe p) const;
   void retire(InFlight& f, uint64_t cycle);
   void update_trace();
 

@@ -100,7 +100,33 @@ TEST(VpuTiming, DependentAddsTakeLatencyEach) {
 
 TEST(VpuTiming, DependentMulsTakeLatencyEach) { EXPECT_EQ(marginal("vmul v1, v1, v2", 20), 20 * 2); }
 
-TEST(VpuTiming, IndependentAddsIssueOnePerCycle) { EXPECT_EQ(marginal("vadd {r}, v0, v31", 40), 40); }
+// Two ALUs a lane (core.vpu.alu_per_cycle 2, the bundle's two vector ALU slots).
+TEST(VpuTiming, IndependentAddsIssueTwoPerCycle) {
+  EXPECT_EQ(marginal("vadd {r}, v0, v31", 40), 40 / 2);
+  EXPECT_EQ(marginal("vadd {r}, v0, v31", 40, {"--set", "core.vpu.alu_per_cycle=1"}), 40);
+}
+
+// A bundle's vector slots: a load and two ALU ops go in one cycle, where a
+// one-wide unit takes three. A load and a store do not: a dense 4 KiB tile uses
+// all 16 banks of 256 B (core.vmem), so they take a cycle each.
+TEST(VpuTiming, LoadAndAluOpsDispatchTogether) {
+  const std::string triple = "vld {r}, [s0 + 0]\n  vadd v31, v0, v0\n  vcmp.lt m1, v0, v0";
+  EXPECT_EQ(marginal(triple, 30), 30);
+  EXPECT_EQ(marginal(triple, 30, {"--set", "core.vpu.dispatch_per_cycle=1"}), 3 * 30);
+  const std::string with_store = "vld {r}, [s0 + 0]\n  vadd v31, v0, v0\n  vst v0, [s1 + 0]";
+  EXPECT_EQ(marginal(with_store, 30, {}, "  li s1, 8192\n"), 2 * 30);
+}
+
+// The transcendental unit takes one op every 2 cycles and an ALU slot in its
+// cycle: vexp + 4 ALU ops go as (vexp, a) (a, a) (a, next vexp)...,
+// 5 instructions in 2.5 cycles; without the slot they would take 2.
+TEST(VpuTiming, TranscendentalTakesAnAluSlot) {
+  const std::string group =
+      "vexp {r}, v0\n  vadd v31, v0, v0\n  vcmp.lt m1, v0, v0\n  vcmp.lt m2, v0, v0\n  vcmp.lt m3, v0, v0";
+  EXPECT_EQ(marginal(group, 20), 20 * 5 / 2);
+  // The same when the sequencer's bundles could carry more: the VPU is the limit.
+  EXPECT_EQ(marginal(group, 20, {"--set", "core.sequencer.slots.vector_alu=4"}), 20 * 5 / 2);
+}
 
 TEST(VpuTiming, TranscendentalLatencyAndIssueInterval) {
   EXPECT_EQ(marginal("vexp v1, v1", 10), 10 * 7);     // dependent: latency 7

@@ -58,4 +58,47 @@ TEST(VpuPasses, ABeatInTheDispatchCycleDelaysTheFirstPass) {
   EXPECT_EQ(retire_cycle({0}, 1u << 0), 9u);  // waits at the queue head (bank conflict), then 8 passes
 }
 
+// VMEM accesses retire in program order. A vst whose 8 rows lie 4224 B apart
+// (row r covers offsets 128 r .. 128 r + 511: 5 passes over banks 0-5) and DMA
+// beats on the odd banks in cycles 1-10 hold its passes 1-4, each needing bank 3,
+// until cycle 11. The vld.bf16 after it, rows 512 B apart on the even banks, can
+// dispatch in cycle 1 and is done in cycle 2, but its row 0 reads the vst's row 0:
+// it must wait for the vst and read what it stored.
+TEST(VpuPasses, ALoadAfterAHeldStoreReadsWhatItStored) {
+  const isa::Bundle b = isa::assemble(
+      ".target chips=1 cores=1 mxus=1\n.core chip0.core0\n"
+      "  vst v1, [s0 + 0], stride=4224\n  vld.bf16 v2, [s0 + 0], stride=512\n  halt\n",
+      "order.s");
+  exec::Machine m(b.target);
+  hw::CoreEnv env;
+  env.machine = &m;
+  env.state = &m.core(0, 0);
+  env.prog = &b.cores[0];
+  env.name = "chip0.core0";
+  for (size_t i = 0; i < env.state->v[1].bits.size(); ++i) env.state->v[1].bits[i] = 0x3f800000u + uint32_t(i);
+  hw::VmemBanks banks(16, 256);
+  hw::Vpu vpu(env, banks, hw::VpuParams{}, 16);
+  for (uint64_t k = 0; k < 2; ++k) {
+    hw::Issued it;
+    it.in = &b.cores[0].code[k];
+    it.seq = k;
+    it.use = hw::reg_use(*it.in);
+    env.scoreboard.reserve(it.use, it.seq);
+    vpu.push(std::move(it));
+  }
+  uint64_t c = 0;
+  for (; c < 100 && !vpu.idle(); ++c) {
+    banks.begin_cycle(c);
+    if (c >= 1 && c <= 10) banks.claim_dma(0xAAAAu);
+    vpu.tick(c);
+    ASSERT_TRUE(env.fault.empty()) << env.fault;
+  }
+  // What the vld reads from the final VMEM (nothing else writes it).
+  const exec::VReg loaded = env.state->v[2];
+  exec::exec_vector(*env.state, b.cores[0].code[1]);
+  EXPECT_EQ(env.state->v[2].bits, loaded.bits);
+  EXPECT_EQ(loaded.bits[1], 0x3f800000u);  // lane 1: the high half of the vst's first word
+  EXPECT_GE(c, 12u);              // the vst's last pass is in cycle 11
+}
+
 }  // namespace
