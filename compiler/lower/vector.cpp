@@ -637,8 +637,15 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
     l.rows = rows;
     l.hq = (rows_in(rows) + S - 1) / S;
     // The phase split reads up to S*hq rows and one element past Wp.
-    l.pb = odd_stride(((S > 1 ? S * l.hq + 1 : rows_in(rows)) * Wp + 128 + (KW - 1) * dil[1]) * e, 128 * e);
-    l.pq = S > 1 ? odd_stride((l.hq * Wq + 128 + (KW - 1) * dil[1]) * e, 128 * e) : l.pb;
+    // A tap's load reads 128 elements at any offset: a bf16 row of 256 B straddles
+    // two of VMEM's 256-byte banks. Planes an odd number of 512 B apart start the 8
+    // rows on 8 different bank pairs, so the load takes one pass (an odd number of
+    // 256 B took two whenever the row straddled: mobilenet_v2 b8 v3 ~2 a load).
+    constexpr int64_t kPlaneGranule = 512;
+    l.pb = odd_stride(((S > 1 ? S * l.hq + 1 : rows_in(rows)) * Wp + 128 + (KW - 1) * dil[1]) * e,
+                      std::max<int64_t>(128 * e, kPlaneGranule));
+    l.pq = S > 1 ? odd_stride((l.hq * Wq + 128 + (KW - 1) * dil[1]) * e, std::max<int64_t>(128 * e, kPlaneGranule))
+                 : l.pb;
     l.po = odd_stride(align_up(rows * Wq, 128) * eo, 128 * eo);
     int64_t a = 0;
     const auto take = [&a](int64_t bytes) { return std::exchange(a, a + align_up(bytes, 512)); };
@@ -777,28 +784,52 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
         const int U = static_cast<int>(std::min<int64_t>(4, (nr * Wq - q0 + 127) / 128));
         for (int i = 0; i < (pool || zero_reg ? 0 : U); ++i)
           line("vbcast " + vr(kAcc[i]) + ", " + fimm(0.0f));  // +0.0: the partial sum starts there
-        for (int64_t kh = 0; kh < KH; ++kh)
-          for (int64_t kw = 0; kw < KW; ++kw) {
-            const int64_t off = kh * dil[0] / S * Wq + kw * dil[1] / S;
-            if (pool) {  // the max of the taps in (kh, kw) order, from the first (max is exact)
+        const auto tap_at = [&](int64_t kh, int64_t kw, int i) {
+          return at(plane(kh, kw) + (q0 + i * 128 + kh * dil[0] / S * Wq + kw * dil[1] / S) * e) +
+                 ", stride=" + std::to_string(v.pq);
+        };
+        if (pool) {
+          for (int64_t kh = 0; kh < KH; ++kh)
+            for (int64_t kw = 0; kw < KW; ++kw) {  // the max of the taps in (kh, kw) order (max is exact)
               for (int i = 0; i < U; ++i)
-                line(std::string(ld(dt)) + " " + vr(kh + kw ? kTap[i] : kAcc[i]) + ", " +
-                     at(plane(kh, kw) + (q0 + i * 128 + off) * e) + ", stride=" + std::to_string(v.pq));
+                line(std::string(ld(dt)) + " " + vr(kh + kw ? kTap[i] : kAcc[i]) + ", " + tap_at(kh, kw, i));
               for (int i = 0; kh + kw && i < U; ++i)
                 line("vmax " + vr(kAcc[i]) + ", " + vr(kAcc[i]) + ", " + vr(kTap[i]));
-              continue;
             }
-            for (int i = 0; i < U; ++i) {
-              line(std::string(ld(dt)) + " " + vr(kTap[i]) + ", " + at(plane(kh, kw) + (q0 + i * 128 + off) * e) +
-                   ", stride=" + std::to_string(v.pq));
-              if (dt != DType::kBf16) line("vcvt.bf16 " + vr(kTap[i]) + ", " + vr(kTap[i]));
+        } else {
+          // Items (tap, tile), tap-major, so each accumulator adds its taps in (kh, kw)
+          // order. Software-pipelined: step j loads item j, converts and multiplies
+          // the items before it and adds item j - 3 (j - 4 with a conversion; vmul's
+          // latency is 2), so a step is one bundle of a load and two ALU ops and the
+          // VPU takes an item a cycle. The tap registers rotate over kRot: a load
+          // never waits for the add of its register's previous item.
+          struct Item {
+            int64_t kh, kw;
+            int i;
+          };
+          std::vector<Item> items;
+          for (int64_t kh = 0; kh < KH; ++kh)
+            for (int64_t kw = 0; kw < KW; ++kw)
+              for (int i = 0; i < U; ++i) items.push_back({kh, kw, i});
+          constexpr int kRot[5] = {1, 3, 25, 27, 28};
+          const int cv = dt != DType::kBf16 ? 1 : 0;  // the operands enter as bf16
+          const auto tap = [&](int64_t j) { return vr(kRot[j % (4 + cv)]); };
+          const int64_t N = static_cast<int64_t>(items.size());
+          for (int64_t j = 0; j < N + 3 + cv; ++j) {
+            if (j < N) line(std::string(ld(dt)) + " " + tap(j) + ", " + tap_at(items[j].kh, items[j].kw, items[j].i));
+            if (cv && j >= 1 && j - 1 < N) line("vcvt.bf16 " + tap(j - 1) + ", " + tap(j - 1));
+            const int64_t m = j - 1 - cv, a = j - 3 - cv;
+            if (m >= 0 && m < N) {
+              const Item& x = items[static_cast<size_t>(m)];
+              line("vmul " + tap(m) + ", " + tap(m) + ", " + vr(4 + x.kh * KW + x.kw));
             }
-            for (int i = 0; i < U; ++i)
-              line("vmul " + vr(kTap[i]) + ", " + vr(kTap[i]) + ", " + vr(4 + kh * KW + kw));
-            const bool first = kh + kw == 0;
-            for (int i = 0; i < U; ++i)
-              line("vadd " + vr(kAcc[i]) + ", " + vr(first && zero_reg ? kZero : kAcc[i]) + ", " + vr(kTap[i]));
+            if (a >= 0 && a < N) {
+              const Item& x = items[static_cast<size_t>(a)];
+              const bool first = x.kh + x.kw == 0;
+              line("vadd " + vr(kAcc[x.i]) + ", " + vr(first && zero_reg ? kZero : kAcc[x.i]) + ", " + tap(a));
+            }
           }
+        }
         for (int i = 0; i < U; ++i) {
           if (has_bias) line("vadd " + vr(kAcc[i]) + ", " + vr(kAcc[i]) + ", " + vr(breg));
           apply_dw_members(n, members, kAcc[i], hoist ? kBounds : -1);

@@ -545,6 +545,29 @@ TEST(LowerConv, DepthwiseOnTheVpu) {
   EXPECT_GE(vmins, 13);  // a tile of 128 outputs each
   EXPECT_LE(4 * bound_bcasts, vmins) << "the clip's bounds broadcast for each tile";
   EXPECT_EQ(zero_bcasts, 0) << "+0.0 broadcast into the accumulators for each chunk";
+  // The taps are software-pipelined: after a tap's load (and the conversion of the one
+  // before) comes the multiply of an earlier tap, so a load and two ALU ops fill one
+  // bundle's vector slots; loading a chunk's four tiles of a tap before their
+  // multiplies left the ALUs idle for three loads in four. The planes lie an odd
+  // number of 512 B apart, so a tap's 8 rows of 128 elements fall on 8 different pairs
+  // of 256 B banks: one pass at any offset.
+  for (auto p : kPolicies) {  // f32 planes (each tap converted to bf16) and bf16 planes
+    LowerOptions plo = lo;
+    plo.policy = p;
+    const auto dw_code = lower_graph(parse_graph(relu6, "test.ir"), plo).bundle.cores.at(0).code;
+    int tap_loads = 0, pipelined = 0;
+    for (size_t i = 0; i + 1 < dw_code.size(); ++i) {
+      const auto& in = dw_code[i];
+      if (in.op_id != 1 || (in.op != isa::Op::kVld && in.op != isa::Op::kVldBf16) || in.imm2 <= 512) continue;
+      if (in.imm2 % 512 != 0 || (in.imm2 / 512) % 2 != 1) ADD_FAILURE() << "plane stride " << in.imm2;
+      ++tap_loads;
+      size_t j = i + 1;
+      while (j < dw_code.size() && dw_code[j].op == isa::Op::kVcvtBf16 && dw_code[j].a != in.a) ++j;
+      pipelined += j < dw_code.size() && dw_code[j].op == isa::Op::kVmul && dw_code[j].a != in.a;
+    }
+    EXPECT_GE(tap_loads, 13 * 9);
+    EXPECT_GE(10 * pipelined, 9 * tap_loads) << pipelined << " of " << tap_loads;
+  }
   // In the small VMEM the 40 x 40 conv is still the VPU's, in four blocks: four
   // stores to HBM, double-buffered over one core.
   lo.target = small_vmem;
