@@ -22,7 +22,8 @@ docs/performance.md):
            ceil(elements/1024) tiles ALU counts each tile's ALU ops (a
            transcendental takes an ALU slot too; a depthwise conv a multiply and an
            add a tap) and VMEM its loads and stores that are counted (a depthwise
-           conv two loads a tap and one store; per matmul/conv the LHS, weight and
+           conv a load a tap, its weights held in registers, and one store; per
+           matmul/conv the LHS, weight and
            output vregs loaded/stored once): VMEM moves one dense tile a cycle
   bound  = max(MXU, pop, HBM, VPU)
   issue  = max(2 * mmuls / matrix slots, (2 * mmuls + ALU + VMEM) / issue width) / cores
@@ -180,11 +181,12 @@ def bound(g, p, elem_bytes=2):
             vmem += batches * (math.ceil(M / 8) * ch + math.ceil(M / 8) * math.ceil(N / 128))
             vmem += ch * math.ceil(N / C) * (R // 8)
         elif op == "conv2d" and depthwise_on_vpu(types[n["in"][0]], types[n["in"][1]], n, R):
-            # The VPU's: per output tile and tap one multiply and one add, the tap's
-            # and the weight's vregs loaded once, the result stored once.
+            # The VPU's: per output tile and tap one multiply and one add and the
+            # tap's vreg loaded once (the weights held in registers), the result
+            # stored once.
             KK = types[n["in"][1]][2] * types[n["in"][1]][3]
             alu += tiles * 2 * KK
-            vmem += tiles * (2 * KK + 1)
+            vmem += tiles * (KK + 1)
         elif op == "conv2d":
             x, w = types[n["in"][0]], types[n["in"][1]]
             G = int(n["attrs"].get("groups", 1))
