@@ -665,8 +665,11 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
   };
   // About 32 K outputs a block, and at least 4 blocks a core where the work allows.
   // (A maxpool has no multiply-adds to cover its stride-2 phase split: 64 K, resnet18's
-  // at v3 batch 8 35,179 -> 28,240 cycles; 128 K 35,458.)
-  const int64_t kBlockElems = (pool ? 64 : 32) * kTileElems, want = 4 * cores_;
+  // at v3 batch 8 35,179 -> 28,240 cycles; 128 K 35,458. Since the VPU takes a tap a
+  // cycle, a stride-2 conv's taps no longer cover it either: its block's seven or eight
+  // DMAs of ~500 cycles each held the four engines longer than the block computed.
+  // 64 K: mobilenet_v2 v3 b8's 112 x 112 -> 56 x 56 conv 57.3 K -> 37.6 K cycles.)
+  const int64_t kBlockElems = (pool || S > 1 ? 64 : 32) * kTileElems, want = 4 * cores_;
   int64_t gpb = 1, rows = OH;
   if (8 * OH * Wq <= kBlockElems) {
     gpb = std::min(ngroups, kBlockElems / (8 * OH * Wq));
