@@ -663,17 +663,24 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
     l.end = a;
     return l;
   };
-  // About 32 K outputs a block, and at least 4 blocks a core where the work allows.
-  // (A maxpool has no multiply-adds to cover its stride-2 phase split: 64 K, resnet18's
-  // at v3 batch 8 35,179 -> 28,240 cycles; 128 K 35,458. Since the VPU takes a tap a
-  // cycle, a stride-2 conv's taps no longer cover it either: its block's seven or eight
-  // DMAs of ~500 cycles each held the four engines longer than the block computed.
-  // 64 K: mobilenet_v2 v3 b8's 112 x 112 -> 56 x 56 conv 57.3 K -> 37.6 K cycles.)
-  const int64_t kBlockElems = (pool || S > 1 ? 64 : 32) * kTileElems, want = 4 * cores_;
+  // About 64 K outputs a block, and at least 4 blocks a core where the work allows;
+  // a plane's channel groups split into blocks of equal size. A block's DMAs (its
+  // input, weight tiles and store, and with stride 2 four phase splits) take ~500
+  // cycles each whatever their size, and since the VPU takes a tap a cycle, 32 K
+  // outputs computed faster than those held the core's four engines (mobilenet_v2 v3
+  // b8: its 112 x 112 -> 56 x 56 conv 57.3 K -> 37.6 K cycles, its first 3x3 conv
+  // 41.4 K -> 38.2 K). A maxpool, with no multiply-adds to cover its phase split, had
+  // taken 64 K from the start (resnet18's at v3 batch 8 35,179 -> 28,240; 128 K
+  // 35,458). Equal blocks: 14 x 14 planes of 48 groups went as 36 + 12, one block a
+  // third of the other's work (features.8's 3x3 conv, 13.4 K in 32 K blocks: 17.3 K as
+  // 36 + 12, 12.9 K as 24 + 24).
+  const int64_t kBlockElems = 64 * kTileElems, want = 4 * cores_;
   int64_t gpb = 1, rows = OH;
   if (8 * OH * Wq <= kBlockElems) {
     gpb = std::min(ngroups, kBlockElems / (8 * OH * Wq));
     gpb = std::max<int64_t>(1, std::min(gpb, (NB * ngroups + want - 1) / want));
+    const int64_t nblk = (ngroups + gpb - 1) / gpb;
+    gpb = (ngroups + nblk - 1) / nblk;  // equal blocks
   } else {
     rows = std::max<int64_t>(1, kBlockElems / (8 * Wq));
   }
