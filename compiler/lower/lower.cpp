@@ -207,49 +207,55 @@ LowerResult Emitter::run() {
     if (fused_away(n)) continue;  // its root's kernel applied it (fusion.cpp)
     for (auto& c : cs_) c << "  op " << n.id << "\n";
     cur_ = 0;
-    switch (n.op) {
-      case OpKind::kMatmul:
-        epi_ = chain_of(n);
-        lower_matmul(n);
-        break;
-      case OpKind::kConv2d: lower_conv(n); break;
-      case OpKind::kAllReduce: lower_all_reduce(n); break;
-      case OpKind::kAllGather:
-      case OpKind::kReduceScatter:
-      case OpKind::kAllToAll: lower_direct_collective(n); break;
-      case OpKind::kTranspose:
-        if (!owner.count(n.output)) lower_transpose(n);  // else a matmul's view of its bytes
-        break;
-      case OpKind::kMaxPool: lower_pool(n); break;
-      case OpKind::kAvgPool: {
-        const auto& p = n.attr_ints("pads");
-        if ((p[0] || p[1] || p[2] || p[3]) && n.attr_int("count_include_pad") == 0) lower_avgpool_exclude_pad(n);
-        else lower_pool(n);
-        break;
+    // A std::logic_error out of a lowering (an index out of range, ...) is a bug of the
+    // compiler, not of the graph; it names the node being lowered, as a bad input does.
+    try {
+      switch (n.op) {
+        case OpKind::kMatmul:
+          epi_ = chain_of(n);
+          lower_matmul(n);
+          break;
+        case OpKind::kConv2d: lower_conv(n); break;
+        case OpKind::kAllReduce: lower_all_reduce(n); break;
+        case OpKind::kAllGather:
+        case OpKind::kReduceScatter:
+        case OpKind::kAllToAll: lower_direct_collective(n); break;
+        case OpKind::kTranspose:
+          if (!owner.count(n.output)) lower_transpose(n);  // else a matmul's view of its bytes
+          break;
+        case OpKind::kMaxPool: lower_pool(n); break;
+        case OpKind::kAvgPool: {
+          const auto& p = n.attr_ints("pads");
+          if ((p[0] || p[1] || p[2] || p[3]) && n.attr_int("count_include_pad") == 0) lower_avgpool_exclude_pad(n);
+          else lower_pool(n);
+          break;
+        }
+        case OpKind::kConcat: lower_concat(n); break;
+        case OpKind::kSlice: lower_slice(n); break;
+        case OpKind::kPad: lower_pad(n); break;
+        case OpKind::kGather: lower_gather(n); break;
+        case OpKind::kBatchNorm: lower_batchnorm(n); break;
+        case OpKind::kReshape:
+        case OpKind::kFlatten:
+          if (!owner.count(n.output)) lower_copy(n);  // else it is its operand's bytes
+          break;
+        case OpKind::kReluGrad: lower_relu_grad(n); break;
+        case OpKind::kMaxPoolGrad: lower_maxpool_grad(n); break;
+        case OpKind::kReverse: lower_reverse(n); break;
+        case OpKind::kIm2col: lower_im2col(n); break;
+        case OpKind::kSoftmax:
+        case OpKind::kReduceSum:
+        case OpKind::kReduceMean:
+        case OpKind::kReduceMax: lower_axis_op(n); break;
+        case OpKind::kLayerNorm:
+        case OpKind::kGlobalAvgPool: lower_rows(n); break;
+        default:
+          if (!is_elementwise(n.op) && n.op != OpKind::kCast && n.op != OpKind::kIdentity)
+            fail(n, "op is not supported by the lowering yet");
+          lower_elementwise(n);
       }
-      case OpKind::kConcat: lower_concat(n); break;
-      case OpKind::kSlice: lower_slice(n); break;
-      case OpKind::kPad: lower_pad(n); break;
-      case OpKind::kGather: lower_gather(n); break;
-      case OpKind::kBatchNorm: lower_batchnorm(n); break;
-      case OpKind::kReshape:
-      case OpKind::kFlatten:
-        if (!owner.count(n.output)) lower_copy(n);  // else it is its operand's bytes
-        break;
-      case OpKind::kReluGrad: lower_relu_grad(n); break;
-      case OpKind::kMaxPoolGrad: lower_maxpool_grad(n); break;
-      case OpKind::kReverse: lower_reverse(n); break;
-      case OpKind::kIm2col: lower_im2col(n); break;
-      case OpKind::kSoftmax:
-      case OpKind::kReduceSum:
-      case OpKind::kReduceMean:
-      case OpKind::kReduceMax: lower_axis_op(n); break;
-      case OpKind::kLayerNorm:
-      case OpKind::kGlobalAvgPool: lower_rows(n); break;
-      default:
-        if (!is_elementwise(n.op) && n.op != OpKind::kCast && n.op != OpKind::kIdentity)
-          fail(n, "op is not supported by the lowering yet");
-        lower_elementwise(n);
+    } catch (const std::logic_error& e) {
+      fail(n, std::string("internal error of the lowering (please report it): ") + e.what());
     }
     for (const auto& b : node_scratch_) {
       check_addr(n, b.first);

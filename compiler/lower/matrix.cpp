@@ -1253,30 +1253,42 @@ void Emitter::lower_matmul(const Node& n) {
     std::vector<std::vector<std::string>> chains;
     std::vector<int> op_of_tile(static_cast<size_t>(cw), -1);
     size_t next = 0;
+    // The gathered chains, op by op (one after the other if their shapes differ).
+    auto emit_chains = [&] {
+      bool same_shape = true;
+      for (const auto& c : chains) same_shape &= c.size() == chains[0].size();
+      if (!same_shape) {
+        for (const auto& c : chains)
+          for (const std::string& l : c) raw_line(l);
+      } else {
+        for (size_t k = 0; k < (chains.empty() ? 0 : chains[0].size()); ++k) {
+          bool shared = true;
+          for (const auto& c : chains) shared &= c[k] == chains[0][k];
+          for (size_t c = 0; c < (shared ? 1 : chains.size()); ++c) raw_line(chains[c][k]);
+        }
+      }
+      chains.clear();
+      next = 0;
+      op_of_tile.assign(static_cast<size_t>(cw), -1);
+    };
     for (const Held& h : held)
       for (int64_t w = 0; w < h.cwt; ++w) {
+        // Where the group holds more chains than there are accumulators not yet popped
+        // (the last steps of a pipeline, a pass of fewer column tiles), the chains so
+        // far go out first and this one starts the next group with the fixed scratch.
+        const size_t need = chains.empty() ? 0 : (replicated_ops && op_of_tile[static_cast<size_t>(w)] >= 0 ? 1 : 2);
+        if (next + need > spare.size()) emit_chains();
         Scratch sc;
-        if (!chains.empty()) sc.t0 = spare.at(next++);
+        if (!chains.empty()) sc.t0 = spare[next++];
         int& shared_op = op_of_tile[static_cast<size_t>(w)];
         if (chains.empty()) sc.op = 30;
         else if (replicated_ops && shared_op >= 0) sc.op = shared_op;
-        else sc.op = spare.at(next++);
+        else sc.op = spare[next++];
         if (shared_op < 0) shared_op = sc.op;
         chains.push_back(captured_lines([&] { h.emit(w, sc); }));
       }
     held.clear();
-    bool same_shape = true;
-    for (const auto& c : chains) same_shape &= c.size() == chains[0].size();
-    if (!same_shape) {
-      for (const auto& c : chains)
-        for (const std::string& l : c) raw_line(l);
-      return;
-    }
-    for (size_t k = 0; k < chains[0].size(); ++k) {
-      bool shared = true;
-      for (const auto& c : chains) shared &= c[k] == chains[0][k];
-      for (size_t c = 0; c < (shared ? 1 : chains.size()); ++c) raw_line(chains[c][k]);
-    }
+    emit_chains();
   };
   auto vr = [](int64_t r) { return "v" + std::to_string(r); };
   auto mx = [](int64_t m) { return "mxu" + std::to_string(m); };

@@ -526,6 +526,19 @@ TEST(LowerSchedule, SlowEpiloguesRunInterleaved) {
         EXPECT_GE(longest_run(res, "verf"), 2);
         EXPECT_EQ(longest_run(expect_bit_exact(ir(600, 520, 300, residual, "relu"), p, t), "vmax"), 1);
       }
+  // A pointwise conv's pipeline whose last steps hold more sigmoid chains than
+  // accumulators are left unpopped: the chains beyond go out as the next group (the
+  // lowering had indexed past its spare registers and stopped: "vector::_M_range_check"
+  // on v4 and v5e for this conv).
+  const std::string conv =
+      "graph c {\n  input %x : f32[2,64,28,28]\n  input %w : f32[128,64,1,1]\n  input %b : f32[128]\n"
+      "  %c = conv2d(%x, %w, %b) {dilations=[1,1], groups=1, pads=[0,0,0,0], strides=[1,1]} : f32[2,128,28,28] #1\n"
+      "  %s = sigmoid(%c) : f32[2,128,28,28] #2\n  output %s\n}\n";
+  for (auto p : kPolicies)
+    for (uint32_t mxus : {2u, 4u}) {
+      SCOPED_TRACE(std::to_string(mxus) + " MXUs, conv");
+      EXPECT_GE(count_of(expect_bit_exact(conv, p, target(mxus, 128, 128)), "vexp"), 2 * 128 * 784 / 1024);
+    }
 }
 
 // matmul -> add bias row -> relu -> add residual -> mul scalar const -> clip -> sigmoid,
