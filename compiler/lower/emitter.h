@@ -278,18 +278,6 @@ class Emitter {
   // The recipe's instruction sequence of elementwise op `n` on registers: vd = op(va[, vb]),
   // t0 and t1 are scratch (vector.cpp).
   void emit_op(const Node& n, int vd, int va, int vb, int t0, int t1);
-  // Whether emit_op's code for op has an instruction of more than a cycle's latency
-  // (mul, div, a transcendental), which an in-order vector unit waits out.
-  static bool has_slow_op(OpKind op) {
-    switch (op) {
-      case OpKind::kMul: case OpKind::kDiv: case OpKind::kTanh: case OpKind::kExp: case OpKind::kLog:
-      case OpKind::kSqrt: case OpKind::kRsqrt: case OpKind::kErf: case OpKind::kSigmoid: case OpKind::kGelu:
-      case OpKind::kPow:
-        return true;
-      default:
-        return false;
-    }
-  }
   void lower_elementwise(const Node& n);
   void lower_matmul(const Node& n);
   void lower_copy(const Node& n);

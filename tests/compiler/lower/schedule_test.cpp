@@ -489,15 +489,14 @@ TEST(LowerSchedule, BatchesAgainstOneWeightAreOneMatmul) {
     }
 }
 
-// Epilogues with slow ops (gelu's div and erf, a mul) run in groups, op by op across
-// the group's blocks and column tiles, so the in-order vector unit does not wait out
-// each op's latency; a chain takes its operand register and temporary from the
+// Epilogues run in groups, op by op across the group's blocks and column tiles, so the
+// in-order vector unit does not wait out each op's latency (gelu's div and erf) and
+// its two ALUs have two chains to take from (a relu's too); a chain takes its operand register and temporary from the
 // accumulators of blocks not yet popped, and the chains of one column tile share a
 // replicated operand's register. Bit-exact under the race checker on the K-streamed
 // tiles and the resident plan, one and two column tiles a pass (2 and 4 MXUs), with a
-// bias row (replicated) and with a residual (a tile a chain); a relu chain (one-cycle
-// ops) stays one block at a time.
-TEST(LowerSchedule, SlowEpiloguesRunInterleaved) {
+// bias row (replicated) and with a residual (a tile a chain).
+TEST(LowerSchedule, EpiloguesRunInterleaved) {
   auto ir = [](int64_t M, int64_t K, int64_t N, bool residual, const std::string& act) {
     std::ostringstream o;
     o << "graph e {\n  input %a : f32[" << M << "," << K << "]\n  input %b : f32[" << K << "," << N << "]\n  input %c : f32["
@@ -524,7 +523,7 @@ TEST(LowerSchedule, SlowEpiloguesRunInterleaved) {
         const std::string res = expect_bit_exact(ir(64, 200, 300, residual, "gelu"), p, t);
         ASSERT_EQ(count_of(res, ", flag=f13\n"), 0) << "not the resident plan";
         EXPECT_GE(longest_run(res, "verf"), 2);
-        EXPECT_EQ(longest_run(expect_bit_exact(ir(600, 520, 300, residual, "relu"), p, t), "vmax"), 1);
+        EXPECT_GE(longest_run(expect_bit_exact(ir(600, 520, 300, residual, "relu"), p, t), "vmax"), 2);
       }
   // A pointwise conv's pipeline whose last steps hold more sigmoid chains than
   // accumulators are left unpopped: the chains beyond go out as the next group (the
