@@ -15,29 +15,43 @@ namespace {
 
 using namespace tpusim;
 
+// A core's VPU on 16 banks of 256 B, driven by hand, with `body`'s first `n`
+// instructions in its queue (reserved in the scoreboard in program order).
+struct Rig {
+  Rig(const std::string& body, size_t n)
+      : b(isa::assemble(".target chips=1 cores=1 mxus=1\n.core chip0.core0\n" + body + "  halt\n", "p.s")),
+        m(b.target) {
+    env.machine = &m;
+    env.state = &m.core(0, 0);
+    env.prog = &b.cores[0];
+    env.name = "chip0.core0";
+    for (size_t k = 0; k < n; ++k) {
+      hw::Issued it;
+      it.in = &b.cores[0].code[k];
+      it.seq = k;
+      it.use = hw::reg_use(*it.in);
+      env.scoreboard.reserve(it.use, it.seq);
+      vpu.push(std::move(it));
+    }
+  }
+  isa::Bundle b;
+  exec::Machine m;
+  hw::CoreEnv env;
+  hw::VmemBanks banks{16, 256};
+  hw::Vpu vpu{env, banks, hw::VpuParams{}, 16};
+};
+
 // The cycle the vld retires (its register written), with a DMA beat claiming
 // `dma_mask` in each cycle of `dma_cycles`.
 uint64_t retire_cycle(const std::set<uint64_t>& dma_cycles, uint64_t dma_mask) {
-  const isa::Bundle b = isa::assemble(
-      ".target chips=1 cores=1 mxus=1\n.core chip0.core0\n  vld v1, [s0 + 0], stride=4096\n  halt\n", "p.s");
-  exec::Machine m(b.target);
-  hw::CoreEnv env;
-  env.machine = &m;
-  env.state = &m.core(0, 0);
-  env.prog = &b.cores[0];
-  env.name = "chip0.core0";
-  hw::VmemBanks banks(16, 256);
-  hw::Vpu vpu(env, banks, hw::VpuParams{}, 16);
-  hw::Issued it;
-  it.in = &b.cores[0].code[0];
-  it.use = hw::reg_use(*it.in);
-  env.scoreboard.reserve(it.use, it.seq);
-  vpu.push(std::move(it));
+  Rig r("  vld v1, [s0 + 0], stride=4096\n", 1);
+  hw::VmemBanks& banks = r.banks;
+  hw::Vpu& vpu = r.vpu;
   for (uint64_t c = 0; c < 100; ++c) {
     banks.begin_cycle(c);
     if (dma_cycles.count(c)) banks.claim_dma(dma_mask);
     vpu.tick(c);
-    EXPECT_TRUE(env.fault.empty()) << env.fault;
+    EXPECT_TRUE(r.env.fault.empty()) << r.env.fault;
     if (vpu.idle()) return c;
   }
   return ~0ull;
@@ -65,37 +79,19 @@ TEST(VpuPasses, ABeatInTheDispatchCycleDelaysTheFirstPass) {
 // dispatch in cycle 1 and is done in cycle 2, but its row 0 reads the vst's row 0:
 // it must wait for the vst and read what it stored.
 TEST(VpuPasses, ALoadAfterAHeldStoreReadsWhatItStored) {
-  const isa::Bundle b = isa::assemble(
-      ".target chips=1 cores=1 mxus=1\n.core chip0.core0\n"
-      "  vst v1, [s0 + 0], stride=4224\n  vld.bf16 v2, [s0 + 0], stride=512\n  halt\n",
-      "order.s");
-  exec::Machine m(b.target);
-  hw::CoreEnv env;
-  env.machine = &m;
-  env.state = &m.core(0, 0);
-  env.prog = &b.cores[0];
-  env.name = "chip0.core0";
+  Rig r("  vst v1, [s0 + 0], stride=4224\n  vld.bf16 v2, [s0 + 0], stride=512\n", 2);
+  hw::CoreEnv& env = r.env;
   for (size_t i = 0; i < env.state->v[1].bits.size(); ++i) env.state->v[1].bits[i] = 0x3f800000u + uint32_t(i);
-  hw::VmemBanks banks(16, 256);
-  hw::Vpu vpu(env, banks, hw::VpuParams{}, 16);
-  for (uint64_t k = 0; k < 2; ++k) {
-    hw::Issued it;
-    it.in = &b.cores[0].code[k];
-    it.seq = k;
-    it.use = hw::reg_use(*it.in);
-    env.scoreboard.reserve(it.use, it.seq);
-    vpu.push(std::move(it));
-  }
   uint64_t c = 0;
-  for (; c < 100 && !vpu.idle(); ++c) {
-    banks.begin_cycle(c);
-    if (c >= 1 && c <= 10) banks.claim_dma(0xAAAAu);
-    vpu.tick(c);
+  for (; c < 100 && !r.vpu.idle(); ++c) {
+    r.banks.begin_cycle(c);
+    if (c >= 1 && c <= 10) r.banks.claim_dma(0xAAAAu);
+    r.vpu.tick(c);
     ASSERT_TRUE(env.fault.empty()) << env.fault;
   }
   // What the vld reads from the final VMEM (nothing else writes it).
   const exec::VReg loaded = env.state->v[2];
-  exec::exec_vector(*env.state, b.cores[0].code[1]);
+  exec::exec_vector(*env.state, r.b.cores[0].code[1]);
   EXPECT_EQ(env.state->v[2].bits, loaded.bits);
   EXPECT_EQ(loaded.bits[1], 0x3f800000u);  // lane 1: the high half of the vst's first word
   EXPECT_GE(c, 12u);              // the vst's last pass is in cycle 11
