@@ -1198,7 +1198,8 @@ void Emitter::lower_matmul(const Node& n) {
   // Flags: f1 general, f4 output stores (the K-streamed one-pass tiles' two buffers: f4,
   // f5), f6/f7 full epilogue operands (by column-tile group parity), f8..f12 the pass
   // ring's slots (f8..f10 the K-streamed tiles' weight panels), f13 the next unit's LHS
-  // band (the K-streamed tiles' band slots: f13, f14, and f15, f16 on one-pass tiles);
+  // band (the K-streamed tiles' band slots: f13, f14, and f15, f16 on one-pass tiles;
+  // packs of tiles have a flag a pack: f8..f10 panels, f13..f15 bands, f4/f5 outputs);
   // f2/f3 and f18/f19 the transposed output bands (transpose_out, store_out).
   // Every wait covers every DMA issued on its flag so far (completion order is not
   // issue order).
@@ -1400,8 +1401,9 @@ void Emitter::lower_matmul(const Node& n) {
   // lower_conv_shifted) come a tap's columns per DMA, taps whose rows follow each other
   // in the plane (the kw of a stride-1 conv) as one run; read in place, one run a
   // segment, a later piece (r0 > 0) only the rows the pieces before did not load.
+  // pack: a dim(...) over the tiles of a pack (the tiled plan's packs), outermost.
   auto lhs_dma = [&](int flag, int64_t dst, int64_t b, int64_t m0, int64_t r0, int64_t r1, int64_t k0, int64_t lcols,
-                     int64_t cap) {
+                     int64_t cap, const std::string& pack = "") {
     const int64_t row0 = m0 + r0, rows = r1 - r0;
     if (in_place) {
       for (size_t s = 0; s < segs.size(); ++s) {
@@ -1416,9 +1418,9 @@ void Emitter::lower_matmul(const Node& n) {
     if (shifted.tap_rows.empty()) {
       const int64_t a0 = a_at(b);
       if (!ta)
-        dma_on(flag, vmem(dst), hbm(a0 + row0 * arow + k0 * ea), lcols * ea, dim(rows, arow, ls));
+        dma_on(flag, vmem(dst), hbm(a0 + row0 * arow + k0 * ea), lcols * ea, dim(rows, arow, ls) + pack);
       else
-        dma_on(flag, vmem(dst), hbm(a0 + (k0 * M + row0) * ea), ea, dim(lcols, M * ea, ea) + dim(rows, ea, ls));
+        dma_on(flag, vmem(dst), hbm(a0 + (k0 * M + row0) * ea), ea, dim(lcols, M * ea, ea) + dim(rows, ea, ls) + pack);
       return;
     }
     const int64_t taps = static_cast<int64_t>(shifted.tap_rows.size());
@@ -1684,7 +1686,36 @@ void Emitter::lower_matmul(const Node& n) {
     // waiting for its own), and two output buffers (f4, f5), so a tile's epilogue does
     // not wait for the store of the tile just before it (a multi-pass tile's passes cover
     // that store). BERT's batch-8 attention products on v3 ~32 K -> ~20.6 K cycles each.
-    const int64_t BS = np == 1 ? 4 : 2, OBUF = np == 1 ? 2 : 1;
+    int64_t BS = np == 1 ? 4 : 2, OBUF = np == 1 ? 2 : 1;
+    // Packs: P one-pass tiles in a row of a core, each a whole batch element of at most
+    // kPackRows rows (the attention's per-head products), whose panels, LHS bands and
+    // outputs are equally spaced in HBM move as one DMA each, with a dimension over the
+    // tiles, into P slots in a row. Tile by tile, a core's 4 DMA engines, each held ~500
+    // cycles by a 16 KiB transfer, took ~375 cycles a tile for its three transfers,
+    // against ~130 cycles of mmuls. The rings hold three packs of panels and bands and
+    // two of outputs, a flag a pack. BERT's batch-8 attention products on v3 (packs of
+    // 6 heads) 21.2 K -> ~10.5 K cycles each, with the runs through the tiles below.
+    constexpr int64_t kPackTiles = 8, kPackRows = 128;
+    int64_t P = 1;
+    if (own_b_batches && np == 1 && chunks <= LB && M <= kPackRows && N <= cw * C && !transposed && !has_full &&
+        !in_place && shifted.tap_rows.empty()) {
+      // A core's tiles are batch elements c, c + cores, ... (one tile each); the pack of
+      // its tiles [t, t + p) is one transfer per operand if each operand's tiles are
+      // equally spaced in it (views: a batch's heads are, across batch elements not).
+      auto spaced = [&](int64_t p, const auto& addr_of) {
+        for (int64_t c = 0; c < cores_; ++c)
+          for (int64_t b0 = c; b0 < batches; b0 += p * cores_) {
+            const int64_t d = b0 + cores_ < batches ? addr_of(b0 + cores_) - addr_of(b0) : 0;
+            if (std::abs(d) > std::numeric_limits<int32_t>::max()) return false;
+            for (int64_t b = b0 + cores_; b < std::min(batches, b0 + p * cores_); b += cores_)
+              if (addr_of(b) - addr_of(b - cores_) != d) return false;
+          }
+        return true;
+      };
+      for (int64_t p = kPackTiles; p > 1 && P == 1; --p)
+        if (spaced(p, a_at) && spaced(p, b_at) && spaced(p, o_at)) P = p;
+      if (P > 1) panels = 3 * P, BS = 3 * P, OBUF = 2 * P;
+    }
     // Row pieces of the core's first pass (at most kFirstPieceRows rows: their LHS rows
     // arrive about as fast as the MXUs use them) and of its last (kLastPieceRows), at
     // most kMaxPieces each: every piece costs one more step per column group.
@@ -1705,6 +1736,7 @@ void Emitter::lower_matmul(const Node& n) {
     };
     // Rows up to 256 first (an mswap per Mt/8 blocks), then panel rows of kRunBytes,
     // then more rows (fewer weight re-reads), then more columns (fewer LHS re-reads).
+    if (P > 1 && need_s(align_up(M, 8), 1) > vmem_cap) P = 1, panels = 3, BS = 4, OBUF = 2;  // packs do not fit
     int64_t Mt = 0, NG = 0;
     auto key = [&](int64_t mt, int64_t ng) {
       return std::make_tuple(std::min<int64_t>(mt, 256), std::min(ng, NGr), mt, ng);
@@ -1720,6 +1752,7 @@ void Emitter::lower_matmul(const Node& n) {
       if (mt == 8) break;
     }
     const int64_t mtiles = Mt > 0 ? (M + Mt - 1) / Mt : 0;
+    if (P > 1 && mtiles != 1) P = 1, panels = 3, BS = 4, OBUF = 2;  // a tile a batch element, or no packs
     const bool split_cols = Mt > 0 && batches * mtiles < cores_ && ngroups > 1;
     if (split_cols) NG = band_width_for_cores(batches * mtiles, NG);
     // A pass whose panel the MXUs push faster than a DMA brings it (few rows: layer4's
@@ -1730,7 +1763,7 @@ void Emitter::lower_matmul(const Node& n) {
     // tile's plan still fits.
     constexpr int64_t kMaxPanels = 5;  // f8..f12
     constexpr int64_t kSmallPanel = 192 << 10;
-    if (Mt > 0 && kw * R * ws_of(NG) <= kSmallPanel && chunks >= kMaxPanels * kw) {
+    if (P == 1 && Mt > 0 && kw * R * ws_of(NG) <= kSmallPanel && chunks >= kMaxPanels * kw) {
       panels = kMaxPanels;
       if (need_s(Mt, NG) > vmem_cap) panels = 3;
     }
@@ -1780,23 +1813,35 @@ void Emitter::lower_matmul(const Node& n) {
           store_out(kNchwFlag + static_cast<int>(ti % 2), tl.b, tl.m0, tl.mr, tl.n0, tile_cols(tl), tb, TS, rb, true);
         };
         // Passes and LHS bands of all the core's tiles in order: pass z uses panel slot
-        // z % panels, band y slot y % BS.
+        // z % panels, band y slot y % BS; with packs (np = nbands = 1: z = y = the tile)
+        // the fetch of a pack's first tile brings the pack, and a pack has one flag.
         auto tile_of_pass = [&](int64_t z) { return tiles[static_cast<size_t>(z / np)]; };
         const int64_t Z = static_cast<int64_t>(tiles.size()) * np, Y = static_cast<int64_t>(tiles.size()) * nbands;
+        auto slot_flag = [&](int64_t z) { return kSlotFlag + static_cast<int>(z % panels / P); };
+        auto band_flag = [&](int64_t y) { return kBandFlag + static_cast<int>(y % BS / P); };
+        // The pack dimension of the transfer of tile t (its first tile): src / dst strides
+        // of addr_of's tiles and of `slot` bytes a tile in VMEM.
+        auto pack_dim = [&](int64_t t, const auto& addr_of, int64_t slot, bool to_vmem) {
+          const int64_t count = P == 1 ? 1 : std::min(P, static_cast<int64_t>(tiles.size()) - t);
+          if (count == 1) return std::string();
+          const int64_t d = addr_of(tiles[static_cast<size_t>(t) + 1].b) - addr_of(tiles[static_cast<size_t>(t)].b);
+          return to_vmem ? dim(count, d, slot) : dim(count, slot, d);
+        };
         auto fetch_panel = [&](int64_t z) {
+          if (z % P) return;  // its pack came with the pack's first
           const Tile tl = tile_of_pass(z);
           const int64_t k0 = (z % np) * kw * R, kcols = std::min(K, k0 + kw * R) - k0;
-          dma_on(kSlotFlag + static_cast<int>(z % panels), vmem((z % panels) * panel),
-                 hbm(b_at(tl.b) + k0 * brow + tl.n0 * eb), std::min(NG * cw * C, N - tl.n0) * eb,
-                 dim(kcols, brow, wsp));
+          dma_on(slot_flag(z), vmem((z % panels) * panel), hbm(b_at(tl.b) + k0 * brow + tl.n0 * eb),
+                 std::min(NG * cw * C, N - tl.n0) * eb, dim(kcols, brow, wsp) + pack_dim(z, b_at, panel, true));
         };
         // Rows [r0, r1) of the tile (all of them by default).
         auto fetch_band = [&](int64_t y, int64_t r0 = 0, int64_t r1 = -1) {
+          if (y % P) return;
           const Tile tl = tiles[static_cast<size_t>(y / nbands)];
           if (r1 < 0) r1 = tl.mr;
           const int64_t k0 = (y % nbands) * LB * R, lcols = std::min(K, k0 + LB * R) - k0;
-          lhs_dma(kBandFlag + static_cast<int>(y % BS), lbase + (y % BS) * lhs_band_bytes(Mt), tl.b, tl.m0, r0, r1, k0,
-                  lcols, Mt);
+          lhs_dma(band_flag(y), lbase + (y % BS) * lhs_band_bytes(Mt), tl.b, tl.m0, r0, r1, k0, lcols, Mt,
+                  pack_dim(y, a_at, lhs_band_bytes(Mt), true));
         };
         // Ramped ends (docs/codegen.md, "Large GEMMs"): the core's first pass runs in row
         // pieces whose LHS rows come as separate DMAs, so the MXUs start after panel 0 and
@@ -1842,53 +1887,70 @@ void Emitter::lower_matmul(const Node& n) {
         };
         if (has_full) fetch_full(0);
         int64_t out_dmas[2] = {0, 0};
-        for (size_t ti = 0; ti < tiles.size(); ++ti) {
-          const Tile& tl = tiles[ti];
-          const int ob = static_cast<int>(static_cast<int64_t>(ti) % OBUF);  // the tile's output buffer
-          const int64_t obuf = obase + ob * tile_out_bytes(Mt, NG);
-          const int64_t z0 = static_cast<int64_t>(ti) * np, y0 = static_cast<int64_t>(ti) * nbands;
-          if (has_full && ti + 1 < tiles.size()) fetch_full(ti + 1);  // its buffer's last reader was tile ti - 1
-          bool full_waited = false;
-          const int64_t blocks = (tl.mr + 7) / 8;
-          // Steps: one pass's column group over blocks [b0, b1) of the tile; the core's
+        // Runs of tiles whose software pipeline goes through from one tile to the next:
+        // the next tile's weights are pushed while this one's last blocks are multiplied,
+        // and its first blocks multiplied while this one's results are popped and stored.
+        // Tile by tile, each drained the MXU pipeline (a pop latency and the epilogues)
+        // and filled it again (the weight pushes): BERT's batch-8 attention products, 48
+        // one-pass tiles a core, spent ~390 cycles a tile on ~128 cycles of mmuls. A tile
+        // whose buffers are handed over between tiles outside the pipeline (a transposed
+        // output, full epilogue operands fetched a tile ahead, per-row operands of other
+        // rows spread in v0..v15) is a run of its own.
+        const bool per_row_ops = std::any_of(ops.begin(), ops.end(), [](const Operand& o) { return o.per_row; });
+        const bool run_through = !transposed && !has_full &&
+                                 std::all_of(tiles.begin(), tiles.end(), [&](const Tile& t) {
+                                   return !per_row_ops || t.m0 == tiles.front().m0;
+                                 });
+        std::vector<bool> out_waited(tiles.size(), false), full_waited(tiles.size(), false);
+        for (size_t t0 = 0; t0 < tiles.size();) {
+          const size_t t1 = run_through ? tiles.size() : t0 + 1;
+          if (has_full && t0 + 1 < tiles.size()) fetch_full(t0 + 1);  // its buffer's last reader was tile t0 - 1
+          // Steps: one pass's column group over blocks [b0, b1) of a tile; the core's
           // first pass and its last are cut into row pieces (the ramped ends above).
           struct KStep {
             Pass ps;
             int64_t h, b0, b1;
             bool pass_start;  // the pass's first step
+            size_t ti;        // its tile
           };
           std::vector<KStep> seq;
-          const bool first_tile = ti == 0, last_tile = ti + 1 == tiles.size();
-          for (int64_t p = 0; p < np; ++p) {
-            const int64_t H = p == 0 && first_tile ? HF : p == np - 1 && last_tile ? HL : 1;
-            for (int64_t h = 0; h < H; ++h) {
-              const auto rows = piece_rows(tl, h, H);
-              for (int64_t g = 0; g < tl.ng; ++g) {
-                const int64_t n0 = tl.n0 + g * cw * C;
-                seq.push_back(KStep{Pass{g, p, p * kw, std::min(kw, chunks - p * kw), n0,
-                                         std::min(cw, (N - n0 + C - 1) / C), p == 0, p == np - 1},
-                                    h, rows.first / 8, (rows.second + 7) / 8, h == 0 && g == 0});
+          for (size_t ti = t0; ti < t1; ++ti) {
+            const Tile& tl = tiles[ti];
+            const bool first_tile = ti == 0, last_tile = ti + 1 == tiles.size();
+            for (int64_t p = 0; p < np; ++p) {
+              const int64_t H = p == 0 && first_tile ? HF : p == np - 1 && last_tile ? HL : 1;
+              for (int64_t h = 0; h < H; ++h) {
+                const auto rows = piece_rows(tl, h, H);
+                for (int64_t g = 0; g < tl.ng; ++g) {
+                  const int64_t n0 = tl.n0 + g * cw * C;
+                  seq.push_back(KStep{Pass{g, p, p * kw, std::min(kw, chunks - p * kw), n0,
+                                           std::min(cw, (N - n0 + C - 1) / C), p == 0, p == np - 1},
+                                      h, rows.first / 8, (rows.second + 7) / 8, h == 0 && g == 0, ti});
+                }
               }
             }
           }
           const int64_t Q = static_cast<int64_t>(seq.size());
           std::vector<std::pair<int64_t, int64_t>> item_at;  // (step, block) of each pipeline item
-          int64_t min_blocks = blocks;
+          int64_t min_blocks = std::numeric_limits<int64_t>::max();
           for (int64_t q = 0; q < Q; ++q) {
             const KStep& ks = seq[static_cast<size_t>(q)];
             min_blocks = std::min(min_blocks, ks.b1 - ks.b0);
             for (int64_t i = ks.b0; i < ks.b1; ++i) item_at.push_back({q, i});
           }
+          // Pass z of the core (panel slot z % panels) and LHS band y (slot y % BS).
+          auto z_of = [&](const KStep& ks) { return static_cast<int64_t>(ks.ti) * np + ks.ps.p; };
+          auto y_of = [&](const KStep& ks) { return static_cast<int64_t>(ks.ti) * nbands + ks.ps.c0 / LB; };
           auto w_at = [&](int64_t q, int64_t w, int64_t k, int64_t r) {
-            const Pass& ps = seq[static_cast<size_t>(q)].ps;
-            return ((z0 + ps.p) % panels) * panel + (k * R + r) * wsp + (ps.t * cw + w) * C * eb;
+            const KStep& ks = seq[static_cast<size_t>(q)];
+            return (z_of(ks) % panels) * panel + (k * R + r) * wsp + (ks.ps.t * cw + w) * C * eb;
           };
           auto acc_at = [&](const Pass& ps, int64_t w, int64_t i) {
             return abase + ((ps.t * cw + w) * Mt + i * 8) * 512;
           };
-          spread_per_row(tl.m0, tl.mr);
-          wait_flag(kSlotFlag + static_cast<int>(z0 % panels));
-          wait_flag(kBandFlag + static_cast<int>(y0 % BS));
+          spread_per_row(tiles[t0].m0, tiles[t0].mr);  // every tile of a run with per-row operands has these rows
+          wait_flag(slot_flag(z_of(seq.front())));
+          wait_flag(band_flag(y_of(seq.front())));
           int64_t wreg = 0;
           auto push_list = [&](int64_t q) {
             std::vector<std::pair<int64_t, int64_t>> l;  // (mxu, VMEM address of 8 weight rows)
@@ -1916,9 +1978,14 @@ void Emitter::lower_matmul(const Node& n) {
           const int64_t E = std::max<int64_t>(0, std::min<int64_t>({kw + 1, AS - 2, min_blocks - 1}));
           const int64_t G = epilogue_group(E);
           std::vector<Held> held;
-          // Block i's column tile w in the last pass: the epilogue, and the store into the
-          // output buffer.
-          auto last_block = [&](int64_t i, int64_t j2, const Pass& ps, int64_t w, const Scratch& sc) {
+          // Tile ti's output buffer, and its flag (kOutFlag + ob_of, one a pack).
+          auto ob_of = [&](size_t ti) { return static_cast<int>(static_cast<int64_t>(ti) % OBUF / P); };
+          auto obuf_of = [&](size_t ti) { return obase + static_cast<int64_t>(ti) % OBUF * tile_out_bytes(Mt, NG); };
+          // Block i's column tile w in the last pass of tile ti: the epilogue, and the
+          // store into the output buffer.
+          auto last_block = [&](size_t ti, int64_t i, int64_t j2, const Pass& ps, int64_t w, const Scratch& sc) {
+            const Tile& tl = tiles[ti];
+            const int64_t obuf = obuf_of(ti);
             const int64_t a = 8 + (j2 % AS) * cw + w;
             emit_epilogue(
                 a, ps.n0 / C + w,
@@ -1940,36 +2007,37 @@ void Emitter::lower_matmul(const Node& n) {
           std::vector<std::pair<int64_t, int64_t>> pending;
           size_t next_push = 0;
           int64_t per_item = 0;
-          bool out_waited = false;
           for (int64_t s = 0; s < items + D + E; ++s) {
             if (s < items) {
               const int64_t q = item_at[static_cast<size_t>(s)].first, i = item_at[static_cast<size_t>(s)].second;
               const KStep& ks = seq[static_cast<size_t>(q)];
               const Pass& ps = ks.ps;
-              const int64_t z = z0 + ps.p, y = y0 + ps.c0 / LB;
+              const Tile& tl = tiles[ks.ti];
+              const bool first_tile = ks.ti == 0;
+              const int64_t z = z_of(ks), y = y_of(ks);
               if (i == ks.b0) {
                 // The first pass in pieces: piece h waits for its rows (the only DMA left on
                 // its band flag) and fetches the next piece's; panel 1 comes with piece 1's
                 // rows, the rest of the ring and the next band with the last piece's.
                 const bool ramp = first_tile && ps.p == 0 && HF > 1 && ps.t == 0;
-                if (ramp && ks.h > 0) wait_flag(kBandFlag + static_cast<int>(y % BS));
+                if (ramp && ks.h > 0) wait_flag(band_flag(y));
                 if (ramp && ks.h + 1 < HF) {
                   const auto rows = piece_rows(tl, ks.h + 1, HF);
                   fetch_band(y, rows.first, rows.second);
                 }
                 if (ks.pass_start && z == 0 && HF > 1 && Z > 1) fetch_panel(1);
                 const bool ring = HF > 1 && first_tile && ps.p == 0 ? ramp && ks.h == HF - 1 : ks.pass_start;
-                if (ring) {  // a new pass: its panel slot's previous contents are pushed
-                  for (int64_t zz = z == 0 ? (HF > 1 ? 2 : 1) : z + panels - 1; zz <= std::min(z + panels - 1, Z - 1);
+                if (ring) {  // a new pass: its panel slot's previous contents (a pack's) are pushed
+                  for (int64_t zz = z == 0 ? (HF > 1 ? 2 : 1) : z + panels - P; zz <= std::min(z + panels - P, Z - 1);
                        ++zz)
                     fetch_panel(zz);
-                  if (ps.c0 % LB == 0) {  // a new band: the slot of the band before it is read
-                    for (; bands_fetched < std::min(Y, y + BS); ++bands_fetched) fetch_band(bands_fetched);
-                    if (q > 0 && !ramp) wait_flag(kBandFlag + static_cast<int>(y % BS));
+                  if (ps.c0 % LB == 0) {  // a new band: the slot of the band before it (a pack's) is read
+                    for (; bands_fetched < std::min(Y, y + BS - P + 1); ++bands_fetched) fetch_band(bands_fetched);
+                    if (q > 0 && !ramp && y % P == 0) wait_flag(band_flag(y));
                   }
                 }
-                if (q + 1 < Q && seq[static_cast<size_t>(q + 1)].pass_start)
-                  wait_flag(kSlotFlag + static_cast<int>((z + 1) % panels));
+                if (q + 1 < Q && seq[static_cast<size_t>(q + 1)].pass_start && (z + 1) % P == 0)
+                  wait_flag(slot_flag(z + 1));
                 pending = push_list(q + 1);
                 next_push = 0;
                 per_item = (static_cast<int64_t>(pending.size()) + (ks.b1 - ks.b0) - 1) / (ks.b1 - ks.b0);
@@ -2001,51 +2069,62 @@ void Emitter::lower_matmul(const Node& n) {
               const int64_t i = item_at[static_cast<size_t>(j2)].second;
               const KStep& ks = seq[static_cast<size_t>(item_at[static_cast<size_t>(j2)].first)];
               const Pass& ps = ks.ps;
-              if (ps.last && !out_waited && out_dmas[ob] > 0)  // the output buffer is free
+              const size_t ti = ks.ti;
+              const Tile& tl = tiles[ti];
+              const int ob = ob_of(ti);
+              // The output buffer (a pack's: waited for by its first tile) is free.
+              if (ps.last && !out_waited[ti] && static_cast<int64_t>(ti) % P == 0 && out_dmas[ob] > 0)
                 wait_flag((transposed ? kXposeFlag : kOutFlag) + ob);
-              out_waited |= ps.last;
-              if (ps.last && has_full && !full_waited) {
+              if (ps.last) out_waited[ti] = true;
+              if (ps.last && has_full && !full_waited[ti]) {
                 wait_flag(kEpiFlag + static_cast<int>(ti % 2));
-                full_waited = true;
+                full_waited[ti] = true;
               }
               if (!ps.last)
                 for (int64_t w = 0; w < ps.cwt; ++w) line("vst " + vr(8 + (j2 % AS) * cw + w) + ", " + at(acc_at(ps, w, i)));
               else
-                held.push_back(Held{j2, [&, i, j2, ps](int64_t w, const Scratch& sc) { last_block(i, j2, ps, w, sc); },
-                                    ps.cwt});
+                held.push_back(Held{
+                    j2, [&, ti, i, j2, ps](int64_t w, const Scratch& sc) { last_block(ti, i, j2, ps, w, sc); }, ps.cwt});
               if (ps.last && (static_cast<int64_t>(held.size()) == G || i == ks.b1 - 1))
                 flush_epilogues(held, s);
               // In the last pass each sub-band of OBs column groups (runs of kRunBytes) of a
               // piece's rows goes out once its last block is stored, so only the last one is
-              // left at the end.
-              if (!transposed && ps.last && i == ks.b1 - 1 && ((ps.t + 1) % OBs == 0 || ps.t == tl.ng - 1)) {
-                const int64_t o0 = o_at(tl.b), g0 = ps.t / OBs * OBs;
+              // left at the end. A pack's tiles go out together, after its last.
+              const size_t tp = ti - ti % static_cast<size_t>(P);  // the pack's first tile
+              if (!transposed && ps.last && i == ks.b1 - 1 && ((ps.t + 1) % OBs == 0 || ps.t == tl.ng - 1) &&
+                  (static_cast<int64_t>(ti) % P == P - 1 || ti + 1 == tiles.size())) {
+                const int64_t o0 = o_at(tiles[tp].b), g0 = ps.t / OBs * OBs, obuf = obuf_of(tp);
                 const int64_t c0 = tl.n0 + g0 * cw * C, cols = std::min((ps.t + 1 - g0) * cw * C, N - c0);
                 const int64_t r0 = ks.b0 * 8, nr = std::min(tl.mr, ks.b1 * 8) - r0;
+                const std::string pack = pack_dim(static_cast<int64_t>(tp), o_at, tile_out_bytes(Mt, NG), false);
                 if (wide_out)
                   dma_on(kOutFlag + ob, hbm(o0 + (tl.m0 + r0) * orow_s + c0 * eo),
-                         vmem(obuf + r0 * tobs + g0 * cw * orow), cols * eo, dim(nr, tobs, orow_s));
+                         vmem(obuf + r0 * tobs + g0 * cw * orow), cols * eo, dim(nr, tobs, orow_s) + pack);
                 else
                   for (int64_t tt = 0; tt * C < cols; ++tt)
                     dma_on(kOutFlag + ob, hbm(o0 + (tl.m0 + r0) * orow_s + (c0 + tt * C) * eo),
                            vmem(obuf + ((g0 * cw + tt) * Mt + r0) * orow), std::min(C, cols - tt * C) * eo,
-                           dim(nr, orow, orow_s));
+                           dim(nr, orow, orow_s) + pack);
                 ++out_dmas[ob];
               }
             }
           }
-          if (transposed) {
+          if (transposed) {  // a run of one tile
             // The tile before this one is transposed by now (a tile's passes ago): out it
             // goes, and this tile's band takes the transposed image it left two tiles ago.
+            const size_t ti = t0;
+            const Tile& tl = tiles[ti];
+            const int ob = ob_of(ti);
             if (ti > 0) {
               wait_flag(kXposeFlag + static_cast<int>(static_cast<int64_t>(ti - 1) % OBUF));
               tile_store_out(ti - 1);
             }
             if (ti >= 2) wait_flag(kNchwFlag + static_cast<int>(ti % 2));
             const auto [tb, rb] = timage(ti);
-            transpose_out(kXposeFlag + ob, tl.b, tl.m0, tl.mr, tl.n0, tile_cols(tl), obuf, tobs, tb, TS, rb);
+            transpose_out(kXposeFlag + ob, tl.b, tl.m0, tl.mr, tl.n0, tile_cols(tl), obuf_of(ti), tobs, tb, TS, rb);
             ++out_dmas[ob];
           }
+          t0 = t1;
         }
         if (transposed) {
           const size_t last = tiles.size() - 1;

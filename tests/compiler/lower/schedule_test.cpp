@@ -402,6 +402,59 @@ TEST(LowerSchedule, MatmulBatchesWithTheirOwnWeightsTakeTheTiles) {
     EXPECT_GT(count_of(one_core, std::string(", flag=") + f + "\n"), 0) << f;
 }
 
+// Attention's per-head products (Q K^T and scores x V, one-pass tiles of 24 rows, Q
+// and V strided views of [2, 24, 6, 16]) on the K-streamed tiles: a core's tiles go
+// through one software pipeline (tile 1's first mmul is issued before tile 0's last
+// mpop), and move in packs, one DMA an operand with a dimension over the pack's
+// tiles. A pack is the largest (at most 8) run of a core's tiles whose operands are
+// equally spaced: the views' heads are within a batch element, not across, so 6
+// heads on one core and 3 (heads 0, 2, 4) on each of two. Bit-exact with the race
+// checker (a pack's flag waited for before any of its slots is read).
+TEST(LowerSchedule, OnePassTilesRunThroughOnePipelineInPacks) {
+  const std::string x = "[2,24,6,16]", t = "[2,6,24,16]";
+  const std::string ir = "graph at {\n  input %q : f32" + x + "\n  input %k : f32" + x + "\n  input %v : f32" + x +
+                         "\n  %qt = transpose(%q) {perm=[0,2,1,3]} : f32" + t +
+                         " #1\n  %kt = transpose(%k) {perm=[0,2,3,1]} : f32[2,6,16,24] #2\n"
+                         "  %s = matmul(%qt, %kt) : f32[2,6,24,24] #3\n  %vt = transpose(%v) {perm=[0,2,1,3]} : f32" +
+                         t + " #4\n  %o = matmul(%s, %vt) : f32" + t + " #5\n  output %o\n}\n";
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) {
+      const std::string as = expect_bit_exact(ir, p, target(2, 16, 16), cores);
+      const int64_t pack = cores == 1 ? 6 : 3;
+      // The LHS bands (f13..f15) and outputs (f4, f5) of both products: every DMA a
+      // pack's, its last dim the pack's tiles.
+      int bands = 0, outs = 0;
+      std::istringstream in(as);
+      for (std::string l; std::getline(in, l);) {
+        if (l.find("  dma ") != 0) continue;
+        const bool band = l.find(", flag=f13") != std::string::npos || l.find(", flag=f14") != std::string::npos ||
+                          l.find(", flag=f15") != std::string::npos;
+        const bool out = l.find(", flag=f4") != std::string::npos || l.find(", flag=f5") != std::string::npos;
+        if (!band && !out) continue;
+        (band ? bands : outs) += 1;
+        const size_t d = l.rfind(", dim=");
+        ASSERT_NE(d, std::string::npos) << l;
+        EXPECT_EQ(std::stoll(l.substr(d + 6)), pack) << "not a pack of " << pack << " tiles: " << l;
+      }
+      // 12 tiles a product; Q K^T's 24 columns go out as two runs of 16 (the MXUs'
+      // columns), scores x V's 16 as one.
+      EXPECT_EQ(bands, 2 * 12 / pack) << "cores " << cores;
+      EXPECT_EQ(outs, 3 * 12 / pack) << "cores " << cores;
+      // Q K^T's tiles: 3 blocks of 8 rows on 2 MXUs (24 columns), 6 mmuls and 6 mpops a tile.
+      const size_t c0 = as.find(".core chip0.core0"), c1 = as.find(".core chip0.core1");
+      ASSERT_NE(c0, std::string::npos);
+      const std::string core0 = as.substr(c0, c1 == std::string::npos ? std::string::npos : c1 - c0);
+      std::vector<size_t> mmuls, mpops;
+      for (size_t at = core0.find("  mmul "); at != std::string::npos; at = core0.find("  mmul ", at + 1))
+        mmuls.push_back(at);
+      for (size_t at = core0.find("  mpop"); at != std::string::npos; at = core0.find("  mpop", at + 1))
+        mpops.push_back(at);
+      ASSERT_GE(mmuls.size(), 7u);
+      ASSERT_GE(mpops.size(), 6u);
+      EXPECT_LT(mmuls[6], mpops[5]) << "tile 0's pops drained before tile 1's mmuls: cores " << cores;
+    }
+}
+
 // The K-streamed tiles' ramped ends: a core's first pass runs in row pieces (its first LHS
 // fetch moves only the first piece's rows) and its last pass too (the last tile's output
 // goes out per piece). Ragged M, K and N; A^T; 1 and 2 cores (core 1 has one tile, so
