@@ -272,6 +272,9 @@ class Emitter {
   int64_t gather_in_vmem(int64_t src, int64_t src_bytes, int64_t dst_bytes, const std::vector<Gather>& gathers,
                          bool fill, float fill_value, DType fill_dt, HbmRuns src_runs = {1, 0},
                          const Relayout* relayout = nullptr);
+  // The gathers from an image staged at VMEM sv into one at dv (VMEM -> VMEM DMAs on
+  // f1), all waited for.
+  void run_gathers(int64_t sv, int64_t dv, const std::vector<Gather>& gathers);
   void staged_gather(int64_t src, int64_t src_bytes, int64_t dst, int64_t dst_bytes, const std::vector<Gather>& gathers,
                      bool fill, float fill_value, DType fill_dt, int64_t planes = 1, int64_t plane_stride = 0,
                      HbmRuns src_runs = {1, 0}, HbmRuns dst_runs = {1, 0}, const Relayout* relayout = nullptr);

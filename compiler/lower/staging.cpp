@@ -48,6 +48,11 @@ int64_t Emitter::gather_in_vmem(int64_t src, int64_t src_bytes, int64_t dst_byte
     dma(vmem(rv + g.dst_off), vmem(g.src_off), g.run, g.dims);
     wait_dmas();
   }
+  run_gathers(sv, dv, gathers);
+  return dv;
+}
+
+void Emitter::run_gathers(int64_t sv, int64_t dv, const std::vector<Gather>& gathers) {
   // Gathers whose bounding ranges are disjoint (a plane each) run at once, and so do
   // disjoint ones (an im2col row's taps) whatever their ranges: the race checker
   // compares the bytes each writes, past a budget of about 1M runs compared (then it
@@ -68,7 +73,6 @@ int64_t Emitter::gather_in_vmem(int64_t src, int64_t src_bytes, int64_t dst_byte
     in_flight.push_back(h);
   }
   wait_dmas();
-  return dv;
 }
 
 void Emitter::staged_gather(int64_t src, int64_t src_bytes, int64_t dst, int64_t dst_bytes,

@@ -421,12 +421,14 @@ TEST(LowerSchedule, OnePassTilesRunThroughOnePipelineInPacks) {
     for (int cores : {1, 2}) {
       const std::string as = expect_bit_exact(ir, p, target(2, 16, 16), cores);
       const int64_t pack = cores == 1 ? 6 : 3;
-      // The LHS bands (f13..f15) and outputs (f4, f5) of both products: every DMA a
-      // pack's, its last dim the pack's tiles.
+      // The LHS bands (f13..f15) and outputs (f4, f5) of both products (K's transpose
+      // uses f14..f17 too): every DMA a pack's, its last dim the pack's tiles.
       int bands = 0, outs = 0;
       std::istringstream in(as);
+      bool product = false;  // in the code of op 3 or 5 (each op's code starts at "  op N")
       for (std::string l; std::getline(in, l);) {
-        if (l.find("  dma ") != 0) continue;
+        if (l.rfind("  op ", 0) == 0) product = l == "  op 3" || l == "  op 5";
+        if (!product || l.find("  dma ") != 0) continue;
         const bool band = l.find(", flag=f13") != std::string::npos || l.find(", flag=f14") != std::string::npos ||
                           l.find(", flag=f15") != std::string::npos;
         const bool out = l.find(", flag=f4") != std::string::npos || l.find(", flag=f5") != std::string::npos;
