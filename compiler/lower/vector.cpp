@@ -733,6 +733,12 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
            dim(128, 0, ew) + dim(nc, KK * ew, 128 * ew) + dim(KK, ew, v.gpb * kTileElems * ew));
     if (has_bias) dma_on(flag, vmem(v.btl[par]), vmem(v.bs + c0 * eb), eb, dim(128, 0, eb) + dim(nc, eb, 128 * eb));
   };
+  // Whether block u brings its weight tiles: with one block of channel groups an image
+  // every block has the same, so each core's first two (one a buffer) bring them. Each
+  // block's had expanded them again (a VMEM -> VMEM DMA of 128 copies of each weight:
+  // mobilenet_v2's 7 x 7 planes, 960 channels x 9 taps, ~4.7 K cycles a block).
+  const bool one_channel_block = v.gpb >= ngroups;
+  const auto weights_for = [&](int64_t u) { return !one_channel_block || u < 2 * cores_; };
   // The block's padded input rows into img[par] (and with S = 1 its weight tiles).
   const auto fetch = [&](int64_t u, int64_t par) {
     const Block& k = blocks[static_cast<size_t>(u)];
@@ -751,7 +757,7 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
     zero_rows(pr0, std::min(ra, pr1));
     zero_rows(std::max(rb, pr0), pr1);
     const int flag = kStreamInFlag + static_cast<int>(par);
-    if (S == 1 && !pool) fetch_weights(k, par, flag);
+    if (S == 1 && !pool && weights_for(u)) fetch_weights(k, par, flag);
     if (ra >= rb) return;
     const int64_t src = X.addr + ((k.b * CH + c0) * H + ra - pt) * W * e, dst = img + ((ra - pr0) * Wp + pl) * e;
     if (Wp == W)
@@ -769,7 +775,7 @@ bool Emitter::depthwise_shifted(const Node& n, std::vector<DwMember>& members) {
       for (int64_t q = 0; q < S; ++q)
         dma_on(flag, vmem(v.ph[par] + (p * S + q) * v.gpb * 8 * v.pq), vmem(v.img[par] + (p * Wp + q) * e), e,
                dim(Wq, S * e, e) + dim(v.hq, S * Wp * e, Wq * e) + dim(nc, v.pb, v.pq));
-    if (!pool) fetch_weights(k, par, flag);
+    if (!pool && weights_for(u)) fetch_weights(k, par, flag);
   };
   const auto body = [&](int64_t u, int64_t par) {
     const Block& k = blocks[static_cast<size_t>(u)];

@@ -465,6 +465,39 @@ TEST(LowerConv, Im2colOrderPaddingStridesBias) {
 // with padding, strides, dilation, bias, several images and cores, blocks of
 // whole channels and of part of one channel (a small VMEM), and a fused chain
 // with a scalar operand; K > R keeps the MXU's chunked order.
+// A depthwise conv whose blocks each hold all of an image's channels (small planes,
+// a batch of them) expands its weight tiles (128 copies of each weight, a VMEM ->
+// VMEM DMA) once per buffer, on each core's first two blocks, not on every block;
+// the later blocks read them where they are. Bit-exact with the race checker, stride 1
+// (7 x 7 planes) and 2 (46 x 44 planes split into phases), 1 and 2 cores.
+TEST(LowerConv, DepthwiseWeightTilesOnceABuffer) {
+  const std::string s1 = conv_ir("[6,20,7,7]", "[20,1,3,3]", "[6,20,7,7]",
+                                 "dilations=[1,1], groups=20, pads=[1,1,1,1], strides=[1,1]", "[20]");
+  const std::string s2 = conv_ir("[6,9,46,44]", "[9,1,3,3]", "[6,9,23,22]",
+                                 "dilations=[1,1], groups=9, pads=[1,1,1,1], strides=[2,2]", "[9]");
+  for (auto p : kPolicies)
+    for (int cores : {1, 2})
+      for (const std::string& ir : {s1, s2}) {
+        expect_bit_exact(ir, p, target(1, 16, 16), 1, cores);
+        LowerOptions lo;
+        lo.target = target(1, 16, 16);
+        lo.policy = p;
+        lo.cores = cores;
+        const LowerResult lr = lower_graph(parse_graph(ir, "test.ir"), lo);
+        for (const auto& core : lr.bundle.cores) {
+          int expansions = 0, loads = 0;  // weight tile expansions, input loads from HBM
+          for (const auto& in : core.code) {
+            if (in.op != isa::Op::kDma || in.op_id != 1) continue;
+            loads += in.src.space == isa::Space::kHbm && in.dst.space == isa::Space::kVmem;
+            expansions += in.src.space == isa::Space::kVmem && in.dst.space == isa::Space::kVmem &&
+                          in.ndims == 3 && in.dims[0] == (isa::DmaDim{128, 0, in.dims[0].dst_stride});
+          }
+          EXPECT_GE(loads, 3) << "cores " << cores << ": blocks too few to tell\n" << ir;
+          EXPECT_EQ(expansions, 2) << "cores " << cores << "\n" << ir;
+        }
+      }
+}
+
 TEST(LowerConv, DepthwiseOnTheVpu) {
   auto big_vmem = target(1, 16, 16);
   auto small_vmem = target(1, 16, 16);
