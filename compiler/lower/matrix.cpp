@@ -1697,6 +1697,13 @@ void Emitter::lower_matmul(const Node& n) {
     // 6 heads) 21.2 K -> ~10.5 K cycles each, with the runs through the tiles below.
     constexpr int64_t kPackTiles = 8, kPackRows = 128;
     int64_t P = 1;
+    // Packs of p tiles (p = 1: none, the rings above).
+    auto set_packs = [&, panels1 = panels, BS1 = BS, OBUF1 = OBUF](int64_t p) {
+      P = p;
+      panels = p > 1 ? 3 * p : panels1;
+      BS = p > 1 ? 3 * p : BS1;
+      OBUF = p > 1 ? 2 * p : OBUF1;
+    };
     if (own_b_batches && np == 1 && chunks <= LB && M <= kPackRows && N <= cw * C && !transposed && !has_full &&
         !in_place && shifted.tap_rows.empty()) {
       // A core's tiles are batch elements c, c + cores, ... (one tile each); the pack of
@@ -1713,8 +1720,7 @@ void Emitter::lower_matmul(const Node& n) {
         return true;
       };
       for (int64_t p = kPackTiles; p > 1 && P == 1; --p)
-        if (spaced(p, a_at) && spaced(p, b_at) && spaced(p, o_at)) P = p;
-      if (P > 1) panels = 3 * P, BS = 3 * P, OBUF = 2 * P;
+        if (spaced(p, a_at) && spaced(p, b_at) && spaced(p, o_at)) set_packs(p);
     }
     // Row pieces of the core's first pass (at most kFirstPieceRows rows: their LHS rows
     // arrive about as fast as the MXUs use them) and of its last (kLastPieceRows), at
@@ -1736,7 +1742,7 @@ void Emitter::lower_matmul(const Node& n) {
     };
     // Rows up to 256 first (an mswap per Mt/8 blocks), then panel rows of kRunBytes,
     // then more rows (fewer weight re-reads), then more columns (fewer LHS re-reads).
-    if (P > 1 && need_s(align_up(M, 8), 1) > vmem_cap) P = 1, panels = 3, BS = 4, OBUF = 2;  // packs do not fit
+    if (P > 1 && need_s(align_up(M, 8), 1) > vmem_cap) set_packs(1);  // packs do not fit
     int64_t Mt = 0, NG = 0;
     auto key = [&](int64_t mt, int64_t ng) {
       return std::make_tuple(std::min<int64_t>(mt, 256), std::min(ng, NGr), mt, ng);
@@ -1752,7 +1758,7 @@ void Emitter::lower_matmul(const Node& n) {
       if (mt == 8) break;
     }
     const int64_t mtiles = Mt > 0 ? (M + Mt - 1) / Mt : 0;
-    if (P > 1 && mtiles != 1) P = 1, panels = 3, BS = 4, OBUF = 2;  // a tile a batch element, or no packs
+    if (P > 1 && mtiles != 1) set_packs(1);  // a tile a batch element, or no packs
     const bool split_cols = Mt > 0 && batches * mtiles < cores_ && ngroups > 1;
     if (split_cols) NG = band_width_for_cores(batches * mtiles, NG);
     // A pass whose panel the MXUs push faster than a DMA brings it (few rows: layer4's
