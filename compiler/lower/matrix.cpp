@@ -257,14 +257,18 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   const auto po = planes_out_.find(last.output);
   const bool planes_out = po != planes_out_.end();
   const int64_t Xq = planes_in ? X.addr : place_hbm(NB * image);
-  // Small images go through the MXUs as one tall matmul over the batch: with one phase
-  // an image's planes are one plane, image b's rows follow image b - 1's, so matmul row
-  // b * prow + r is image b's row r, and rows r >= M1 between images are computed and
-  // dropped. Taken where an image's weights outweigh its rows twice (per image, each
-  // would fetch and push all the weights for its few rows: resnet50's layer4, 63 rows
-  // an image against 4.7 MB of weights), or where the dropped rows are at most 1/16.
-  const bool tall = nph == 1 && NB > 1 && (CO * esz(Wt.type.dtype) > 2 * M1 * ex || (prow - M1) * 16 <= M1) &&
+  // Small images go through the MXUs as one tall matmul over the batch: the planes are
+  // laid out phase by phase, each phase's of every image in turn, so image b's rows of
+  // a plane follow image b - 1's, matmul row b * prow + r is image b's row r, and rows
+  // r >= M1 between images are computed and dropped. Taken where an image's weights
+  // outweigh its rows twice (per image, each would fetch and push all the weights for
+  // its few rows: resnet50's layer4, 63 rows an image against 4.7 MB of weights, and
+  // its stride-2 conv of 4 phases, 56 rows an image), or where the dropped rows are at
+  // most 1/16 and a phase (a strided conv's 1/16 holds in no preset model).
+  const bool tall = NB > 1 && (CO * esz(Wt.type.dtype) > 2 * M1 * ex || (nph == 1 && (prow - M1) * 16 <= M1)) &&
                     (!planes_out || prow * CO * eo == po->second.image);
+  // Plane k of image b is at Xq + b * istride + k * pstride.
+  const int64_t istride = tall ? prow * CI * ex : image, pstride = tall ? NB * prow * CI * ex : prow * CI * ex;
   const int64_t ystride = tall ? prow * CO * eo : ybytes;  // an image's result rows
   const int64_t MB = tall ? 1 : NB, MR = tall ? (NB - 1) * prow + M1 : M1;  // the matmul's batches and rows
   const int64_t Y = planes_out ? t_.at(last.output).addr + po->second.shift * CO * eo : place_hbm(NB * ystride);
@@ -277,8 +281,12 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   // (a band a core when the images do not give each core one): the input rows a band
   // uses come in as one DMA, the band's rows of every phase are zero-filled and then
   // one VMEM -> VMEM gather per phase, and each phase's rows go out as one DMA.
+  struct PlaneBand {
+    int64_t src, src_bytes, dst, dst_bytes;
+    std::vector<Gather> gathers;
+  };
+  std::vector<PlaneBand> bands;
   const int64_t per_image = (cores_ + NB - 1) / NB, band = (Hr + per_image - 1) / per_image;
-  int64_t unit = 0;
   for (int64_t b = 0; b < (planes_in ? 0 : NB); ++b)
     for (int64_t i0 = 0; i0 < Hr; i0 += band) {
       const int64_t i1 = std::min(Hr, i0 + band);
@@ -299,12 +307,46 @@ bool Emitter::lower_conv_shifted(const Node& n) {
                                  dim(j1 - j0, s1 * ex, CI * ex) + dim(CI, (yb - ya) * W * ex, ex) +
                                      dim(r1 - r0, s0 * W * ex, Wq * CI * ex)});
       }
-      on_core(unit++);
       const int64_t rows = std::max<int64_t>(yb - ya, 1);  // a band of padding only still loads a row
-      staged_gather(X.addr + (b * CI * H + std::min(ya, H - 1)) * W * ex, CI * rows * W * ex,
-                    Xq + b * image + i0 * Wq * CI * ex, nph * (i1 - i0) * Wq * CI * ex, gathers, true, 0.0f,
-                    X.type.dtype, nph, prow * CI * ex, {CI, H * W * ex});
+      bands.push_back(PlaneBand{X.addr + (b * CI * H + std::min(ya, H - 1)) * W * ex, CI * rows * W * ex,
+                                Xq + b * istride + i0 * Wq * CI * ex, nph * (i1 - i0) * Wq * CI * ex,
+                                std::move(gathers)});
     }
+  int64_t in_bytes = 0, out_bytes = 0;
+  for (const PlaneBand& pb : bands) {
+    in_bytes = std::max(in_bytes, align_up(pb.src_bytes, kAlign));
+    out_bytes = std::max(out_bytes, align_up(pb.dst_bytes, kAlign));
+  }
+  if (bands.size() > static_cast<size_t>(cores_) && staging_fits(2 * in_bytes, 2 * out_bytes)) {
+    // Two bands a core at least: double-buffered, so a core's next band comes in while
+    // this one is gathered and the one before goes out (one after the other, resnet50's
+    // layer4.0 conv2 at v3 batch 8 spent ~8 K cycles building its planes).
+    const HbmRuns runs{CI, H * W * ex};
+    double_buffered(
+        static_cast<int64_t>(bands.size()),
+        [&](int64_t u, int64_t par) {
+          const PlaneBand& pb = bands[static_cast<size_t>(u)];
+          dma_on(kStreamInFlag + static_cast<int>(par), vmem(par * in_bytes), hbm(pb.src), pb.src_bytes / runs.runs,
+                 dim(runs.runs, runs.stride, pb.src_bytes / runs.runs));
+        },
+        [&](int64_t u, int64_t par) {
+          const PlaneBand& pb = bands[static_cast<size_t>(u)];
+          const int64_t dv = 2 * in_bytes + par * out_bytes, part = pb.dst_bytes / nph;
+          line(std::string("vbcast v0, ") + fimm(0.0f));
+          for (int64_t off = 0; off < pb.dst_bytes; off += kTileElems * ex)
+            line(std::string(Emitter::st(X.type.dtype)) + " v0, " + at(dv + off));
+          run_gathers(par * in_bytes, dv, pb.gathers);
+          for (int64_t k = 0; k < nph; ++k)
+            dma_on(kStreamOutFlag + static_cast<int>(par), hbm(pb.dst + k * pstride), vmem(dv + k * part), part, "");
+        });
+  } else {
+    for (size_t u = 0; u < bands.size(); ++u) {
+      const PlaneBand& pb = bands[u];
+      on_core(static_cast<int64_t>(u));
+      staged_gather(pb.src, pb.src_bytes, pb.dst, pb.dst_bytes, pb.gathers, true, 0.0f, X.type.dtype, nph, pstride,
+                    {CI, H * W * ex});
+    }
+  }
   cur_ = 0;
   t_[tag + "p"] = Placed{TensorType{X.type.dtype, {MB, MR, K}}, Xq};
   t_[tag + "w"] = Placed{TensorType{Wt.type.dtype, {K, CO}}, Wm};
@@ -314,7 +356,7 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   shifted_.image = image;
   shifted_.ci = CI;
   shifted_.prow = prow;
-  for (const auto& [idx, shift] : sp.tap_at) shifted_.tap_rows.push_back(idx * prow + shift);
+  for (const auto& [idx, shift] : sp.tap_at) shifted_.tap_rows.push_back(idx * pstride / (CI * ex) + shift);
   sync_all();
   // Members from the first with an operand of the conv's shape on run on the NCHW bands.
   const size_t on_bands = first_on_bands(n);
@@ -1302,7 +1344,15 @@ void Emitter::lower_matmul(const Node& n) {
   // 7 x 7 conv) are split over the cores by columns, not the rows: each core then
   // reads its part of the larger operand (and pushes its part of it into the MXUs)
   // instead of all of it.
-  const bool cols_over_cores = cores_ > 1 && ngroups >= cores_ && M * batches < N;
+  // A shifted conv's LHS read in place is the planes' rows, CI elements a plane, not K.
+  int64_t lhs_row = K;
+  if (in_place) {
+    std::vector<int64_t> planes;
+    for (const int64_t r : shifted.tap_rows)
+      if (std::find(planes.begin(), planes.end(), r / shifted.prow) == planes.end()) planes.push_back(r / shifted.prow);
+    lhs_row = static_cast<int64_t>(planes.size()) * ci;
+  }
+  const bool cols_over_cores = cores_ > 1 && ngroups >= cores_ && M * batches * lhs_row < N * K;
   const int64_t per_core = align_up(cols_over_cores ? M * batches : (M * batches + cores_ - 1) / cores_, 8);
   // Column groups per band when `row_units` units of rows (or row tiles) leave cores
   // idle: bands enough for a core each (at most one a group), at most `width` groups
@@ -1822,7 +1872,22 @@ void Emitter::lower_matmul(const Node& n) {
         // z % panels, band y slot y % BS; with packs (np = nbands = 1: z = y = the tile)
         // the fetch of a pack's first tile brings the pack, and a pack has one flag.
         auto tile_of_pass = [&](int64_t z) { return tiles[static_cast<size_t>(z / np)]; };
-        const int64_t Z = static_cast<int64_t>(tiles.size()) * np, Y = static_cast<int64_t>(tiles.size()) * nbands;
+        // A tile whose LHS band is the tile before's (one A for the batch: the weights of a
+        // pointwise conv's W x X, a tile an image) reads that band where it lies, so the
+        // core brings its weights once instead of once an image (resnet50's layer4 1 x 1
+        // convs at batch 8: 2 MB of W x 4 images a core). tile_band: each tile's band
+        // (of nbands), band_tile: the first tile of each.
+        std::vector<int64_t> tile_band, band_tile;
+        for (size_t ti = 0; ti < tiles.size(); ++ti) {
+          const bool same = ti > 0 && nbands == 1 && P == 1 && shifted.tap_rows.empty() &&
+                            tiles[ti].m0 == tiles[ti - 1].m0 && tiles[ti].mr == tiles[ti - 1].mr &&
+                            a_at(tiles[ti].b) == a_at(tiles[ti - 1].b);
+          if (!same) band_tile.push_back(static_cast<int64_t>(ti));
+          tile_band.push_back(static_cast<int64_t>(band_tile.size()) - 1);
+        }
+        const int64_t Z = static_cast<int64_t>(tiles.size()) * np, Y = static_cast<int64_t>(band_tile.size()) * nbands;
+        line("# k-streamed tiles: " + std::to_string(tiles.size()) + " tiles, " + std::to_string(band_tile.size()) +
+             " lhs rows");
         auto slot_flag = [&](int64_t z) { return kSlotFlag + static_cast<int>(z % panels / P); };
         auto band_flag = [&](int64_t y) { return kBandFlag + static_cast<int>(y % BS / P); };
         // The pack dimension of the transfer of tile t (its first tile): src / dst strides
@@ -1843,7 +1908,7 @@ void Emitter::lower_matmul(const Node& n) {
         // Rows [r0, r1) of the tile (all of them by default).
         auto fetch_band = [&](int64_t y, int64_t r0 = 0, int64_t r1 = -1) {
           if (y % P) return;
-          const Tile tl = tiles[static_cast<size_t>(y / nbands)];
+          const Tile tl = tiles[static_cast<size_t>(band_tile[static_cast<size_t>(y / nbands)])];
           if (r1 < 0) r1 = tl.mr;
           const int64_t k0 = (y % nbands) * LB * R, lcols = std::min(K, k0 + LB * R) - k0;
           lhs_dma(band_flag(y), lbase + (y % BS) * lhs_band_bytes(Mt), tl.b, tl.m0, r0, r1, k0, lcols, Mt,
@@ -1946,7 +2011,7 @@ void Emitter::lower_matmul(const Node& n) {
           }
           // Pass z of the core (panel slot z % panels) and LHS band y (slot y % BS).
           auto z_of = [&](const KStep& ks) { return static_cast<int64_t>(ks.ti) * np + ks.ps.p; };
-          auto y_of = [&](const KStep& ks) { return static_cast<int64_t>(ks.ti) * nbands + ks.ps.c0 / LB; };
+          auto y_of = [&](const KStep& ks) { return tile_band[ks.ti] * nbands + ks.ps.c0 / LB; };
           auto w_at = [&](int64_t q, int64_t w, int64_t k, int64_t r) {
             const KStep& ks = seq[static_cast<size_t>(q)];
             return (z_of(ks) % panels) * panel + (k * R + r) * wsp + (ks.ps.t * cw + w) * C * eb;
@@ -2326,11 +2391,16 @@ void Emitter::lower_matmul(const Node& n) {
         epi_fetch(0);
         if (nsub > 1) epi_fetch(1);
       }
-      for (int64_t q = 0; q < std::min<int64_t>(kSlots - 1, Q); ++q) fetched[static_cast<size_t>(q)] = fetch(q);
-      if (!vec_loaded[static_cast<size_t>(cur_)] && vec_bytes > 0) {  // behind the first passes' fetches
-        load_replicated();
-        wait_dmas();
+      // The replicated operands go behind pass 0's fetches, ahead of the later passes':
+      // behind all of them a bias tile waited for a DMA engine while the MXUs had pass
+      // 0's weights and rows (v3 bf16 batch 1: resnet50 344,380 -> 336,019 cycles,
+      // resnet18 157,524 -> 153,863).
+      const bool load_vec = !vec_loaded[static_cast<size_t>(cur_)] && vec_bytes > 0;
+      for (int64_t q = 0; q < std::min<int64_t>(kSlots - 1, Q); ++q) {
+        fetched[static_cast<size_t>(q)] = fetch(q);
+        if (q == 0 && load_vec) load_replicated();
       }
+      if (load_vec) wait_dmas();
       vec_loaded[static_cast<size_t>(cur_)] = true;
       spread_per_row(m0, mr);
       wait_pass(0);

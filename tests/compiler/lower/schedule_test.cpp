@@ -7,6 +7,7 @@
 // im2col/pooling gathers.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -146,6 +147,19 @@ int count_of(const std::string& s, const std::string& what) {
   return n;
 }
 
+// The K-streamed tiles' comment on each core that runs them: its tiles and how many
+// LHS row bands of them it fetches (tiles with the tile before's rows of one A reuse them).
+constexpr const char* kTilesMark = "# k-streamed tiles: ";
+std::vector<std::pair<int, int>> tiled_cores(const std::string& as) {
+  std::vector<std::pair<int, int>> r;
+  for (size_t at = as.find(kTilesMark); at != std::string::npos; at = as.find(kTilesMark, at + 1)) {
+    int tiles = 0, rows = 0;
+    std::sscanf(as.c_str() + at + std::strlen(kTilesMark), "%d tiles, %d lhs rows", &tiles, &rows);
+    r.push_back({tiles, rows});
+  }
+  return r;
+}
+
 // K split over 1..4 MXUs, 1..4 column tiles per pass, ragged last pass and tile.
 TEST(LowerSchedule, MatmulPassShapes) {
   for (auto p : kPolicies) {
@@ -206,7 +220,7 @@ TEST(LowerSchedule, MatmulNextUnitLhsPrefetch) {
     for (const std::string& ir : {graph(false), graph(true)})
       for (int cores : {1, 2}) {
         const std::string as = expect_bit_exact(ir, p, target(2, 16, 16, 320ull << 10), cores);
-        EXPECT_EQ(count_of(as, ", flag=f14\n"), 0) << "took the K-streamed tiles";
+        EXPECT_TRUE(tiled_cores(as).empty()) << "took the K-streamed tiles";
         const int fetches = count_of(as, ", flag=f13\n"), waits = count_of(as, "  wait f13, ");
         EXPECT_GT(fetches, 0) << "no next-unit LHS prefetch: policy " << num::precision_policy_name(p) << ", cores "
                               << cores << "\n" << ir;
@@ -220,13 +234,15 @@ TEST(LowerSchedule, MatmulNextUnitLhsPrefetch) {
 // in VMEM while K streams through LHS band slots (f13/f14) and weight panels. Ragged
 // M, K and N, A and A^T, 1 and 2 cores, narrow (16x16) and full-width (128x128)
 // MXUs, a row-vector bias with a fused relu, batches; bit-exact with the race checker.
-// The marker: the second LHS band slot's flag (f14) is fetched and waited on.
+// The marker: the tiles' comment; each band slot fetched (f13, f14) is waited on.
 TEST(LowerSchedule, MatmulKStreamedTiles) {
   auto check = [](const std::string& ir, PrecisionPolicy p, const isa::Target& t, int cores) {
     const std::string as = expect_bit_exact(ir, p, t, cores);
-    const int fetches = count_of(as, ", flag=f14\n"), waits = count_of(as, "  wait f14, ");
-    EXPECT_GT(fetches, 0) << "not the K-streamed schedule: cores " << cores << "\n" << ir;
-    EXPECT_GT(waits, 0) << "a band fetched on f14 is never waited on";
+    EXPECT_FALSE(tiled_cores(as).empty()) << "not the K-streamed schedule: cores " << cores << "\n" << ir;
+    EXPECT_GT(count_of(as, ", flag=f13\n"), 0) << "no LHS band fetched";
+    for (const char* f : {"f13", "f14"})
+      EXPECT_EQ(count_of(as, std::string(", flag=") + f + "\n") > 0, count_of(as, std::string("  wait ") + f + ", ") > 0)
+          << "a band fetched on " << f << " is never waited on";
   };
   for (auto p : kPolicies) {
     const int64_t M = 61, K = p == PrecisionPolicy::kBf16 ? 2060 : 1030, N = 37;
@@ -250,8 +266,10 @@ TEST(LowerSchedule, MatmulKStreamedTiles) {
 // Fewer rows than columns (a batch-1 classifier, a 7 x 7 conv): the cores take bands of
 // columns instead of rows, so each pushes (and reads) only its band's weights: over the
 // cores every weight row is pushed as often as on one core. Bit-exact with the race
-// checker (cores store interleaved column bands of the same rows) on the resident
-// schedule (a GEMV with a bias, 2 and 3 cores) and the K-streamed one (f14 fetched).
+// checker (cores store interleaved column bands of the same rows), 2 and 3 cores, a
+// GEMV with a bias among them. Weight-bound column bands take the K-streamed tiles
+// (their panels arrive while the MXUs push the ones before), each core's tiles one band
+// of rows fetched once.
 TEST(LowerSchedule, MatmulFewRowsSplitsColumnsOverCores) {
   auto pushes = [](const std::string& ir, PrecisionPolicy p, const isa::Target& t, int cores) {
     const LowerResult lr = lower_with(ir, p, t, cores);
@@ -273,7 +291,10 @@ TEST(LowerSchedule, MatmulFewRowsSplitsColumnsOverCores) {
       const int one = pushes(ir, p, t, 1).at(0);
       for (int cores : {2, 3}) {
         const std::string as = expect_bit_exact(ir, p, t, cores);
-        EXPECT_EQ(count_of(as, ", flag=f14\n") > 0, streamed) << "the K-streamed schedule is f14's";
+        const auto tc = tiled_cores(as);
+        EXPECT_FALSE(tc.empty()) << "not the K-streamed tiles";
+        for (const auto& [tiles, rows] : tc)
+          if (!streamed) EXPECT_EQ(rows, 1) << "a core's rows fetched again for its next column tile";
         const std::vector<int> each = pushes(ir, p, t, cores);
         int sum = 0;
         for (int c : each) {
@@ -371,8 +392,9 @@ TEST(LowerSchedule, MatmulUnitsDoNotWaitForTheirStores) {
 
 // Batches of matmuls with a B each (attention's per-head products; a pointwise conv's
 // images, 300 rows of W each) take the K-streamed tiles (fetched ahead across a core's
-// tiles: f14 in use); with one B for the whole batch they keep the resident plan (no
-// f14). Bit-exact, 1 and 2 cores.
+// tiles: f14 in use for attention's LHS of its own each); the images' tiles share one
+// W, so each core fetches its rows once for all its images, not once an image. With
+// one B for the whole batch they keep the resident plan. Bit-exact, 1 and 2 cores.
 // One-pass tiles keep four bands in flight and alternate two output buffers.
 TEST(LowerSchedule, MatmulBatchesWithTheirOwnWeightsTakeTheTiles) {
   const std::string own =
@@ -389,9 +411,13 @@ TEST(LowerSchedule, MatmulBatchesWithTheirOwnWeightsTakeTheTiles) {
     for (int cores : {1, 2}) {
       EXPECT_GT(count_of(expect_bit_exact(own, p, target(2, 16, 16), cores), ", flag=f14\n"), 0)
           << "not the K-streamed tiles: cores " << cores;
-      EXPECT_GT(count_of(expect_bit_exact(images, p, target(2, 128, 128), cores), ", flag=f14\n"), 0)
-          << "the images' tiles of 300 rows not the K-streamed tiles: cores " << cores;
-      EXPECT_EQ(count_of(expect_bit_exact(shared, p, target(2, 16, 16), cores), ", flag=f14\n"), 0)
+      const auto tc = tiled_cores(expect_bit_exact(images, p, target(2, 128, 128), cores));
+      ASSERT_EQ(tc.size(), static_cast<size_t>(cores)) << "the images' tiles of 300 rows not the K-streamed tiles";
+      for (const auto& [tiles, rows] : tc) {
+        EXPECT_EQ(tiles, 4 / cores) << "a tile an image";
+        EXPECT_EQ(rows, 1) << "W's rows fetched again for another image: cores " << cores;
+      }
+      EXPECT_TRUE(tiled_cores(expect_bit_exact(shared, p, target(2, 16, 16), cores)).empty())
           << "a shared B left the resident plan: cores " << cores;
     }
   // Tiles of one pass (K = 16, one chunk) take four LHS band slots (f13..f16) and two
@@ -769,25 +795,26 @@ TEST(LowerSchedule, ConvResultsStraightIntoTheNextConvsPlanes) {
 // the conv's result is never stored and read back, and with 128-column MXUs the
 // residual comes in sub-bands of the output's column groups, runs of 1 KiB or the
 // row's end, not a tile's 256 B or 512 B. Either operand order (sub is not
-// commutative), a ragged last column tile (480 pixels an image), 1 and 2 cores (the
-// K-streamed tiles and the resident plan).
+// commutative), a ragged last column tile (480 pixels an image), 2 images on 1 and 2
+// cores (the K-streamed tiles) and one on one core (the resident plan).
 TEST(LowerSchedule, PointwiseConvTakesTheResidualInItsEpilogue) {
-  auto graph = [](const std::string& member) {
+  auto graph = [](const std::string& member, int n) {
+    const std::string x = "[" + std::to_string(n) + ",24,12,40]", y = "[" + std::to_string(n) + ",40,12,40]";
     std::ostringstream o;
-    o << "graph r {\n  input %x : f32[2,24,12,40]\n  input %skip : f32[2,40,12,40]\n  const %w : f32[40,24,1,1] = "
+    o << "graph r {\n  input %x : f32" << x << "\n  input %skip : f32" << y << "\n  const %w : f32[40,24,1,1] = "
       << hex_list(random_values(40 * 24, 5)) << "\n  const %b : f32[40] = " << hex_list(random_values(40, 6))
-      << "\n  %c = conv2d(%x, %w, %b) {dilations=[1,1], groups=1, pads=[0,0,0,0], strides=[1,1]} : f32[2,40,12,40] #1"
-      << "\n  %a = " << member << " : f32[2,40,12,40] #2\n  %r = relu(%a) : f32[2,40,12,40] #3\n  output %r\n}\n";
+      << "\n  %c = conv2d(%x, %w, %b) {dilations=[1,1], groups=1, pads=[0,0,0,0], strides=[1,1]} : f32" << y << " #1"
+      << "\n  %a = " << member << " : f32" << y << " #2\n  %r = relu(%a) : f32" << y << " #3\n  output %r\n}\n";
     return o.str();
   };
   for (auto p : kPolicies)
     for (const std::string member : {"add(%c, %skip)", "sub(%skip, %c)", "sub(%c, %skip)"})
       for (uint32_t rows : {16u, 128u})
-        for (int cores : {1, 2}) {
-          const std::string as = expect_bit_exact(graph(member), p, target(2, rows, rows), cores);
-          // On one core the 2 images (a B each) take the K-streamed tiles (f14: their
-          // second LHS band slot), whose tiles fetch the residual a tile ahead.
-          EXPECT_EQ(count_of(as, ", flag=f14\n") > 0, cores == 1) << member;
+        for (const auto& [n, cores] : {std::pair{1, 1}, {2, 1}, {2, 2}}) {
+          const std::string as = expect_bit_exact(graph(member, n), p, target(2, rows, rows), cores);
+          // 2 images (a B each) take the K-streamed tiles, whose tiles fetch the residual
+          // a tile ahead; one image on one core the resident plan.
+          EXPECT_EQ(!tiled_cores(as).empty(), n == 2) << member << " " << n << " " << cores;
           EXPECT_EQ(as.find("  op 2\n"), std::string::npos) << member;
           EXPECT_EQ(as.find("  op 3\n"), std::string::npos) << member;
           // The residual's loads (f6/f7): with 128-column MXUs runs of 1 KiB or the rest
@@ -821,11 +848,13 @@ TEST(LowerSchedule, BatchesThatShareWeightsFetchAndPushThemOnce) {
       }
     return std::make_pair(loaded, pushes);
   };
-  auto conv = [](int64_t nb) {
+  // s: the stride (2: four phases of planes, each phase's planes of the batch in turn).
+  auto conv = [](int64_t nb, int s = 1) {
+    const int64_t h = 3 * s;
     std::ostringstream o;
-    o << "graph c {\n  input %x : f32[" << nb << ",64,3,3]\n  const %w : f32[40,64,3,3] = "
+    o << "graph c {\n  input %x : f32[" << nb << ",64," << h << "," << h << "]\n  const %w : f32[40,64,3,3] = "
       << hex_list(random_values(40 * 64 * 9, 3)) << "\n  %y = conv2d(%x, %w) {dilations=[1,1], groups=1, "
-      << "pads=[1,1,1,1], strides=[1,1]} : f32[" << nb << ",40,3,3] #1\n  output %y\n}\n";
+      << "pads=[1,1,1,1], strides=[" << s << "," << s << "]} : f32[" << nb << ",40,3,3] #1\n  output %y\n}\n";
     return o.str();
   };
   for (auto p : kPolicies) {
@@ -835,10 +864,16 @@ TEST(LowerSchedule, BatchesThatShareWeightsFetchAndPushThemOnce) {
       const std::string mm = matmul_ir(16, 64, 24, "", "", "4,");
       expect_bit_exact(mm, p, target(2, 16, 16), cores);
       EXPECT_LE(summary(mm, p, target(2, 16, 16), cores).first, (4 * 16 * 64 + cores * 64 * 24) * e) << cores;
-      // 4 images of 3 x 5 matmul rows against 40 x 576 weights.
+      // 4 images of 3 x 5 matmul rows against 40 x 576 weights; with stride 2, 3 x 4.
+      // The stride-2 planes are built two images a core at least, double-buffered (the
+      // second input buffer's flag, f15).
       expect_bit_exact(conv(4), p, target(2, 128, 128), cores);
+      EXPECT_GT(count_of(expect_bit_exact(conv(4, 2), p, target(2, 128, 128), cores), ", flag=f15\n"), 0) << cores;
     }
-    EXPECT_EQ(summary(conv(4), p, target(2, 128, 128), 1).second, summary(conv(1), p, target(2, 128, 128), 1).second);
+    for (int s : {1, 2})
+      EXPECT_EQ(summary(conv(4, s), p, target(2, 128, 128), 1).second,
+                summary(conv(1, s), p, target(2, 128, 128), 1).second)
+          << "the weights pushed again for another image: stride " << s;
   }
 }
 
