@@ -263,8 +263,8 @@ bool Emitter::lower_conv_shifted(const Node& n) {
   // r >= M1 between images are computed and dropped. Taken where an image's weights
   // outweigh its rows twice (per image, each would fetch and push all the weights for
   // its few rows: resnet50's layer4, 63 rows an image against 4.7 MB of weights, and
-  // its stride-2 conv of 4 phases, 56 rows an image), or where the dropped rows are at
-  // most 1/16 and a phase (a strided conv's 1/16 holds in no preset model).
+  // its stride-2 conv of 4 phases, 56 rows an image), or, with one phase, where the
+  // dropped rows are at most 1/16.
   const bool tall = NB > 1 && (CO * esz(Wt.type.dtype) > 2 * M1 * ex || (nph == 1 && (prow - M1) * 16 <= M1)) &&
                     (!planes_out || prow * CO * eo == po->second.image);
   // Plane k of image b is at Xq + b * istride + k * pstride.
@@ -318,8 +318,8 @@ bool Emitter::lower_conv_shifted(const Node& n) {
     out_bytes = std::max(out_bytes, align_up(pb.dst_bytes, kAlign));
   }
   if (bands.size() > static_cast<size_t>(cores_) && staging_fits(2 * in_bytes, 2 * out_bytes)) {
-    // Two bands a core at least: double-buffered, so a core's next band comes in while
-    // this one is gathered and the one before goes out (one after the other, resnet50's
+    // More bands than cores: double-buffered, so a core's next band comes in while this
+    // one is gathered and the one before goes out (one after the other, resnet50's
     // layer4.0 conv2 at v3 batch 8 spent ~8 K cycles building its planes).
     const HbmRuns runs{CI, H * W * ex};
     double_buffered(
