@@ -275,6 +275,9 @@ class Emitter {
   // The gathers from an image staged at VMEM sv into one at dv (VMEM -> VMEM DMAs on
   // f1), all waited for.
   void run_gathers(int64_t sv, int64_t dv, const std::vector<Gather>& gathers);
+  // VMEM [addr, addr + bytes) filled with `value` of dtype dt: one vst per tile (8 x 128
+  // elements) from v0.
+  void fill_vmem(int64_t addr, int64_t bytes, float value, DType dt);
   void staged_gather(int64_t src, int64_t src_bytes, int64_t dst, int64_t dst_bytes, const std::vector<Gather>& gathers,
                      bool fill, float fill_value, DType fill_dt, int64_t planes = 1, int64_t plane_stride = 0,
                      HbmRuns src_runs = {1, 0}, HbmRuns dst_runs = {1, 0}, const Relayout* relayout = nullptr);

@@ -332,9 +332,7 @@ bool Emitter::lower_conv_shifted(const Node& n) {
         [&](int64_t u, int64_t par) {
           const PlaneBand& pb = bands[static_cast<size_t>(u)];
           const int64_t dv = 2 * in_bytes + par * out_bytes, part = pb.dst_bytes / nph;
-          line(std::string("vbcast v0, ") + fimm(0.0f));
-          for (int64_t off = 0; off < pb.dst_bytes; off += kTileElems * ex)
-            line(std::string(Emitter::st(X.type.dtype)) + " v0, " + at(dv + off));
+          fill_vmem(dv, pb.dst_bytes, 0.0f, X.type.dtype);
           run_gathers(par * in_bytes, dv, pb.gathers);
           for (int64_t k = 0; k < nph; ++k)
             dma_on(kStreamOutFlag + static_cast<int>(par), hbm(pb.dst + k * pstride), vmem(dv + k * part), part, "");
@@ -1340,18 +1338,36 @@ void Emitter::lower_matmul(const Node& n) {
   // (the LHS is then read once per band); streaming through a ring of weight tiles
   // only if even one group's weights do not fit.
   const int64_t ngroups = (ntiles + cw - 1) / cw;
+  // Plane rows in place: the segment of each plane the taps read, rows [lo, hi + cap)
+  // for a unit of `cap` rows (lo, hi the taps' least and greatest shift on it), with 8
+  // rows to spare for a ragged last block and a tile before it for a second run's vld
+  // address (lanes below its mask are not read); each segment starts on a tile.
+  struct Segment {
+    int64_t plane, lo, hi;
+  };
+  std::vector<Segment> segs;
+  auto seg_of = [&](int64_t t) {  // the segment holding tap t's rows
+    for (size_t s = 0; s < segs.size(); ++s)
+      if (segs[s].plane == tap_row(t) / shifted.prow) return static_cast<int64_t>(s);
+    return int64_t{-1};
+  };
+  if (in_place)
+    for (int64_t t = 0; t < static_cast<int64_t>(shifted.tap_rows.size()); ++t) {
+      const int64_t s = seg_of(t);
+      if (s < 0) {
+        segs.push_back(Segment{tap_row(t) / shifted.prow, tap_row(t), tap_row(t)});
+      } else {
+        Segment& g = segs[static_cast<size_t>(s)];
+        g.lo = std::min(g.lo, tap_row(t));
+        g.hi = std::max(g.hi, tap_row(t));
+      }
+    }
   // Weights wider than the LHS is tall (a batch-1 classifier or transformer layer, a
   // 7 x 7 conv) are split over the cores by columns, not the rows: each core then
   // reads its part of the larger operand (and pushes its part of it into the MXUs)
   // instead of all of it.
-  // A shifted conv's LHS read in place is the planes' rows, CI elements a plane, not K.
-  int64_t lhs_row = K;
-  if (in_place) {
-    std::vector<int64_t> planes;
-    for (const int64_t r : shifted.tap_rows)
-      if (std::find(planes.begin(), planes.end(), r / shifted.prow) == planes.end()) planes.push_back(r / shifted.prow);
-    lhs_row = static_cast<int64_t>(planes.size()) * ci;
-  }
+  // A shifted conv's LHS read in place is its planes' rows, CI elements a plane, not K.
+  const int64_t lhs_row = in_place ? static_cast<int64_t>(segs.size()) * ci : K;
   const bool cols_over_cores = cores_ > 1 && ngroups >= cores_ && M * batches * lhs_row < N * K;
   const int64_t per_core = align_up(cols_over_cores ? M * batches : (M * batches + cores_ - 1) / cores_, 8);
   // Column groups per band when `row_units` units of rows (or row tiles) leave cores
@@ -1374,31 +1390,7 @@ void Emitter::lower_matmul(const Node& n) {
   // DMA and the vlds of another band touch disjoint byte ranges (race checker).
   const int64_t ls = odd_stride(((std::min(LB, chunks) - 1) * R + 128) * ea, lrow);
   const int64_t lbands = (chunks + LB - 1) / LB;
-  // Plane rows in place: the segment of each plane the taps read, rows [lo, hi + cap)
-  // for a unit of `cap` rows (lo, hi the taps' least and greatest shift on it), with 8
-  // rows to spare for a ragged last block and a tile before it for a second run's vld
-  // address (lanes below its mask are not read); each segment starts on a tile.
   const int64_t pix = ci * ea, kLead = 512;
-  struct Segment {
-    int64_t plane, lo, hi;
-  };
-  std::vector<Segment> segs;
-  auto seg_of = [&](int64_t t) {  // the segment holding tap t's rows
-    for (size_t s = 0; s < segs.size(); ++s)
-      if (segs[s].plane == tap_row(t) / shifted.prow) return static_cast<int64_t>(s);
-    return int64_t{-1};
-  };
-  if (in_place)
-    for (int64_t t = 0; t < static_cast<int64_t>(shifted.tap_rows.size()); ++t) {
-      const int64_t s = seg_of(t);
-      if (s < 0) {
-        segs.push_back(Segment{tap_row(t) / shifted.prow, tap_row(t), tap_row(t)});
-      } else {
-        Segment& g = segs[static_cast<size_t>(s)];
-        g.lo = std::min(g.lo, tap_row(t));
-        g.hi = std::max(g.hi, tap_row(t));
-      }
-    }
   auto seg_bytes = [&](const Segment& g, int64_t cap) {
     return kLead + align_up((cap + 8 + g.hi - g.lo) * pix + 256, 512);
   };

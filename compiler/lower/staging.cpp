@@ -35,13 +35,7 @@ int64_t Emitter::gather_in_vmem(int64_t src, int64_t src_bytes, int64_t dst_byte
   const int64_t sv = relayout ? rv : 0, dv = rv + (relayout ? align_up(relayout->bytes, kAlign) : 0);
   dma(vmem(0), hbm(src), src_bytes / src_runs.runs,
       src_runs.runs > 1 ? dim(src_runs.runs, src_runs.stride, src_bytes / src_runs.runs) : std::string());
-  if (fill) {
-    // One vst per tile: 8 x 128 elements of the fill value.
-    const int64_t tile = kTileElems * esz(fill_dt), fv = relayout ? rv : dv;
-    line("vbcast v0, " + fimm(fill_value));
-    for (int64_t off = 0; off < (relayout ? relayout->bytes : dst_bytes); off += tile)
-      line(std::string(st(fill_dt)) + " v0, " + at(fv + off));
-  }
+  if (fill) fill_vmem(relayout ? rv : dv, relayout ? relayout->bytes : dst_bytes, fill_value, fill_dt);
   wait_dmas();
   if (relayout) {
     const Gather& g = relayout->gather;
@@ -50,6 +44,11 @@ int64_t Emitter::gather_in_vmem(int64_t src, int64_t src_bytes, int64_t dst_byte
   }
   run_gathers(sv, dv, gathers);
   return dv;
+}
+
+void Emitter::fill_vmem(int64_t addr, int64_t bytes, float value, DType dt) {
+  line("vbcast v0, " + fimm(value));
+  for (int64_t off = 0; off < bytes; off += kTileElems * esz(dt)) line(std::string(st(dt)) + " v0, " + at(addr + off));
 }
 
 void Emitter::run_gathers(int64_t sv, int64_t dv, const std::vector<Gather>& gathers) {
