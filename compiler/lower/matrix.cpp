@@ -223,10 +223,7 @@ void Emitter::zero_planes_padding(int64_t addr, const PlanesOut& po, int64_t NB,
   for (int64_t b = 0; b < NB; ++b) {
     on_core(b);
     const int64_t base = addr + b * po.image;
-    if (b < cores_) {  // the core's zeros
-      line("vbcast v0, 0.0");
-      for (int64_t off = 0; off < zbytes; off += kTileElems * eo) line(std::string(st(dt)) + " v0, " + at(off));
-    }
+    if (b < cores_) fill_vmem(0, zbytes, 0.0f, dt);  // the core's zeros
     if (head > 0) dma(hbm(base), vmem(0), head * px, "");
     if (tail > 0) dma(hbm(base + (head + OH * Wq) * px), vmem(0), tail * px, "");
     if (Wq > OW) dma(hbm(base + (head + OW) * px), vmem(0), (Wq - OW) * px, dim(OH, 0, Wq * px));
