@@ -379,7 +379,6 @@ class Emitter {
   void lower_all_reduce(const Node& n);  // collective.cpp
   void lower_direct_collective(const Node& n);  // all_gather, reduce_scatter, all_to_all
   // grad.cpp: the training graphs' backward ops (docs/training.md).
-  void lower_relu_grad(const Node& n);
   void lower_maxpool_grad(const Node& n);
   void lower_reverse(const Node& n);
   void lower_im2col(const Node& n);
@@ -490,6 +489,18 @@ class Emitter {
   } planes_store_;
   bool transposed_stored_ = false;  // lower_matmul stored nchw_out_ or planes_store_
   std::vector<isa::IoEntry> extra_consts_;  // constants the lowering lays out itself (conv weights as W[(kh,kw,cin), o])
+  // A conv's weight gradient matmul(im2col(x), im2col(dy, 1x1), trans_a=1) read
+  // straight from x and dy in VMEM (grad.cpp, lower_conv_wgrad): no patches in HBM.
+  // nb: images a VMEM load holds (nb * H * W a multiple of R unless it is the batch).
+  struct WGrad {
+    std::string x, dy;
+    int64_t KH = 0, KW = 0, pt = 0, pl = 0, nb = 0;
+  };
+  std::map<int, WGrad> wgrads_;  // matmul id -> its plan
+  std::set<int> wgrad_skip_;     // the im2cols those plans leave unread (never lowered)
+  void plan_wgrads(const std::map<std::string, size_t>& producer, const std::map<std::string, int>& readers,
+                   const std::set<std::string>& kept);
+  void lower_conv_wgrad(const Node& m);
 };
 
 }  // namespace tpusim::compiler::lowering

@@ -1,48 +1,14 @@
 // Lowerings of the ops the training graphs' backward pass adds (compiler/train,
-// docs/training.md): relu_grad, maxpool_grad, reverse and im2col. Each reproduces
-// its recipe in compiler/ref/evaluate.cpp bit for bit.
+// docs/training.md): maxpool_grad, reverse and im2col (relu_grad is an elementwise
+// stream, lower_elementwise). Each reproduces its recipe in compiler/ref/evaluate.cpp
+// bit for bit.
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "compiler/lower/emitter.h"
 
 namespace tpusim::compiler::lowering {
-
-// relu_grad(dy, x) = x > +0.0 ? dy : +0.0: chunks of up to 16 8x128 tiles are
-// DMA'd in (one DMA per operand, so the transfer latency is paid once per chunk),
-// each tile `vcmp.lt` + `vsel`, and the chunk DMA'd out. vsel moves dy's stored
-// bits unchanged, so the store rounding of an already stored value is exact under
-// both policies. A ragged last tile computes on stale VMEM lanes that are never
-// stored back.
-void Emitter::lower_relu_grad(const Node& n) {
-  const Placed& DY = t_.at(n.inputs[0]);
-  const Placed& X = t_.at(n.inputs[1]);
-  const int64_t total = num_elements(n.type.shape);
-  const DType dt = DY.type.dtype, xt = X.type.dtype, ot = n.type.dtype;
-  const int64_t dst = t_.at(n.output).addr;
-  constexpr int64_t kTiles = 16, kChunk = kTiles * kTileElems, kTileBytes = kTileElems * 4;
-  constexpr int64_t kDy = 0, kX = kTiles * kTileBytes, kOut = 2 * kTiles * kTileBytes;
-  sync_all();
-  for (cur_ = 0; cur_ < cores_; ++cur_) line("vbcast v3, 0.0");
-  cur_ = 0;
-  for (int64_t base = 0; base < total; base += kChunk) {
-    on_core(base / kChunk);
-    const int64_t cnt = std::min(kChunk, total - base);
-    // Tiles are dense in VMEM at their dtype's size (vld/vst.bf16 read 2-byte lanes).
-    dma(vmem(kDy), hbm(DY.addr + base * esz(dt)), cnt * esz(dt));
-    dma(vmem(kX), hbm(X.addr + base * esz(xt)), cnt * esz(xt));
-    wait_dmas();
-    for (int64_t t = 0; t * kTileElems < cnt; ++t) {
-      line(std::string(ld(dt)) + " v0, " + at(kDy + t * kTileElems * esz(dt)));
-      line(std::string(ld(xt)) + " v1, " + at(kX + t * kTileElems * esz(xt)));
-      line("vcmp.lt m1, v3, v1");
-      line("vsel v2, m1, v0, v3");
-      line(std::string(st(ot)) + " v2, " + at(kOut + t * kTileElems * esz(ot)));
-    }
-    dma(hbm(dst + base * esz(ot)), vmem(kOut), cnt * esz(ot));
-    wait_dmas();
-  }
-}
 
 // reverse: DMAs with negative strides on the reversed axes. Adjacent axes reversed
 // alike merge into one (a conv weight's (kh, kw) is one reversed axis of KH x KW).
@@ -297,6 +263,236 @@ void Emitter::lower_maxpool_grad(const Node& n) {
   }
   for (int64_t kh = 0; kh < k[0]; ++kh)
     for (int64_t kw = 0; kw < k[1]; ++kw) tap_dmas(false, kh, kw);
+}
+
+namespace {
+
+// Bytes of VMEM one core's share of a weight gradient needs with `nb` images a load
+// (lower_conv_wgrad's layout): the masks, x's channels (8 rows a group) with a guard
+// either side for the taps' displacements, dy's channels, the accumulators.
+struct WGradVmem {
+  int64_t masks, guard, x, x_rows, dy, acc, total;
+};
+WGradVmem wgrad_vmem(int64_t nb, int64_t HW, int64_t W, int64_t CI, int64_t CO, int64_t KH, int64_t KW, int64_t ex,
+                     int64_t eg, int64_t phases, int64_t cores, int64_t R) {
+  WGradVmem v{};
+  const int64_t cig = (CI + 7) / 8, mine = (cig + cores - 1) / cores;
+  v.masks = align_up(phases * KH * KW * R * 4, kAlign);
+  v.guard = align_up((KH * W + KW + R) * ex, kAlign);
+  v.x_rows = nb * HW * ex;
+  v.x = align_up(mine * 8 * v.x_rows, kAlign) + 2 * v.guard;
+  v.dy = align_up(((CO + 7) / 8 * 8 * nb * HW + R) * eg, kAlign);
+  v.acc = KH * KW * mine * kTileElems * 4;
+  v.total = v.masks + v.x + v.dy + v.acc + v.acc / 2;  // and the bf16 result's tiles
+  return v;
+}
+
+}  // namespace
+
+// The weight gradient of a stride-1 conv whose output is its input's size (the
+// training recipe's dW = matmul(im2col(x, KHxKW, pads), im2col(dy, 1x1), trans_a=1),
+// docs/training.md) is lowered as one kernel when the patches are read by that
+// matmul alone: LHS row (kh, kw, ci) over pixel p is x's channel ci at p + (kh - pt)
+// * W + (kw - pl), +0.0 where the tap falls in the padding, so each chunk of R
+// pixels is one masked vld per 8 channels of x in VMEM, and the chunk's dy columns
+// (mpush.t of dy's own NCHW rows) are the weights. The patches never exist: each
+// was written to HBM, read back, transposed element by element and read again.
+void Emitter::plan_wgrads(const std::map<std::string, size_t>& producer, const std::map<std::string, int>& readers,
+                          const std::set<std::string>& kept) {
+  const int64_t R = opt_.target.mxu_rows;
+  if (R != 128 || opt_.target.mxu_cols < 8 || opt_.target.fifo_rows < 8) return;
+  auto only_reader = [&](const std::string& t) { return readers.count(t) && readers.at(t) == 1 && !kept.count(t); };
+  auto made_by = [&](const std::string& t) -> const Node* {
+    const auto p = producer.find(t);
+    return p == producer.end() ? nullptr : &g_.nodes[p->second];
+  };
+  auto ints_are = [](const Node& n, const char* k, int64_t v) {
+    for (int64_t x : n.attr_ints(k))
+      if (x != v) return false;
+    return true;
+  };
+  for (const Node& m : g_.nodes) {
+    if (m.op != OpKind::kMatmul || m.inputs.size() != 2 || fused_away(m) || !chain_of(m).empty() ||
+        m.type.shape.size() != 2 || !(m.has_attr("trans_a") && m.attr_int("trans_a")) ||
+        (m.has_attr("trans_b") && m.attr_int("trans_b")) || (m.has_attr("alpha") && m.attr_float("alpha") != 1.0f) ||
+        (m.has_attr("beta") && m.attr_float("beta") != 1.0f) || m.inputs[0] == m.inputs[1])
+      continue;
+    const Node* I = made_by(m.inputs[0]);
+    const Node* J = made_by(m.inputs[1]);
+    if (!I || !J || I->op != OpKind::kIm2col || J->op != OpKind::kIm2col || !only_reader(I->output)) continue;
+    if (!ints_are(*I, "strides", 1) || !ints_are(*I, "dilations", 1) || !ints_are(*J, "strides", 1) ||
+        !ints_are(*J, "dilations", 1) || !ints_are(*J, "pads", 0) || !ints_are(*J, "kernel", 1))
+      continue;
+    const TensorType& xt = t_.at(I->inputs[0]).type;
+    const TensorType& gt = t_.at(J->inputs[0]).type;
+    const auto& k = I->attr_ints("kernel");
+    const auto& pads = I->attr_ints("pads");
+    if (xt.shape.size() != 4 || gt.shape.size() != 4 || k.size() != 2 || pads.size() != 4) continue;
+    const int64_t N = xt.shape[0], CI = xt.shape[1], H = xt.shape[2], W = xt.shape[3], CO = gt.shape[1];
+    const int64_t KH = k[0], KW = k[1];
+    // The output is the input's size: a tap is one displacement of the flat pixel index.
+    if (pads[0] + pads[2] != KH - 1 || pads[1] + pads[3] != KW - 1 || gt.shape[0] != N || gt.shape[2] != H ||
+        gt.shape[3] != W || m.type.shape[0] != KH * KW * CI || m.type.shape[1] != CO)
+      continue;
+    const int64_t HW = H * W, ex = esz(xt.dtype), eg = esz(gt.dtype);
+    const int64_t phases = HW / std::gcd(HW, R);
+    if (phases * KH * KW * R * 4 > (int64_t{1} << 20)) continue;  // the tap masks of every chunk phase
+    int64_t nb = 0;
+    for (int64_t b = N; b >= 1 && !nb; --b)
+      if ((b == N || (b * HW) % R == 0) &&
+          static_cast<uint64_t>(wgrad_vmem(b, HW, W, CI, CO, KH, KW, ex, eg, phases, cores_, R).total) <=
+              opt_.target.vmem_bytes)
+        nb = b;
+    if (!nb) continue;
+    wgrads_[m.id] = WGrad{I->inputs[0], J->inputs[0], KH, KW, pads[0], pads[1], nb};
+    wgrad_skip_.insert(I->id);
+    if (only_reader(J->output)) wgrad_skip_.insert(J->id);
+  }
+}
+
+void Emitter::lower_conv_wgrad(const Node& m) {
+  const WGrad& w = wgrads_.at(m.id);
+  const Placed X = t_.at(w.x), DY = t_.at(w.dy);
+  const int64_t N = X.type.shape[0], CI = X.type.shape[1], H = X.type.shape[2], W = X.type.shape[3];
+  const int64_t CO = DY.type.shape[1], HW = H * W, P = N * HW, KK = w.KH * w.KW;
+  const int64_t R = opt_.target.mxu_rows, C = opt_.target.mxu_cols;
+  const int64_t mxus = std::max<int64_t>(1, opt_.target.mxus_per_core);
+  const int64_t lag = std::max<int64_t>(1, std::min<int64_t>(16, opt_.target.fifo_rows / 8) - 2);  // mmuls in flight
+  const DType xt = X.type.dtype, gt = DY.type.dtype;
+  const int64_t ex = esz(xt), eg = esz(gt);
+  const int64_t phases = HW / std::gcd(HW, R), cig = (CI + 7) / 8, nct = (CO + C - 1) / C;
+  const WGradVmem v = wgrad_vmem(w.nb, HW, W, CI, CO, w.KH, w.KW, ex, eg, phases, cores_, R);
+  const int64_t vm_mask = 0, vm_x = v.masks + v.guard, vm_dy = v.masks + v.x, vm_acc = vm_dy + v.dy;
+  const int64_t dw = t_.at(m.output).addr;
+  const DType ot = m.type.dtype;
+  const int64_t eo = esz(ot);
+  // Tap t of a chunk whose first pixel is pixel `phase` of an image: lane l is valid
+  // where the tap lands inside the image (the padding reads +0.0, the masked load's).
+  auto valid = [&](int64_t phase, int64_t t, int64_t l) {
+    const int64_t q = (phase + l) % HW, oh = q / W, ow = q % W;
+    const int64_t ih = oh + t / w.KW - w.pt, iw = ow + t % w.KW - w.pl;
+    return ih >= 0 && ih < H && iw >= 0 && iw < W;
+  };
+  std::vector<bool> full(static_cast<size_t>(phases * KK), true);
+  for (int64_t ph = 0; ph < phases; ++ph)
+    for (int64_t t = 0; t < KK; ++t)
+      for (int64_t l = 0; l < R; ++l) full[static_cast<size_t>(ph * KK + t)] = full[static_cast<size_t>(ph * KK + t)] && valid(ph * R % HW, t, l);
+  const int64_t masks = place_hbm_pinned(phases * KK * R * 4);
+  check_addr(m, hbm_top_);
+  layout_constant(masks, "#wgrad" + std::to_string(m.id) + "m", DType::kF32, {phases * KK, R}, [&](int64_t i) {
+    return valid(i / R / KK * R % HW, i / R % KK, i % R) ? 1.0f : 0.0f;
+  });
+  sync_all();
+  for (int core = 0; core < cores_; ++core) {
+    cur_ = core;
+    const int64_t g0 = cig * core / cores_, g1 = cig * (core + 1) / cores_;
+    if (g0 == g1) continue;
+    const int64_t c0 = 8 * g0, cn = std::min(CI, 8 * g1) - c0;
+    dma(vmem(vm_mask), hbm(masks), phases * KK * R * 4);
+    line("vbcast v21, 0.0");
+    std::vector<std::pair<int64_t, int64_t>> groups;  // (tap, channel group), this core's accumulators in order
+    for (int64_t t = 0; t < KK; ++t)
+      for (int64_t g = g0; g < g1; ++g) groups.emplace_back(t, g);
+    for (int64_t ct = 0; ct < nct; ++ct) {
+      const int64_t col0 = ct * C, cols = std::min(C, CO - col0);
+      for (int64_t n0 = 0; n0 < N; n0 += w.nb) {
+        const int64_t nbg = std::min(w.nb, N - n0), Pg = w.nb * HW, pn = nbg * HW;
+        // x's channels and dy's as [channel][image][pixel] rows of the group's pixels.
+        dma(vmem(vm_x), hbm(X.addr + (n0 * CI + c0) * HW * ex), HW * ex,
+            dim(nbg, CI * HW * ex, HW * ex) + dim(cn, HW * ex, Pg * ex));
+        dma(vmem(vm_dy), hbm(DY.addr + (n0 * CO + col0) * HW * eg), HW * eg,
+            dim(nbg, CO * HW * eg, HW * eg) + dim(cols, HW * eg, Pg * eg));
+        wait_dmas();
+        // A software pipeline: chunk c runs on MXU c % mxus with its own weights; each
+        // LHS is loaded two mmuls ahead, each result popped `lag` mmuls later and stored
+        // four pops later, so no instruction waits on the one before it. Pops go in
+        // issue order: every accumulator adds its chunks in increasing c, the
+        // contract's order.
+        struct Op {
+          std::vector<std::string> pre, load;  // the chunk's weights (its first op), the LHS
+          std::string mmul;
+          int64_t mxu, acc;
+          bool first;
+        };
+        std::vector<Op> ops;
+        for (int64_t pl = 0; pl < pn; pl += R) {
+          const int64_t p = n0 * HW + pl, kc = std::min(R, P - p);
+          const int64_t phase_idx = (p / R) % phases;  // the chunk starts at pixel phase_idx * R % HW of an image
+          const int64_t u = (p / R) % mxus;
+          const std::string mx = "mxu" + std::to_string(u);
+          std::vector<std::string> pre;  // the chunk's dy columns are its MXU's weights (rows >= kc: none)
+          for (int64_t j = 0; j * 8 < cols; ++j) {
+            const std::string vg = "v" + std::to_string(30 + j % 2);
+            pre.push_back(std::string(ld(gt)) + " " + vg + ", " + at(vm_dy + (j * 8 * Pg + pl) * eg) +
+                          ", stride=" + std::to_string(Pg * eg));
+            pre.push_back("mpush.t " + mx + ", " + vg);
+          }
+          pre.push_back("mswap " + mx + (kc < R ? ", k=" + std::to_string(kc) : ""));
+          int64_t mask_tap = -1;
+          for (size_t i = 0; i < groups.size(); ++i) {
+            const int64_t t = groups[i].first, g = groups[i].second;
+            const bool all = full[static_cast<size_t>(phase_idx * KK + t)];
+            Op op{i == 0 ? pre : std::vector<std::string>{}, {}, "", u,
+                  vm_acc + static_cast<int64_t>(i) * kTileElems * 4, p == 0};
+            if (!all && mask_tap != t) {
+              op.load.push_back("vld v20, " + at(vm_mask + (phase_idx * KK + t) * R * 4) + ", stride=0");
+              op.load.push_back("vcmp.gt m1, v20, v21");
+            }
+            mask_tap = all ? -1 : t;
+            const int64_t d = (t / w.KW - w.pt) * W + (t % w.KW - w.pl);
+            const std::string vl = "v" + std::to_string(ops.size() % 16);
+            op.load.push_back(std::string(ld(xt)) + " " + vl + ", " + at(vm_x + ((g - g0) * 8 * Pg + pl + d) * ex) +
+                              ", stride=" + std::to_string(Pg * ex) + (all ? "" : ", mask=m1"));
+            op.mmul = "mmul " + mx + ", " + vl;
+            ops.push_back(std::move(op));
+          }
+        }
+        std::vector<std::string> stores;  // of the pops before, four behind
+        size_t head = 0;
+        auto pop_one = [&]() {
+          const Op& q = ops[head];
+          const std::string va = "v" + std::to_string(22 + head % 8), mx = "mxu" + std::to_string(q.mxu);
+          ++head;
+          if (!q.first) line("vld " + va + ", " + at(q.acc));
+          line((q.first ? "mpop " : "mpop.add ") + va + ", " + mx);
+          stores.push_back("vst " + va + ", " + at(q.acc));
+          if (stores.size() > 4) {
+            line(stores.front());
+            stores.erase(stores.begin());
+          }
+        };
+        constexpr size_t kAhead = 2;
+        for (size_t j = 0; j < ops.size(); ++j) {
+          if (j == 0)
+            for (size_t a = 0; a < std::min(kAhead, ops.size()); ++a)
+              for (const std::string& l : ops[a].load) line(l);
+          for (const std::string& l : ops[j].pre) line(l);
+          if (j + kAhead < ops.size())
+            for (const std::string& l : ops[j + kAhead].load) line(l);
+          line(ops[j].mmul);
+          if (j + 1 - head > static_cast<size_t>(lag)) pop_one();
+        }
+        while (head < ops.size()) pop_one();
+        for (const std::string& l : stores) line(l);
+      }
+      // Rows (t, c0 .. c0 + cn) of the result: tap t's accumulators are contiguous
+      // rows; a bf16 result is rounded once, from the finished sums (vst.bf16).
+      int64_t src = vm_acc, row = 4 * R;
+      if (ot == DType::kBf16) {
+        src = vm_acc + v.acc, row = 2 * R;
+        for (size_t i = 0; i < groups.size(); ++i) {
+          const std::string va = "v" + std::to_string(22 + i % 8);
+          line("vld " + va + ", " + at(vm_acc + static_cast<int64_t>(i) * kTileElems * 4));
+          line("vst.bf16 " + va + ", " + at(src + static_cast<int64_t>(i) * kTileElems * 2));
+        }
+      }
+      for (int64_t t = 0; t < KK; ++t)
+        dma(hbm(dw + ((t * CI + c0) * CO + col0) * eo), vmem(src + t * (g1 - g0) * 8 * row), cols * eo,
+            dim(cn, row, CO * eo));
+      wait_dmas();
+    }
+  }
+  cur_ = 0;
 }
 
 }  // namespace tpusim::compiler::lowering

@@ -132,6 +132,9 @@ LowerResult Emitter::run() {
   for (size_t k = 0; k < N; ++k)
     for (const auto& in : g_.nodes[k].inputs) ++readers[in], reader_at[in] = k;
   for (const auto& o : g_.outputs) readers[o] += 2;
+  plan_wgrads(producer, readers, kept);
+  for (size_t k = 0; k < N; ++k)
+    if (wgrad_skip_.count(g_.nodes[k].id)) stored[k] = false;  // its only reader reads x and dy instead
   auto head_swap = [](const Node& t) {
     return t.op == OpKind::kTranspose && t.type.shape.size() == 4 &&
            t.attr_ints("perm") == std::vector<int64_t>{0, 2, 1, 3};
@@ -205,6 +208,7 @@ LowerResult Emitter::run() {
       }
     for (size_t j : last_read_at[k]) given_back.emplace_back(t_.at(g_.nodes[j].output).addr, result_bytes(g_.nodes[j]));
     if (fused_away(n)) continue;  // its root's kernel applied it (fusion.cpp)
+    if (wgrad_skip_.count(n.id)) continue;  // patches a weight gradient does without (grad.cpp)
     for (auto& c : cs_) c << "  op " << n.id << "\n";
     cur_ = 0;
     // A std::logic_error out of a lowering (an index out of range, ...) is a bug of the
@@ -212,6 +216,10 @@ LowerResult Emitter::run() {
     try {
       switch (n.op) {
         case OpKind::kMatmul:
+          if (wgrads_.count(n.id)) {
+            lower_conv_wgrad(n);
+            break;
+          }
           epi_ = chain_of(n);
           lower_matmul(n);
           break;
@@ -239,7 +247,7 @@ LowerResult Emitter::run() {
         case OpKind::kFlatten:
           if (!owner.count(n.output)) lower_copy(n);  // else it is its operand's bytes
           break;
-        case OpKind::kReluGrad: lower_relu_grad(n); break;
+        case OpKind::kReluGrad: lower_elementwise(n); break;  // not fusable (not elementwise in the IR)
         case OpKind::kMaxPoolGrad: lower_maxpool_grad(n); break;
         case OpKind::kReverse: lower_reverse(n); break;
         case OpKind::kIm2col: lower_im2col(n); break;

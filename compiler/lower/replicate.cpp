@@ -106,7 +106,9 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
   verify(g, "lowering");
   const std::string err = options.target.check();
   if (!err.empty()) throw CompileError(g.name + ": bad target: " + err);
-  const ReplicaGraph rg = replica_graph(g, s);
+  ReplicaGraph rg = replica_graph(g, s);
+  // Fused as a single replica's graph is (lower_graph): a conv's relu in its epilogue.
+  if (options.fuse) run_passes(rg.graph, {pass_by_name("fuse-elementwise")});
   const int R = s.replicas;
   const int cores = R <= s.cores_per_chip ? R : s.cores_per_chip;
   const int chips = chips_used(s);

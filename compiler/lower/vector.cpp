@@ -19,6 +19,9 @@ void Emitter::emit_op(const Node& n, int vd, int va, int vb, int t0, int t1) {
     case OpKind::kMul: line("vmul " + d + ", " + a + ", " + b); break;
     case OpKind::kDiv: line("vdiv " + d + ", " + a + ", " + b); break;
     case OpKind::kRelu: line("vbcast " + x + ", 0.0"); line("vmax " + d + ", " + a + ", " + x); break;
+    case OpKind::kReluGrad:  // x > +0.0 ? dy : +0.0 (a = dy, b = x); vsel moves dy's stored bits unchanged
+      line("vbcast " + x + ", 0.0"); line("vcmp.lt m1, " + x + ", " + b); line("vsel " + d + ", m1, " + a + ", " + x);
+      break;
     case OpKind::kTanh: line("vtanh " + d + ", " + a); break;
     case OpKind::kExp: line("vexp " + d + ", " + a); break;
     case OpKind::kLog: line("vlog " + d + ", " + a); break;

@@ -358,7 +358,10 @@ class Builder {
         return;
       }
       case OpKind::kRelu:
-        accumulate(n.inputs[0], node(OpKind::kReluGrad, {G, n.inputs[0]}, {}, pre + n.inputs[0]));
+        // On y = relu(x), not x: y > +0.0 exactly where x > +0.0 (DAZ reads a subnormal
+        // x as a zero, NaN compares false either way), and x's only use is then the
+        // relu, which so fuses into the op that produced x (a conv's epilogue).
+        accumulate(n.inputs[0], node(OpKind::kReluGrad, {G, n.output}, {}, pre + n.inputs[0]));
         return;
       case OpKind::kAdd:
         if (needs(0)) accumulate(n.inputs[0], unbroadcast(n, G, n.inputs[0]));

@@ -71,8 +71,9 @@ isa::Target target() {
 }
 
 // The graph compiled and run on the functional reference vs the graph reference.
+// `tgt`: another target than target(); `assembly`: where to put the lowered program.
 void expect_bit_exact(const Graph& g, PrecisionPolicy policy, std::map<std::string, HostTensor> inputs, int cores = 1,
-                      bool from_host = false) {
+                      bool from_host = false, const isa::Target* tgt = nullptr, std::string* assembly = nullptr) {
   SCOPED_TRACE(std::string("policy ") + num::precision_policy_name(policy) + ", cores " + std::to_string(cores) +
                (from_host ? ", inputs from the host" : ""));
   if (policy == PrecisionPolicy::kBf16)
@@ -80,11 +81,12 @@ void expect_bit_exact(const Graph& g, PrecisionPolicy policy, std::map<std::stri
       for (float& x : h.f) x = num::round_to_bf16(x);
   const auto expected = evaluate(g, inputs, policy);
   LowerOptions lo;
-  lo.target = target();
+  lo.target = tgt ? *tgt : target();
   lo.policy = policy;
   lo.cores = cores;
   lo.inputs_from_host = from_host;
   const LowerResult lr = lower_graph(g, lo);
+  if (assembly) *assembly = lr.assembly;
   for (const auto& e : lr.bundle.io)
     if (e.kind == isa::IoKind::kInput) {
       EXPECT_EQ(e.space, from_host ? isa::Space::kHost : isa::Space::kHbm) << e.name;
@@ -220,6 +222,59 @@ TEST(TrainOps, Im2colTimesHwioIsTheConvRecipe) {
   for (int64_t b = 0; b < 2; ++b)
     for (int64_t o = 0; o < 7; ++o)
       for (int64_t p = 0; p < 30; ++p) ASSERT_EQ(bits(y[(b * 7 + o) * 30 + p]), bits(m[(b * 30 + p) * 7 + o]));
+}
+
+// A conv's weight gradient, matmul(im2col(x), im2col(dy, 1x1), trans_a=1), reads x
+// and dy in place (lower_conv_wgrad): the patches are never lowered, and the result
+// is the matmul's, bit for bit. Chunks of 128 pixels that straddle images, a last
+// chunk of fewer, 3 or 20 channels (a group of 8 with rows past the channels), 136
+// columns (two column tiles), a 2x3 window with uneven pads, and a VMEM that holds
+// a few images at a time (each load a multiple of 128 pixels, the accumulators kept
+// across loads).
+TEST(TrainOps, WeightGradientReadsXAndDyInPlace) {
+  struct Case {
+    int64_t N, CI, H, W, CO, KH, KW;
+    std::vector<int64_t> pads;
+    uint64_t vmem;  // 0: the test target's
+    int64_t loads;  // x's loads a core makes (image groups), with 1 core
+  };
+  const Case cases[] = {
+      {2, 3, 7, 6, 5, 3, 3, {1, 1, 1, 1}, 0, 1},
+      {3, 20, 8, 8, 136, 3, 3, {1, 1, 1, 1}, 0, 2},  // a load a column tile
+      {2, 9, 5, 11, 16, 2, 3, {1, 0, 0, 2}, 0, 1},
+      {6, 8, 8, 4, 24, 3, 3, {1, 1, 1, 1}, 96 << 10, 2},  // 4 of 6 images a load (2 would be 64 pixels)
+  };
+  for (const Case& c : cases) {
+    const int64_t P = c.N * c.H * c.W, K = c.KH * c.KW * c.CI;
+    std::ostringstream ir;
+    ir << "graph g {\n input %x : f32[" << c.N << "," << c.CI << "," << c.H << "," << c.W << "]\n"
+       << " input %dy : f32[" << c.N << "," << c.CO << "," << c.H << "," << c.W << "]\n"
+       << " %p = im2col(%x) {dilations=[1,1], kernel=[" << c.KH << "," << c.KW << "], pads=" << shape_str(c.pads)
+       << ", strides=[1,1]} : f32[" << P << "," << K << "] #0\n"
+       << " %r = im2col(%dy) {dilations=[1,1], kernel=[1,1], pads=[0,0,0,0], strides=[1,1]} : f32[" << P << ","
+       << c.CO << "] #1\n"
+       << " %dw = matmul(%p, %r) {trans_a=1} : f32[" << K << "," << c.CO << "] #2\n output %dw\n}\n";
+    SCOPED_TRACE(ir.str());
+    const Graph g = parse_graph(ir.str(), "wgrad.ir");
+    isa::Target t = target();
+    if (c.vmem) t.vmem_bytes = c.vmem;
+    for (auto policy : kPolicies)
+      for (int cores : {1, 2}) {
+        std::string as;
+        expect_bit_exact(g, policy, random_inputs(g, 7, 16), cores, false, &t, &as);
+        EXPECT_EQ(as.find("  op 0\n"), std::string::npos);  // neither im2col is lowered
+        EXPECT_EQ(as.find("  op 1\n"), std::string::npos);
+        EXPECT_NE(as.find("mpush.t"), std::string::npos);
+        if (cores == 1 && policy == PrecisionPolicy::kDefault) {
+          // x's loads: runs of one image's channel plane, H * W * 4 bytes.
+          const std::string run = "bytes=" + std::to_string(c.H * c.W * 4) + ", dim=";
+          int64_t loads = 0;
+          for (size_t at = as.find(run); at != std::string::npos; at = as.find(run, at + 1))
+            if (as.rfind("dma vmem:", at) != std::string::npos) ++loads;
+          EXPECT_EQ(loads, 2 * c.loads);  // x's and dy's
+        }
+      }
+  }
 }
 
 // ------------------------------------------------------------- training graphs
@@ -383,6 +438,9 @@ void expect_replicated_bit_exact(const Graph& g, PrecisionPolicy policy, int rep
   const auto expected = evaluate_replicated(g, inputs, policy, lo.replicas);
   const LowerResult lr = lower_graph(g, lo);
   ASSERT_EQ(lr.bundle.cores.size(), static_cast<size_t>(replicas));
+  // Fused as one replica's graph is: each relu runs in its producer's epilogue
+  // (relu_grad reads the relu's result, so the producer's is read by the relu alone).
+  for (const auto& [id, name] : lr.bundle.op_names) EXPECT_NE(name.rfind("relu ", 0), 0u) << name;
   for (const auto& e : lr.bundle.io)
     if (e.kind == isa::IoKind::kInput) {
       EXPECT_EQ(e.space, from_host ? isa::Space::kHost : isa::Space::kHbm) << e.name;
