@@ -447,55 +447,94 @@ void Emitter::lower_pool(const Node& n) {
     dma(hbm(P), vmem(0), tile, dim(align_up(T * KK * e, tile) / tile, 0, tile));
     wait_dmas();
   }
-  int64_t unit = 0;
-  for (int64_t b = 0; b < NB; ++b)
-    for (int64_t c0 = 0; c0 < CH; c0 += cb ? cb : CH) {
-      const int64_t nc = cb ? std::min(cb, CH - c0) : CH;
-      const int64_t band = nc * OH * OW;  // output pixels of this band
-      if (cb) on_core(unit++);
-      std::vector<Gather> gathers;
-      for (int64_t kh = 0; kh < k[0]; ++kh)
-        for (int64_t kw = 0; kw < k[1]; ++kw) {
-          int64_t oh0, oh1, ow0, ow1;
-          tap_range(OH, H, st[0], pads[0], kh, &oh0, &oh1);
-          tap_range(OW, W, st[1], pads[1], kw, &ow0, &ow1);
-          if (oh0 >= oh1 || ow0 >= ow1) continue;
-          const int64_t ih = oh0 * st[0] - pads[0] + kh, iw = ow0 * st[1] - pads[1] + kw;
-          const int64_t soff = (ih * W + iw) * e;
-          const int64_t doff = ((oh0 * OW + ow0) * KK + kh * k[1] + kw) * e;
-          const std::string dims = dim(ow1 - ow0, st[1] * e, KK * e) + dim(oh1 - oh0, st[0] * W * e, OW * KK * e) +
-                                   dim(nc, H * W * e, OH * OW * KK * e);
-          if (planes) {  // tap plane kh*KW + kw, pixels in output order
-            gathers.push_back(Gather{soff, ((kh * k[1] + kw) * band + oh0 * OW + ow0) * e, e,
-                                     dim(ow1 - ow0, st[1] * e, e) + dim(oh1 - oh0, st[0] * W * e, OW * e) +
-                                         dim(nc, H * W * e, OH * OW * e)});
-          } else if (cb) {
-            gathers.push_back(Gather{soff, doff, e, dims});
-          } else {
-            dma(hbm(P + (b * CH * OH * OW * KK) * e + doff), hbm(X.addr + (b * CH * H * W) * e + soff), e, dims);
-            wait_dmas();  // the gathers' bounding ranges interleave (race checker)
-          }
+  // The taps of band (b, c0): gathers from its channels' planes (offsets in the
+  // band's staged input) into the tap planes, or (direct) HBM scratch rows.
+  auto band_gathers = [&](int64_t b, int64_t nc) {
+    std::vector<Gather> gathers;
+    const int64_t band = nc * OH * OW;
+    for (int64_t kh = 0; kh < k[0]; ++kh)
+      for (int64_t kw = 0; kw < k[1]; ++kw) {
+        int64_t oh0, oh1, ow0, ow1;
+        tap_range(OH, H, st[0], pads[0], kh, &oh0, &oh1);
+        tap_range(OW, W, st[1], pads[1], kw, &ow0, &ow1);
+        if (oh0 >= oh1 || ow0 >= ow1) continue;
+        const int64_t ih = oh0 * st[0] - pads[0] + kh, iw = ow0 * st[1] - pads[1] + kw;
+        const int64_t soff = (ih * W + iw) * e;
+        const int64_t doff = ((oh0 * OW + ow0) * KK + kh * k[1] + kw) * e;
+        const std::string dims = dim(ow1 - ow0, st[1] * e, KK * e) + dim(oh1 - oh0, st[0] * W * e, OW * KK * e) +
+                                 dim(nc, H * W * e, OH * OW * KK * e);
+        if (planes) {  // tap plane kh*KW + kw, pixels in output order
+          gathers.push_back(Gather{soff, ((kh * k[1] + kw) * band + oh0 * OW + ow0) * e, e,
+                                   dim(ow1 - ow0, st[1] * e, e) + dim(oh1 - oh0, st[0] * W * e, OW * e) +
+                                       dim(nc, H * W * e, OH * OW * e)});
+        } else if (cb) {
+          gathers.push_back(Gather{soff, doff, e, dims});
+        } else {
+          dma(hbm(P + (b * CH * OH * OW * KK) * e + doff), hbm(X.addr + (b * CH * H * W) * e + soff), e, dims);
+          wait_dmas();  // the gathers' bounding ranges interleave (race checker)
         }
-      // Padding taps: -inf for max (the max is over the valid taps), +0.0 for an
-      // average with count_include_pad.
-      if (planes) {
-        const int64_t dv = gather_in_vmem(X.addr + (b * CH + c0) * H * W * e, nc * H * W * e, KK * band * e, gathers,
-                                          any_pad, -INFINITY, dt);
-        const int64_t ov = dv + align_up(KK * band * e, kAlign);
-        for (int64_t i = 0; i * kTileElems < band; ++i) {
-          line(std::string(ld(dt)) + " v0, " + at(dv + i * tile));
-          for (int64_t t = 1; t < KK; ++t) {
-            line(std::string(ld(dt)) + " v1, " + at(dv + t * band * e + i * tile));
-            line("vmax v0, v0, v1");
-          }
-          line(std::string(this->st(dt)) + " v0, " + at(ov + i * tile));
-        }
-        dma(hbm(t_.at(n.output).addr + (b * CH + c0) * OH * OW * e), vmem(ov), band * e);
-        wait_dmas();
-      } else if (cb)
-        staged_gather(X.addr + (b * CH + c0) * H * W * e, nc * H * W * e, P + (b * CH + c0) * OH * OW * KK * e,
-                      nc * OH * OW * KK * e, gathers, any_pad, is_max ? -INFINITY : 0.0f, dt);
+      }
+    return gathers;
+  };
+  // The band's tap planes at dv reduced into its output at ov, stored from there.
+  auto reduce_band = [&](int64_t dv, int64_t ov, int64_t band) {
+    for (int64_t i = 0; i * kTileElems < band; ++i) {
+      line(std::string(ld(dt)) + " v0, " + at(dv + i * tile));
+      for (int64_t t = 1; t < KK; ++t) {
+        line(std::string(ld(dt)) + " v1, " + at(dv + t * band * e + i * tile));
+        line("vmax v0, v0, v1");
+      }
+      line(std::string(this->st(dt)) + " v0, " + at(ov + i * tile));
     }
+  };
+  struct Band {
+    int64_t b, c0, nc;
+  };
+  std::vector<Band> bands;
+  for (int64_t b = 0; b < NB; ++b)
+    for (int64_t c0 = 0; c0 < CH; c0 += cb ? cb : CH) bands.push_back(Band{b, c0, cb ? std::min(cb, CH - c0) : CH});
+  // maxpool bands in two buffers: a core's next band loads while this one's taps are
+  // gathered and reduced and the one before is stored (the bundled CNN's l1 pool, v3
+  // batch 8: a load, the gathers and a store in turn were ~1.6 K cycles a band).
+  const int64_t src_b = align_up(cb * H * W * e, kAlign), taps_b = align_up(KK * cb * OH * OW * e, kAlign);
+  const int64_t buf_b = src_b + taps_b + align_up(cb * OH * OW * e + tile, kAlign);
+  if (planes && bands.size() > 1 && static_cast<uint64_t>(2 * buf_b) <= opt_.target.vmem_bytes) {
+    auto src_of = [&](const Band& u) { return X.addr + (u.b * CH + u.c0) * H * W * e; };
+    double_buffered(
+        static_cast<int64_t>(bands.size()),
+        [&](int64_t k, int64_t par) {
+          const Band& u = bands[static_cast<size_t>(k)];
+          dma_on(kStreamInFlag + static_cast<int>(par), vmem(par * buf_b), hbm(src_of(u)), u.nc * H * W * e, "");
+        },
+        [&](int64_t k, int64_t par) {
+          const Band& u = bands[static_cast<size_t>(k)];
+          const int64_t band = u.nc * OH * OW, sv = par * buf_b, dv = sv + src_b, ov = dv + taps_b;
+          if (any_pad) fill_vmem(dv, KK * band * e, -INFINITY, dt);
+          run_gathers(sv, dv, band_gathers(u.b, u.nc));
+          reduce_band(dv, ov, band);
+          dma_on(kStreamOutFlag + static_cast<int>(par), hbm(t_.at(n.output).addr + (u.b * CH + u.c0) * OH * OW * e),
+                 vmem(ov), band * e, "");
+        });
+    return;
+  }
+  int64_t unit = 0;
+  for (const Band& u : bands) {
+    const int64_t b = u.b, c0 = u.c0, nc = u.nc, band = nc * OH * OW;  // output pixels of this band
+    if (cb) on_core(unit++);
+    const std::vector<Gather> gathers = band_gathers(b, nc);
+    // Padding taps: -inf for max (the max is over the valid taps), +0.0 for an
+    // average with count_include_pad.
+    if (planes) {
+      const int64_t dv = gather_in_vmem(X.addr + (b * CH + c0) * H * W * e, nc * H * W * e, KK * band * e, gathers,
+                                        any_pad, -INFINITY, dt);
+      const int64_t ov = dv + align_up(KK * band * e, kAlign);
+      reduce_band(dv, ov, band);
+      dma(hbm(t_.at(n.output).addr + (b * CH + c0) * OH * OW * e), vmem(ov), band * e);
+      wait_dmas();
+    } else if (cb)
+      staged_gather(X.addr + (b * CH + c0) * H * W * e, nc * H * W * e, P + (b * CH + c0) * OH * OW * KK * e,
+                    nc * OH * OW * KK * e, gathers, any_pad, is_max ? -INFINITY : 0.0f, dt);
+  }
   cur_ = 0;
   if (planes) return;
   sync_all();  // the bands' gathers ran on several cores
