@@ -158,6 +158,14 @@ TEST(TrainOps, MaxPoolGradWithTiesAndUncoveredBorders) {
   expect_bit_exact(maxpool_grad_ir(3, 5, 12, 12, 3, 3), 7, 2);
   expect_bit_exact(maxpool_grad_ir(1, 130, 8, 8, 2, 2), 9, 0);  // more than one tile of windows
   expect_bit_exact(maxpool_grad_ir(2, 33, 32, 34, 2, 2), 13, 1);  // more than one chunk of 16 tiles, ragged
+  // After an op that leaves VMEM non-zero: the positions no window covers are still +0.0.
+  expect_bit_exact(
+      "graph g {\n input %x : f32[2,3,9,10]\n input %dy : f32[2,3,4,5]\n input %big : f32[256,1024]\n"
+      " %junk = neg(%big) : f32[256,1024] #0\n"
+      " %y = maxpool(%x) {kernel=[2,2], pads=[0,0,0,0], strides=[2,2]} : f32[2,3,4,5] #1\n"
+      " %dx = maxpool_grad(%dy, %x, %y) {kernel=[2,2], pads=[0,0,0,0], strides=[2,2]} : f32[2,3,9,10] #2\n"
+      " output %dx\n output %junk\n}\n",
+      17, 1);
 }
 
 // The recipe against a brute force written from its definition: each window's
