@@ -497,9 +497,14 @@ class Emitter {
     int64_t KH = 0, KW = 0, pt = 0, pl = 0, nb = 0;
   };
   std::map<int, WGrad> wgrads_;  // matmul id -> its plan
-  std::set<int> wgrad_skip_;     // the im2cols those plans leave unread (never lowered)
-  void plan_wgrads(const std::map<std::string, size_t>& producer, const std::map<std::string, int>& readers,
+  // Nodes never lowered because their one reader reads their operands instead: a
+  // weight gradient's im2cols, a flipped weight's transpose (flip_src_).
+  std::set<int> read_past_;
+  void plan_read_past(const std::map<std::string, size_t>& producer, const std::map<std::string, int>& readers,
                    const std::set<std::string>& kept);
+  // reverse(transpose(W, [1,0,2,3]), axes [2,3]) (a conv's flipped weight for its
+  // input gradient) -> W: the reverse gathers straight from W (lower_reverse).
+  std::map<int, std::string> flip_src_;
   void lower_conv_wgrad(const Node& m);
 };
 

@@ -18,6 +18,21 @@ namespace tpusim::compiler::lowering {
 // request each otherwise: the bundled CNN's flipped 3x3 weights, v3 batch 8,
 // 22,979 -> 3,903 cycles for res3b's).
 void Emitter::lower_reverse(const Node& n) {
+  if (flip_src_.count(n.id)) {
+    // y[b][a][t] = W[a][b][KK - 1 - t] (t = kh * KW + kw): one gather of element runs,
+    // through VMEM where W fits. The transpose before it is never lowered.
+    const Placed& W = t_.at(flip_src_.at(n.id));
+    const int64_t A = W.type.shape[0], B = W.type.shape[1], KK = W.type.shape[2] * W.type.shape[3];
+    const int64_t e = esz(W.type.dtype), bytes = A * B * KK * e, y = t_.at(n.output).addr;
+    const std::string dims = dim(KK, -e, e) + dim(A, B * KK * e, KK * e) + dim(B, KK * e, A * KK * e);
+    if (staging_fits(bytes, bytes)) {
+      staged_gather(W.addr, bytes, y, bytes, {Gather{(KK - 1) * e, 0, e, dims}}, false, 0.0f, W.type.dtype);
+    } else {
+      dma(hbm(y), hbm(W.addr + (KK - 1) * e), e, dims);
+      wait_dmas();
+    }
+    return;
+  }
   const Placed& X = t_.at(n.inputs[0]);
   Shape s;
   std::vector<bool> rev;
@@ -376,8 +391,9 @@ WGradVmem wgrad_vmem(int64_t nb, int64_t HW, int64_t W, int64_t CI, int64_t CO, 
 // pixels is one masked vld per 8 channels of x in VMEM, and the chunk's dy columns
 // (mpush.t of dy's own NCHW rows) are the weights. The patches never exist: each
 // was written to HBM, read back, transposed element by element and read again.
-void Emitter::plan_wgrads(const std::map<std::string, size_t>& producer, const std::map<std::string, int>& readers,
-                          const std::set<std::string>& kept) {
+// Likewise a conv's flipped weight, reverse(transpose(W)), gathers from W at once.
+void Emitter::plan_read_past(const std::map<std::string, size_t>& producer, const std::map<std::string, int>& readers,
+                             const std::set<std::string>& kept) {
   const int64_t R = opt_.target.mxu_rows;
   if (R != 128 || opt_.target.mxu_cols < 8 || opt_.target.fifo_rows < 8) return;
   auto only_reader = [&](const std::string& t) { return readers.count(t) && readers.at(t) == 1 && !kept.count(t); };
@@ -424,8 +440,18 @@ void Emitter::plan_wgrads(const std::map<std::string, size_t>& producer, const s
         nb = b;
     if (!nb) continue;
     wgrads_[m.id] = WGrad{I->inputs[0], J->inputs[0], KH, KW, pads[0], pads[1], nb};
-    wgrad_skip_.insert(I->id);
-    if (only_reader(J->output)) wgrad_skip_.insert(J->id);
+    read_past_.insert(I->id);
+    if (only_reader(J->output)) read_past_.insert(J->id);
+  }
+  for (const Node& r : g_.nodes) {
+    if (r.op != OpKind::kReverse || r.type.shape.size() != 4 || r.attr_ints("axes") != std::vector<int64_t>{2, 3})
+      continue;
+    const Node* t = made_by(r.inputs[0]);
+    if (t && t->op == OpKind::kTranspose && t->attr_ints("perm") == std::vector<int64_t>{1, 0, 2, 3} &&
+        only_reader(t->output)) {
+      flip_src_[r.id] = t->inputs[0];
+      read_past_.insert(t->id);
+    }
   }
 }
 

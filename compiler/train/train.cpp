@@ -186,8 +186,10 @@ class Builder {
         step = node(OpKind::kAdd, {mv, gw}, {}, S.size() > 2 ? c0.name + ".velocity.2d" : c0.name + ".velocity.new");
         vnew = as_param(step, c0.name + ".velocity.new");
       }
-      const std::string sc = node(OpKind::kMul, {step, row_of("lr", opt_.lr, row)}, {}, c0.name + ".step");
+      // The parameter's view before the step, so that the step's mul and the sub fuse
+      // (a member's other operand must exist before its root runs).
       const std::string w = as_view(c0.name, c0.name + ".2d");
+      const std::string sc = node(OpKind::kMul, {step, row_of("lr", opt_.lr, row)}, {}, c0.name + ".step");
       outs.push_back(as_param(node(OpKind::kSub, {w, sc}, {}, S.size() > 2 ? c0.name + ".new.2d" : c0.name + ".new"),
                               c0.name + ".new"));
       if (!vnew.empty()) outs.push_back(vnew);

@@ -256,6 +256,16 @@ TEST(LowerGraph, ChainOfOpsWithReshape) {
 // any of them, so results placed after the operand's last direct read (%b, %c) do
 // not reuse its bytes while %f still reads them. A reshape that is a graph output
 // still copies (its home is its own).
+// HBM -> HBM DMAs (copies) of each op id of the bundle.
+std::map<int, int> hbm_to_hbm_dmas(const LowerResult& lr) {
+  std::map<int, int> copies;
+  for (const auto& core : lr.bundle.cores)
+    for (const auto& in : core.code)
+      if (in.op == isa::Op::kDma && in.src.space == isa::Space::kHbm && in.dst.space == isa::Space::kHbm)
+        ++copies[in.op_id];
+  return copies;
+}
+
 TEST(LowerGraph, ReshapeIsItsOperandsBytes) {
   const std::string ir =
       "graph rs {\n  input %x : f32[6,40]\n"
@@ -270,13 +280,36 @@ TEST(LowerGraph, ReshapeIsItsOperandsBytes) {
   LowerOptions lo;
   lo.target = target(1, 128, 128);
   const LowerResult lr = lower_graph(parse_graph(ir, "test.ir"), lo);
-  std::map<int, int> copies;
-  for (const auto& core : lr.bundle.cores)
-    for (const auto& in : core.code)
-      if (in.op == isa::Op::kDma && in.src.space == isa::Space::kHbm && in.dst.space == isa::Space::kHbm)
-        ++copies[in.op_id];
+  std::map<int, int> copies = hbm_to_hbm_dmas(lr);
   EXPECT_EQ(copies[1] + copies[2] + copies[6] + copies[7], 0);
   EXPECT_EQ(copies[9], 1);
+}
+
+// A reshape that is a graph output is its operand's bytes when those are a stored
+// node result no output names (a training step's new weights through their 2-D
+// update); it is copied when they are an input's, another output's, or already
+// another output's bytes.
+TEST(LowerGraph, OutputReshapeIsItsOperandsBytes) {
+  const std::string ir =
+      "graph rs {\n  input %x : f32[6,40]\n"
+      "  %a = exp(%x) : f32[6,40] #0\n  %r = reshape(%a) {shape=[3,80]} : f32[3,80] #1\n"
+      "  %b = neg(%x) : f32[6,40] #2\n  %c = reshape(%b) {shape=[240]} : f32[240] #3\n"
+      "  %d = reshape(%b) {shape=[2,120]} : f32[2,120] #4\n  %e = reshape(%x) {shape=[240]} : f32[240] #5\n"
+      "  %m = add(%x, %x) : f32[6,40] #6\n  %n = reshape(%m) {shape=[240]} : f32[240] #7\n"
+      "  output %r\n  output %c\n  output %d\n  output %e\n  output %m\n  output %n\n}\n";
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
+  LowerOptions lo;
+  lo.target = target(1, 128, 128);
+  const LowerResult lr = lower_graph(parse_graph(ir, "test.ir"), lo);
+  std::map<int, int> copies = hbm_to_hbm_dmas(lr);
+  EXPECT_EQ(copies[1] + copies[3], 0);
+  EXPECT_EQ(copies[4], 1);
+  EXPECT_EQ(copies[5], 1);
+  EXPECT_EQ(copies[7], 1);
+  std::map<std::string, uint64_t> addr;
+  for (const auto& e : lr.bundle.io) addr[e.name] = e.addr;
+  EXPECT_NE(addr.at("c"), addr.at("d"));
 }
 
 // Attention's head transposes (perm [0, 2, 1, 3]) fold into the matmuls: one read only

@@ -198,6 +198,22 @@ TEST(TrainOps, ReverseAxes) {
   expect_bit_exact("graph g {\n input %x : f32[4,5,3,3]\n %y = reverse(%x) {axes=[2,3]} : f32[4,5,3,3] #0\n output %y\n}\n");
   expect_bit_exact("graph g {\n input %x : f32[6,7]\n %y = reverse(%x) {axes=[0]} : f32[6,7] #0\n output %y\n}\n");
   expect_bit_exact("graph g {\n input %x : f32[2,3,4,5,6]\n %y = reverse(%x) {axes=[0,2,4]} : f32[2,3,4,5,6] #0\n output %y\n}\n");
+  // A conv's flipped weight: the reverse gathers from W, the transpose is not lowered
+  // (and is when something else reads it).
+  for (bool shared : {false, true}) {
+    const Graph f = parse_graph(std::string("graph g {\n input %w : f32[5,3,2,3]\n input %x : f32[2,5,6,7]\n") +
+                                " %t = transpose(%w) {perm=[1,0,2,3]} : f32[3,5,2,3] #0\n"
+                                " %r = reverse(%t) {axes=[2,3]} : f32[3,5,2,3] #1\n"
+                                " %y = conv2d(%x, %r) {dilations=[1,1], groups=1, pads=[1,2,0,0], strides=[1,1]} : "
+                                "f32[2,3,6,7] #2\n output %y\n" +
+                                (shared ? " output %t\n" : "") + "}\n");
+    for (auto p : kPolicies)
+      for (int cores : {1, 2}) {
+        std::string as;
+        expect_bit_exact(f, p, random_inputs(f, 3), cores, false, nullptr, &as);
+        EXPECT_EQ(as.find("  op 0\n") != std::string::npos, shared);
+      }
+  }
   // Index arithmetic, independently of the recipe's loops.
   const Graph g = parse_graph("graph g {\n input %x : f32[3,4]\n %y = reverse(%x) {axes=[1]} : f32[3,4] #0\n output %y\n}\n");
   const auto in = random_inputs(g, 2);
