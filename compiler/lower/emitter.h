@@ -492,16 +492,19 @@ class Emitter {
   // A conv's weight gradient matmul(im2col(x), im2col(dy, 1x1), trans_a=1) read
   // straight from x and dy in VMEM (grad.cpp, lower_conv_wgrad): no patches in HBM.
   // nb: images a VMEM load holds (nb * H * W a multiple of R unless it is the batch).
+  // oihw: the result is stored as transpose(reshape(it, [KH,KW,CI,CO]), [3,2,0,1]),
+  // whose bytes it then is (the training graph's dW in the weight's own layout).
   struct WGrad {
     std::string x, dy;
     int64_t KH = 0, KW = 0, pt = 0, pl = 0, nb = 0;
+    bool oihw = false;
   };
   std::map<int, WGrad> wgrads_;  // matmul id -> its plan
   // Nodes never lowered because their one reader reads their operands instead: a
   // weight gradient's im2cols, a flipped weight's transpose (flip_src_).
   std::set<int> read_past_;
   void plan_read_past(const std::map<std::string, size_t>& producer, const std::map<std::string, int>& readers,
-                   const std::set<std::string>& kept);
+                      const std::set<std::string>& kept);
   // reverse(transpose(W, [1,0,2,3]), axes [2,3]) (a conv's flipped weight for its
   // input gradient) -> W: the reverse gathers straight from W (lower_reverse).
   std::map<int, std::string> flip_src_;

@@ -154,6 +154,24 @@ LowerResult Emitter::run() {
     const Node& m = g_.nodes[p->second];
     return m.op == OpKind::kMatmul && !fused_away(m) && chain_of(m).empty() && m.type.shape.size() == 4;
   };
+  // transpose(reshape(dW, [KH,KW,CI,CO]), [3,2,0,1]) of a weight gradient read by it
+  // alone (the training graph's dW in OIHW): the id of the matmul, which then stores
+  // its result in that layout, so the transpose is its bytes; else -1.
+  auto oihw_weight_grad = [&](const Node& t) {
+    if (t.op != OpKind::kTranspose || t.type.shape.size() != 4 || kept.count(t.output) ||
+        t.attr_ints("perm") != std::vector<int64_t>{3, 2, 0, 1} || readers[t.inputs[0]] != 1)
+      return -1;
+    const auto r = producer.find(t.inputs[0]);
+    if (r == producer.end() || g_.nodes[r->second].op != OpKind::kReshape) return -1;
+    const Node& rs = g_.nodes[r->second];
+    const auto m = producer.find(rs.inputs[0]);
+    if (m == producer.end() || readers[rs.inputs[0]] != 1 || kept.count(rs.inputs[0]) || kept.count(rs.output) ||
+        !wgrads_.count(g_.nodes[m->second].id))
+      return -1;
+    const WGrad& w = wgrads_.at(g_.nodes[m->second].id);
+    const int64_t CI = t_.at(w.x).type.shape[1], CO = t_.at(w.dy).type.shape[1];
+    return rs.type.shape == Shape{w.KH, w.KW, CI, CO} ? g_.nodes[m->second].id : -1;
+  };
   // A reshape or flatten (row-major: the same bytes in the same order) that is not a
   // graph output is its operand, not a copy of it: its result takes the operand's
   // address, and the tensor that owns those bytes (a chain of them resolves to it) is
@@ -177,6 +195,8 @@ LowerResult Emitter::run() {
       views_[n.output] = HeadView{s[1], s[2], s[3]};
     } else if (head_swap(n) && head_view_result(n)) {
       views_[n.inputs[0]] = HeadView{n.type.shape[1], n.type.shape[2], n.type.shape[3]};
+    } else if (const int m = oihw_weight_grad(n); m >= 0) {
+      wgrads_.at(m).oihw = true;  // the weight gradient stores its result so
     } else if (!reshape) {
       continue;
     }

@@ -256,6 +256,15 @@ TEST(LowerGraph, ChainOfOpsWithReshape) {
 // any of them, so results placed after the operand's last direct read (%b, %c) do
 // not reuse its bytes while %f still reads them. A reshape that is a graph output
 // still copies (its home is its own).
+// The graph bit-exact under both policies on 1 and 2 cores; its lowering (1 core).
+LowerResult lowered_bit_exact(const std::string& ir) {
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
+  LowerOptions lo;
+  lo.target = target(1, 128, 128);
+  return lower_graph(parse_graph(ir, "test.ir"), lo);
+}
+
 // HBM -> HBM DMAs (copies) of each op id of the bundle.
 std::map<int, int> hbm_to_hbm_dmas(const LowerResult& lr) {
   std::map<int, int> copies;
@@ -275,11 +284,7 @@ TEST(LowerGraph, ReshapeIsItsOperandsBytes) {
       "  %g = flatten(%d) {axis=0} : f32[1,240] #6\n  %h = reshape(%g) {shape=[240]} : f32[240] #7\n"
       "  %o = add(%f, %h) : f32[240] #8\n  %q = reshape(%x) {shape=[240]} : f32[240] #9\n"
       "  output %o\n  output %q\n}\n";
-  for (auto p : kPolicies)
-    for (int cores : {1, 2}) expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
-  LowerOptions lo;
-  lo.target = target(1, 128, 128);
-  const LowerResult lr = lower_graph(parse_graph(ir, "test.ir"), lo);
+  const LowerResult lr = lowered_bit_exact(ir);
   std::map<int, int> copies = hbm_to_hbm_dmas(lr);
   EXPECT_EQ(copies[1] + copies[2] + copies[6] + copies[7], 0);
   EXPECT_EQ(copies[9], 1);
@@ -297,11 +302,7 @@ TEST(LowerGraph, OutputReshapeIsItsOperandsBytes) {
       "  %d = reshape(%b) {shape=[2,120]} : f32[2,120] #4\n  %e = reshape(%x) {shape=[240]} : f32[240] #5\n"
       "  %m = add(%x, %x) : f32[6,40] #6\n  %n = reshape(%m) {shape=[240]} : f32[240] #7\n"
       "  output %r\n  output %c\n  output %d\n  output %e\n  output %m\n  output %n\n}\n";
-  for (auto p : kPolicies)
-    for (int cores : {1, 2}) expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
-  LowerOptions lo;
-  lo.target = target(1, 128, 128);
-  const LowerResult lr = lower_graph(parse_graph(ir, "test.ir"), lo);
+  const LowerResult lr = lowered_bit_exact(ir);
   std::map<int, int> copies = hbm_to_hbm_dmas(lr);
   EXPECT_EQ(copies[1] + copies[3], 0);
   EXPECT_EQ(copies[4], 1);
