@@ -501,13 +501,14 @@ class Emitter {
   };
   std::map<int, WGrad> wgrads_;  // matmul id -> its plan
   // Nodes never lowered because their one reader reads their operands instead: a
-  // weight gradient's im2cols, a flipped weight's transpose (flip_src_).
+  // weight gradient's im2cols, a flipped weight's transpose (folded_transpose_).
   std::set<int> read_past_;
   void plan_read_past(const std::map<std::string, size_t>& producer, const std::map<std::string, int>& readers,
                       const std::set<std::string>& kept);
   // reverse(transpose(W, [1,0,2,3]), axes [2,3]) (a conv's flipped weight for its
-  // input gradient) -> W: the reverse gathers straight from W (lower_reverse).
-  std::map<int, std::string> flip_src_;
+  // input gradient) -> the transpose: the reverse reads W through its perm
+  // (lower_reverse), one gather.
+  std::map<int, const Node*> folded_transpose_;
   void lower_conv_wgrad(const Node& m);
 };
 

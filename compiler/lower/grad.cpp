@@ -11,46 +11,50 @@
 namespace tpusim::compiler::lowering {
 
 // reverse: DMAs with negative strides on the reversed axes. Adjacent axes reversed
-// alike merge into one (a conv weight's (kh, kw) is one reversed axis of KH x KW).
+// alike merge into one (a conv weight's (kh, kw) is one reversed axis of KH x KW);
+// a transpose folded in only changes the source's strides.
 // The innermost axis is one contiguous run when it is not reversed, else element
 // runs; up to three axes are a DMA's dims, the outer ones one DMA each (disjoint
 // destination blocks). Element runs go through VMEM where the tensor fits (an HBM
 // request each otherwise: the bundled CNN's flipped 3x3 weights, v3 batch 8,
 // 22,979 -> 3,903 cycles for res3b's).
 void Emitter::lower_reverse(const Node& n) {
-  if (flip_src_.count(n.id)) {
-    // y[b][a][t] = W[a][b][KK - 1 - t] (t = kh * KW + kw): one gather of element runs,
-    // through VMEM where W fits. The transpose before it is never lowered.
-    const Placed& W = t_.at(flip_src_.at(n.id));
-    const int64_t A = W.type.shape[0], B = W.type.shape[1], KK = W.type.shape[2] * W.type.shape[3];
-    const int64_t e = esz(W.type.dtype), bytes = A * B * KK * e, y = t_.at(n.output).addr;
-    const std::string dims = dim(KK, -e, e) + dim(A, B * KK * e, KK * e) + dim(B, KK * e, A * KK * e);
-    if (staging_fits(bytes, bytes)) {
-      staged_gather(W.addr, bytes, y, bytes, {Gather{(KK - 1) * e, 0, e, dims}}, false, 0.0f, W.type.dtype);
-    } else {
-      dma(hbm(y), hbm(W.addr + (KK - 1) * e), e, dims);
-      wait_dmas();
+  // The source: the operand, or, with a transpose folded in (folded_transpose_), the
+  // transpose's operand read through its perm: y's axis d is the source's perm[d].
+  const auto ft = folded_transpose_.find(n.id);
+  const Node* tr = ft == folded_transpose_.end() ? nullptr : ft->second;
+  const Placed& X = t_.at(tr ? tr->inputs[0] : n.inputs[0]);
+  const size_t r0 = n.type.shape.size();
+  std::vector<int64_t> src_of(r0);  // the source's element stride of each axis of y
+  {
+    std::vector<int64_t> xs(r0);
+    for (int64_t d = static_cast<int64_t>(r0) - 1, so = 1; d >= 0; --d) {
+      xs[static_cast<size_t>(d)] = so;
+      so *= X.type.shape[static_cast<size_t>(d)];
     }
-    return;
+    for (size_t d = 0; d < r0; ++d) src_of[d] = xs[static_cast<size_t>(tr ? tr->attr_ints("perm")[d] : d)];
   }
-  const Placed& X = t_.at(n.inputs[0]);
+  // Adjacent axes reversed alike and contiguous in the source merge into one.
   Shape s;
   std::vector<bool> rev;
+  std::vector<int64_t> sstride;  // bytes between source elements of each merged axis
+  const int64_t e = esz(n.type.dtype);
   {
-    std::vector<bool> r(n.type.shape.size(), false);
+    std::vector<bool> r(r0, false);
     for (int64_t a : n.attr_ints("axes")) r[static_cast<size_t>(a)] = true;
-    for (size_t d = 0; d < r.size(); ++d) {
-      if (!s.empty() && rev.back() == r[d]) {
+    for (size_t d = 0; d < r0; ++d) {
+      if (!s.empty() && rev.back() == r[d] && src_of[d - 1] == src_of[d] * n.type.shape[d]) {
         s.back() *= n.type.shape[d];
+        sstride.back() = src_of[d] * e;
         continue;
       }
       s.push_back(n.type.shape[d]);
       rev.push_back(r[d]);
+      sstride.push_back(src_of[d] * e);
     }
   }
-  const int64_t e = esz(n.type.dtype);
   const size_t rank = s.size();
-  std::vector<int64_t> stride(rank);
+  std::vector<int64_t> stride(rank);  // y's
   for (int64_t d = static_cast<int64_t>(rank) - 1, so = e; d >= 0; --d) {
     stride[static_cast<size_t>(d)] = so;
     so *= s[static_cast<size_t>(d)];
@@ -61,15 +65,16 @@ void Emitter::lower_reverse(const Node& n) {
     wait_dmas();
     return;
   }
-  // Axes handled by the run: the innermost one when it is not reversed.
-  const bool run_inner = !rev[rank - 1];
+  // Axes handled by the run: the innermost one when it is not reversed (and contiguous
+  // in the source).
+  const bool run_inner = !rev[rank - 1] && sstride[rank - 1] == e;
   const int64_t run = run_inner ? s[rank - 1] * e : e;
   const size_t first_dim = run_inner ? 1 : 0;  // axes counted from the innermost
   const size_t ndims = std::min<size_t>(3, rank - first_dim);
   std::string dims;
   for (size_t k = 0; k < ndims; ++k) {
     const size_t d = rank - 1 - first_dim - k;
-    const int64_t src_stride = rev[d] ? -stride[d] : stride[d];
+    const int64_t src_stride = rev[d] ? -sstride[d] : sstride[d];
     if (s[d] > 65535) fail(n, "an axis longer than 65535 is not lowered for reverse");
     dims += dim(s[d], src_stride, stride[d]);
   }
@@ -84,13 +89,13 @@ void Emitter::lower_reverse(const Node& n) {
     for (size_t d = outer_axes; d-- > 0;) {
       const int64_t i = rem % s[d];
       rem /= s[d];
-      src += (rev[d] ? s[d] - 1 - i : i) * stride[d];
+      src += (rev[d] ? s[d] - 1 - i : i) * sstride[d];
       dst += i * stride[d];
     }
     // The DMA's first element reads the last index of each reversed dim axis.
     for (size_t k = 0; k < ndims; ++k) {
       const size_t d = rank - 1 - first_dim - k;
-      if (rev[d]) src += (s[d] - 1) * stride[d];
+      if (rev[d]) src += (s[d] - 1) * sstride[d];
     }
     if (staged) gathers.push_back(Gather{src - X.addr, dst - y, run, dims});
     else dma(hbm(dst), hbm(src), run, dims);
@@ -450,7 +455,7 @@ void Emitter::plan_read_past(const std::map<std::string, size_t>& producer, cons
     const Node* t = made_by(r.inputs[0]);
     if (t && t->op == OpKind::kTranspose && t->attr_ints("perm") == std::vector<int64_t>{1, 0, 2, 3} &&
         only_reader(t->output)) {
-      flip_src_[r.id] = t->inputs[0];
+      folded_transpose_[r.id] = t;
       read_past_.insert(t->id);
     }
   }
