@@ -136,6 +136,18 @@ class Emitter {
     cs_[cur_] << "  dma " << dst << ", " << src << ", bytes=" << bytes << dims << ", flag=f" << flag << "\n";
     ++flag_dmas_[cur_][flag];
   }
+  // A copy within VMEM (dst <- src, `run`-byte runs over `dims`) on fF, in parts of at
+  // least kSplitBytes along its outermost dimension, at most kDmaEngines: such a copy
+  // holds an engine for the on-chip path's latency and its bytes, so a large one alone
+  // leaves the others idle (the cnn step's l1 conv: ~295 KB of patches a band, 20.7 K
+  // -> 16.9 K cycles). Small ones stay whole: their parts would take the engines from
+  // the transfers beside them for the latency alone.
+  static constexpr int64_t kSplitBytes = 64 << 10;
+  void vmem_copy_on(int flag, int64_t dst, int64_t src, int64_t run, const std::string& dims) {
+    const Gather whole{src, dst, run, dims};
+    for (const Gather& g : whole.split(std::min(kDmaEngines, run * whole.runs() / kSplitBytes)))
+      dma_on(flag, vmem(g.dst_off), vmem(g.src_off), g.run, g.dims);
+  }
   void wait_flag(int flag) { line("wait f" + std::to_string(flag) + ", " + std::to_string(flag_dmas_[cur_][flag])); }
   void wait_dmas() { line("wait " + std::string(kDmaFlag) + ", " + std::to_string(dmas_[cur_])); }
   // Every core waits for every other (the work of a node is split across cores;
@@ -169,6 +181,54 @@ class Emitter {
       }
       wait_flag(kStreamOutFlag);
       wait_flag(kStreamOutFlag + 1);
+    }
+    cur_ = 0;
+  }
+  // Streamed units whose middle is a VMEM -> VMEM gather (a conv's planes, a strided
+  // copy), in three stages a core on slots k % 3 (unit k of the core): fetch(unit,
+  // slot, flag) brings the input in, gather(unit, slot, flag) issues the gathers and
+  // leaves them in flight, finish(unit, slot, flag) (once they are done) sends the
+  // result out. Unit k's gathers run while unit k - 1's result goes out and units
+  // k + 1 and k + 2 come in: double-buffered, each unit waited for its own gathers
+  // (~480 cycles each, the on-chip path's latency) and then for the next unit's input,
+  // which could only start once those gathers had read their slot (~1,000 cycles a
+  // unit on the cnn step's planes).
+  // DMA engines a core has (dma.engines of every preset): how many copies within VMEM
+  // are worth running at once. A plan's choice only; the values never depend on it.
+  static constexpr int64_t kDmaEngines = 4;
+  static constexpr int64_t kDmaBeat = 512;  // dma.chunk_bytes of every preset: one memory request
+  // VMEM for an elementwise operand's repetitions (lower_elementwise).
+  static constexpr int64_t kPeriodicBytes = 2 << 20;
+  static constexpr int kRingInFlag = 8, kRingGatherFlag = 11, kRingOutFlag = 13;  // f8..f10, f11/f12, f13..f15
+  static constexpr int64_t kRingSlots = 3;
+  template <typename Fetch, typename Gather, typename Finish>
+  void gathered_stream(int64_t units, Fetch fetch, Gather gather, Finish finish) {
+    constexpr int64_t S = kRingSlots;
+    auto in = [](int64_t k) { return kRingInFlag + static_cast<int>(k % S); };
+    auto gf = [](int64_t k) { return kRingGatherFlag + static_cast<int>(k % 2); };
+    auto out = [](int64_t k) { return kRingOutFlag + static_cast<int>(k % S); };
+    for (int core = 0; core < cores_; ++core) {
+      cur_ = core;
+      std::vector<int64_t> mine;
+      for (int64_t u = core; u < units; u += cores_) mine.push_back(u);
+      const int64_t n = static_cast<int64_t>(mine.size());
+      auto unit = [&](int64_t k) { return mine[static_cast<size_t>(k)]; };
+      for (int64_t k = 0; k < std::min(S - 1, n); ++k) fetch(unit(k), k % S, in(k));
+      for (int64_t k = 0; k < n; ++k) {
+        wait_flag(in(k));
+        if (k >= S) wait_flag(out(k));  // unit k - S's result is out of this slot
+        gather(unit(k), k % S, gf(k));
+        if (k >= 1) {
+          wait_flag(gf(k - 1));
+          finish(unit(k - 1), (k - 1) % S, out(k - 1));
+        }
+        if (k + S - 1 < n) fetch(unit(k + S - 1), (k + S - 1) % S, in(k + S - 1));  // unit k - 1's slot
+      }
+      if (n > 0) {
+        wait_flag(gf(n - 1));
+        finish(unit(n - 1), (n - 1) % S, out(n - 1));
+      }
+      for (int64_t k = 0; k < std::min(S, n); ++k) wait_flag(out(k));
     }
     cur_ = 0;
   }
@@ -244,6 +304,7 @@ class Emitter {
     // The bytes [lo, hi) its writes span, relative to its image.
     std::pair<int64_t, int64_t> dst_hull() const;
     int64_t runs() const;  // how many runs of `run` bytes it moves
+    std::vector<Gather> split(int64_t parts) const;
   };
   // HBM runs shorter than this (bytes) cost about a memory request each: moves made
   // of them (transposes, broadcasts, reverse, im2col's taps) go through VMEM, whose
@@ -272,9 +333,9 @@ class Emitter {
   int64_t gather_in_vmem(int64_t src, int64_t src_bytes, int64_t dst_bytes, const std::vector<Gather>& gathers,
                          bool fill, float fill_value, DType fill_dt, HbmRuns src_runs = {1, 0},
                          const Relayout* relayout = nullptr);
-  // The gathers from an image staged at VMEM sv into one at dv (VMEM -> VMEM DMAs on
-  // f1), all waited for.
-  void run_gathers(int64_t sv, int64_t dv, const std::vector<Gather>& gathers);
+  // The gathers from an image staged at VMEM sv into one at dv: VMEM -> VMEM DMAs on
+  // f1, all waited for; or on fF (flag >= 0), left in flight (gathered_stream).
+  void run_gathers(int64_t sv, int64_t dv, const std::vector<Gather>& gathers, int flag = -1);
   // VMEM [addr, addr + bytes) filled with `value` of dtype dt: one vst per tile (8 x 128
   // elements) from v0.
   void fill_vmem(int64_t addr, int64_t bytes, float value, DType dt);
@@ -366,6 +427,7 @@ class Emitter {
                     int64_t g, DType dt, int64_t ystride = 0);
   // Group g's OIHW weights as the im2col matmul's B, W[(kh,kw,cin), o], at HBM Wm.
   void conv_weights(const Node& n, int64_t g, int64_t Wm, bool const_w);
+  bool staged_weights(int64_t src, int64_t Wm, int64_t CO, int64_t CI, int64_t T, DType dt, bool swapped, bool flip);
   // A 1x1 conv2d as the matmul W x X per image, in NCHW (matrix.cpp).
   void lower_pointwise(const Node& n);
   // `members`: how many of n's chain the matmul's epilogue applies (-1: all).
@@ -509,6 +571,10 @@ class Emitter {
   // input gradient) -> the transpose: the reverse reads W through its perm
   // (lower_reverse), one gather.
   std::map<int, const Node*> folded_transpose_;
+  // A shifted conv whose weight is such a reverse read by it alone (its input
+  // gradient): conv_weights gathers its im2col weights from the reverse's source at
+  // once, and the reverse is not lowered. conv id -> the reverse.
+  std::map<int, const Node*> flipped_weights_;
   void lower_conv_wgrad(const Node& m);
 };
 

@@ -246,7 +246,7 @@ void Emitter::lower_maxpool_grad(const Node& n) {
       return l;
     };
     int64_t pc = std::min<int64_t>({planes, 65535, (planes + 4 * cores_ - 1) / (4 * cores_)});
-    while (pc > 0 && static_cast<uint64_t>(2 * layout(pc).end) > opt_.target.vmem_bytes) pc /= 2;
+    while (pc > 0 && static_cast<uint64_t>(kRingSlots * layout(pc).end) > opt_.target.vmem_bytes) pc /= 2;
     if (pc > 0 && eo == e) {
       const Layout l = layout(pc);
       const int64_t nbands = (planes + pc - 1) / pc;
@@ -270,24 +270,27 @@ void Emitter::lower_maxpool_grad(const Node& n) {
         return g;
       };
       sync_all();
-      double_buffered(
+      // A ring of three: a band's taps are gathered while the band before is selected,
+      // scattered and stored and the next two load.
+      gathered_stream(
           nbands,
-          [&](int64_t b, int64_t par) {
-            const int64_t bp = band_planes(b), base = par * l.end;
-            const int f = kStreamInFlag + static_cast<int>(par);
+          [&](int64_t b, int64_t slot, int f) {
+            const int64_t bp = band_planes(b), base = slot * l.end;
             dma_on(f, vmem(base + l.xs), hbm(X.addr + b * pc * H * W * e), bp * H * W * e, "");
             dma_on(f, vmem(base + l.dys), hbm(DY.addr + b * pc * OH * OW * e), bp * OH * OW * e, "");
             dma_on(f, vmem(base + l.ys), hbm(Y.addr + b * pc * OH * OW * e), bp * OH * OW * e, "");
           },
-          [&](int64_t b, int64_t par) {
-            const int64_t bp = band_planes(b), base = par * l.end;
-            run_gathers(base + l.xs, base + l.xk, taps(bp, true));
+          [&](int64_t b, int64_t slot, int f) {
+            const int64_t base = slot * l.end;
+            run_gathers(base + l.xs, base + l.xk, taps(band_planes(b), true), f);
+          },
+          [&](int64_t b, int64_t slot, int f) {
+            const int64_t bp = band_planes(b), base = slot * l.end;
             line("vbcast v3, 0.0");
             select_taps(bp * OH * OW, base + l.dys, base + l.ys, base + l.xk, base + l.dk, l.slot);
             if (!covered) fill_vmem(base + l.dxs, bp * H * W * e, 0.0f, ot);
             run_gathers(base + l.dk, base + l.dxs, taps(bp, false));
-            dma_on(kStreamOutFlag + static_cast<int>(par), hbm(t_.at(n.output).addr + b * pc * H * W * e),
-                   vmem(base + l.dxs), bp * H * W * e, "");
+            dma_on(f, hbm(t_.at(n.output).addr + b * pc * H * W * e), vmem(base + l.dxs), bp * H * W * e, "");
           });
       sync_all();
       return;
@@ -457,6 +460,21 @@ void Emitter::plan_read_past(const std::map<std::string, size_t>& producer, cons
         only_reader(t->output)) {
       folded_transpose_[r.id] = t;
       read_past_.insert(t->id);
+    }
+    // Its one reader a stride-1 shifted conv's weight: that conv's weight layout reads
+    // the source itself (conv_weights), so the reverse is not lowered. The cnn step's
+    // backward convs wrote the flipped OIHW weights to HBM and then gathered them again
+    // through VMEM into the im2col layout, each pass a load, a gather and a store.
+    if (!only_reader(r.output)) continue;
+    const Node* c = nullptr;
+    for (const Node& m : g_.nodes)
+      if (std::find(m.inputs.begin(), m.inputs.end(), r.output) != m.inputs.end()) c = &m;
+    ShiftPlanes sp;
+    if (c && c->op == OpKind::kConv2d && c->inputs.size() >= 2 && c->inputs[1] == r.output &&
+        c->inputs[0] != r.output && !fused_away(*c) && ints_are(*c, "strides", 1) && ints_are(*c, "dilations", 1) &&
+        (!c->has_attr("groups") || c->attr_int("groups") == 1) && shift_planes(*c, &sp)) {
+      flipped_weights_[c->id] = &r;
+      read_past_.insert(r.id);
     }
   }
 }

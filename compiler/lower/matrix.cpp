@@ -2,6 +2,7 @@
 #include "compiler/lower/emitter.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -38,7 +39,7 @@ void Emitter::layout_constant(int64_t addr, const std::string& name, DType dt, c
 // Group g's OIHW weights as W[(kh,kw,cin), o] at HBM Wm, the im2col matmul's B: a
 // constant is laid out at compile time (a .const entry of its own: no run-time
 // rearrangement, and the matmul's weight loads read contiguous rows); otherwise
-// through VMEM when it fits.
+// through VMEM when it fits (staged_weights).
 void Emitter::conv_weights(const Node& n, int64_t g, int64_t Wm, bool const_w) {
   const Placed Wt = t_.at(n.inputs[1]);
   const int64_t G = n.has_attr("groups") ? n.attr_int("groups") : 1;
@@ -46,26 +47,56 @@ void Emitter::conv_weights(const Node& n, int64_t g, int64_t Wm, bool const_w) {
   const int64_t COg = CO / G, K = KH * KW * CI, ew = esz(Wt.type.dtype);
   const int64_t wbytes = COg * CI * KH * KW * ew;
   const Constant* wc = g_.find_constant(n.inputs[1]);
+  if (const auto fw = flipped_weights_.find(n.id); fw != flipped_weights_.end()) {
+    // The weight is reverse(V, axes [2, 3]) (plan_read_past), V OIHW or, with a
+    // transpose [1, 0, 2, 3] folded in, W = V with o and i swapped: B[(kh, kw, ci), co]
+    // = V[co, ci, KH-1-kh, KW-1-kw], gathered from V's (or W's) bytes.
+    const auto ft = folded_transpose_.find(fw->second->id);
+    const bool swapped = ft != folded_transpose_.end();
+    const Placed& src = t_.at(swapped ? ft->second->inputs[0] : fw->second->inputs[0]);
+    if (G != 1 || !staged_weights(src.addr, Wm, CO, CI, KH * KW, Wt.type.dtype, swapped, true))
+      fail(n, "internal: a flipped weight it cannot gather");
+    return;
+  }
   if (wc && const_w) {
     layout_constant(Wm, "#conv" + std::to_string(n.id) + "g" + std::to_string(g) + "w", Wt.type.dtype, {K, COg},
                     [&](int64_t i) {
                       const int64_t o = i % COg, ci = i / COg % CI, t = i / (COg * CI), kh = t / KW, kw = t % KW;
                       return wc->f[static_cast<size_t>((((g * COg + o) * CI + ci) * KH + kh) * KW + kw)];
                     });
-  } else if (staging_fits(wbytes, wbytes)) {
-    std::vector<Gather> gathers;
-    for (int64_t kh = 0; kh < KH; ++kh)
-      for (int64_t kw = 0; kw < KW; ++kw)
-        gathers.push_back(Gather{(kh * KW + kw) * ew, (kh * KW + kw) * CI * COg * ew, ew,
-                                 dim(COg, CI * KH * KW * ew, ew) + dim(CI, KH * KW * ew, COg * ew)});
-    staged_gather(Wt.addr + g * wbytes, wbytes, Wm, wbytes, gathers, false, 0.0f, Wt.type.dtype);
-  } else {
-    for (int64_t kh = 0; kh < KH; ++kh)
-      for (int64_t kw = 0; kw < KW; ++kw)
-        dma(hbm(Wm + (kh * KW + kw) * CI * COg * ew), hbm(Wt.addr + (g * COg * CI * KH * KW + kh * KW + kw) * ew), ew,
-            dim(COg, CI * KH * KW * ew, ew) + dim(CI, KH * KW * ew, COg * ew));
-    wait_dmas();
+    return;
   }
+  if (staged_weights(Wt.addr + g * wbytes, Wm, COg, CI, KH * KW, Wt.type.dtype, false, false)) return;
+  for (int64_t kh = 0; kh < KH; ++kh)
+    for (int64_t kw = 0; kw < KW; ++kw)
+      dma(hbm(Wm + (kh * KW + kw) * CI * COg * ew), hbm(Wt.addr + (g * COg * CI * KH * KW + kh * KW + kw) * ew), ew,
+          dim(COg, CI * KH * KW * ew, ew) + dim(CI, KH * KW * ew, COg * ew));
+  wait_dmas();
+}
+
+// B[(t, ci), co] (t = kh * KW + kw of T taps; CO x CI x T elements of ew bytes) at
+// HBM Wm from the source at src: OIHW [co][ci][t], or with `swapped` [ci][co][t];
+// `flip` reads tap T-1-t (a reverse of both spatial axes). Through VMEM: one load,
+// the gathers, one store. A copy within VMEM holds one of the core's DMA engines for
+// the on-chip path's latency and its bytes (tensorcore.md, "DMA"), so the gathers are
+// one a DMA engine, each a range of taps (disjoint destinations): a gather a tap took
+// three rounds of the four engines (~1.6 K cycles for a 3x3x128x128 fp32 weight, 590
+// KB, against ~0.7 K). False if the weight does not fit VMEM twice.
+bool Emitter::staged_weights(int64_t src, int64_t Wm, int64_t CO, int64_t CI, int64_t T, DType dt, bool swapped,
+                             bool flip) {
+  const int64_t ew = esz(dt), bytes = CO * CI * T * ew;
+  if (!staging_fits(bytes, bytes)) return false;
+  const int64_t so = (swapped ? T : CI * T) * ew, si = (swapped ? CO * T : T) * ew;  // source strides of co, ci
+  const int64_t parts = std::min(T, kDmaEngines);
+  std::vector<Gather> gathers;
+  for (int64_t p = 0; p < parts; ++p) {
+    const int64_t t0 = T * p / parts, t1 = T * (p + 1) / parts;
+    gathers.push_back(Gather{(flip ? T - 1 - t0 : t0) * ew, t0 * CI * CO * ew, ew,
+                             dim(CO, so, ew) + dim(CI, si, CO * ew) + dim(t1 - t0, flip ? -ew : ew, CI * CO * ew),
+                             true});
+  }
+  staged_gather(src, bytes, Wm, bytes, gathers, false, 0.0f, dt);
+  return true;
 }
 
 // A conv's NHWC result (NB images of OH rows of Wq pixels, COg channels; the first OW
@@ -314,25 +345,30 @@ bool Emitter::lower_conv_shifted(const Node& n) {
     in_bytes = std::max(in_bytes, align_up(pb.src_bytes, kAlign));
     out_bytes = std::max(out_bytes, align_up(pb.dst_bytes, kAlign));
   }
-  if (bands.size() > static_cast<size_t>(cores_) && staging_fits(2 * in_bytes, 2 * out_bytes)) {
-    // More bands than cores: double-buffered, so a core's next band comes in while this
-    // one is gathered and the one before goes out (one after the other, resnet50's
+  const int64_t S = kRingSlots;
+  if (bands.size() > static_cast<size_t>(cores_) && staging_fits(S * in_bytes, S * out_bytes)) {
+    // More bands than cores: a ring of three, so a core's band is gathered while the
+    // one before goes out and the next two come in (one after the other, resnet50's
     // layer4.0 conv2 at v3 batch 8 spent ~8 K cycles building its planes).
     const HbmRuns runs{CI, H * W * ex};
-    double_buffered(
+    auto out_at = [&](int64_t slot) { return S * in_bytes + slot * out_bytes; };
+    gathered_stream(
         static_cast<int64_t>(bands.size()),
-        [&](int64_t u, int64_t par) {
+        [&](int64_t u, int64_t slot, int flag) {
           const PlaneBand& pb = bands[static_cast<size_t>(u)];
-          dma_on(kStreamInFlag + static_cast<int>(par), vmem(par * in_bytes), hbm(pb.src), pb.src_bytes / runs.runs,
+          dma_on(flag, vmem(slot * in_bytes), hbm(pb.src), pb.src_bytes / runs.runs,
                  dim(runs.runs, runs.stride, pb.src_bytes / runs.runs));
         },
-        [&](int64_t u, int64_t par) {
+        [&](int64_t u, int64_t slot, int flag) {
           const PlaneBand& pb = bands[static_cast<size_t>(u)];
-          const int64_t dv = 2 * in_bytes + par * out_bytes, part = pb.dst_bytes / nph;
-          fill_vmem(dv, pb.dst_bytes, 0.0f, X.type.dtype);
-          run_gathers(par * in_bytes, dv, pb.gathers);
+          fill_vmem(out_at(slot), pb.dst_bytes, 0.0f, X.type.dtype);
+          run_gathers(slot * in_bytes, out_at(slot), pb.gathers, flag);
+        },
+        [&](int64_t u, int64_t slot, int flag) {
+          const PlaneBand& pb = bands[static_cast<size_t>(u)];
+          const int64_t part = pb.dst_bytes / nph;
           for (int64_t k = 0; k < nph; ++k)
-            dma_on(kStreamOutFlag + static_cast<int>(par), hbm(pb.dst + k * pstride), vmem(dv + k * part), part, "");
+            dma_on(flag, hbm(pb.dst + k * pstride), vmem(out_at(slot) + k * part), part, "");
         });
   } else {
     for (size_t u = 0; u < bands.size(); ++u) {
@@ -512,15 +548,15 @@ bool Emitter::lower_conv_patches(const Node& n) {
     zero_rows(l.pad[par], 0, top);
     zero_rows(l.pad[par], bot, PR);
     if (bot > top)
-      dma_on(kRelFlag + par, vmem(l.pad[par] + (top * Wp + pads[1]) * CI * ex), vmem(l.in[par]), ex,
-             dim(W, ex, CI * ex) + dim(CI, l.ich, ex) + dim(bot - top, W * ex, prow));
+      vmem_copy_on(kRelFlag + par, l.pad[par] + (top * Wp + pads[1]) * CI * ex, l.in[par], ex,
+                   dim(W, ex, CI * ex) + dim(CI, l.ich, ex) + dim(bot - top, W * ex, prow));
   };
   // Patch row (r, ow) of the band: kernel row kh's KW * CI elements at padded row
   // r * s0 + kh, pixel ow * s1, one run each.
   const auto taps = [&](const Unit& u, int par) {
-    dma_on(kTapFlag + par, vmem(l.patch[par]), vmem(l.pad[par]), KW * CI * ex,
-           dim(OW, st[1] * CI * ex, K * ex) + dim(u.oh1 - u.oh0, st[0] * prow, OW * K * ex) +
-               dim(KH, prow, KW * CI * ex));
+    vmem_copy_on(kTapFlag + par, l.patch[par], l.pad[par], KW * CI * ex,
+                 dim(OW, st[1] * CI * ex, K * ex) + dim(KH, prow, KW * CI * ex) +
+                     dim(u.oh1 - u.oh0, st[0] * prow, OW * K * ex));
   };
   const auto store = [&](const Unit& u, int par) {
     dma_on(kStreamOutFlag + par, hbm(y + (u.b * CO * OH + u.oh0) * OW * eo), vmem(l.out[par]),
@@ -686,6 +722,7 @@ void Emitter::lower_conv(const Node& n) {
     return;
   }
   if (lower_conv_shifted(n)) return;
+  if (flipped_weights_.count(n.id)) fail(n, "internal: its flipped weight was planned for the shifted lowering");
   if (lower_conv_patches(n)) return;
   // Each group is its own convolution (the reference's per-group chunking).
   for (int64_t g = 0; g < G; ++g) {
@@ -1328,6 +1365,15 @@ void Emitter::lower_matmul(const Node& n) {
     bool first, last;
   };
   auto kr_of = [&](int64_t c) { return std::min(R, K - c * R); };
+  // A pass that fills fewer MXUs than the core has (the last of an odd number of
+  // chunks; one chunk of one column tile) runs on `reps` copies of its weights, 8-row
+  // block i on copy i % reps: the third chunk of a 32-channel 3x3 conv (K = 288) kept
+  // one of v3's two MXUs idle for a third of the conv. Each block's sum is still its
+  // chunks' in order on one copy.
+  auto reps = [&](const Pass& ps) { return std::max<int64_t>(1, mxus / (ps.kk * ps.cwt)); };
+  auto mxu_at = [&](const Pass& ps, int64_t i, int64_t w, int64_t k) {
+    return i % reps(ps) * ps.kk * ps.cwt + w * ps.kk + k;
+  };
 
   // VMEM plan. Columns go in bands of BG column groups whose weights stay resident
   // in VMEM (loaded by the first unit of the band on each core, reused by the
@@ -1400,28 +1446,45 @@ void Emitter::lower_matmul(const Node& n) {
   auto lhs_band_bytes = [&](int64_t cap) {
     return in_place ? seg_at(static_cast<int64_t>(segs.size()), cap) : cap * ls;
   };
-  // Chunk c of the 8-row block at `row` of the band at `band` (a unit of `cap` rows) into vv.
-  auto lhs_vld = [&](int64_t vv, int64_t band, int64_t c, int64_t row, int64_t cap) {
-    if (!in_place) {
-      line(std::string(ld(at_)) + " " + vr(vv) + ", " + at(band + row * ls + (c % LB) * R * ea) +
-           ", stride=" + std::to_string(ls));
-      return;
-    }
-    const std::vector<Run>& rs = runs[static_cast<size_t>(c)];
+  // Chunks of the 8-row block at `row` of a unit of `cap` rows: chunk c of the band at
+  // `band` into vv, for each (vv, band, c). Read in place, a chunk of two runs loads
+  // its second into a scratch register (v31, then v30) and selects it in: every load
+  // goes first and the selects after them, so a select does not hold the in-order
+  // vector unit for its load's latency (a 32-channel conv's block of two such chunks
+  // took 11 cycles, against the MXUs' 8).
+  struct LhsChunk {
+    int64_t vv, band, c;
+  };
+  auto lhs_vlds = [&](const std::vector<LhsChunk>& chunks_of_block, int64_t row, int64_t cap) {
     auto mask_of = [&](const Run& r) {
       const auto m = std::find(masks.begin(), masks.end(), std::make_pair(r.l0, r.l1));
       return m == masks.end() ? std::string() : "m" + std::to_string(3 + (m - masks.begin()));
     };
-    for (size_t j = 0; j < rs.size(); ++j) {
-      const Run& r = rs[j];
-      const int64_t s = seg_of(r.t);
-      const int64_t addr = band + seg_at(s, cap) + kLead +
-                           (row + tap_row(r.t) - segs[static_cast<size_t>(s)].lo) * pix + (r.e0 - r.l0) * ea;
-      const std::string m = mask_of(r);
-      line(std::string(ld(at_)) + " " + vr(j == 0 ? vv : 31) + ", " + at(addr) + ", stride=" + std::to_string(pix) +
-           (m.empty() ? "" : ", mask=" + m));
+    std::vector<std::string> selects;
+    for (const LhsChunk& lc : chunks_of_block) {
+      if (!in_place) {
+        line(std::string(ld(at_)) + " " + vr(lc.vv) + ", " + at(lc.band + row * ls + (lc.c % LB) * R * ea) +
+             ", stride=" + std::to_string(ls));
+        continue;
+      }
+      const std::vector<Run>& rs = runs[static_cast<size_t>(lc.c)];
+      // The scratch: v31, v30 for the first two chunks of two runs; later ones select at once.
+      const int64_t scratch = selects.size() < 2 ? 31 - static_cast<int64_t>(selects.size()) : 31;
+      for (size_t j = 0; j < rs.size(); ++j) {
+        const Run& r = rs[j];
+        const int64_t s = seg_of(r.t);
+        const int64_t addr = lc.band + seg_at(s, cap) + kLead +
+                             (row + tap_row(r.t) - segs[static_cast<size_t>(s)].lo) * pix + (r.e0 - r.l0) * ea;
+        const std::string m = mask_of(r);
+        line(std::string(ld(at_)) + " " + vr(j == 0 ? lc.vv : scratch) + ", " + at(addr) +
+             ", stride=" + std::to_string(pix) + (m.empty() ? "" : ", mask=" + m));
+      }
+      if (rs.size() != 2) continue;
+      const std::string sel = "vsel " + vr(lc.vv) + ", " + mask_of(rs[1]) + ", " + vr(scratch) + ", " + vr(lc.vv);
+      if (selects.size() < 2) selects.push_back(sel);
+      else line(sel);
     }
-    if (rs.size() == 2) line("vsel " + vr(vv) + ", " + mask_of(rs[1]) + ", v31, " + vr(vv));
+    for (const std::string& sel : selects) line(sel);
   };
   // The lane masks of the runs read in place, on each core before its first vld (m2
   // a scratch: the matmul's other masks are set where they are used).
@@ -1812,6 +1875,16 @@ void Emitter::lower_matmul(const Node& n) {
       panels = kMaxPanels;
       if (need_s(Mt, NG) > vmem_cap) panels = 3;
     }
+    // Every tile on the same weights (one band of columns, one B for the batch) and K in
+    // at most kMaxPanels passes: a slot a pass, so the panels are fetched once and stay
+    // (fetch_panel below). The cnn step's backward convs of K = 1152 (5 passes) re-read
+    // their weights each tile on 3 slots, ~300 cycles a pass waiting for them.
+    const bool one_b = !own_b_batches && (batches == 1 || b_at(0) == b_at(batches - 1));
+    if (P == 1 && Mt > 0 && one_b && NG >= ngroups && np > panels && np <= kMaxPanels) {
+      const int64_t before = panels;
+      panels = np;
+      if (need_s(Mt, NG) > vmem_cap) panels = before;
+    }
     if (Mt > 0) {
       const int64_t wsp = ws_of(NG), panel = kw * R * wsp;
       const int64_t lbase = panels * panel + wrow, abase = lbase + BS * lhs_band_bytes(Mt);
@@ -1887,10 +1960,20 @@ void Emitter::lower_matmul(const Node& n) {
           const int64_t d = addr_of(tiles[static_cast<size_t>(t) + 1].b) - addr_of(tiles[static_cast<size_t>(t)].b);
           return to_vmem ? dim(count, d, slot) : dim(count, slot, d);
         };
+        // What each panel slot holds (B's address, first column, pass): a tile whose
+        // pass finds its panel already in the slot (the same weights for every tile, np
+        // passes on np slots: a conv's K of 3 to 5 passes) does not fetch it again; its
+        // wait then covers the DMA that brought it. The cnn step's l3 conv re-read its
+        // 295 KB of weights for each of 8 tiles, waiting ~300 cycles a pass.
+        std::vector<std::array<int64_t, 3>> slot_holds(static_cast<size_t>(panels), {-1, -1, -1});
         auto fetch_panel = [&](int64_t z) {
           if (z % P) return;  // its pack came with the pack's first
           const Tile tl = tile_of_pass(z);
           const int64_t k0 = (z % np) * kw * R, kcols = std::min(K, k0 + kw * R) - k0;
+          if (P == 1) {
+            const std::array<int64_t, 3> holds{b_at(tl.b), tl.n0, z % np};
+            if (std::exchange(slot_holds[static_cast<size_t>(z % panels)], holds) == holds) return;
+          }
           dma_on(slot_flag(z), vmem((z % panels) * panel), hbm(b_at(tl.b) + k0 * brow + tl.n0 * eb),
                  std::min(NG * cw * C, N - tl.n0) * eb, dim(kcols, brow, wsp) + pack_dim(z, b_at, panel, true));
         };
@@ -2019,7 +2102,8 @@ void Emitter::lower_matmul(const Node& n) {
             for (int64_t r = 0; r < R; r += 8)
               for (int64_t w = 0; w < ps.cwt; ++w)
                 for (int64_t k = 0; k < ps.kk; ++k)
-                  if (r < kr_of(ps.c0 + k)) l.push_back({w * kw + k, w_at(q, w, k, r)});
+                  if (r < kr_of(ps.c0 + k))
+                    for (int64_t c = 0; c < reps(ps); ++c) l.push_back({mxu_at(ps, c, w, k), w_at(q, w, k, r)});
             return l;
           };
           auto emit_push = [&](const std::pair<int64_t, int64_t>& pw) {
@@ -2029,9 +2113,10 @@ void Emitter::lower_matmul(const Node& n) {
           };
           auto emit_swaps = [&](int64_t q) {
             const Pass& ps = seq[static_cast<size_t>(q)].ps;
-            for (int64_t w = 0; w < ps.cwt; ++w)
-              for (int64_t k = 0; k < ps.kk; ++k)
-                line("mswap " + mx(w * kw + k) + ", k=" + std::to_string(kr_of(ps.c0 + k)));
+            for (int64_t c = 0; c < reps(ps); ++c)
+              for (int64_t w = 0; w < ps.cwt; ++w)
+                for (int64_t k = 0; k < ps.kk; ++k)
+                  line("mswap " + mx(mxu_at(ps, c, w, k)) + ", k=" + std::to_string(kr_of(ps.c0 + k)));
           };
           for (const auto& pw : push_list(0)) emit_push(pw);
           emit_swaps(0);
@@ -2103,10 +2188,12 @@ void Emitter::lower_matmul(const Node& n) {
                 per_item = (static_cast<int64_t>(pending.size()) + (ks.b1 - ks.b0) - 1) / (ks.b1 - ks.b0);
               }
               const int64_t lset = (s % LS) * kw;
+              std::vector<LhsChunk> lcs;
               for (int64_t k = 0; k < ps.kk; ++k)
-                lhs_vld(lset + k, lbase + (y % BS) * lhs_band_bytes(Mt), ps.c0 + k, i * 8, Mt);
+                lcs.push_back(LhsChunk{lset + k, lbase + (y % BS) * lhs_band_bytes(Mt), ps.c0 + k});
+              lhs_vlds(lcs, i * 8, Mt);
               for (int64_t w = 0; w < ps.cwt; ++w)
-                for (int64_t k = 0; k < ps.kk; ++k) line("mmul " + mx(w * kw + k) + ", " + vr(lset + k));
+                for (int64_t k = 0; k < ps.kk; ++k) line("mmul " + mx(mxu_at(ps, i, w, k)) + ", " + vr(lset + k));
               for (int64_t x = 0; x < per_item && next_push < pending.size(); ++x) emit_push(pending[next_push++]);
               if (i == ks.b1 - 1 && q + 1 < Q) {
                 while (next_push < pending.size()) emit_push(pending[next_push++]);
@@ -2121,7 +2208,7 @@ void Emitter::lower_matmul(const Node& n) {
                 const int64_t a = 8 + (j % AS) * cw + w;
                 if (!ps.first) line("vld " + vr(a) + ", " + at(acc_at(ps, w, i)));
                 for (int64_t k = 0; k < ps.kk; ++k)
-                  line(std::string(k == 0 && ps.first ? "mpop " : "mpop.add ") + vr(a) + ", " + mx(w * kw + k));
+                  line(std::string(k == 0 && ps.first ? "mpop " : "mpop.add ") + vr(a) + ", " + mx(mxu_at(ps, i, w, k)));
               }
             }
             const int64_t j2 = s - D - E;
@@ -2295,12 +2382,20 @@ void Emitter::lower_matmul(const Node& n) {
       // share its resident band: keyed by where the batch's B is.
       const int64_t wkey = (b0 - B.addr) * static_cast<int64_t>(band_passes.size()) + static_cast<int64_t>(band);
       const bool load_w = !resident || !w_loaded[static_cast<size_t>(cur_)][wkey];
-      auto unit_key = [&](int64_t row0) { return (static_cast<int64_t>(band) * batches + b) * M + row0; };
-      const bool lhs0_ready = lhs_prefetched[static_cast<size_t>(cur_)] == unit_key(m0);
+      auto unit_key = [&](int64_t bb, int64_t row0) { return (static_cast<int64_t>(band) * batches + bb) * M + row0; };
+      const bool lhs0_ready = lhs_prefetched[static_cast<size_t>(cur_)] == unit_key(b, m0);
       const int64_t lbase = lhs_image(core_units[static_cast<size_t>(cur_)]++);
-      // The first LHS band (chunks [0, LB)) of the core's next unit, starting at row `row0`, `rows` rows.
-      auto lhs_band0 = [&](int flag, int64_t row0, int64_t rows) {
-        lhs_dma(flag, lhs_image(core_units[static_cast<size_t>(cur_)]), b, row0, 0, rows, 0, std::min(K, LB * R), Mg);
+      // The core's next unit of this band, cores_ units on: later rows of this batch
+      // element or the first of a later one (a conv's next image, whose rows were
+      // fetched only when its unit began: ~700 cycles an image on the cnn step's
+      // backward convs).
+      const int64_t upb = (M + Mg - 1) / Mg, next_unit = b * upb + m0 / Mg + cores_;
+      const bool has_next = next_unit < batches * upb;
+      const int64_t next_b = next_unit / upb, next_m0 = next_unit % upb * Mg;
+      // The first LHS band (chunks [0, LB)) of the core's next unit.
+      auto lhs_band0 = [&](int flag) {
+        lhs_dma(flag, lhs_image(core_units[static_cast<size_t>(cur_)]), next_b, next_m0, 0,
+                std::min(Mg, M - next_m0), 0, std::min(K, LB * R), Mg);
       };
       w_loaded[static_cast<size_t>(cur_)][wkey] = true;
       // Weight tile (chunk c, column tile starting at col) in VMEM.
@@ -2402,7 +2497,8 @@ void Emitter::lower_matmul(const Node& n) {
         for (int64_t r = 0; r < R; r += 8)
           for (int64_t w = 0; w < ps.cwt; ++w)
             for (int64_t k = 0; k < ps.kk; ++k)
-              if (r < kr_of(ps.c0 + k)) l.push_back({w * kw + k, w_addr(q, w, k, r)});
+              if (r < kr_of(ps.c0 + k))
+                for (int64_t c = 0; c < reps(ps); ++c) l.push_back({mxu_at(ps, c, w, k), w_addr(q, w, k, r)});
         return l;
       };
       auto emit_push = [&](const std::pair<int64_t, int64_t>& pw) {
@@ -2412,9 +2508,10 @@ void Emitter::lower_matmul(const Node& n) {
       };
       auto emit_swaps = [&](int64_t q) {
         const Pass& ps = passes[static_cast<size_t>(q)];
-        for (int64_t w = 0; w < ps.cwt; ++w)
-          for (int64_t k = 0; k < ps.kk; ++k)
-            line("mswap " + mx(w * kw + k) + ", k=" + std::to_string(kr_of(ps.c0 + k)));
+        for (int64_t c = 0; c < reps(ps); ++c)
+          for (int64_t w = 0; w < ps.cwt; ++w)
+            for (int64_t k = 0; k < ps.kk; ++k)
+              line("mswap " + mx(mxu_at(ps, c, w, k)) + ", k=" + std::to_string(kr_of(ps.c0 + k)));
       };
       for (const auto& pw : push_list(0)) emit_push(pw);
       emit_swaps(0);
@@ -2466,10 +2563,9 @@ void Emitter::lower_matmul(const Node& n) {
             // The last column group's first pass past LHS band 0: every read of band 0
             // is behind (in program order), so the next unit of this core may fill it;
             // with two images, the unit's start (the other image's reads are behind).
-            const int64_t m0n = m0 + cores_ * Mg;
-            if ((lhs_double ? s == 0 : ps.t == t_end - 1 && ps.c0 == LB) && m0n < M) {
-              lhs_band0(kLhsPrefetchFlag, m0n, std::min(Mg, M - m0n));
-              lhs_prefetched[static_cast<size_t>(cur_)] = unit_key(m0n);
+            if ((lhs_double ? s == 0 : ps.t == t_end - 1 && ps.c0 == LB) && has_next) {
+              lhs_band0(kLhsPrefetchFlag);
+              lhs_prefetched[static_cast<size_t>(cur_)] = unit_key(next_b, next_m0);
             }
             if (q + 1 < Q) wait_pass(q + 1);
             if (q + kSlots - 1 < Q) fetched[static_cast<size_t>(q + kSlots - 1)] = fetch(q + kSlots - 1);
@@ -2478,10 +2574,12 @@ void Emitter::lower_matmul(const Node& n) {
             per_item = (static_cast<int64_t>(pending.size()) + blocks - 1) / blocks;
           }
           const int64_t lset = (s % LS) * kw;
+          std::vector<LhsChunk> lcs;
           for (int64_t k = 0; k < ps.kk; ++k)
-            lhs_vld(lset + k, lbase + (ps.c0 + k) / LB * lhs_band_bytes(Mg), ps.c0 + k, i * 8, Mg);
+            lcs.push_back(LhsChunk{lset + k, lbase + (ps.c0 + k) / LB * lhs_band_bytes(Mg), ps.c0 + k});
+          lhs_vlds(lcs, i * 8, Mg);
           for (int64_t w = 0; w < ps.cwt; ++w)
-            for (int64_t k = 0; k < ps.kk; ++k) line("mmul " + mx(w * kw + k) + ", " + vr(lset + k));
+            for (int64_t k = 0; k < ps.kk; ++k) line("mmul " + mx(mxu_at(ps, i, w, k)) + ", " + vr(lset + k));
           for (int64_t x = 0; x < per_item && next_push < pending.size(); ++x) emit_push(pending[next_push++]);
           if (i == blocks - 1 && q + 1 < Q) {
             while (next_push < pending.size()) emit_push(pending[next_push++]);
@@ -2497,7 +2595,7 @@ void Emitter::lower_matmul(const Node& n) {
             const int64_t a = 8 + (j % AS) * cw + w;
             if (!ps.first) line("vld " + vr(a) + ", " + at(acc_base + (w * Mg + i * 8) * 512));
             for (int64_t k = 0; k < ps.kk; ++k)
-              line(std::string(k == 0 && ps.first ? "mpop " : "mpop.add ") + vr(a) + ", " + mx(w * kw + k));
+              line(std::string(k == 0 && ps.first ? "mpop " : "mpop.add ") + vr(a) + ", " + mx(mxu_at(ps, i, w, k)));
           }
         }
         // partial-sum store or epilogue of item s - D - E

@@ -122,24 +122,26 @@ void Emitter::lower_transpose(const Node& n) {
     // blocks a core at least). The whole tensor on one core, its load, gathers and
     // store one after another, took BERT's K transpose ([8, 128, 12, 64] perm
     // [0, 2, 3, 1], bf16) 7,771 cycles on v3 with the second core idle.
+    const int64_t S = kRingSlots;
     int64_t per2 = std::min(count, (count + 2 * cores_ - 1) / (2 * cores_));
-    while (per2 > 0 && static_cast<uint64_t>(4 * align_up(per2 * slice, kAlign)) > opt_.target.vmem_bytes) --per2;
+    while (per2 > 0 && static_cast<uint64_t>(2 * S * align_up(per2 * slice, kAlign)) > opt_.target.vmem_bytes) --per2;
     if (shared && per2 > 0 && count > per2) {
       const int64_t bytes = align_up(per2 * slice, kAlign);
       auto block = [&](int64_t k) { return std::make_pair(k * per2, std::min(per2, count - k * per2)); };
-      double_buffered(
+      gathered_stream(
           (count + per2 - 1) / per2,
-          [&](int64_t k, int64_t par) {
+          [&](int64_t k, int64_t slot, int flag) {
             const auto [b0, nb] = block(k);
-            dma_on(kStreamInFlag + static_cast<int>(par), vmem(par * bytes), hbm(X.addr + b0 * slice), nb * slice, "");
+            dma_on(flag, vmem(slot * bytes), hbm(X.addr + b0 * slice), nb * slice, "");
           },
-          [&](int64_t k, int64_t par) {
-            const auto [b0, nb] = block(k);
+          [&](int64_t k, int64_t slot, int flag) {
             Shape part = os;
-            part[d0] = nb;
-            run_gathers(par * bytes, (2 + par) * bytes, strided_copies(dst, src, part, e));
-            dma_on(kStreamOutFlag + static_cast<int>(par), hbm(y + b0 * slice), vmem((2 + par) * bytes), nb * slice,
-                   "");
+            part[d0] = block(k).second;
+            run_gathers(slot * bytes, (S + slot) * bytes, strided_copies(dst, src, part, e), flag);
+          },
+          [&](int64_t k, int64_t slot, int flag) {
+            const auto [b0, nb] = block(k);
+            dma_on(flag, hbm(y + b0 * slice), vmem((S + slot) * bytes), nb * slice, "");
           });
       return;
     }

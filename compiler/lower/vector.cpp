@@ -71,13 +71,34 @@ void Emitter::lower_elementwise(const Node& n) {
   const Node& last = chain.empty() ? n : *chain.back();
   const Shape& os = n.type.shape;
   const int64_t total = num_elements(os);
+  const int64_t tiles = (total + kTileElems - 1) / kTileElems;
+  const int64_t T = std::min<int64_t>(64, tiles);
   std::vector<int64_t> src;
   std::vector<DType> sdt;
+  // An operand broadcast over leading axes only (the training step's learning-rate and
+  // momentum rows over a weight's 2-D view) is periodic in the output's element order:
+  // element i is its element i mod P. Its rows of at least a DMA beat come into VMEM
+  // once, repeated past a block's length (one HBM read of the row a repetition), and a
+  // block reads them at its start mod P. The operand was laid out whole in HBM and
+  // streamed with the others (the cnn step's optimizer: 20 of them, a whole copy of
+  // each weight written and read again).
+  std::vector<int64_t> period;  // P, or 0: streamed
+  auto add_operand = [&](const Node& m, const std::string& name) {
+    const Shape& ps = t_.at(name).type.shape;
+    const int64_t P = num_elements(ps), e = esz(t_.at(name).type.dtype);
+    bool leading = ps.size() <= os.size() && P < total;
+    for (size_t d = 0; leading && d < ps.size(); ++d) leading = ps[d] == os[os.size() - ps.size() + d];
+    if (leading && P * e >= kDmaBeat && (P + T * kTileElems) * e <= kPeriodicBytes) {
+      src.push_back(t_.at(name).addr);
+      period.push_back(P);
+    } else {
+      src.push_back(broadcast_to(m, name, os));
+      period.push_back(0);
+    }
+    sdt.push_back(t_.at(name).type.dtype);
+  };
   const size_t nin = n.inputs.size() == 2 ? 2 : 1;
-  for (size_t i = 0; i < nin; ++i) {
-    src.push_back(broadcast_to(n, n.inputs[i], os));
-    sdt.push_back(t_.at(n.inputs[i]).type.dtype);
-  }
+  for (size_t i = 0; i < nin; ++i) add_operand(n, n.inputs[i]);
   struct Member {
     const Node* m;
     int operand;  // index into src, -1 for unary
@@ -89,9 +110,7 @@ void Emitter::lower_elementwise(const Node& n) {
     Member mb{m, -1, true};
     if (m->inputs.size() == 2) {
       mb.run_first = m->inputs[0] == run;
-      const std::string& other = m->inputs[mb.run_first ? 1 : 0];
-      src.push_back(broadcast_to(*m, other, os));
-      sdt.push_back(t_.at(other).type.dtype);
+      add_operand(*m, m->inputs[mb.run_first ? 1 : 0]);
       mb.operand = static_cast<int>(src.size()) - 1;
     }
     members.push_back(mb);
@@ -99,36 +118,57 @@ void Emitter::lower_elementwise(const Node& n) {
   }
   const int64_t dst = t_.at(last.output).addr;
   const DType odt = last.type.dtype;
-  const int64_t tiles = (total + kTileElems - 1) / kTileElems;
-  const int64_t T = std::min<int64_t>(64, tiles);
   const int64_t buf = T * kTileElems * 4;  // one operand's block (f32 at most)
   const int64_t nsrc = static_cast<int64_t>(src.size());
   auto in_buf = [&](int64_t par, int64_t s) { return (par * (nsrc + 1) + s) * buf; };
   auto out_buf = [&](int64_t par) { return (par * (nsrc + 1) + nsrc) * buf; };
-  if (static_cast<uint64_t>(2 * (nsrc + 1) * buf) > opt_.target.vmem_bytes) fail(n, "operands too large for VMEM");
+  // The periodic operands' repetitions, after the blocks' buffers: whole periods
+  // covering a block from any start below P.
+  std::vector<int64_t> pbuf(static_cast<size_t>(nsrc), 0), reps(static_cast<size_t>(nsrc), 0);
+  int64_t top = 2 * (nsrc + 1) * buf;
+  for (size_t s = 0; s < src.size(); ++s) {
+    if (!period[s]) continue;
+    reps[s] = (period[s] - 1 + T * kTileElems + period[s] - 1) / period[s];
+    pbuf[s] = top;
+    top += align_up(reps[s] * period[s] * esz(sdt[s]), kAlign);
+  }
+  if (static_cast<uint64_t>(top) > opt_.target.vmem_bytes) fail(n, "operands too large for VMEM");
   const int64_t nblocks = (tiles + T - 1) / T;
   sync_all();
+  std::vector<bool> repeated(static_cast<size_t>(cores_), false);
   auto fetch = [&](int64_t blk, int64_t par) {
     const int64_t base = blk * T * kTileElems, cnt = std::min(T * kTileElems, total - base);
-    for (int64_t s = 0; s < nsrc; ++s)
-      dma_on(kStreamInFlag + static_cast<int>(par), vmem(in_buf(par, s)),
-             hbm(src[static_cast<size_t>(s)] + base * esz(sdt[static_cast<size_t>(s)])),
-             cnt * esz(sdt[static_cast<size_t>(s)]), "");
+    const int flag = kStreamInFlag + static_cast<int>(par);
+    for (int64_t s = 0; s < nsrc; ++s) {
+      const size_t i = static_cast<size_t>(s);
+      const int64_t e = esz(sdt[i]);
+      if (!period[i]) {
+        dma_on(flag, vmem(in_buf(par, s)), hbm(src[i] + base * e), cnt * e, "");
+      } else if (!repeated[static_cast<size_t>(cur_)]) {  // the core's first block brings the repetitions
+        dma_on(flag, vmem(pbuf[i]), hbm(src[i]), period[i] * e, dim(reps[i], 0, period[i] * e));
+      }
+    }
+    repeated[static_cast<size_t>(cur_)] = true;
+  };
+  // Tile t of block blk of operand s in VMEM.
+  auto operand_at = [&](int64_t par, int64_t s, int64_t blk, int64_t t) {
+    const size_t i = static_cast<size_t>(s);
+    const int64_t e = esz(sdt[i]);
+    if (period[i]) return pbuf[i] + (blk * T * kTileElems % period[i] + t * kTileElems) * e;
+    return in_buf(par, s) + t * kTileElems * e;
   };
   double_buffered(nblocks, fetch, [&](int64_t blk, int64_t par) {
     const int64_t base = blk * T * kTileElems, cnt = std::min(T * kTileElems, total - base);
     const int64_t nt = (cnt + kTileElems - 1) / kTileElems;
     for (int64_t t = 0; t < nt; ++t) {
       for (size_t i = 0; i < nin; ++i)
-        line(std::string(ld(sdt[i])) + " v" + std::to_string(i) + ", " +
-             at(in_buf(par, static_cast<int64_t>(i)) + t * kTileElems * esz(sdt[i])));
+        line(std::string(ld(sdt[i])) + " v" + std::to_string(i) + ", " + at(operand_at(par, static_cast<int64_t>(i), blk, t)));
       emit_op(n, 2, 0, nin == 2 ? 1 : 0, 3, 4);
       DType cur_t = n.type.dtype;
       for (const Member& mb : members) {
         if (cur_t == DType::kBf16) line("vcvt.bf16 v2, v2");
         if (mb.operand >= 0)
-          line(std::string(ld(sdt[static_cast<size_t>(mb.operand)])) + " v5, " +
-               at(in_buf(par, mb.operand) + t * kTileElems * esz(sdt[static_cast<size_t>(mb.operand)])));
+          line(std::string(ld(sdt[static_cast<size_t>(mb.operand)])) + " v5, " + at(operand_at(par, mb.operand, blk, t)));
         emit_op(*mb.m, 2, mb.run_first ? 2 : 5, mb.run_first ? 5 : 2, 3, 4);
         cur_t = mb.m->type.dtype;
       }
@@ -493,27 +533,31 @@ void Emitter::lower_pool(const Node& n) {
   std::vector<Band> bands;
   for (int64_t b = 0; b < NB; ++b)
     for (int64_t c0 = 0; c0 < CH; c0 += cb ? cb : CH) bands.push_back(Band{b, c0, cb ? std::min(cb, CH - c0) : CH});
-  // maxpool bands in two buffers: a core's next band loads while this one's taps are
-  // gathered and reduced and the one before is stored (the bundled CNN's l1 pool, v3
-  // batch 8: a load, the gathers and a store in turn were ~1.6 K cycles a band).
+  // maxpool bands in a ring of three buffers: a core's band's taps are gathered while
+  // the band before is reduced and stored and the next two load (the bundled CNN's l1
+  // pool, v3 batch 8: a load, the gathers and a store in turn were ~1.6 K cycles a
+  // band; double-buffered, each band still waited for its own gathers).
   const int64_t src_b = align_up(cb * H * W * e, kAlign), taps_b = align_up(KK * cb * OH * OW * e, kAlign);
   const int64_t buf_b = src_b + taps_b + align_up(cb * OH * OW * e + tile, kAlign);
-  if (planes && bands.size() > 1 && static_cast<uint64_t>(2 * buf_b) <= opt_.target.vmem_bytes) {
+  if (planes && bands.size() > 1 && static_cast<uint64_t>(kRingSlots * buf_b) <= opt_.target.vmem_bytes) {
     auto src_of = [&](const Band& u) { return X.addr + (u.b * CH + u.c0) * H * W * e; };
-    double_buffered(
+    gathered_stream(
         static_cast<int64_t>(bands.size()),
-        [&](int64_t k, int64_t par) {
+        [&](int64_t k, int64_t slot, int flag) {
           const Band& u = bands[static_cast<size_t>(k)];
-          dma_on(kStreamInFlag + static_cast<int>(par), vmem(par * buf_b), hbm(src_of(u)), u.nc * H * W * e, "");
+          dma_on(flag, vmem(slot * buf_b), hbm(src_of(u)), u.nc * H * W * e, "");
         },
-        [&](int64_t k, int64_t par) {
+        [&](int64_t k, int64_t slot, int flag) {
           const Band& u = bands[static_cast<size_t>(k)];
-          const int64_t band = u.nc * OH * OW, sv = par * buf_b, dv = sv + src_b, ov = dv + taps_b;
-          if (any_pad) fill_vmem(dv, KK * band * e, -INFINITY, dt);
-          run_gathers(sv, dv, band_gathers(u.b, u.nc));
+          const int64_t sv = slot * buf_b, dv = sv + src_b;
+          if (any_pad) fill_vmem(dv, KK * u.nc * OH * OW * e, -INFINITY, dt);
+          run_gathers(sv, dv, band_gathers(u.b, u.nc), flag);
+        },
+        [&](int64_t k, int64_t slot, int flag) {
+          const Band& u = bands[static_cast<size_t>(k)];
+          const int64_t band = u.nc * OH * OW, dv = slot * buf_b + src_b, ov = dv + taps_b;
           reduce_band(dv, ov, band);
-          dma_on(kStreamOutFlag + static_cast<int>(par), hbm(t_.at(n.output).addr + (u.b * CH + u.c0) * OH * OW * e),
-                 vmem(ov), band * e, "");
+          dma_on(flag, hbm(t_.at(n.output).addr + (u.b * CH + u.c0) * OH * OW * e), vmem(ov), band * e, "");
         });
     return;
   }

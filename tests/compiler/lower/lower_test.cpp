@@ -1111,18 +1111,18 @@ TEST(LowerMovement, TransposeBlocksToFitVmem) {
                              "f32[6,50,40] #0\n  output %y\n}\n";
   const std::string moved = "graph t {\n  input %x : f32[6,40,50]\n  %y = transpose(%x) {perm=[2,0,1]} : "
                             "f32[50,6,40] #0\n  output %y\n}\n";
-  for (uint64_t vmem : {uint64_t{16} << 20, uint64_t{40960}, uint64_t{8192}}) {
+  for (uint64_t vmem : {uint64_t{16} << 20, uint64_t{49152}, uint64_t{40960}, uint64_t{8192}}) {
     isa::Target t = target(1, 128, 128);
     t.vmem_bytes = vmem;
     SCOPED_TRACE("VMEM " + std::to_string(vmem));
     expect_bit_exact(shared, PrecisionPolicy::kDefault, t);
     expect_bit_exact(moved, PrecisionPolicy::kDefault, t);
   }
-  // 40 KiB holds four 8000-byte slices: two buffers each way of one slice, six blocks
-  // double-buffered, each a load, one VMEM gather and a store.
+  // 48 KiB holds six 8000-byte slices: three buffers each way of one slice, six blocks
+  // in a ring of three (gathered_stream), each a load, one VMEM gather and a store.
   LowerOptions lo;
   lo.target = target(1, 128, 128);
-  lo.target.vmem_bytes = 40960;
+  lo.target.vmem_bytes = 49152;
   int loads = 0;
   const LowerResult r = lower_graph(parse_graph(shared, "test.ir"), lo);
   for (const auto& in : r.bundle.cores.at(0).code)
