@@ -84,7 +84,8 @@ void Emitter::lower_elementwise(const Node& n) {
   // each weight written and read again).
   std::vector<int64_t> period;  // P, or 0: streamed
   auto add_operand = [&](const Node& m, const std::string& name) {
-    const Shape& ps = t_.at(name).type.shape;
+    const Shape& full = t_.at(name).type.shape;
+    const Shape ps(std::find_if(full.begin(), full.end(), [](int64_t d) { return d != 1; }), full.end());
     const int64_t P = num_elements(ps), e = esz(t_.at(name).type.dtype);
     bool leading = ps.size() <= os.size() && P < total;
     for (size_t d = 0; leading && d < ps.size(); ++d) leading = ps[d] == os[os.size() - ps.size() + d];

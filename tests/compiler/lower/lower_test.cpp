@@ -242,6 +242,42 @@ TEST(LowerElementwise, BinaryOpsWithBroadcasting) {
                          p, target(1, 128, 128));
 }
 
+// An operand broadcast over leading axes only is read periodically from VMEM (its
+// row repeated past a block's length; each block from its start mod the row): no HBM
+// copy of it is laid out. Rows of 1152 and 300 elements (neither a multiple of a
+// tile's 1024, several blocks of 64 tiles, a ragged last one), leading axes of 1 kept
+// or dropped, the operand first or second, as a chain member's operand too (the
+// optimizer's lr row: sub(w, mul(v, lr))), on 1 and 2 cores. A row shorter than a
+// DMA beat (100 elements, 400 or 200 bytes) is still laid out.
+TEST(LowerElementwise, LeadingBroadcastOperandsReadPeriodically) {
+  struct Case {
+    const char *a, *b, *out;
+    bool periodic;
+  };
+  const Case cases[] = {{"[300,1152]", "[1152]", "[300,1152]", true},
+                        {"[1,300]", "[4,70,300]", "[4,70,300]", true},
+                        {"[3,80,300]", "[1,80,300]", "[3,80,300]", true},
+                        {"[700,100]", "[100]", "[700,100]", false}};
+  for (auto p : kPolicies)
+    for (int cores : {1, 2})
+      for (const auto& c : cases) {
+        const std::string ir = std::string("graph b {\n  input %a : f32") + c.a + "\n  input %b : f32" + c.b +
+                               "\n  input %w : f32" + c.out + "\n  %y = mul(%a, %b) {} : f32" + c.out +
+                               " #3\n  %z = sub(%w, %y) {} : f32" + c.out + " #4 fusion=#3\n  output %z\n}\n";
+        expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
+        LowerOptions lo;
+        lo.target = target(1, 128, 128);
+        lo.policy = p;
+        lo.cores = cores;
+        const LowerResult r = lower_graph(parse_graph(ir, "test.ir"), lo);
+        int hbm_to_hbm = 0;
+        for (const auto& core : r.bundle.cores)
+          for (const auto& in : core.code)
+            hbm_to_hbm += in.op == isa::Op::kDma && in.src.space == isa::Space::kHbm && in.dst.space == isa::Space::kHbm;
+        EXPECT_EQ(hbm_to_hbm == 0, c.periodic) << c.a << " " << c.b;
+      }
+}
+
 TEST(LowerGraph, ChainOfOpsWithReshape) {
   const std::string ir =
       "graph mlp {\n  input %x : f32[6,40]\n  const %w : f32[40,24] = " + hex_list(random_values(960, 7)) +

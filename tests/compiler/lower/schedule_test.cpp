@@ -856,6 +856,62 @@ TEST(LowerSchedule, PointwiseConvTakesTheResidualInItsEpilogue) {
         }
 }
 
+// A pass that fills fewer MXUs than the core has runs on copies of its weights, its
+// 8-row blocks alternating over them: a 3x3 conv of 32 (f32) or 64 (bf16) channels
+// has K = 288 or 576, chunks (0, 1) and 2, or (0, 1), (2, 3) and 4 on two MXUs, and
+// the last chunk's blocks used to run on MXU 0 alone (twice MXU 1's mmuls). A dense
+// matmul of one chunk and one column tile likewise.
+TEST(LowerSchedule, ShortPassesRunOnEveryMxu) {
+  auto conv = [](int64_t ci, int64_t nb) {
+    std::ostringstream o;
+    o << "graph c {\n  input %x : f32[" << nb << "," << ci << ",6,7]\n  const %w : f32[16," << ci << ",3,3] = "
+      << hex_list(random_values(static_cast<size_t>(16 * ci * 9), 5)) << "\n  %y = conv2d(%x, %w) {dilations=[1,1], "
+      << "groups=1, pads=[1,1,1,1], strides=[1,1]} : f32[" << nb << ",16,6,7] #0\n  output %y\n}\n";
+    return o.str();
+  };
+  auto mmuls_on = [](const std::string& as, int mxu) { return count_of(as, "mmul mxu" + std::to_string(mxu) + ","); };
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) {
+      const std::string as = expect_bit_exact(conv(p == PrecisionPolicy::kBf16 ? 64 : 32, 3), p, target(2, 128, 128), cores);
+      // Within a block a unit (each unit's copies start on MXU 0).
+      const int a = mmuls_on(as, 0), b = mmuls_on(as, 1);
+      EXPECT_GT(b, 0);
+      EXPECT_LE(std::abs(a - b), 3) << a << " against " << b;
+      const std::string mm = expect_bit_exact(matmul_ir(96, 100, 40), p, target(2, 128, 128), cores);
+      EXPECT_GT(mmuls_on(mm, 1), 0);
+      EXPECT_LE(std::abs(mmuls_on(mm, 0) - mmuls_on(mm, 1)), 2 * cores);
+    }
+}
+
+// K-streamed tiles whose every tile reads the same weights (a conv's images, one
+// column band) and whose K takes at most five passes keep a panel slot a pass: the
+// weights come from HBM once, not once a tile. A 64 -> 128 3x3 conv (K = 576: three
+// passes of two chunks) on 8 images of 8 x 8 (640 rows) against 4 images: the
+// difference in bytes loaded is the 4 images' planes, not the 295 KB of weights again.
+TEST(LowerSchedule, KStreamedTilesKeepOneSetOfWeights) {
+  auto conv = [](int64_t nb) {
+    std::ostringstream o;
+    o << "graph c {\n  input %x : f32[" << nb << ",64,8,8]\n  input %w : f32[128,64,3,3]\n"
+      << "  %y = conv2d(%x, %w) {dilations=[1,1], groups=1, pads=[1,1,1,1], strides=[1,1]} : f32[" << nb
+      << ",128,8,8] #0\n  output %y\n}\n";
+    return o.str();
+  };
+  auto loaded = [](const std::string& ir) {
+    const LowerResult lr = lower_with(ir, PrecisionPolicy::kDefault, target(2, 128, 128), 1);
+    int64_t bytes = 0;
+    for (const auto& in : lr.bundle.cores.at(0).code) {
+      if (in.op != isa::Op::kDma || in.src.space != isa::Space::kHbm || in.dst.space != isa::Space::kVmem) continue;
+      int64_t b = in.imm;
+      for (int d = 0; d < in.ndims; ++d) b *= in.dims[d].count;
+      bytes += b;
+    }
+    return bytes;
+  };
+  expect_bit_exact(conv(8), PrecisionPolicy::kDefault, target(2, 128, 128), 1);
+  const int64_t weights = 128 * 64 * 9 * 4, planes4 = 4 * 10 * 10 * 64 * 4;
+  EXPECT_LT(loaded(conv(8)) - loaded(conv(4)), 2 * planes4 + weights / 4) << "weights " << weights;
+}
+
 TEST(LowerSchedule, BatchesThatShareWeightsFetchAndPushThemOnce) {
   auto summary = [](const std::string& ir, PrecisionPolicy p, const isa::Target& t, int cores) {
     const LowerResult lr = lower_with(ir, p, t, cores);

@@ -214,6 +214,28 @@ TEST(TrainOps, ReverseAxes) {
         EXPECT_EQ(as.find("  op 0\n") != std::string::npos, shared);
       }
   }
+  // A shifted conv's flipped weight (64 channels in: rows of 256 B, 128 B in bf16):
+  // the conv gathers its im2col weights from W (or from the OIHW operand of a reverse
+  // without a transpose), and the reverse has no code of its own unless something
+  // else reads it (the transpose, read by the reverse alone, never has).
+  for (bool transposed : {true, false})
+    for (bool shared : {false, true}) {
+      const std::string w = transposed ? " input %w : f32[64,7,2,3]\n %t = transpose(%w) {perm=[1,0,2,3]} : f32[7,64,2,3] #0\n"
+                                       : " input %t : f32[7,64,2,3]\n";
+      const Graph f = parse_graph("graph g {\n" + w + " input %x : f32[2,64,6,7]\n"
+                                  " %r = reverse(%t) {axes=[2,3]} : f32[7,64,2,3] #1\n"
+                                  " %y = conv2d(%x, %r) {dilations=[1,1], groups=1, pads=[1,2,0,0], strides=[1,1]} : "
+                                  "f32[2,7,6,7] #2\n output %y\n" +
+                                  (shared ? " output %r\n" : "") + "}\n");
+      for (auto p : kPolicies)
+        for (int cores : {1, 2}) {
+          SCOPED_TRACE(std::string(transposed ? "transposed" : "OIHW") + (shared ? ", shared" : ""));
+          std::string as;
+          expect_bit_exact(f, p, random_inputs(f, 3), cores, false, nullptr, &as);
+          EXPECT_EQ(as.find("  op 1\n") != std::string::npos, shared);
+          EXPECT_EQ(as.find("  op 0\n"), std::string::npos);  // read only by the reverse: folded into it
+        }
+    }
   // Index arithmetic, independently of the recipe's loops.
   const Graph g = parse_graph("graph g {\n input %x : f32[3,4]\n %y = reverse(%x) {axes=[1]} : f32[3,4] #0\n output %y\n}\n");
   const auto in = random_inputs(g, 2);
