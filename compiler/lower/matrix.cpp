@@ -1448,10 +1448,11 @@ void Emitter::lower_matmul(const Node& n) {
   };
   // Chunks of the 8-row block at `row` of a unit of `cap` rows: chunk c of the band at
   // `band` into vv, for each (vv, band, c). Read in place, a chunk of two runs loads
-  // its second into a scratch register (v31, then v30) and selects it in: every load
-  // goes first and the selects after them, so a select does not hold the in-order
-  // vector unit for its load's latency (a 32-channel conv's block of two such chunks
-  // took 11 cycles, against the MXUs' 8).
+  // its second into v31 and selects it in; that select waits until the next chunk's
+  // first load has gone, so it does not hold the in-order vector unit for its load's
+  // latency alone (a 32-channel conv's block of two such chunks took 11 cycles, against
+  // the MXUs' 8). v31 only: the epilogue's other scratch registers may hold an operand
+  // across blocks (v30 as a second scratch broke v5e's resnet18).
   struct LhsChunk {
     int64_t vv, band, c;
   };
@@ -1460,7 +1461,7 @@ void Emitter::lower_matmul(const Node& n) {
       const auto m = std::find(masks.begin(), masks.end(), std::make_pair(r.l0, r.l1));
       return m == masks.end() ? std::string() : "m" + std::to_string(3 + (m - masks.begin()));
     };
-    std::vector<std::string> selects;
+    std::string pending;  // the previous chunk's select
     for (const LhsChunk& lc : chunks_of_block) {
       if (!in_place) {
         line(std::string(ld(at_)) + " " + vr(lc.vv) + ", " + at(lc.band + row * ls + (lc.c % LB) * R * ea) +
@@ -1468,23 +1469,19 @@ void Emitter::lower_matmul(const Node& n) {
         continue;
       }
       const std::vector<Run>& rs = runs[static_cast<size_t>(lc.c)];
-      // The scratch: v31, v30 for the first two chunks of two runs; later ones select at once.
-      const int64_t scratch = selects.size() < 2 ? 31 - static_cast<int64_t>(selects.size()) : 31;
       for (size_t j = 0; j < rs.size(); ++j) {
         const Run& r = rs[j];
         const int64_t s = seg_of(r.t);
         const int64_t addr = lc.band + seg_at(s, cap) + kLead +
                              (row + tap_row(r.t) - segs[static_cast<size_t>(s)].lo) * pix + (r.e0 - r.l0) * ea;
         const std::string m = mask_of(r);
-        line(std::string(ld(at_)) + " " + vr(j == 0 ? lc.vv : scratch) + ", " + at(addr) +
+        if (j == 1 && !pending.empty()) line(std::exchange(pending, std::string()));
+        line(std::string(ld(at_)) + " " + vr(j == 0 ? lc.vv : 31) + ", " + at(addr) +
              ", stride=" + std::to_string(pix) + (m.empty() ? "" : ", mask=" + m));
       }
-      if (rs.size() != 2) continue;
-      const std::string sel = "vsel " + vr(lc.vv) + ", " + mask_of(rs[1]) + ", " + vr(scratch) + ", " + vr(lc.vv);
-      if (selects.size() < 2) selects.push_back(sel);
-      else line(sel);
+      if (rs.size() == 2) pending = "vsel " + vr(lc.vv) + ", " + mask_of(rs[1]) + ", v31, " + vr(lc.vv);
     }
-    for (const std::string& sel : selects) line(sel);
+    if (!pending.empty()) line(pending);
   };
   // The lane masks of the runs read in place, on each core before its first vld (m2
   // a scratch: the matmul's other masks are set where they are used).

@@ -883,6 +883,28 @@ TEST(LowerSchedule, ShortPassesRunOnEveryMxu) {
     }
 }
 
+// A shifted conv's LHS chunks of two runs read in place share v31 for their second
+// loads, each select before the next chunk's second load: resnet18's layer2.0 conv1
+// (64 -> 128 channels, stride 2, bf16: four phases, three chunks of two runs a block on
+// v5e's four MXUs) differed in 884 of 1000 outputs when a third chunk's second load
+// took v31 from under the first's deferred select. Stride 1 and 2, with the bias,
+// the residual add on the NCHW bands and the relu; two and four MXUs.
+TEST(LowerSchedule, InPlaceChunksOfTwoRunsShareTheirScratch) {
+  for (int64_t s : {1, 2}) {
+    const int64_t hw = 14, o = (hw + 2 - 3) / s + 1;
+    const std::string xs = "[1,64," + std::to_string(hw) + "," + std::to_string(hw) + "]";
+    const std::string ys = "[1,128," + std::to_string(o) + "," + std::to_string(o) + "]";
+    std::ostringstream g;
+    g << "graph c {\n  input %x : f32" << xs << "\n  input %res : f32" << ys << "\n  const %w : f32[128,64,3,3] = "
+      << hex_list(random_values(128 * 64 * 9, 6)) << "\n  const %b : f32[128] = " << hex_list(random_values(128, 7))
+      << "\n  %y = conv2d(%x, %w, %b) {dilations=[1,1], groups=1, pads=[1,1,1,1], strides=[" << s << "," << s
+      << "]} : f32" << ys << " #0\n  %a = add(%y, %res) {} : f32" << ys << " #1 fusion=#0\n  %r = relu(%a) {} : f32"
+      << ys << " #2 fusion=#0\n  output %r\n}\n";
+    for (auto p : kPolicies)
+      for (uint32_t mxus : {2u, 4u}) expect_bit_exact(g.str(), p, target(mxus, 128, 128), 1);
+  }
+}
+
 // K-streamed tiles whose every tile reads the same weights (a conv's images, one
 // column band) and whose K takes at most five passes keep a panel slot a pass: the
 // weights come from HBM once, not once a tile. A 64 -> 128 3x3 conv (K = 576: three
