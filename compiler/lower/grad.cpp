@@ -533,63 +533,116 @@ void Emitter::lower_conv_wgrad(const Node& m) {
         dma(vmem(vm_dy), hbm(DY.addr + (n0 * CO + col0) * HW * eg), HW * eg,
             dim(nbg, CO * HW * eg, HW * eg) + dim(cols, HW * eg, Pg * eg));
         wait_dmas();
-        // A software pipeline: chunk c runs on MXU c % mxus with its own weights; each
-        // LHS is loaded two mmuls ahead, each result popped `lag` mmuls later and stored
-        // four pops later, so no instruction waits on the one before it. Pops go in
-        // issue order: every accumulator adds its chunks in increasing c, the
-        // contract's order.
+        // A software pipeline over rounds of `mxus` chunks: chunk c runs on MXU c % mxus
+        // with its own weights, and a round's chunks take turns mmul by mmul, so every
+        // MXU multiplies while the others do (a chunk at a time, each MXU alternated
+        // between its mmuls and its pops). Each LHS (v0..v7) is loaded two mmuls ahead;
+        // an accumulator's round is popped into one register, its chunks in increasing c
+        // (the contract's order), while at most `lag` rounds' results wait in the MXUs.
         struct Op {
           std::vector<std::string> pre, load;  // the chunk's weights (its first op), the LHS
           std::string mmul;
-          int64_t mxu, acc;
-          bool first;
+          int64_t mxu;
+        };
+        struct PopUnit {  // group i of a round: its chunks' results added into one register
+          int64_t acc, last_op;
+          std::vector<int64_t> mxu;
+          bool first;  // the round holds the first chunk: its first pop starts the sum
         };
         std::vector<Op> ops;
-        for (int64_t pl = 0; pl < pn; pl += R) {
-          const int64_t p = n0 * HW + pl, kc = std::min(R, P - p);
-          const int64_t phase_idx = (p / R) % phases;  // the chunk starts at pixel phase_idx * R % HW of an image
-          const int64_t u = (p / R) % mxus;
-          const std::string mx = "mxu" + std::to_string(u);
-          std::vector<std::string> pre;  // the chunk's dy columns are its MXU's weights (rows >= kc: none)
-          for (int64_t j = 0; j * 8 < cols; ++j) {
-            const std::string vg = "v" + std::to_string(30 + j % 2);
-            pre.push_back(std::string(ld(gt)) + " " + vg + ", " + at(vm_dy + (j * 8 * Pg + pl) * eg) +
-                          ", stride=" + std::to_string(Pg * eg));
-            pre.push_back("mpush.t " + mx + ", " + vg);
+        std::vector<PopUnit> units;
+        std::vector<int64_t> chunk_starts;
+        for (int64_t pl = 0; pl < pn; pl += R) chunk_starts.push_back(pl);
+        const int64_t nchunks = static_cast<int64_t>(chunk_starts.size());
+        for (int64_t r0 = 0; r0 < nchunks; r0 += mxus) {
+          const int64_t r1 = std::min(nchunks, r0 + mxus);
+          std::vector<std::vector<std::string>> pres;
+          for (int64_t c = r0; c < r1; ++c) {
+            const int64_t pl = chunk_starts[static_cast<size_t>(c)], p = n0 * HW + pl, kc = std::min(R, P - p);
+            const std::string mx = "mxu" + std::to_string((p / R) % mxus);
+            std::vector<std::string> pre;  // the chunk's dy columns are its MXU's weights (rows >= kc: none)
+            for (int64_t j = 0; j * 8 < cols; ++j) {
+              const std::string vg = "v" + std::to_string(30 + j % 2);
+              pre.push_back(std::string(ld(gt)) + " " + vg + ", " + at(vm_dy + (j * 8 * Pg + pl) * eg) +
+                            ", stride=" + std::to_string(Pg * eg));
+              pre.push_back("mpush.t " + mx + ", " + vg);
+            }
+            pre.push_back("mswap " + mx + (kc < R ? ", k=" + std::to_string(kc) : ""));
+            pres.push_back(std::move(pre));
           }
-          pre.push_back("mswap " + mx + (kc < R ? ", k=" + std::to_string(kc) : ""));
-          int64_t mask_tap = -1;
           for (size_t i = 0; i < groups.size(); ++i) {
             const int64_t t = groups[i].first, g = groups[i].second;
-            const bool all = full[static_cast<size_t>(phase_idx * KK + t)];
-            Op op{i == 0 ? pre : std::vector<std::string>{}, {}, "", u,
-                  vm_acc + static_cast<int64_t>(i) * kTileElems * 4, p == 0};
-            if (!all && mask_tap != t) {
-              op.load.push_back("vld v20, " + at(vm_mask + (phase_idx * KK + t) * R * 4) + ", stride=0");
-              op.load.push_back("vcmp.gt m1, v20, v21");
+            PopUnit pu{vm_acc + static_cast<int64_t>(i) * kTileElems * 4, 0, {}, n0 == 0 && r0 == 0};
+            for (int64_t c = r0; c < r1; ++c) {
+              const int64_t pl = chunk_starts[static_cast<size_t>(c)], p = n0 * HW + pl;
+              const int64_t phase_idx = (p / R) % phases;  // the chunk starts at pixel phase_idx * R % HW of an image
+              const int64_t u = (p / R) % mxus;
+              const bool all = full[static_cast<size_t>(phase_idx * KK + t)];
+              Op op{i == 0 ? pres[static_cast<size_t>(c - r0)] : std::vector<std::string>{}, {}, "", u};
+              // Tap t's mask for this chunk's phase into m1 (each masked load right after it).
+              if (!all) {
+                op.load.push_back("vld v20, " + at(vm_mask + (phase_idx * KK + t) * R * 4) + ", stride=0");
+                op.load.push_back("vcmp.gt m1, v20, v21");
+              }
+              const int64_t d = (t / w.KW - w.pt) * W + (t % w.KW - w.pl);
+              const std::string vl = "v" + std::to_string(ops.size() % 8);
+              op.load.push_back(std::string(ld(xt)) + " " + vl + ", " + at(vm_x + ((g - g0) * 8 * Pg + pl + d) * ex) +
+                                ", stride=" + std::to_string(Pg * ex) + (all ? "" : ", mask=m1"));
+              op.mmul = "mmul mxu" + std::to_string(u) + ", " + vl;
+              pu.mxu.push_back(u);
+              pu.last_op = static_cast<int64_t>(ops.size());
+              ops.push_back(std::move(op));
             }
-            mask_tap = all ? -1 : t;
-            const int64_t d = (t / w.KW - w.pt) * W + (t % w.KW - w.pl);
-            const std::string vl = "v" + std::to_string(ops.size() % 16);
-            op.load.push_back(std::string(ld(xt)) + " " + vl + ", " + at(vm_x + ((g - g0) * 8 * Pg + pl + d) * ex) +
-                              ", stride=" + std::to_string(Pg * ex) + (all ? "" : ", mask=m1"));
-            op.mmul = "mmul " + mx + ", " + vl;
-            ops.push_back(std::move(op));
+            units.push_back(std::move(pu));
           }
         }
-        std::vector<std::string> stores;  // of the pops before, four behind
+        // Stores of popped units, deferred so that no instruction waits on the pop before
+        // it; a unit's store goes before the next load of its accumulator (VMEM accesses
+        // keep program order, the scoreboard sees registers only).
+        std::vector<std::pair<int64_t, std::string>> stores;  // (accumulator, vst)
+        auto store_through = [&](int64_t acc) {  // the pending stores up to acc's
+          const auto it = std::find_if(stores.begin(), stores.end(), [&](const auto& st) { return st.first == acc; });
+          if (it == stores.end()) return;
+          for (auto k = stores.begin(); k <= it; ++k) line(k->second);
+          stores.erase(stores.begin(), it + 1);
+        };
         size_t head = 0;
-        auto pop_one = [&]() {
-          const Op& q = ops[head];
-          const std::string va = "v" + std::to_string(22 + head % 8), mx = "mxu" + std::to_string(q.mxu);
-          ++head;
-          if (!q.first) line("vld " + va + ", " + at(q.acc));
-          line((q.first ? "mpop " : "mpop.add ") + va + ", " + mx);
-          stores.push_back("vst " + va + ", " + at(q.acc));
-          if (stores.size() > 4) {
-            line(stores.front());
+        // A batch of units' pops, chunk by chunk across the batch: a unit's later pops
+        // wait for its first (one register), and an MXU's queue is in order, so one
+        // unit's pops back to back held each MXU's next mmuls behind the other's pop.
+        // At most kBatch units and no two of one accumulator (a round's units are the
+        // groups, each once). Registers: v8..v19, v22..v29, twenty units in turn, at most
+        // 3 batches' stores pending.
+        const size_t kBatch = std::min<size_t>(4, groups.size());
+        auto reg = [](size_t u) {
+          const size_t r = u % 20;
+          return "v" + std::to_string(r < 12 ? 8 + r : 22 + (r - 12));
+        };
+        auto pop_batch = [&](size_t n) {
+          size_t most = 0;
+          for (size_t b = head; b < head + n; ++b) {
+            store_through(units[b].acc);
+            if (!units[b].first) line("vld " + reg(b) + ", " + at(units[b].acc));
+            most = std::max(most, units[b].mxu.size());
+          }
+          for (size_t k = 0; k < most; ++k)
+            for (size_t b = head; b < head + n; ++b)
+              if (k < units[b].mxu.size())
+                line((units[b].first && k == 0 ? "mpop " : "mpop.add ") + reg(b) + ", mxu" +
+                     std::to_string(units[b].mxu[k]));
+          for (size_t b = head; b < head + n; ++b) stores.emplace_back(units[b].acc, "vst " + reg(b) + ", " + at(units[b].acc));
+          while (stores.size() > 3 * kBatch) {
+            line(stores.front().second);
             stores.erase(stores.begin());
           }
+          head += n;
+        };
+        // Units whose mmuls have all issued by mmul j, not yet popped: an MXU holds one
+        // result of each (and one of the unit in progress), `lag` at most.
+        auto issued = [&](size_t j) {
+          size_t n = 0;
+          while (head + n < units.size() && units[head + n].last_op <= static_cast<int64_t>(j)) ++n;
+          return n;
         };
         constexpr size_t kAhead = 2;
         for (size_t j = 0; j < ops.size(); ++j) {
@@ -600,10 +653,10 @@ void Emitter::lower_conv_wgrad(const Node& m) {
           if (j + kAhead < ops.size())
             for (const std::string& l : ops[j + kAhead].load) line(l);
           line(ops[j].mmul);
-          if (j + 1 - head > static_cast<size_t>(lag)) pop_one();
+          for (size_t n = issued(j); n >= static_cast<size_t>(lag); n = issued(j)) pop_batch(std::min(kBatch, n));
         }
-        while (head < ops.size()) pop_one();
-        for (const std::string& l : stores) line(l);
+        while (head < units.size()) pop_batch(std::min(kBatch, units.size() - head));
+        for (const auto& st : stores) line(st.second);
       }
       // Rows (t, c0 .. c0 + cn) of the result: tap t's accumulators are contiguous
       // rows; a bf16 result is rounded once, from the finished sums (vst.bf16).

@@ -289,6 +289,9 @@ TEST(TrainOps, WeightGradientReadsXAndDyInPlace) {
       {3, 20, 8, 8, 136, 3, 3, {1, 1, 1, 1}, 0, 2},  // a load a column tile
       {2, 9, 5, 11, 16, 2, 3, {1, 0, 0, 2}, 0, 1},
       {6, 8, 8, 4, 24, 3, 3, {1, 1, 1, 1}, 132 << 10, 2},  // 4 of 6 images a load (2 would be 64 pixels)
+      // Three accumulators, eight chunks: each accumulator is loaded again three pops
+      // after it was popped, before a store deferred further would have gone.
+      {16, 5, 8, 8, 12, 1, 3, {0, 1, 0, 1}, 0, 1},
   };
   for (const Case& c : cases) {
     const int64_t P = c.N * c.H * c.W, K = c.KH * c.KW * c.CI;
