@@ -529,17 +529,32 @@ void Emitter::lower_pool(const Node& n) {
     }
   };
   struct Band {
-    int64_t b, c0, nc;
+    int64_t b, c0, nc;  // nc planes from image b's channel c0 on (whole images: across images)
   };
+  // The planes' bands: whole images, several a band where three bands' buffers fit and
+  // each core keeps four bands at least. A band's gathers (a tap each) hold a DMA
+  // engine for the on-chip path's latency whatever their size, so the ring of bands
+  // of one image was bound by the engines (the bundled CNN's l1 pool at batch 64:
+  // 64 bands of 4 tap gathers, ~750 cycles a band).
+  auto buf_of = [&](int64_t planes_a_band) {
+    return align_up(planes_a_band * H * W * e, kAlign) + align_up(KK * planes_a_band * OH * OW * e, kAlign) +
+           align_up(planes_a_band * OH * OW * e + tile, kAlign);
+  };
+  int64_t ib = 1;  // images a band
+  if (planes && cb == CH)
+    while (ib * 2 * 4 * cores_ <= NB &&
+           static_cast<uint64_t>(kRingSlots * buf_of(ib * 2 * CH)) <= opt_.target.vmem_bytes)
+      ib *= 2;
   std::vector<Band> bands;
-  for (int64_t b = 0; b < NB; ++b)
-    for (int64_t c0 = 0; c0 < CH; c0 += cb ? cb : CH) bands.push_back(Band{b, c0, cb ? std::min(cb, CH - c0) : CH});
+  for (int64_t b = 0; b < NB; b += ib)
+    for (int64_t c0 = 0; c0 < CH; c0 += cb ? cb : CH)
+      bands.push_back(Band{b, c0, ib > 1 ? std::min(ib, NB - b) * CH : cb ? std::min(cb, CH - c0) : CH});
   // maxpool bands in a ring of three buffers: a core's band's taps are gathered while
   // the band before is reduced and stored and the next two load (the bundled CNN's l1
   // pool, v3 batch 8: a load, the gathers and a store in turn were ~1.6 K cycles a
   // band; double-buffered, each band still waited for its own gathers).
-  const int64_t src_b = align_up(cb * H * W * e, kAlign), taps_b = align_up(KK * cb * OH * OW * e, kAlign);
-  const int64_t buf_b = src_b + taps_b + align_up(cb * OH * OW * e + tile, kAlign);
+  const int64_t src_b = align_up(ib * cb * H * W * e, kAlign), taps_b = align_up(KK * ib * cb * OH * OW * e, kAlign);
+  const int64_t buf_b = buf_of(ib * cb);
   if (planes && bands.size() > 1 && static_cast<uint64_t>(kRingSlots * buf_b) <= opt_.target.vmem_bytes) {
     auto src_of = [&](const Band& u) { return X.addr + (u.b * CH + u.c0) * H * W * e; };
     gathered_stream(
