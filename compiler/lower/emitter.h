@@ -140,7 +140,7 @@ class Emitter {
   // least kSplitBytes along its outermost dimension, at most kDmaEngines: such a copy
   // holds an engine for the on-chip path's latency and its bytes, so a large one alone
   // leaves the others idle (the cnn step's l1 conv: ~295 KB of patches a band, 20.7 K
-  // -> 16.9 K cycles). Small ones stay whole: their parts would take the engines from
+  // -> 15.6 K cycles). Small ones stay whole: their parts would take the engines from
   // the transfers beside them for the latency alone.
   static constexpr int64_t kSplitBytes = 64 << 10;
   void vmem_copy_on(int flag, int64_t dst, int64_t src, int64_t run, const std::string& dims) {
@@ -184,6 +184,12 @@ class Emitter {
     }
     cur_ = 0;
   }
+  // DMA engines a core has (dma.engines of every preset): how many copies within VMEM
+  // are worth running at once. A plan's choice only; the values never depend on it.
+  static constexpr int64_t kDmaEngines = 4;
+  static constexpr int64_t kDmaBeat = 512;  // dma.chunk_bytes of every preset: one memory request
+  // VMEM for an elementwise operand's repetitions (lower_elementwise).
+  static constexpr int64_t kPeriodicBytes = 2 << 20;
   // Streamed units whose middle is a VMEM -> VMEM gather (a conv's planes, a strided
   // copy), in three stages a core on slots k % 3 (unit k of the core): fetch(unit,
   // slot, flag) brings the input in, gather(unit, slot, flag) issues the gathers and
@@ -193,12 +199,6 @@ class Emitter {
   // (~480 cycles each, the on-chip path's latency) and then for the next unit's input,
   // which could only start once those gathers had read their slot (~1,000 cycles a
   // unit on the cnn step's planes).
-  // DMA engines a core has (dma.engines of every preset): how many copies within VMEM
-  // are worth running at once. A plan's choice only; the values never depend on it.
-  static constexpr int64_t kDmaEngines = 4;
-  static constexpr int64_t kDmaBeat = 512;  // dma.chunk_bytes of every preset: one memory request
-  // VMEM for an elementwise operand's repetitions (lower_elementwise).
-  static constexpr int64_t kPeriodicBytes = 2 << 20;
   static constexpr int kRingInFlag = 8, kRingGatherFlag = 11, kRingOutFlag = 13;  // f8..f10, f11/f12, f13..f15
   static constexpr int64_t kRingSlots = 3;
   template <typename Fetch, typename Gather, typename Finish>

@@ -630,7 +630,8 @@ void Emitter::lower_conv_wgrad(const Node& m) {
               if (k < units[b].mxu.size())
                 line((units[b].first && k == 0 ? "mpop " : "mpop.add ") + reg(b) + ", mxu" +
                      std::to_string(units[b].mxu[k]));
-          for (size_t b = head; b < head + n; ++b) stores.emplace_back(units[b].acc, "vst " + reg(b) + ", " + at(units[b].acc));
+          for (size_t b = head; b < head + n; ++b)
+            stores.emplace_back(units[b].acc, "vst " + reg(b) + ", " + at(units[b].acc));
           while (stores.size() > 3 * kBatch) {
             line(stores.front().second);
             stores.erase(stores.begin());

@@ -2205,7 +2205,8 @@ void Emitter::lower_matmul(const Node& n) {
                 const int64_t a = 8 + (j % AS) * cw + w;
                 if (!ps.first) line("vld " + vr(a) + ", " + at(acc_at(ps, w, i)));
                 for (int64_t k = 0; k < ps.kk; ++k)
-                  line(std::string(k == 0 && ps.first ? "mpop " : "mpop.add ") + vr(a) + ", " + mx(mxu_at(ps, i, w, k)));
+                  line(std::string(k == 0 && ps.first ? "mpop " : "mpop.add ") + vr(a) + ", " +
+                       mx(mxu_at(ps, i, w, k)));
               }
             }
             const int64_t j2 = s - D - E;

@@ -117,9 +117,9 @@ void Emitter::lower_transpose(const Node& n) {
     while (d0 < rank && os[d0] == 1) ++d0;
     const bool shared = d0 < rank && src[d0] * os[d0] == total;
     const int64_t count = shared ? os[d0] : 1, slice = total / count;
-    // Blocks of the shared axis over the cores, each core's double-buffered: a block's
-    // gathers run while the next block comes in and the one before goes out (two
-    // blocks a core at least). The whole tensor on one core, its load, gathers and
+    // Blocks of the shared axis over the cores, each core's in a ring of three
+    // (gathered_stream): a block's gathers run while the next blocks come in and the
+    // one before goes out (two blocks a core at least). The whole tensor on one core, its load, gathers and
     // store one after another, took BERT's K transpose ([8, 128, 12, 64] perm
     // [0, 2, 3, 1], bf16) 7,771 cycles on v3 with the second core idle.
     const int64_t S = kRingSlots;

@@ -163,13 +163,15 @@ void Emitter::lower_elementwise(const Node& n) {
     const int64_t nt = (cnt + kTileElems - 1) / kTileElems;
     for (int64_t t = 0; t < nt; ++t) {
       for (size_t i = 0; i < nin; ++i)
-        line(std::string(ld(sdt[i])) + " v" + std::to_string(i) + ", " + at(operand_at(par, static_cast<int64_t>(i), blk, t)));
+        line(std::string(ld(sdt[i])) + " v" + std::to_string(i) + ", " +
+             at(operand_at(par, static_cast<int64_t>(i), blk, t)));
       emit_op(n, 2, 0, nin == 2 ? 1 : 0, 3, 4);
       DType cur_t = n.type.dtype;
       for (const Member& mb : members) {
         if (cur_t == DType::kBf16) line("vcvt.bf16 v2, v2");
         if (mb.operand >= 0)
-          line(std::string(ld(sdt[static_cast<size_t>(mb.operand)])) + " v5, " + at(operand_at(par, mb.operand, blk, t)));
+          line(std::string(ld(sdt[static_cast<size_t>(mb.operand)])) + " v5, " +
+               at(operand_at(par, mb.operand, blk, t)));
         emit_op(*mb.m, 2, mb.run_first ? 2 : 5, mb.run_first ? 5 : 2, 3, 4);
         cur_t = mb.m->type.dtype;
       }

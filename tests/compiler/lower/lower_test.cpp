@@ -278,7 +278,8 @@ TEST(LowerElementwise, LeadingBroadcastOperandsReadPeriodically) {
         int hbm_to_hbm = 0;
         for (const auto& core : r.bundle.cores)
           for (const auto& in : core.code)
-            hbm_to_hbm += in.op == isa::Op::kDma && in.src.space == isa::Space::kHbm && in.dst.space == isa::Space::kHbm;
+            hbm_to_hbm +=
+                in.op == isa::Op::kDma && in.src.space == isa::Space::kHbm && in.dst.space == isa::Space::kHbm;
         EXPECT_EQ(hbm_to_hbm == 0, c.periodic) << c.a << " " << c.b;
       }
 }

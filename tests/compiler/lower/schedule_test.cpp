@@ -872,7 +872,8 @@ TEST(LowerSchedule, ShortPassesRunOnEveryMxu) {
   auto mmuls_on = [](const std::string& as, int mxu) { return count_of(as, "mmul mxu" + std::to_string(mxu) + ","); };
   for (auto p : kPolicies)
     for (int cores : {1, 2}) {
-      const std::string as = expect_bit_exact(conv(p == PrecisionPolicy::kBf16 ? 64 : 32, 3), p, target(2, 128, 128), cores);
+      const std::string as =
+          expect_bit_exact(conv(p == PrecisionPolicy::kBf16 ? 64 : 32, 3), p, target(2, 128, 128), cores);
       // Within a block a unit (each unit's copies start on MXU 0).
       const int a = mmuls_on(as, 0), b = mmuls_on(as, 1);
       EXPECT_GT(b, 0);

@@ -220,8 +220,9 @@ TEST(TrainOps, ReverseAxes) {
   // else reads it (the transpose, read by the reverse alone, never has).
   for (bool transposed : {true, false})
     for (bool shared : {false, true}) {
-      const std::string w = transposed ? " input %w : f32[64,7,2,3]\n %t = transpose(%w) {perm=[1,0,2,3]} : f32[7,64,2,3] #0\n"
-                                       : " input %t : f32[7,64,2,3]\n";
+      const std::string w =
+          transposed ? " input %w : f32[64,7,2,3]\n %t = transpose(%w) {perm=[1,0,2,3]} : f32[7,64,2,3] #0\n"
+                     : " input %t : f32[7,64,2,3]\n";
       const Graph f = parse_graph("graph g {\n" + w + " input %x : f32[2,64,6,7]\n"
                                   " %r = reverse(%t) {axes=[2,3]} : f32[7,64,2,3] #1\n"
                                   " %y = conv2d(%x, %r) {dilations=[1,1], groups=1, pads=[1,2,0,0], strides=[1,1]} : "
