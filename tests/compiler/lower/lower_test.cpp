@@ -11,6 +11,7 @@
 
 #include "compiler/compiler.h"
 #include "compiler/lower/lower.h"
+#include "tests/compiler/lower/lowered.h"
 #include "isa/exec/interpreter.h"
 #include "isa/exec/tensors.h"
 #include "isa/numerics/bf16.h"
@@ -121,15 +122,6 @@ void expect_bit_exact(const std::string& ir, PrecisionPolicy policy, const isa::
 }
 
 const PrecisionPolicy kPolicies[] = {PrecisionPolicy::kDefault, PrecisionPolicy::kBf16};
-
-// `ir` lowered for target t on `cores` cores under policy p (its code inspected).
-LowerResult lowered_for(const std::string& ir, PrecisionPolicy p, const isa::Target& t, int cores) {
-  LowerOptions lo;
-  lo.target = t;
-  lo.policy = p;
-  lo.cores = cores;
-  return lower_graph(parse_graph(ir, "test.ir"), lo);
-}
 
 std::string matmul_ir(int64_t M, int64_t K, int64_t N, const std::string& attrs = "", bool ta = false,
                       bool tb = false, const std::string& bias_shape = "") {
@@ -274,7 +266,7 @@ TEST(LowerElementwise, LeadingBroadcastOperandsReadPeriodically) {
                                "\n  input %w : f32" + c.out + "\n  %y = mul(%a, %b) {} : f32" + c.out +
                                " #3\n  %z = sub(%w, %y) {} : f32" + c.out + " #4 fusion=#3\n  output %z\n}\n";
         expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
-        const LowerResult r = lowered_for(ir, p, target(1, 128, 128), cores);
+        const LowerResult r = lower_with(ir, p, target(1, 128, 128), cores);
         int hbm_to_hbm = 0;
         for (const auto& core : r.bundle.cores)
           for (const auto& in : core.code)
@@ -555,7 +547,7 @@ TEST(LowerConv, DepthwiseWeightTilesOnceABuffer) {
     for (int cores : {1, 2})
       for (const std::string& ir : {s1, s2}) {
         expect_bit_exact(ir, p, target(1, 16, 16), 1, cores);
-        const LowerResult lr = lowered_for(ir, p, target(1, 16, 16), cores);
+        const LowerResult lr = lower_with(ir, p, target(1, 16, 16), cores);
         for (const auto& core : lr.bundle.cores) {
           int expansions = 0, loads = 0;  // weight tile expansions, input loads from HBM
           for (const auto& in : core.code) {
@@ -1195,7 +1187,7 @@ TEST(LowerRows, MaxpoolBandsOfSeveralImages) {
     g.nodes[0].type = infer_type(g.nodes[0], ops);
     const std::string text = print_graph(g);
     for (auto p : kPolicies) expect_bit_exact(text, p, target(1, 128, 128), 1, c.cores);
-    const LowerResult r = lowered_for(text, PrecisionPolicy::kDefault, target(1, 128, 128), c.cores);
+    const LowerResult r = lower_with(text, PrecisionPolicy::kDefault, target(1, 128, 128), c.cores);
     int64_t loads = 0;
     for (const auto& core : r.bundle.cores)
       for (const auto& in : core.code)

@@ -15,6 +15,7 @@
 
 #include "compiler/compiler.h"
 #include "compiler/lower/lower.h"
+#include "tests/compiler/lower/lowered.h"
 #include "isa/exec/interpreter.h"
 #include "isa/exec/tensors.h"
 #include "isa/numerics/bf16.h"
@@ -130,15 +131,6 @@ std::string matmul_ir(int64_t M, int64_t K, int64_t N, const std::string& attrs 
   s << "  %y = matmul(%a, %b" << (bias.empty() ? "" : ", %c") << ") {" << attrs << "} : f32[" << batch << M << ","
     << N << "] #0\n  output %y\n}\n";
   return s.str();
-}
-
-// `ir` lowered for target t on `cores` cores under policy p.
-LowerResult lower_with(const std::string& ir, PrecisionPolicy p, const isa::Target& t, int cores) {
-  LowerOptions lo;
-  lo.target = t;
-  lo.policy = p;
-  lo.cores = cores;
-  return lower_graph(parse_graph(ir, "test.ir"), lo);
 }
 
 int count_of(const std::string& s, const std::string& what) {
