@@ -461,20 +461,21 @@ void Emitter::plan_read_past(const std::map<std::string, size_t>& producer, cons
       folded_transpose_[r.id] = t;
       read_past_.insert(t->id);
     }
-    // Its one reader a stride-1 shifted conv's weight: that conv's weight layout reads
-    // the source itself (conv_weights), so the reverse is not lowered. The cnn step's
-    // backward convs wrote the flipped OIHW weights to HBM and then gathered them again
-    // through VMEM into the im2col layout, each pass a load, a gather and a store.
-    if (!only_reader(r.output)) continue;
-    const Node* c = nullptr;
-    for (const Node& m : g_.nodes)
-      if (std::find(m.inputs.begin(), m.inputs.end(), r.output) != m.inputs.end()) c = &m;
+  }
+  // Such a reverse read only as a stride-1 shifted conv's weight: that conv's weight
+  // layout reads the reverse's source itself (conv_weights), so the reverse is not
+  // lowered. The cnn step's backward convs wrote the flipped OIHW weights to HBM and
+  // then gathered them again through VMEM into the im2col layout, each pass a load, a
+  // gather and a store.
+  for (const Node& c : g_.nodes) {
+    if (c.op != OpKind::kConv2d || c.inputs.size() < 2 || fused_away(c)) continue;
+    const Node* r = made_by(c.inputs[1]);
     ShiftPlanes sp;
-    if (c && c->op == OpKind::kConv2d && c->inputs.size() >= 2 && c->inputs[1] == r.output &&
-        c->inputs[0] != r.output && !fused_away(*c) && ints_are(*c, "strides", 1) && ints_are(*c, "dilations", 1) &&
-        (!c->has_attr("groups") || c->attr_int("groups") == 1) && shift_planes(*c, &sp)) {
-      flipped_weights_[c->id] = &r;
-      read_past_.insert(r.id);
+    if (r && r->op == OpKind::kReverse && r->type.shape.size() == 4 &&
+        r->attr_ints("axes") == std::vector<int64_t>{2, 3} && only_reader(r->output) && ints_are(c, "strides", 1) &&
+        ints_are(c, "dilations", 1) && (!c.has_attr("groups") || c.attr_int("groups") == 1) && shift_planes(c, &sp)) {
+      flipped_weights_[c.id] = r;
+      read_past_.insert(r->id);
     }
   }
 }
@@ -551,14 +552,13 @@ void Emitter::lower_conv_wgrad(const Node& m) {
         };
         std::vector<Op> ops;
         std::vector<PopUnit> units;
-        std::vector<int64_t> chunk_starts;
-        for (int64_t pl = 0; pl < pn; pl += R) chunk_starts.push_back(pl);
-        const int64_t nchunks = static_cast<int64_t>(chunk_starts.size());
+        const int64_t nchunks = (pn + R - 1) / R;  // chunk c starts at pixel c * R of the group
+        int64_t mask_key = -1;                     // the (phase, tap) whose mask m1 holds, in op order
         for (int64_t r0 = 0; r0 < nchunks; r0 += mxus) {
           const int64_t r1 = std::min(nchunks, r0 + mxus);
           std::vector<std::vector<std::string>> pres;
           for (int64_t c = r0; c < r1; ++c) {
-            const int64_t pl = chunk_starts[static_cast<size_t>(c)], p = n0 * HW + pl, kc = std::min(R, P - p);
+            const int64_t pl = c * R, p = n0 * HW + pl, kc = std::min(R, P - p);
             const std::string mx = "mxu" + std::to_string((p / R) % mxus);
             std::vector<std::string> pre;  // the chunk's dy columns are its MXU's weights (rows >= kc: none)
             for (int64_t j = 0; j * 8 < cols; ++j) {
@@ -574,16 +574,18 @@ void Emitter::lower_conv_wgrad(const Node& m) {
             const int64_t t = groups[i].first, g = groups[i].second;
             PopUnit pu{vm_acc + static_cast<int64_t>(i) * kTileElems * 4, 0, {}, n0 == 0 && r0 == 0};
             for (int64_t c = r0; c < r1; ++c) {
-              const int64_t pl = chunk_starts[static_cast<size_t>(c)], p = n0 * HW + pl;
+              const int64_t pl = c * R, p = n0 * HW + pl;
               const int64_t phase_idx = (p / R) % phases;  // the chunk starts at pixel phase_idx * R % HW of an image
               const int64_t u = (p / R) % mxus;
               const bool all = full[static_cast<size_t>(phase_idx * KK + t)];
               Op op{i == 0 ? pres[static_cast<size_t>(c - r0)] : std::vector<std::string>{}, {}, "", u};
-              // Tap t's mask for this chunk's phase into m1 (each masked load right after it).
-              if (!all) {
-                op.load.push_back("vld v20, " + at(vm_mask + (phase_idx * KK + t) * R * 4) + ", stride=0");
+              // Tap t's mask for this chunk's phase into m1, unless the op before left it there.
+              const int64_t key = phase_idx * KK + t;
+              if (!all && mask_key != key) {
+                op.load.push_back("vld v20, " + at(vm_mask + key * R * 4) + ", stride=0");
                 op.load.push_back("vcmp.gt m1, v20, v21");
               }
+              mask_key = all ? -1 : key;
               const int64_t d = (t / w.KW - w.pt) * W + (t % w.KW - w.pl);
               const std::string vl = "v" + std::to_string(ops.size() % 8);
               op.load.push_back(std::string(ld(xt)) + " " + vl + ", " + at(vm_x + ((g - g0) * 8 * Pg + pl + d) * ex) +

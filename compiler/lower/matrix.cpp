@@ -1374,6 +1374,23 @@ void Emitter::lower_matmul(const Node& n) {
   auto mxu_at = [&](const Pass& ps, int64_t i, int64_t w, int64_t k) {
     return i % reps(ps) * ps.kk * ps.cwt + w * ps.kk + k;
   };
+  // Pass ps's weight pushes, (MXU, VMEM address of 8 rows: row_at(w, k, r) for column
+  // tile w, chunk k, row r), on every copy; and its swaps. Both plans push through these.
+  auto pass_pushes = [&](const Pass& ps, const auto& row_at) {
+    std::vector<std::pair<int64_t, int64_t>> l;
+    for (int64_t r = 0; r < R; r += 8)
+      for (int64_t w = 0; w < ps.cwt; ++w)
+        for (int64_t k = 0; k < ps.kk; ++k)
+          if (r < kr_of(ps.c0 + k))
+            for (int64_t c = 0; c < reps(ps); ++c) l.push_back({mxu_at(ps, c, w, k), row_at(w, k, r)});
+    return l;
+  };
+  auto pass_swaps = [&](const Pass& ps) {
+    for (int64_t c = 0; c < reps(ps); ++c)
+      for (int64_t w = 0; w < ps.cwt; ++w)
+        for (int64_t k = 0; k < ps.kk; ++k)
+          line("mswap " + mx(mxu_at(ps, c, w, k)) + ", k=" + std::to_string(kr_of(ps.c0 + k)));
+  };
 
   // VMEM plan. Columns go in bands of BG column groups whose weights stay resident
   // in VMEM (loaded by the first unit of the band on each core, reused by the
@@ -2093,28 +2110,16 @@ void Emitter::lower_matmul(const Node& n) {
           wait_flag(band_flag(y_of(seq.front())));
           int64_t wreg = 0;
           auto push_list = [&](int64_t q) {
-            std::vector<std::pair<int64_t, int64_t>> l;  // (mxu, VMEM address of 8 weight rows)
-            if (q >= Q) return l;
-            const Pass& ps = seq[static_cast<size_t>(q)].ps;
-            for (int64_t r = 0; r < R; r += 8)
-              for (int64_t w = 0; w < ps.cwt; ++w)
-                for (int64_t k = 0; k < ps.kk; ++k)
-                  if (r < kr_of(ps.c0 + k))
-                    for (int64_t c = 0; c < reps(ps); ++c) l.push_back({mxu_at(ps, c, w, k), w_at(q, w, k, r)});
-            return l;
+            if (q >= Q) return std::vector<std::pair<int64_t, int64_t>>{};
+            return pass_pushes(seq[static_cast<size_t>(q)].ps,
+                               [&](int64_t w, int64_t k, int64_t r) { return w_at(q, w, k, r); });
           };
           auto emit_push = [&](const std::pair<int64_t, int64_t>& pw) {
             const int64_t v = 24 + (wreg++ % 4);
             line(std::string(ld(bt)) + " " + vr(v) + ", " + at(pw.second) + ", stride=" + std::to_string(wsp));
             line("mpush " + mx(pw.first) + ", " + vr(v));
           };
-          auto emit_swaps = [&](int64_t q) {
-            const Pass& ps = seq[static_cast<size_t>(q)].ps;
-            for (int64_t c = 0; c < reps(ps); ++c)
-              for (int64_t w = 0; w < ps.cwt; ++w)
-                for (int64_t k = 0; k < ps.kk; ++k)
-                  line("mswap " + mx(mxu_at(ps, c, w, k)) + ", k=" + std::to_string(kr_of(ps.c0 + k)));
-          };
+          auto emit_swaps = [&](int64_t q) { pass_swaps(seq[static_cast<size_t>(q)].ps); };
           for (const auto& pw : push_list(0)) emit_push(pw);
           emit_swaps(0);
           const int64_t E = std::max<int64_t>(0, std::min<int64_t>({kw + 1, AS - 2, min_blocks - 1}));
@@ -2489,28 +2494,16 @@ void Emitter::lower_matmul(const Node& n) {
       if (lhs0_ready) wait_flag(kLhsPrefetchFlag);
       int64_t wreg = 0;
       auto push_list = [&](int64_t q) {
-        std::vector<std::pair<int64_t, int64_t>> l;  // (mxu, VMEM address of 8 weight rows)
-        if (q >= Q) return l;
-        const Pass& ps = passes[static_cast<size_t>(q)];
-        for (int64_t r = 0; r < R; r += 8)
-          for (int64_t w = 0; w < ps.cwt; ++w)
-            for (int64_t k = 0; k < ps.kk; ++k)
-              if (r < kr_of(ps.c0 + k))
-                for (int64_t c = 0; c < reps(ps); ++c) l.push_back({mxu_at(ps, c, w, k), w_addr(q, w, k, r)});
-        return l;
+        if (q >= Q) return std::vector<std::pair<int64_t, int64_t>>{};
+        return pass_pushes(passes[static_cast<size_t>(q)],
+                           [&](int64_t w, int64_t k, int64_t r) { return w_addr(q, w, k, r); });
       };
       auto emit_push = [&](const std::pair<int64_t, int64_t>& pw) {
         const int64_t v = 24 + (wreg++ % 4);
         line(std::string(ld(bt)) + " " + vr(v) + ", " + at(pw.second) + ", stride=" + std::to_string(resident ? ws : wrow));
         line("mpush " + mx(pw.first) + ", " + vr(v));
       };
-      auto emit_swaps = [&](int64_t q) {
-        const Pass& ps = passes[static_cast<size_t>(q)];
-        for (int64_t c = 0; c < reps(ps); ++c)
-          for (int64_t w = 0; w < ps.cwt; ++w)
-            for (int64_t k = 0; k < ps.kk; ++k)
-              line("mswap " + mx(mxu_at(ps, c, w, k)) + ", k=" + std::to_string(kr_of(ps.c0 + k)));
-      };
+      auto emit_swaps = [&](int64_t q) { pass_swaps(passes[static_cast<size_t>(q)]); };
       for (const auto& pw : push_list(0)) emit_push(pw);
       emit_swaps(0);
 

@@ -538,10 +538,10 @@ void Emitter::lower_pool(const Node& n) {
   // engine for the on-chip path's latency whatever their size, so the ring of bands
   // of one image was bound by the engines (the bundled CNN's l1 pool at batch 64:
   // 64 bands of 4 tap gathers, ~750 cycles a band).
-  auto buf_of = [&](int64_t planes_a_band) {
-    return align_up(planes_a_band * H * W * e, kAlign) + align_up(KK * planes_a_band * OH * OW * e, kAlign) +
-           align_up(planes_a_band * OH * OW * e + tile, kAlign);
-  };
+  // A band's buffer of `np` planes: its input planes, its tap planes, its output.
+  auto src_bytes = [&](int64_t np) { return align_up(np * H * W * e, kAlign); };
+  auto taps_bytes = [&](int64_t np) { return align_up(KK * np * OH * OW * e, kAlign); };
+  auto buf_of = [&](int64_t np) { return src_bytes(np) + taps_bytes(np) + align_up(np * OH * OW * e + tile, kAlign); };
   int64_t ib = 1;  // images a band
   if (planes && cb == CH)
     while (ib * 2 * 4 * cores_ <= NB &&
@@ -555,8 +555,7 @@ void Emitter::lower_pool(const Node& n) {
   // the band before is reduced and stored and the next two load (the bundled CNN's l1
   // pool, v3 batch 8: a load, the gathers and a store in turn were ~1.6 K cycles a
   // band; double-buffered, each band still waited for its own gathers).
-  const int64_t src_b = align_up(ib * cb * H * W * e, kAlign), taps_b = align_up(KK * ib * cb * OH * OW * e, kAlign);
-  const int64_t buf_b = buf_of(ib * cb);
+  const int64_t src_b = src_bytes(ib * cb), taps_b = taps_bytes(ib * cb), buf_b = buf_of(ib * cb);
   if (planes && bands.size() > 1 && static_cast<uint64_t>(kRingSlots * buf_b) <= opt_.target.vmem_bytes) {
     auto src_of = [&](const Band& u) { return X.addr + (u.b * CH + u.c0) * H * W * e; };
     gathered_stream(
