@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace tpusim::run {
@@ -24,6 +25,26 @@ std::string si(double v, const char* unit) {
 
 std::string percent(uint64_t part, uint64_t whole) {
   return fmt::format("{:.1f}%", whole > 0 ? 100.0 * double(part) / double(whole) : 0.0);
+}
+
+// Where the cores' time in an op went, by the per-core table's causes: the largest
+// share of its core_cycles, e.g. "sync/ICI 68%". The roofline verdict says what
+// the op's intensity allows; this says what the run waited on (a 1 kB op the
+// roofline calls memory bound may spend its time waiting on another chip).
+std::string mostly(const nlohmann::json& op) {
+  if (!op.contains("stall_cycles") || !op.contains("core_cycles")) return "-";
+  const uint64_t all = op["core_cycles"].get<uint64_t>();
+  const auto& st = op["stall_cycles"];
+  const uint64_t hbm = st.value("hbm", uint64_t{0}), infeed = st.value("infeed", uint64_t{0}),
+                 sync = st.value("sync", uint64_t{0});
+  if (all == 0 || hbm + infeed + sync > all) return "-";
+  // Compute: issuing, or stalled on the core's own units (the table's compute).
+  const std::pair<uint64_t, const char*> shares[] = {
+      {all - hbm - infeed - sync, "compute"}, {hbm, "HBM wait"}, {infeed, "infeed"}, {sync, "sync/ICI"}};
+  const auto* top = &shares[0];
+  for (const auto& sh : shares)
+    if (sh.first > top->first) top = &sh;  // ties: the first in the table's order
+  return fmt::format("{} {:.0f}%", top->second, 100.0 * double(top->first) / double(all));
 }
 
 constexpr size_t kTopOps = 10;
@@ -145,8 +166,8 @@ std::string format_report(const nlohmann::json& s) {
       width = std::max(width, label.size());
       labels.push_back(std::move(label));
     }
-    r += fmt::format("  {:<{}} {:>10} {:>7} {:>12} {:>12} {:>9} {:>8}\n", "op", width, "cycles", "step", "FLOP",
-                     "HBM bytes", "FLOP/B", "bound");
+    r += fmt::format("  {:<{}} {:>10} {:>7} {:>12} {:>12} {:>9} {:>8}  {}\n", "op", width, "cycles", "step", "FLOP",
+                     "HBM bytes", "FLOP/B", "bound", "mostly");
     for (size_t i = 0; i < shown; ++i) {
       const auto& op = *ops[i];
       const uint64_t f = op["flops"].get<uint64_t>();
@@ -161,8 +182,8 @@ std::string format_report(const nlohmann::json& s) {
         intensity = "inf";
         bound = "compute";
       }
-      r += fmt::format("  {:<{}} {:>10} {:>7} {:>12} {:>12} {:>9} {:>8}\n", labels[i], width, c, percent(c, cycles), f,
-                       b, intensity, bound);
+      r += fmt::format("  {:<{}} {:>10} {:>7} {:>12} {:>12} {:>9} {:>8}  {}\n", labels[i], width, c, percent(c, cycles),
+                       f, b, intensity, bound, mostly(op));
     }
   }
   return r;

@@ -325,6 +325,40 @@ TEST(Report, BreakdownAndTopOpsWithRooflineBound) {
   EXPECT_LT(op3, r.find("op 4 ")) << "longest op first";
 }
 
+// The "mostly" column: the largest share of an op's core cycles by the per-core
+// table's causes, compute being what no wait took (issue and the core's own units).
+TEST(Report, OpsSayWhatTheirCoresWaitedOn) {
+  RunFigures f = v3_figures();
+  json units = two_core_units();
+  json p = fold_profiles(units, f.cycles);
+  auto row = [](const std::string& r, const std::string& op) {
+    const size_t at = r.find("  " + op + " ");
+    return at == std::string::npos ? std::string() : r.substr(at, r.find('\n', at) - at);
+  };
+  f.ops = p["ops"];
+  f.time_by_cause = p["time_by_cause"];
+  std::string r = format_report(make_stats(f));
+  EXPECT_NE(r.find("bound  mostly"), std::string::npos) << r;
+  // op 3: 1300 core cycles, waits 400 HBM + 50 infeed + 60 sync: compute 790 = 61%.
+  EXPECT_NE(row(r, "op 3").find("memory  compute 61%"), std::string::npos) << r;
+  // op 4: 300 cycles, 100 of them HBM: compute 200 = 67%.
+  EXPECT_NE(row(r, "op 4").find("compute 67%"), std::string::npos) << r;
+  // An op that mostly waited on other cores (a collective's or a remote output's
+  // flags), and one that mostly waited on its HBM transfers.
+  f.ops[0]["stall_cycles"] = {{"compute", 0}, {"hbm", 100}, {"infeed", 0}, {"sync", 884}};
+  f.ops[1]["stall_cycles"] = {{"compute", 0}, {"hbm", 250}, {"infeed", 0}, {"sync", 0}};
+  r = format_report(make_stats(f));
+  EXPECT_NE(row(r, "op 3").find("sync/ICI 68%"), std::string::npos) << r;  // 884 / 1300
+  EXPECT_NE(row(r, "op 4").find("HBM wait 83%"), std::string::npos) << r;  // 250 / 300
+  f.ops[1]["stall_cycles"] = {{"compute", 0}, {"hbm", 0}, {"infeed", 240}, {"sync", 0}};
+  r = format_report(make_stats(f));
+  EXPECT_NE(row(r, "op 4").find("infeed 80%"), std::string::npos) << r;
+  // Even shares: the first in the table's order (compute 150 = HBM 150).
+  f.ops[1]["stall_cycles"] = {{"compute", 0}, {"hbm", 150}, {"infeed", 0}, {"sync", 0}};
+  r = format_report(make_stats(f));
+  EXPECT_NE(row(r, "op 4").find("compute 50%"), std::string::npos) << r;
+}
+
 // Ops of a compiled bundle carry the graph node they came from: in stats.json as
 // "node" (an unnamed op has none) and beside "op N" in the report, a long name cut
 // to the column's 40 characters.
