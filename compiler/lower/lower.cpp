@@ -412,9 +412,8 @@ void Emitter::drain_dmas() {
 
 LowerResult lower_graph(const Graph& graph, const LowerOptions& options) {
   if (options.replicas.replicas > 1) {
-    LowerResult r = lower_replicated(graph, options);
+    LowerResult r = lower_replicated(graph, options);  // names its ops itself
     record_vmem_plan(r.bundle);
-    record_op_names(r.bundle, graph);
     record_op_flops(r.bundle, graph);
     return r;
   }

@@ -117,7 +117,8 @@ void record_vmem_plan(isa::Bundle& bundle) {
 }
 
 void record_op_names(isa::Bundle& bundle, const Graph& graph) {
-  std::map<int, std::string> names;
+  // Ids the lowering named itself (lower_replicated's scatter and gather) keep their names.
+  std::map<int, std::string> names(bundle.op_names.begin(), bundle.op_names.end());
   for (const Node& n : graph.nodes) names[n.id] = std::string(op_name(n.op)) + " %" + n.output;
   for (const Node& n : graph.nodes)
     if (n.fusion_group >= 0 && n.fusion_group != n.id && names.count(n.fusion_group))

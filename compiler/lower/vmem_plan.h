@@ -20,7 +20,8 @@ void record_vmem_plan(isa::Bundle& bundle);
 // Names each op id of the bundle's code after its graph node, "matmul %h", with the
 // elementwise nodes fused into it appended ("matmul %h +relu"), so timelines can
 // say which node a slice belongs to. Characters a name may not hold (a quote, a
-// control character) become '_'.
+// control character) become '_'. Names the bundle already has for ids that are not
+// graph nodes (lower_replicated's scatter and gather) are kept.
 void record_op_names(isa::Bundle& bundle, const Graph& graph);
 
 // The model FLOPs of each op id of the bundle's code whose node runs on the MXUs

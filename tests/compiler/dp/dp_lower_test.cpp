@@ -228,6 +228,47 @@ std::string explain_note(const Board& board, int replicas, int64_t rows, int64_t
   return lr.notes.empty() ? std::string() : lr.notes.front();
 }
 
+// Moving the batch to and from chip 0 is two ops of its own, the ids after the
+// graph's (4 and 5 for the MLP's #0..#3), named for the profile: every DMA of the
+// scatter (rflag f61) and of the gather (f62), and every wait on their flags, is
+// under its id on every core, none under a graph node's. With the host infeed the
+// first is named for it.
+TEST(DpLower, ScatterAndGatherAreOpsOfTheirOwn) {
+  for (bool infeed : {false, true}) {
+    SCOPED_TRACE(infeed ? "infeed" : "scatter");
+    LowerOptions lo = board_options(kV38, 8);
+    lo.inputs_from_host = infeed;
+    const Graph g = parse_graph(mlp_ir(64));
+    const LowerResult lr = lower_graph(g, lo);
+    EXPECT_EQ(lr.bundle.op_names.at(4), infeed ? "infeed: inputs from the host" : "scatter: inputs from chip 0");
+    EXPECT_EQ(lr.bundle.op_names.at(5), "gather: outputs to chip 0");
+    EXPECT_EQ(lr.bundle.op_names.at(0), "matmul %h +relu");  // the graph's names stay
+    std::istringstream in(lr.assembly);
+    std::string line, op;
+    std::map<std::string, int> seen;  // "op: flag" -> lines
+    int cores = 0;
+    while (std::getline(in, line)) {
+      if (line.rfind(".core ", 0) == 0) ++cores, op.clear();
+      if (line.rfind("  op ", 0) == 0) op = line.substr(5);
+      for (const char* f : {"f60", "f61", "f62", "f63"})
+        if (std::regex_search(line, std::regex(std::string("(flag=|wait )") + f + "\\b"))) ++seen[op + ": " + f];
+    }
+    EXPECT_EQ(cores, 8);
+    for (const auto& [where, n] : seen) {
+      const std::string id = where.substr(0, where.find(':'));
+      EXPECT_TRUE(id == "4" || id == "5") << n << " lines of " << where;
+    }
+    EXPECT_GT(seen["4: f61"], 0);
+    EXPECT_GT(seen["5: f62"], 0);
+  }
+  // No batched output (the sum is replica 0's): no gather, replica 0's wait for its
+  // scatter's DMAs stays in the scatter's op (2 after #0 and #1).
+  const LowerResult lr = lower_graph(parse_graph(allreduce_only_ir(8, 16, 40)), board_options(kV38, 8));
+  EXPECT_EQ(lr.bundle.op_names, (std::map<int32_t, std::string>{
+                                    {0, "reduce_sum %s"}, {1, "all_reduce %g"}, {2, "scatter: inputs from chip 0"}}));
+  EXPECT_EQ(lr.assembly.find("  op 3\n"), std::string::npos);
+}
+
 TEST(DpLower, AllReduceOnV38EveryAlgorithm) {
   for (int R : {2, 4, 8})
     for (const char* alg : {"ring", "bidir-ring", "torus", "auto"})
