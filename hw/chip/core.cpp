@@ -89,6 +89,7 @@ bool TensorCore::waits_for_infeed() const {
 
 void TensorCore::note_infeed_stall(uint64_t cycle, uint64_t n) {
   stall_infeed_ += n;
+  env_.profile.host_infeed_stall(env_.prog->code[seq_->pc()].op_id, n);  // waits_for_infeed: pc is a wait
   if (infeed_since_ == kNever) infeed_since_ = cycle;
   infeed_last_ = cycle + n;
 }

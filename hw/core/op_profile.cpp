@@ -141,9 +141,18 @@ nlohmann::json OpProfile::to_json() const {
       for (const auto& [sf, n] : o.stream_wait) w["s" + std::to_string(sf.first) + ".f" + std::to_string(sf.second)] = n;
       j["wait_cycles_by_stream_flag"] = std::move(w);
     }
+    std::array<uint64_t, kCauses> stall = o.stall;
+    // Infeed waits the flag's cause could not see (another core's infeed on our rflag).
+    if (o.host_infeed > stall[kInfeed]) {
+      for (const Cause from : {kSync, kHbm}) {
+        const uint64_t moved = std::min(o.host_infeed - stall[kInfeed], stall[from]);
+        stall[from] -= moved;
+        stall[kInfeed] += moved;
+      }
+    }
     for (int c = 0; c < kCauses; ++c) {
-      j[std::string("stall_") + cause_name(static_cast<Cause>(c)) + "_cycles"] = o.stall[static_cast<size_t>(c)];
-      total[static_cast<size_t>(c)] += o.stall[static_cast<size_t>(c)];
+      j[std::string("stall_") + cause_name(static_cast<Cause>(c)) + "_cycles"] = stall[static_cast<size_t>(c)];
+      total[static_cast<size_t>(c)] += stall[static_cast<size_t>(c)];
     }
     active += o.cycles + tail;
     ops.push_back(std::move(j));

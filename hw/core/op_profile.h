@@ -19,7 +19,8 @@
 // core, ICI, a flag raised by another core's rflag, and outfeed (chip -> host),
 // which is host-bound but not input starvation (docs/cli.md). An infeed that
 // raises another core's flag (rflag) is only known to that core's host-link
-// counter; sim/run/profile.cpp moves those cycles from sync to infeed.
+// counter (hw/chip/core.cpp), which tells this profile (host_infeed_stall), so
+// to_json moves them from sync to infeed per op, as sim/run/profile.cpp does per core.
 //
 // With a timeline, the sequencer track gets one slice per op span and every DMA
 // that raises a flag gets a flow arrow to the wait that consumed it.
@@ -61,6 +62,11 @@ class OpProfile {
     // that stream waited there, whether or not another stream issued meanwhile
     // (wait_by_flag sees only cycles the whole core stalled, charged to one stream).
     std::map<std::pair<int, int>, uint64_t> stream_wait;
+    // Cycles the host link counted as infeed at this op's waits (TensorCore's
+    // stall_infeed_cycles), another core's infeed on this core's rflag included:
+    // to_json moves what the flag's cause filed under sync/ICI or HBM to infeed,
+    // so an op's causes agree with the core's time_by_cause.
+    uint64_t host_infeed = 0;
     // to_json adds the drain after the sequencer halted to the last op's cycles.
     bool seen = false;
   };
@@ -101,6 +107,9 @@ class OpProfile {
     }
     o.stall[c] += n;
   }
+  // The core's host link: n cycles of the stall at an instruction of op `op_id`
+  // were a wait for an infeed transfer (possibly another core's).
+  void host_infeed_stall(int32_t op_id, uint64_t n) { at(op_id).host_infeed += n; }
   // Sequencer: stream `stream`, one of several running, waited n cycles at `in`
   // (a wait on a flag).
   void stream_wait(const isa::Instr& in, int stream, uint64_t n) { at(in.op_id).stream_wait[{stream, in.a}] += n; }
