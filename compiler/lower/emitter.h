@@ -507,6 +507,9 @@ class Emitter {
   std::vector<std::map<int, int64_t>> drained_flags_;  // and on the per-op flags
   std::map<int, std::vector<const Node*>> chains_;  // root id -> fused members
   std::map<int, int> fused_;                        // member id -> root id
+  // Results inside an elementwise chain that other nodes read too: the chain's kernel
+  // stores them as it goes on (lower_elementwise), instead of ending the chain there.
+  std::set<std::string> side_stored_;
   std::vector<const Node*> epi_;  // the chain lower_matmul applies (set by its caller)
   std::string epi_src_;           // the result the chain's first member reads, when not the matmul's own
   std::string epi_dst_;           // where lower_matmul stores, if not the chain's end (conv's NHWC scratch)

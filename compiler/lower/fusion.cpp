@@ -17,7 +17,8 @@ bool unary(const Node& m) { return m.inputs.size() == 1; }
 
 // Re-checks every mark (the graph may come from IR text with hand-written groups):
 // a member joins only if it consumes the current end of the chain, that end has no
-// other use and is no graph output, the member's shape is the root's (matmul,
+// other use and is no graph output (in an elementwise chain it may have: the kernel
+// then stores it too, side_stored_), the member's shape is the root's (matmul,
 // elementwise) or its other operand is a single element (conv2d, whose tiles are
 // NHWC while the tensors are NCHW; a pointwise conv's are NCHW, so an operand of its
 // shape too; a shifted conv that stores NCHW bands takes one such operand, of its
@@ -27,6 +28,7 @@ bool unary(const Node& m) { return m.inputs.size() == 1; }
 void Emitter::plan_fusion() {
   chains_.clear();
   fused_.clear();
+  side_stored_.clear();
   if (!opt_.fuse) return;
   std::map<std::string, int> uses;
   for (const Node& n : g_.nodes)
@@ -52,7 +54,10 @@ void Emitter::plan_fusion() {
     }
     if (!end.count(root.id)) end[root.id] = root.output;
     const std::string& run = end[root.id];
-    bool ok = is_elementwise(m.op) && m.type.dtype != DType::kI64 && uses[run] == 1 &&
+    // An elementwise chain goes on past a result other nodes read too, storing it
+    // (side_stored_); a matmul's or conv's epilogue ends there.
+    const bool side = uses[run] != 1;
+    bool ok = is_elementwise(m.op) && m.type.dtype != DType::kI64 && (!side || is_elementwise(root.op)) &&
               (m.inputs[0] == run || (m.inputs.size() == 2 && m.inputs[1] == run)) &&
               !(m.inputs.size() == 2 && m.inputs[0] == m.inputs[1]);
     if (ok && !unary(m)) {
@@ -85,6 +90,7 @@ void Emitter::plan_fusion() {
     }
     chains_[root.id].push_back(&m);
     fused_[m.id] = root.id;
+    if (side) side_stored_.insert(run);
     end[root.id] = m.output;
   }
 }

@@ -114,10 +114,12 @@ LowerResult Emitter::run() {
       if (it != producer.end()) last[it->second] = std::max(last[it->second], k);
     }
   // A fusion root and the members before its chain's end never store their result
-  // (the kernel keeps it in registers): they get no HBM.
+  // (the kernel keeps it in registers): they get no HBM, but for those other nodes
+  // read too (side_stored_).
   std::vector<bool> stored(N, true);
   for (size_t k = 0; k < N; ++k) {
     const Node& n = g_.nodes[k];
+    if (side_stored_.count(n.output)) continue;
     if (!chain_of(n).empty()) stored[k] = false;
     if (fused_away(n) && chain_of(g_.nodes[index_of.at(fused_.at(n.id))]).back() != &n) stored[k] = false;
   }

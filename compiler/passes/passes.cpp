@@ -266,13 +266,16 @@ void fuse_elementwise(Graph& g) {
     if (!is_elementwise(n.op) || n.fusion_group >= 0 || n.type.dtype == DType::kI64) continue;
     for (const std::string& in : n.inputs) {
       auto it = at.find(in);
-      if (it == at.end() || uses.at(in) != 1) continue;
+      if (it == at.end()) continue;
       const Node& p = g.nodes[it->second];
       const int root_id = p.fusion_group >= 0 ? p.fusion_group : p.id;
       const Node& root = g.nodes[index_of.at(root_id)];
       // The kernels that can apply an op to their output tiles: matmul and conv2d
-      // epilogues, and elementwise chains; the op continues the chain's end.
+      // epilogues, and elementwise chains; the op continues the chain's end. An
+      // elementwise chain also goes on past a result that other nodes read (its
+      // kernel stores that result as well); an epilogue stops there.
       if (root.op != OpKind::kMatmul && root.op != OpKind::kConv2d && !is_elementwise(root.op)) continue;
+      if (uses.at(in) != 1 && !is_elementwise(root.op)) continue;
       if (chain_end.count(root_id) ? chain_end[root_id] != in : root_id != p.id) continue;
       // Same tiles as the root's result.
       if (n.type.shape != root.type.shape) continue;

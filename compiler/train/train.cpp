@@ -173,6 +173,10 @@ class Builder {
       auto as_param = [&](const std::string& t, const std::string& name) {
         return S.size() > 2 ? node(OpKind::kReshape, {t}, {{"shape", Attr::Ints(S)}}, name) : t;
       };
+      // The parameter's view first: the update is one elementwise chain (velocity,
+      // stored on the way, then the step and the sub), and a member's other operand
+      // must exist before its root runs.
+      const std::string w = as_view(c0.name, c0.name + ".2d");
       std::string gw = grad_.at(c0.name);
       if (opt_.replicas > 1) gw = summed.at(c0.name);
       gw = as_view(gw, c0.name + ".grad.2d");
@@ -186,9 +190,6 @@ class Builder {
         step = node(OpKind::kAdd, {mv, gw}, {}, S.size() > 2 ? c0.name + ".velocity.2d" : c0.name + ".velocity.new");
         vnew = as_param(step, c0.name + ".velocity.new");
       }
-      // The parameter's view before the step, so that the step's mul and the sub fuse
-      // (a member's other operand must exist before its root runs).
-      const std::string w = as_view(c0.name, c0.name + ".2d");
       const std::string sc = node(OpKind::kMul, {step, row_of("lr", opt_.lr, row)}, {}, c0.name + ".step");
       outs.push_back(as_param(node(OpKind::kSub, {w, sc}, {}, S.size() > 2 ? c0.name + ".new.2d" : c0.name + ".new"),
                               c0.name + ".new"));

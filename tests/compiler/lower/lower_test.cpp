@@ -255,7 +255,9 @@ TEST(LowerElementwise, LeadingBroadcastOperandsReadPeriodically) {
     const char *a, *b, *out;
     bool periodic;
   };
+  // [27] over [16,27]: a row of 108 bytes, 39 repetitions a block, still periodic.
   const Case cases[] = {{"[300,1152]", "[1152]", "[300,1152]", true},
+                        {"[16,27]", "[27]", "[16,27]", true},
                         {"[1,300]", "[4,70,300]", "[4,70,300]", true},
                         {"[3,80,300]", "[1,80,300]", "[3,80,300]", true},
                         {"[700,100]", "[100]", "[700,100]", false}};
@@ -274,6 +276,37 @@ TEST(LowerElementwise, LeadingBroadcastOperandsReadPeriodically) {
                 in.op == isa::Op::kDma && in.src.space == isa::Space::kHbm && in.dst.space == isa::Space::kHbm;
         EXPECT_EQ(hbm_to_hbm == 0, c.periodic) << c.a << " " << c.b;
       }
+}
+
+// An elementwise chain goes on past a result other nodes read (the training step's
+// new velocity: the update's step reads it and it is an output): the kernel stores
+// it on the way, its readers after the chain read it from HBM. The root's own result
+// likewise. A matmul's epilogue stops at such a result instead.
+TEST(LowerElementwise, ChainsGoOnPastResultsOthersRead) {
+  const std::string head =
+      "graph u {\n  input %v : f32[37,300]\n  input %g : f32[37,300]\n  input %w : f32[37,300]\n"
+      "  input %m : f32[300]\n  input %lr : f32[300]\n  %d = mul(%v, %m) : f32[37,300] #0\n"
+      "  %vn = add(%d, %g) : f32[37,300] #1\n  %s = mul(%vn, %lr) : f32[37,300] #2\n"
+      "  %wn = sub(%w, %s) : f32[37,300] #3\n  %t = tanh(%vn) : f32[37,300] #4\n  output %wn\n  output %t\n";
+  for (bool root_read : {false, true}) {
+    const std::string ir = head + (root_read ? "  output %d\n" : "") + "  output %vn\n}\n";
+    for (auto p : kPolicies)
+      for (int cores : {1, 2}) expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
+    const LowerResult r = lower_with(ir, PrecisionPolicy::kDefault, target(1, 128, 128), 1);
+    EXPECT_EQ(r.bundle.op_names,
+              (std::map<int32_t, std::string>{{0, "mul %d +add +mul +sub"}, {4, "tanh %t"}}));
+    // Stores to HBM: %wn, %vn, %t, and %d when it is read.
+    int to_hbm = 0;
+    for (const auto& in : r.bundle.cores[0].code)
+      to_hbm += in.op == isa::Op::kDma && in.dst.space == isa::Space::kHbm && in.src.space == isa::Space::kVmem;
+    EXPECT_EQ(to_hbm, root_read ? 4 : 3);
+  }
+  const std::string mm =
+      "graph e {\n  input %x : f32[16,64]\n  input %w : f32[64,32]\n  %h = matmul(%x, %w) : f32[16,32] #0\n"
+      "  %r = relu(%h) : f32[16,32] #1\n  %a = neg(%r) : f32[16,32] #2\n  output %a\n  output %r\n}\n";
+  for (auto p : kPolicies) expect_bit_exact(mm, p, target(1, 128, 128));
+  EXPECT_EQ(lower_with(mm, PrecisionPolicy::kDefault, target(1, 128, 128), 1).bundle.op_names,
+            (std::map<int32_t, std::string>{{0, "matmul %h +relu"}, {2, "neg %a"}}));
 }
 
 TEST(LowerGraph, ChainOfOpsWithReshape) {

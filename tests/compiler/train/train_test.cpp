@@ -508,6 +508,14 @@ void expect_replicated_bit_exact(const Graph& g, PrecisionPolicy policy, int rep
   // Fused as one replica's graph is: each relu runs in its producer's epilogue
   // (relu_grad reads the relu's result, so the producer's is read by the relu alone).
   for (const auto& [id, name] : lr.bundle.op_names) EXPECT_NE(name.rfind("relu ", 0), 0u) << name;
+  // A parameter's momentum update is one elementwise chain that stores the new
+  // velocity on the way (docs/codegen.md "Fusion"): no op of its own for the step.
+  for (const auto& [id, name] : lr.bundle.op_names) {
+    EXPECT_EQ(name.find(".step"), std::string::npos) << name;
+    if (name.find(".velocity.decayed") != std::string::npos) {
+      EXPECT_NE(name.find(" +add +mul +sub"), std::string::npos) << name;
+    }
+  }
   for (const auto& e : lr.bundle.io)
     if (e.kind == isa::IoKind::kInput) {
       EXPECT_EQ(e.space, from_host ? isa::Space::kHost : isa::Space::kHbm) << e.name;
