@@ -357,6 +357,31 @@ TEST(LowerGraph, ReshapeIsItsOperandsBytes) {
   EXPECT_EQ(copies[9], 1);
 }
 
+// A slice whose elements are one run of its operand's (axes before one a single
+// index, those after it whole) is those bytes at an offset, as is a reshape of it: no
+// code. One that is not a run, or is a graph output, is copied.
+TEST(LowerGraph, SliceOfOneRunIsItsOperandsBytes) {
+  const std::string sl = "{axes=[0,1], steps=[1,1]";
+  const std::string ir =
+      "graph sl {\n  input %x : f32[4,300]\n  input %z : f32[2,3,5]\n  %a = exp(%x) : f32[4,300] #0\n"
+      "  %s = slice(%a) " + sl + ", starts=[1,0], ends=[2,300]} : f32[1,300] #1\n"
+      "  %t = slice(%a) " + sl + ", starts=[2,0], ends=[4,300]} : f32[2,300] #2\n"
+      "  %u = slice(%a) " + sl + ", starts=[0,10], ends=[4,20]} : f32[4,10] #3\n"
+      "  %b = neg(%z) : f32[2,3,5] #4\n"
+      "  %v = slice(%b) {axes=[0,1,2], steps=[1,1,1], starts=[1,1,0], ends=[2,3,5]} : f32[1,2,5] #5\n"
+      "  %w = reshape(%t) {shape=[600]} : f32[600] #6\n  %o1 = tanh(%s) : f32[1,300] #7\n"
+      "  %o2 = tanh(%w) : f32[600] #8\n  %o3 = tanh(%u) : f32[4,10] #9\n  %o4 = exp(%v) : f32[1,2,5] #10\n"
+      "  %q = slice(%a) " + sl + ", starts=[3,0], ends=[4,300]} : f32[1,300] #11\n"
+      "  output %o1\n  output %o2\n  output %o3\n  output %o4\n  output %q\n}\n";
+  const LowerResult lr = lowered_bit_exact(ir);
+  std::map<int, int> code;  // instructions but the op markers, per op id
+  for (const auto& core : lr.bundle.cores)
+    for (const auto& in : core.code) code[in.op_id] += in.op != isa::Op::kOpMark;
+  EXPECT_EQ(code[1] + code[2] + code[5] + code[6], 0);
+  EXPECT_GT(code[3], 0);
+  EXPECT_GT(code[11], 0);
+}
+
 // A reshape that is a graph output is its operand's bytes when those are a stored
 // node result no output names (a training step's new weights through their 2-D
 // update); it is copied when they are an input's, another output's, or already
