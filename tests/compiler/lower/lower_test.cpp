@@ -382,6 +382,35 @@ TEST(LowerGraph, SliceOfOneRunIsItsOperandsBytes) {
   EXPECT_GT(code[11], 0);
 }
 
+// A concat whose operands are runs of its result, each read by it alone (through
+// views at most), is assembled in place: its operands' producers write their runs of
+// it, and it has no code. One with an operand read elsewhere too, a graph input, or
+// operands interleaved (outer axes) is copied.
+TEST(LowerGraph, ConcatOfRunsIsAssembledInPlace) {
+  const std::string ir =
+      "graph cc {\n  input %x : f32[2,150]\n  input %z : f32[5,10]\n  input %k : f32[1,20]\n  input %j : f32[1,10]\n"
+      "  %a = exp(%x) : f32[2,150] #0\n  %af = reshape(%a) {shape=[1,300]} : f32[1,300] #1\n"
+      "  %b = neg(%z) : f32[5,10] #2\n  %bf = reshape(%b) {shape=[1,50]} : f32[1,50] #3\n"
+      "  %c = concat(%af, %bf) {axis=1} : f32[1,350] #4\n  %y = tanh(%c) : f32[1,350] #5\n"
+      "  %d = exp(%z) : f32[5,10] #6\n  %e = concat(%d, %j) {axis=0} : f32[6,10] #7\n"
+      "  %g = neg(%k) : f32[1,20] #8\n  %h = concat(%g, %k) {axis=1} : f32[1,40] #9\n"
+      "  %m = exp(%k) : f32[1,20] #10\n  %n = concat(%m, %g) {axis=1} : f32[1,40] #11\n"
+      "  %q = exp(%x) : f32[2,150] #12\n  %r = concat(%q, %q) {axis=0} : f32[4,150] #13\n"
+      "  %s = neg(%x) : f32[2,150] #14\n  %t = tanh(%x) : f32[2,150] #15\n"
+      "  %u = concat(%s, %t) {axis=1} : f32[2,300] #16\n"
+      "  output %y\n  output %e\n  output %h\n  output %n\n  output %r\n  output %u\n}\n";
+  const LowerResult lr = lowered_bit_exact(ir);
+  std::map<int, int> code;  // instructions but the op markers, per op id
+  for (const auto& core : lr.bundle.cores)
+    for (const auto& in : core.code) code[in.op_id] += in.op != isa::Op::kOpMark;
+  EXPECT_EQ(code[4], 0);   // %a and %b written into %c's runs
+  EXPECT_GT(code[7], 0);   // %j is a graph input
+  EXPECT_GT(code[9], 0);   // %k is a graph input
+  EXPECT_GT(code[11], 0);  // %g is read by %h too
+  EXPECT_GT(code[13], 0);  // one operand twice
+  EXPECT_GT(code[16], 0);  // rows of %s and %t interleave in %u
+}
+
 // A reshape that is a graph output is its operand's bytes when those are a stored
 // node result no output names (a training step's new weights through their 2-D
 // update); it is copied when they are an input's, another output's, or already
