@@ -247,6 +247,8 @@ LowerResult Emitter::run() {
     for (size_t k = 0; k < N; ++k)
       for (const auto& in : g_.nodes[k].inputs) read_by[in].push_back(k);
     auto root_of = [&](const std::string& t) { return owner.count(t) ? owner.at(t) : t; };
+    std::map<std::string, std::vector<std::string>> bytes_of;  // a tensor and its views, by owner
+    for (const auto& [t, r] : owner) bytes_of[r].push_back(t);
     for (size_t kc = 0; kc < N && opt_.reuse_hbm; ++kc) {
       const Node& c = g_.nodes[kc];
       if (c.op != OpKind::kConcat || kept.count(c.output) || !stored[kc]) continue;
@@ -264,14 +266,14 @@ LowerResult Emitter::run() {
         ok = ok && p != producer.end() && stored[p->second] && !kept.count(b) && roots.insert(b).second &&
              t_.at(b).type.dtype == c.type.dtype && num_elements(t_.at(b).type.shape) == num_elements(t_.at(in).type.shape);
         if (!ok) break;
-        // b and its views are read only by each other and this concat.
-        for (const auto& [t, r] : owner)
-          if (r == b) ok = ok && !views_.count(t) && !kept.count(t);
-        for (const auto& [t, r] : read_by) {
-          if (root_of(t) != b) continue;
-          for (size_t k : r) ok = ok && (k == kc || (owner.count(g_.nodes[k].output) && root_of(g_.nodes[k].output) == b));
+        // b and its views are no head view, no output, and read only by each other and
+        // this concat.
+        std::vector<std::string> all = bytes_of[b];
+        all.push_back(b);
+        for (const std::string& t : all) {
+          ok = ok && !views_.count(t) && !kept.count(t);
+          for (size_t k : read_by[t]) ok = ok && (k == kc || root_of(g_.nodes[k].output) == b);
         }
-        ok = ok && !views_.count(b);
         runs.emplace_back(p->second, at_byte);
         at_byte += num_elements(t_.at(in).type.shape) * e;
       }
@@ -287,10 +289,16 @@ LowerResult Emitter::run() {
       for (const auto& [pk, off] : runs) {
         const std::string b = g_.nodes[pk].output;
         stored[pk] = false;
-        for (auto& [t, r] : owner)
-          if (r == b) r = c.output, offset[t] = off + (offset.count(t) ? offset.at(t) : 0);
+        std::vector<std::string>& into = bytes_of[c.output];
+        for (const std::string& t : bytes_of[b]) {
+          owner[t] = c.output;
+          offset[t] = off + (offset.count(t) ? offset.at(t) : 0);
+          into.push_back(t);
+        }
         owner[b] = c.output;
         if (off > 0) offset[b] = off;
+        into.push_back(b);
+        bytes_of.erase(b);
       }
       in_place.insert(c.id);
     }
