@@ -289,6 +289,9 @@ class Emitter {
   void plan_fusion();
   bool fused_away(const Node& n) const { return fused_.count(n.id) != 0; }
   const std::vector<const Node*>& chain_of(const Node& n) const;
+  bool is_feeder(const Node& f, size_t ri, const std::map<std::string, size_t>& defined_at,
+                 const std::map<std::string, int>& uses, const Node& root) const;
+  bool feeder_fits(const Node& root, const Node& f) const;
   // Gathers through VMEM (staging.cpp): the HBM bytes [src, src + src_bytes) are
   // copied to VMEM with one contiguous DMA, rearranged there by VMEM -> VMEM DMAs
   // (whose cost is per byte, not per run, so element-sized runs are cheap), and the
@@ -506,7 +509,11 @@ class Emitter {
   std::vector<int64_t> drained_dmas_;                  // per core: DMAs on f1 waited for by drain_dmas
   std::vector<std::map<int, int64_t>> drained_flags_;  // and on the per-op flags
   std::map<int, std::vector<const Node*>> chains_;  // root id -> fused members
-  std::map<int, int> fused_;                        // member id -> root id
+  std::map<int, int> fused_;                        // member (or feeder) id -> root id
+  // Feeders: an elementwise op of operands that exist before the root runs, read only
+  // by one member of an elementwise chain as its other operand. The chain's kernel
+  // computes it in registers from its operands (lower_elementwise); it is never stored.
+  std::map<int, const Node*> feeds_;  // member id -> its feeder
   // Results inside an elementwise chain that other nodes read too: the chain's kernel
   // stores them as it goes on (lower_elementwise), instead of ending the chain there.
   std::set<std::string> side_stored_;

@@ -13,7 +13,48 @@ namespace {
 
 bool unary(const Node& m) { return m.inputs.size() == 1; }
 
+bool pow_lowered(const Node& m) {
+  if (m.op != OpKind::kPow) return true;
+  const float p = m.attr_float("exponent");
+  return p == 0.5f || p == 1.0f || p == 2.0f || p == 3.0f;
+}
+
 }  // namespace
+
+// Whether `f` can be computed inside the kernel of the elementwise chain rooted at
+// node index ri: an elementwise op of the root's shape, read by one member alone and
+// no graph output, whose operands exist before the root runs and are not integers.
+bool Emitter::is_feeder(const Node& f, size_t ri, const std::map<std::string, size_t>& defined_at,
+                        const std::map<std::string, int>& uses, const Node& root) const {
+  if (!is_elementwise(f.op) || f.type.dtype == DType::kI64 || f.type.shape != root.type.shape || !pow_lowered(f) ||
+      fused_.count(f.id) || chains_.count(f.id) || uses.at(f.output) != 1)
+    return false;
+  for (const std::string& in : f.inputs) {
+    auto it = defined_at.find(in);
+    if ((it != defined_at.end() && it->second >= ri) || t_.at(in).type.dtype == DType::kI64) return false;
+  }
+  return true;
+}
+
+// Whether lower_elementwise's block buffers (two sets: one operand's 8x128 tiles of a
+// block each, the result, the stored results) still take at most half of VMEM with
+// the feeder's operands in place of one: a chain of members with an operand each
+// takes one buffer a member, one with feeders up to two.
+bool Emitter::feeder_fits(const Node& root, const Node& f) const {
+  // The root's operands, the result, one more stored result than the chain has yet.
+  int64_t buffers = static_cast<int64_t>(root.inputs.size()) + 2 + side_stored_.count(root.output);
+  auto chain = chains_.find(root.id);
+  if (chain != chains_.end())
+    for (const Node* m : chain->second) {
+      auto fd = feeds_.find(m->id);
+      buffers += fd != feeds_.end() ? static_cast<int64_t>(fd->second->inputs.size()) : m->inputs.size() == 2;
+      buffers += side_stored_.count(m->output);
+    }
+  buffers += static_cast<int64_t>(f.inputs.size());
+  const int64_t tiles = (num_elements(root.type.shape) + kTileElems - 1) / kTileElems;
+  const int64_t buf = std::min<int64_t>(64, tiles) * kTileElems * 4;
+  return 2 * buffers * buf <= static_cast<int64_t>(opt_.target.vmem_bytes / 2);
+}
 
 // Re-checks every mark (the graph may come from IR text with hand-written groups):
 // a member joins only if it consumes the current end of the chain, that end has no
@@ -24,10 +65,17 @@ bool unary(const Node& m) { return m.inputs.size() == 1; }
 // shape too; a shifted conv that stores NCHW bands takes one such operand, of its
 // dtype, after which only unary members), and that operand exists before the root
 // runs.
+// A node of an elementwise chain's group that does not read the chain's end is a
+// feeder (passes.h): it joins when the member that reads it does, if it is an
+// elementwise op of the root's shape, read by that member alone, whose operands
+// exist before the root runs and its block buffers fit (feeder_fits); else it runs on
+// its own where it stands, and the member reads its result if it stands before the
+// root.
 // The first member that fails ends the chain; it and later ones run on their own.
 void Emitter::plan_fusion() {
   chains_.clear();
   fused_.clear();
+  feeds_.clear();
   side_stored_.clear();
   if (!opt_.fuse) return;
   std::map<std::string, int> uses;
@@ -48,22 +96,35 @@ void Emitter::plan_fusion() {
     const Node& root = g_.nodes[ri];
     const bool root_ok = root.op == OpKind::kMatmul || root.op == OpKind::kConv2d ||
                          (is_elementwise(root.op) && root.fusion_group < 0);
+    const std::string& run = end.count(root.id) ? end[root.id] : root.output;
+    // A feeder: checked with the member that reads it.
+    if (is_elementwise(root.op) && m.id != root.id && std::find(m.inputs.begin(), m.inputs.end(), run) == m.inputs.end())
+      continue;
     if (fused_.count(root.id) || !root_ok || ri >= k) {
       cut.insert(root.id);
       continue;
     }
     if (!end.count(root.id)) end[root.id] = root.output;
-    const std::string& run = end[root.id];
     // An elementwise chain goes on past a result other nodes read too, storing it
     // (side_stored_); a matmul's or conv's epilogue ends there.
     const bool side = uses[run] != 1;
     bool ok = is_elementwise(m.op) && m.type.dtype != DType::kI64 && (!side || is_elementwise(root.op)) &&
               (m.inputs[0] == run || (m.inputs.size() == 2 && m.inputs[1] == run)) &&
               !(m.inputs.size() == 2 && m.inputs[0] == m.inputs[1]);
+    const Node* feed = nullptr;
     if (ok && !unary(m)) {
       const std::string& other = m.inputs[0] == run ? m.inputs[1] : m.inputs[0];
       auto it = defined_at.find(other);
-      ok = it == defined_at.end() || it->second < ri;
+      if (it != defined_at.end() && g_.nodes[it->second].fusion_group == root.id && is_elementwise(root.op)) {
+        feed = &g_.nodes[it->second];
+        // Refused, a feeder before the root runs on its own and is read as it stands.
+        if (!is_feeder(*feed, ri, defined_at, uses, root) || !feeder_fits(root, *feed)) {
+          ok = it->second < ri;
+          feed = nullptr;
+        }
+      } else {
+        ok = it == defined_at.end() || it->second < ri;
+      }
       const Shape& os = t_.at(other).type.shape;
       // A pointwise conv's tiles are NCHW (lower_pointwise): an operand of its shape too;
       // a shifted conv's NCHW bands take one, its own dtype, and only unary members after.
@@ -80,16 +141,17 @@ void Emitter::plan_fusion() {
     }
     if (ok) ok = m.type.shape == root.type.shape;
     if (ok && on_bands.count(root.id)) ok = m.type.dtype == root.type.dtype;
-    if (ok && m.op == OpKind::kPow) {
-      const float p = m.attr_float("exponent");
-      ok = p == 0.5f || p == 1.0f || p == 2.0f || p == 3.0f;
-    }
+    if (ok) ok = pow_lowered(m);
     if (!ok) {
       cut.insert(root.id);
       continue;
     }
     chains_[root.id].push_back(&m);
     fused_[m.id] = root.id;
+    if (feed) {
+      feeds_[m.id] = feed;
+      fused_[feed->id] = root.id;
+    }
     if (side) side_stored_.insert(run);
     end[root.id] = m.output;
   }

@@ -91,7 +91,8 @@ LowerResult Emitter::run() {
   plan_fusion();
   // Liveness over the node order: a result is placed at the step that writes it (its
   // fusion root's, for a fused member) and given back after the last step that
-  // reads it (a fused member's reads happen at its root, earlier: later is safe).
+  // reads it (a fused member's reads happen at its root, earlier: later is safe; a
+  // feeder's may come after it, at its root's step, and count there).
   // Graph outputs keep their homes.
   const size_t N = g_.nodes.size();
   std::map<std::string, size_t> producer;
@@ -108,11 +109,14 @@ LowerResult Emitter::run() {
     defined_at[def].push_back(k);
     last[k] = def;
   }
-  for (size_t k = 0; k < N; ++k)
-    for (const auto& in : g_.nodes[k].inputs) {
+  for (size_t k = 0; k < N; ++k) {
+    const Node& n = g_.nodes[k];
+    const size_t read = fused_away(n) ? std::max(k, index_of.at(fused_.at(n.id))) : k;
+    for (const auto& in : n.inputs) {
       auto it = producer.find(in);
-      if (it != producer.end()) last[it->second] = std::max(last[it->second], k);
+      if (it != producer.end()) last[it->second] = std::max(last[it->second], read);
     }
+  }
   // A fusion root and the members before its chain's end never store their result
   // (the kernel keeps it in registers): they get no HBM, but for those other nodes
   // read too (side_stored_).

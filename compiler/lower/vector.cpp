@@ -110,6 +110,7 @@ void Emitter::lower_elementwise(const Node& n) {
     const Node* m;
     int operand;  // index into src, -1 for unary
     bool run_first;
+    const Node* feed = nullptr;  // computes the other operand from src[operand] (and the next)
   };
   std::vector<Member> members;
   std::string run = n.output;
@@ -117,8 +118,14 @@ void Emitter::lower_elementwise(const Node& n) {
     Member mb{m, -1, true};
     if (m->inputs.size() == 2) {
       mb.run_first = m->inputs[0] == run;
-      add_operand(*m, m->inputs[mb.run_first ? 1 : 0]);
-      mb.operand = static_cast<int>(src.size()) - 1;
+      mb.operand = static_cast<int>(src.size());
+      auto f = feeds_.find(m->id);
+      if (f != feeds_.end()) {
+        mb.feed = f->second;
+        for (const std::string& in : mb.feed->inputs) add_operand(*mb.feed, in);
+      } else {
+        add_operand(*m, m->inputs[mb.run_first ? 1 : 0]);
+      }
     }
     members.push_back(mb);
     run = m->output;
@@ -208,9 +215,19 @@ void Emitter::lower_elementwise(const Node& n) {
       for (const Member& mb : members) {
         for (int64_t g = 0; g < G; ++g) {
           if (cur_t == DType::kBf16) line("vcvt.bf16 " + vr(g, 2) + ", " + vr(g, 2));
-          if (mb.operand >= 0)
+          if (mb.feed) {
+            // The feeder's operands in the root's (now free) operand registers, its
+            // value where the member's operand goes, rounded as its store would be.
+            const int nf = static_cast<int>(mb.feed->inputs.size());
+            for (int i = 0; i < nf; ++i)
+              line(std::string(ld(sdt[static_cast<size_t>(mb.operand + i)])) + " " + vr(g, i) + ", " +
+                   at(operand_at(par, mb.operand + i, blk, t0 + g)));
+            emit_op(*mb.feed, reg(g, 5), reg(g, 0), reg(g, nf == 2 ? 1 : 0), reg(g, 3), reg(g, 4));
+            if (mb.feed->type.dtype == DType::kBf16) line("vcvt.bf16 " + vr(g, 5) + ", " + vr(g, 5));
+          } else if (mb.operand >= 0) {
             line(std::string(ld(sdt[static_cast<size_t>(mb.operand)])) + " " + vr(g, 5) + ", " +
                  at(operand_at(par, mb.operand, blk, t0 + g)));
+          }
           emit_op(*mb.m, reg(g, 2), reg(g, mb.run_first ? 2 : 5), reg(g, mb.run_first ? 5 : 2), reg(g, 3), reg(g, 4));
         }
         side_store(*mb.m);

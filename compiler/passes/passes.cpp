@@ -261,6 +261,16 @@ void fuse_elementwise(Graph& g) {
   std::map<int, std::string> chain_end;  // root id -> the tensor its kernel holds in registers
   std::set<int> on_bands;                // convs whose chain has taken an operand on NCHW bands
   const auto types = g.types();
+  auto feeder = [&](const Node& f, size_t ri, const Node& root) {
+    if (!is_elementwise(f.op) || f.fusion_group >= 0 || chain_end.count(f.id) || f.type.dtype == DType::kI64 ||
+        f.type.shape != root.type.shape || uses.at(f.output) != 1)
+      return false;
+    for (const std::string& in : f.inputs) {
+      auto it = at.find(in);
+      if ((it != at.end() && it->second >= ri) || types.at(in).dtype == DType::kI64) return false;
+    }
+    return true;
+  };
   for (size_t k = 0; k < g.nodes.size(); ++k) {
     Node& n = g.nodes[k];
     if (!is_elementwise(n.op) || n.fusion_group >= 0 || n.type.dtype == DType::kI64) continue;
@@ -291,6 +301,17 @@ void fuse_elementwise(Graph& g) {
         // shape and dtype (a basic block's residual add), unary members only after it
         // (the lowering checks the target: full-width MXUs).
         auto ot = at.find(other);
+        // An elementwise op read by this member alone, of the root's shape and of
+        // operands that exist before the root runs, joins as a feeder: an elementwise
+        // chain's kernel computes it in registers where the member needs it, wherever
+        // it stands in the order (the data-parallel step's gradient mean, div(sum,
+        // replicas), into its velocity's add: not stored and read back).
+        if (ot != at.end() && is_elementwise(root.op) && feeder(g.nodes[ot->second], index_of.at(root_id), root)) {
+          g.nodes[ot->second].fusion_group = root_id;
+          n.fusion_group = root_id;
+          chain_end[root_id] = n.output;
+          break;
+        }
         if (ot != at.end() && ot->second >= index_of.at(root_id)) continue;
         const int64_t on = num_elements(types.at(other).shape);
         if (root.op == OpKind::kConv2d && on != 1) {

@@ -55,9 +55,14 @@ void fuse_gelu(Graph& g);
 // output) of the current end of a chain rooted at a matmul, conv2d or elementwise
 // node joins that root's group (fusion_group = the root's id), so the lowering
 // applies it to the root's output tiles in registers and only the chain's end is
-// stored. Conditions: the root's output shape; a second operand that exists before
-// the root runs (for conv2d, whose tiles are NHWC, a single element; for a conv
-// with NCHW tiles, below, also one of its shape).
+// stored (an elementwise root's chain also goes on past a value other nodes read,
+// storing it). Conditions: the root's output shape; a second operand that exists
+// before the root runs (for conv2d, whose tiles are NHWC, a single element; for a
+// conv with NCHW tiles, below, also one of its shape). In an elementwise root's
+// chain that operand may instead be a feeder: an elementwise op of the root's shape
+// read by that member alone, with no members of its own and operands that exist
+// before the root runs; it joins the group too and the kernel computes it in
+// registers (compiler/lower/fusion.cpp).
 void fuse_elementwise(Graph& g);
 
 // Whether the lowering computes this conv2d (weights of shape `w`) as W x X per image,

@@ -309,6 +309,54 @@ TEST(LowerElementwise, ChainsGoOnPastResultsOthersRead) {
             (std::map<int32_t, std::string>{{0, "matmul %h +relu"}, {2, "neg %a"}}));
 }
 
+// Feeders: an elementwise op read by one member of an elementwise chain alone, whose
+// operands exist before the chain's root, is computed in the chain's kernel (the
+// data-parallel step's gradient mean into its velocity's add). %f stands before the
+// root %q, so %p must live until the root's kernel reads it: %z, placed after %f, must
+// not take its bytes. %e (unary) stands after the root. %b is read twice: stored, and
+// read by its member. Bit-exact under both policies on 1 and 2 cores, with the
+// feeders' ops in the chain's name and no code of their own.
+TEST(LowerElementwise, FeedersAreComputedInTheChainsKernel) {
+  const std::string ir =
+      "graph f {\n  input %x : f32[300,300]\n  input %k : f32[300]\n  input %y : f32[8,300]\n"
+      "  input %w : f32[300,300]\n  input %m : f32[300]\n  input %n : f32[300,8]\n"
+      "  %p = softmax(%x) {axis=1} : f32[300,300] #0\n  %f = div(%p, %k) : f32[300,300] #1\n"
+      "  %z = neg(%y) : f32[8,300] #2\n  %b = add(%x, %w) : f32[300,300] #8\n"
+      "  %q = tanh(%w) : f32[300,300] #3\n  %d = mul(%q, %m) : f32[300,300] #4\n  %o = add(%d, %f) : f32[300,300] #5\n"
+      "  %e = sqrt(%x) : f32[300,300] #6\n  %s = sub(%o, %e) : f32[300,300] #7\n  %t = mul(%s, %b) : f32[300,300] #9\n"
+      "  %zz = matmul(%z, %n) : f32[8,8] #10\n  %u = add(%b, %w) : f32[300,300] #11\n"
+      "  output %t\n  output %zz\n  output %u\n}\n";
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
+  const LowerResult r = lower_with(ir, PrecisionPolicy::kDefault, target(1, 128, 128), 1);
+  EXPECT_EQ(r.bundle.op_names, (std::map<int32_t, std::string>{{0, "softmax %p"},
+                                                                 {2, "neg %z"},
+                                                                 {3, "tanh %q +div +mul +add +sqrt +sub +mul"},
+                                                                 {8, "add %b +add"},
+                                                                 {10, "matmul %zz"}}));
+  auto has_code = [](const LowerResult& lr, int id) {
+    for (const auto& in : lr.bundle.cores[0].code)
+      if (in.op_id == id && in.op != isa::Op::kOpMark) return true;
+    return false;
+  };
+  for (int id : {1, 4, 5, 6, 7, 9}) EXPECT_FALSE(has_code(r, id)) << id;
+  // Unfused, every node has code of its own.
+  LowerOptions lo;
+  lo.target = target(1, 128, 128);
+  lo.fuse = false;
+  EXPECT_EQ(lower_graph(parse_graph(ir, "test.ir"), lo).bundle.op_names.size(), 12u);
+  // With 4 MiB of VMEM the chain's buffers with either feeder's operands would take
+  // more than half of it (3 MiB: six 256 KiB buffers, twice): %f runs on its own and
+  // is read as an operand; %e too, and as it comes after the root, the chain ends
+  // before %s.
+  isa::Target small = target(1, 128, 128);
+  small.vmem_bytes = 4 << 20;
+  for (auto p : kPolicies) expect_bit_exact(ir, p, small);
+  const LowerResult rs = lower_with(ir, PrecisionPolicy::kDefault, small, 1);
+  for (int id : {1, 6, 7}) EXPECT_TRUE(has_code(rs, id)) << id;
+  for (int id : {4, 5}) EXPECT_FALSE(has_code(rs, id)) << id;
+}
+
 TEST(LowerGraph, ChainOfOpsWithReshape) {
   const std::string ir =
       "graph mlp {\n  input %x : f32[6,40]\n  const %w : f32[40,24] = " + hex_list(random_values(960, 7)) +
