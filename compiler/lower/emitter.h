@@ -187,7 +187,6 @@ class Emitter {
   // DMA engines a core has (dma.engines of every preset): how many copies within VMEM
   // are worth running at once. A plan's choice only; the values never depend on it.
   static constexpr int64_t kDmaEngines = 4;
-  static constexpr int64_t kDmaBeat = 512;  // dma.chunk_bytes of every preset: one memory request
   // VMEM for an elementwise operand's repetitions (lower_elementwise).
   static constexpr int64_t kPeriodicBytes = 2 << 20;
   // Streamed units whose middle is a VMEM -> VMEM gather (a conv's planes, a strided

@@ -76,26 +76,22 @@ void Emitter::lower_elementwise(const Node& n) {
   std::vector<int64_t> src;
   std::vector<DType> sdt;
   // An operand broadcast over leading axes only (the training step's learning-rate and
-  // momentum rows over a weight's 2-D view) is periodic in the output's element order:
-  // element i is its element i mod P. Its rows of at least a DMA beat come into VMEM
-  // once, repeated past a block's length (one HBM read of the row a repetition), and a
-  // block reads them at its start mod P. The operand was laid out whole in HBM and
-  // streamed with the others (the cnn step's optimizer: 20 of them, a whole copy of
-  // each weight written and read again).
+  // momentum rows over a weight's 2-D view, a scalar) is periodic in the output's
+  // element order: element i is its element i mod P. It comes into VMEM once, repeated
+  // past a block's length, and a block reads it at its start mod P. The operand was
+  // laid out whole in HBM and streamed with the others (the cnn step's optimizer: 20
+  // of them, a whole copy of each weight written and read again). The repetitions are
+  // one row from HBM repeated by a VMEM -> VMEM copy (whose cost is per byte, not per
+  // run); until session 79 each was a memory request (the v3-8 MLP's w1 update, 257
+  // repetitions of three 1 KiB rows: ~6 K cycles before its first block started).
   std::vector<int64_t> period;  // P, or 0: streamed
-  constexpr int64_t kShortRowReps = 64;  // each a request (~8 cycles): past ~160 the HBM layout is cheaper
   auto add_operand = [&](const Node& m, const std::string& name) {
     const Shape& full = t_.at(name).type.shape;
     const Shape ps(std::find_if(full.begin(), full.end(), [](int64_t d) { return d != 1; }), full.end());
     const int64_t P = num_elements(ps), e = esz(t_.at(name).type.dtype);
     bool leading = ps.size() <= os.size() && P < total;
     for (size_t d = 0; leading && d < ps.size(); ++d) leading = ps[d] == os[os.size() - ps.size() + d];
-    // A row shorter than a beat is still one request a repetition: periodic while a
-    // block needs few of them (the optimizer's rows of the cnn's 3x3x3 stem, 27
-    // elements, 39 repetitions: 4.0 K -> 1.4 K cycles for its update; its 10-class
-    // head's 10-element rows need 206 and stay laid out in HBM, by a VMEM round trip).
-    const int64_t reps = P > 0 ? (2 * (P - 1) + T * kTileElems) / P : 0;
-    if (leading && (P * e >= kDmaBeat || reps <= kShortRowReps) && (P + T * kTileElems) * e <= kPeriodicBytes) {
+    if (leading && (P + T * kTileElems) * e <= kPeriodicBytes) {
       src.push_back(t_.at(name).addr);
       period.push_back(P);
     } else {
@@ -167,13 +163,26 @@ void Emitter::lower_elementwise(const Node& n) {
     const int flag = kStreamInFlag + static_cast<int>(par);
     for (int64_t s = 0; s < nsrc; ++s) {
       const size_t i = static_cast<size_t>(s);
-      const int64_t e = esz(sdt[i]);
-      if (!period[i]) {
-        dma_on(flag, vmem(in_buf(par, s)), hbm(src[i] + base * e), cnt * e, "");
-      } else if (!repeated[static_cast<size_t>(cur_)]) {  // the core's first block brings the repetitions
-        dma_on(flag, vmem(pbuf[i]), hbm(src[i]), period[i] * e, dim(reps[i], 0, period[i] * e));
-      }
+      if (!period[i]) dma_on(flag, vmem(in_buf(par, s)), hbm(src[i] + base * esz(sdt[i])), cnt * esz(sdt[i]), "");
     }
+    if (repeated[static_cast<size_t>(cur_)]) return;
+    // The core's first block brings the periodic rows (f1), then repeats each in VMEM.
+    // Each repetition read from HBM (a stride-0 DMA) is a memory request: on the
+    // single-core cnn step's small updates (33-58 repetitions) that was ~250-400
+    // cycles faster than this route's two trips, on the v3-8 steps (three rows an
+    // update, two cores a chip) slower (cnn b8 449,698 against 445,355 cycles).
+    bool any = false;
+    for (size_t i = 0; i < src.size(); ++i)
+      if (period[i]) {
+        dma(vmem(pbuf[i]), hbm(src[i]), period[i] * esz(sdt[i]));
+        any = true;
+      }
+    if (any) wait_dmas();
+    for (size_t i = 0; i < src.size(); ++i)
+      if (period[i] && reps[i] > 1) {
+        const int64_t row = period[i] * esz(sdt[i]);
+        vmem_copy_on(flag, pbuf[i] + row, pbuf[i], row, dim(reps[i] - 1, 0, row));
+      }
     repeated[static_cast<size_t>(cur_)] = true;
   };
   // Tile t of block blk of operand s in VMEM.

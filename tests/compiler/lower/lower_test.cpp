@@ -255,12 +255,17 @@ TEST(LowerElementwise, LeadingBroadcastOperandsReadPeriodically) {
     const char *a, *b, *out;
     bool periodic;
   };
-  // [27] over [16,27]: a row of 108 bytes, 39 repetitions a block, still periodic.
+  // Rows of any length are periodic, read from HBM once and repeated in VMEM: [27]
+  // over [16,27] (39 repetitions a block), [100] over [700,100] (657; laid out in HBM
+  // until session 79, when each repetition was a memory request), a scalar (65,536).
+  // A broadcast over a middle axis is laid out in HBM.
   const Case cases[] = {{"[300,1152]", "[1152]", "[300,1152]", true},
                         {"[16,27]", "[27]", "[16,27]", true},
                         {"[1,300]", "[4,70,300]", "[4,70,300]", true},
                         {"[3,80,300]", "[1,80,300]", "[3,80,300]", true},
-                        {"[700,100]", "[100]", "[700,100]", false}};
+                        {"[700,100]", "[100]", "[700,100]", true},
+                        {"[300,300]", "[1]", "[300,300]", true},
+                        {"[3,1,300]", "[3,80,300]", "[3,80,300]", false}};
   for (auto p : kPolicies)
     for (int cores : {1, 2})
       for (const auto& c : cases) {
@@ -269,12 +274,16 @@ TEST(LowerElementwise, LeadingBroadcastOperandsReadPeriodically) {
                                " #3\n  %z = sub(%w, %y) {} : f32" + c.out + " #4 fusion=#3\n  output %z\n}\n";
         expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
         const LowerResult r = lower_with(ir, p, target(1, 128, 128), cores);
-        int hbm_to_hbm = 0;
+        int hbm_to_hbm = 0, repeats_in_vmem = 0;
         for (const auto& core : r.bundle.cores)
-          for (const auto& in : core.code)
+          for (const auto& in : core.code) {
             hbm_to_hbm +=
                 in.op == isa::Op::kDma && in.src.space == isa::Space::kHbm && in.dst.space == isa::Space::kHbm;
+            repeats_in_vmem += in.op == isa::Op::kDma && in.src.space == isa::Space::kVmem &&
+                               in.dst.space == isa::Space::kVmem && in.ndims > 0 && in.dims[0].src_stride == 0;
+          }
         EXPECT_EQ(hbm_to_hbm == 0, c.periodic) << c.a << " " << c.b;
+        EXPECT_EQ(repeats_in_vmem > 0, c.periodic) << c.a << " " << c.b;
       }
 }
 

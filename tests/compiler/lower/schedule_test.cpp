@@ -994,24 +994,27 @@ TEST(LowerSchedule, ElementRunsGoThroughVmem) {
   for (auto p : kPolicies) {
     const std::string as = expect_bit_exact(ir, p, target(1, 16, 16), 1, false);
     const int64_t e = p == PrecisionPolicy::kBf16 ? 2 : 4;
-    int element_runs = 0, mul_dmas = 0, mul_periodic = 0, short_taps = 0, op = -1;
+    int element_runs = 0, mul_dmas = 0, mul_periodic = 0, mul_row = 0, short_taps = 0, op = -1;
     std::istringstream lines(as);
     for (std::string l; std::getline(lines, l);) {
       if (l.rfind("  op ", 0) == 0) op = std::stoi(l.substr(5));
-      mul_dmas += op == 6 && l.rfind("  dma vmem:", 0) == 0 && l.find(", vmem:") != std::string::npos;
-      mul_periodic += op == 6 && l.rfind("  dma vmem:", 0) == 0 && l.find(", hbm:") != std::string::npos &&
-                      l.find(":0:" + std::to_string(48 * e)) != std::string::npos;
+      const bool vmem_to_vmem = l.rfind("  dma vmem:", 0) == 0 && l.find(", vmem:") != std::string::npos;
+      mul_dmas += op == 6 && vmem_to_vmem;
+      mul_periodic += op == 6 && vmem_to_vmem && l.find(":0:" + std::to_string(48 * e)) != std::string::npos;
+      mul_row += op == 6 && l.rfind("  dma vmem:", 0) == 0 && l.find(", hbm:") != std::string::npos &&
+                 l.find("bytes=" + std::to_string(48 * e) + ", flag") != std::string::npos;
       if (l.rfind("  dma ", 0) != 0 || l.find("hbm:") == std::string::npos) continue;
       element_runs += l.find("bytes=" + std::to_string(e) + ",") != std::string::npos;
       short_taps += op == 2 && std::stoll(l.substr(l.find("bytes=") + 6)) < 128;
     }
     EXPECT_EQ(element_runs, 0) << as;
     EXPECT_EQ(short_taps, 0) << "the 3x3 im2col's taps";
-    // The [1,1,6,8] operand over 10 planes: its 48-element period read into VMEM as
-    // one DMA of its repetitions (periodic since session 78; a VMEM gather of its
-    // planes before).
+    // The [1,1,6,8] operand over 10 planes: its 48-element period read into VMEM once
+    // and repeated there by one VMEM copy (periodic since session 78, its repetitions
+    // read from HBM until session 79; a VMEM gather of its planes before).
+    EXPECT_EQ(mul_row, 1) << as;
     EXPECT_EQ(mul_periodic, 1) << as;
-    EXPECT_EQ(mul_dmas, 0) << as;
+    EXPECT_EQ(mul_dmas, 1) << as;
   }
 }
 
