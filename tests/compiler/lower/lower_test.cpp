@@ -318,6 +318,23 @@ TEST(LowerElementwise, ChainsGoOnPastResultsOthersRead) {
             (std::map<int32_t, std::string>{{0, "matmul %h +relu"}, {2, "neg %a"}}));
 }
 
+// An operand whose shape differs from the result's only by axes of one element is
+// read where it is: the data-parallel step's loss, a [1] sum over [1] replicas into
+// a [1,1]-shaped mean, was copied through VMEM first (three DMAs in a row, ~1.3 K
+// cycles). The kernel's two loads and one store are the op's only DMAs.
+TEST(LowerElementwise, OperandsOfTheResultsElementCountAreNotCopied) {
+  const std::string ir =
+      "graph s {\n  input %x : f32[1,1]\n  input %r : f32[1]\n  input %u : f32[4,1,6]\n  input %v : f32[4,6]\n"
+      "  %y = div(%x, %r) : f32[1,1] #0\n  %z = sub(%u, %v) : f32[4,4,6] #1\n  %w = mul(%v, %u) : f32[4,4,6] #2\n"
+      "  output %y\n  output %z\n  output %w\n}\n";
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
+  const LowerResult r = lower_with(ir, PrecisionPolicy::kDefault, target(1, 128, 128), 1);
+  int dmas = 0;
+  for (const auto& in : r.bundle.cores[0].code) dmas += in.op == isa::Op::kDma && in.op_id == 0;
+  EXPECT_EQ(dmas, 3);
+}
+
 // Feeders: an elementwise op read by one member of an elementwise chain alone, whose
 // operands exist before the chain's root, is computed in the chain's kernel (the
 // data-parallel step's gradient mean into its velocity's add). %f stands before the
