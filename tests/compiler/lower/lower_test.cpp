@@ -319,9 +319,10 @@ TEST(LowerElementwise, ChainsGoOnPastResultsOthersRead) {
 }
 
 // An operand whose shape differs from the result's only by axes of one element is
-// read where it is: the data-parallel step's loss, a [1] sum over [1] replicas into
-// a [1,1]-shaped mean, was copied through VMEM first (three DMAs in a row, ~1.3 K
-// cycles). The kernel's two loads and one store are the op's only DMAs.
+// read where it is (a [1] divisor of a [1,1] value; the training step's loss mean and
+// xent total had such operands copied through VMEM first, three DMAs in a row, ~1.3 K
+// cycles). The kernel's two loads and one store are the op's only DMAs; real
+// broadcasts beside it stay bit-exact.
 TEST(LowerElementwise, OperandsOfTheResultsElementCountAreNotCopied) {
   const std::string ir =
       "graph s {\n  input %x : f32[1,1]\n  input %r : f32[1]\n  input %u : f32[4,1,6]\n  input %v : f32[4,6]\n"

@@ -668,8 +668,8 @@ TEST(LowerSchedule, ElementwiseChains) {
     const std::string as = expect_bit_exact(ir, p, target(1, 128, 128), 2);
     for (int id : {1, 2, 3, 4, 5, 7}) EXPECT_EQ(as.find("  op " + std::to_string(id) + "\n"), std::string::npos) << id;
     // %d = sub(%c, %t) joins #0's chain with %t = tanh(%x), which comes after #0, as its
-    // feeder; the chain stores %e (a graph output) and goes on; mul(%e, %e) reads one
-    // value twice and runs on its own.
+    // feeder; %e (a graph output) ends it, as mul(%e, %e) reads one value twice and
+    // runs on its own, gelu in its chain.
     EXPECT_NE(as.find("  op 6\n"), std::string::npos);
   }
 }
