@@ -433,6 +433,7 @@ LowerResult Emitter::run() {
   r.hbm_end = hbm_top_;
   r.notes = notes_;
   r.hbm_unplanned = opt_.hbm_base + hbm_sum_;
+  r.fused = fused_;
   // A replica's program is assembled and checked once, with every other replica's,
   // by lower_replicated, which takes only its text and I/O entries from here.
   if (opt_.replicas.replicas > 1) {
@@ -534,7 +535,7 @@ LowerResult lower_graph(const Graph& graph, const LowerOptions& options) {
   lowering::Emitter e(g, options);
   LowerResult r = e.run();
   record_vmem_plan(r.bundle);  // after assembly: the plan is read off the final code
-  record_op_names(r.bundle, g);  // after the passes: fused members are marked
+  record_op_names(r.bundle, g, r.fused);
   record_op_flops(r.bundle, g);
   return r;
 }

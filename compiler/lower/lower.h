@@ -6,6 +6,7 @@
 // reference bit for bit. Every instruction carries its node's id (`op N`).
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,9 @@ struct LowerResult {
   // back from), and with LowerOptions::explain_collectives how each collective
   // was lowered, once each; `tpusim compile` prints them as "note: ...".
   std::vector<std::string> notes;
+  // The fusion the lowering applied (compiler/lower/fusion.cpp), member or feeder id
+  // -> root id: the graph's marks less any it refused. The op names follow it.
+  std::map<int, int> fused;
 };
 
 // Throws CompileError naming the node for an op (or operand kind) the lowering

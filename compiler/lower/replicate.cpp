@@ -266,7 +266,7 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
   // Named after the fused replica graph (a conv's relu in its name, as lower_graph's).
   res.bundle.op_names[io_in_op] = infeed ? "infeed: inputs from the host" : "scatter: inputs from chip 0";
   if (!rg.batched_outputs.empty()) res.bundle.op_names[io_out_op] = "gather: outputs to chip 0";
-  record_op_names(res.bundle, rg.graph);
+  record_op_names(res.bundle, rg.graph, first.fused);
   res.hbm_end = top;
   res.hbm_unplanned = first.hbm_unplanned;
   res.notes = notes;

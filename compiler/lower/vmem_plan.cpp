@@ -116,13 +116,14 @@ void record_vmem_plan(isa::Bundle& bundle) {
   }
 }
 
-void record_op_names(isa::Bundle& bundle, const Graph& graph) {
+void record_op_names(isa::Bundle& bundle, const Graph& graph, const std::map<int, int>& fused) {
   // Ids the lowering named itself (lower_replicated's scatter and gather) keep their names.
   std::map<int, std::string> names(bundle.op_names.begin(), bundle.op_names.end());
   for (const Node& n : graph.nodes) names[n.id] = std::string(op_name(n.op)) + " %" + n.output;
-  for (const Node& n : graph.nodes)
-    if (n.fusion_group >= 0 && n.fusion_group != n.id && names.count(n.fusion_group))
-      names[n.fusion_group] += std::string(" +") + op_name(n.op);
+  for (const Node& n : graph.nodes) {
+    auto root = fused.find(n.id);
+    if (root != fused.end() && names.count(root->second)) names[root->second] += std::string(" +") + op_name(n.op);
+  }
   const std::set<int32_t> used = used_op_ids(bundle);
   bundle.op_names.clear();
   for (const int32_t id : used) {

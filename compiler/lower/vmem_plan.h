@@ -6,6 +6,8 @@
 // its own instructions address, live for the op's span.
 #pragma once
 
+#include <map>
+
 #include "compiler/ir/graph.h"
 #include "isa/asm/instr.h"
 
@@ -18,11 +20,14 @@ namespace tpusim::compiler {
 void record_vmem_plan(isa::Bundle& bundle);
 
 // Names each op id of the bundle's code after its graph node, "matmul %h", with the
-// elementwise nodes fused into it appended ("matmul %h +relu"), so timelines can
-// say which node a slice belongs to. Characters a name may not hold (a quote, a
-// control character) become '_'. Names the bundle already has for ids that are not
-// graph nodes (lower_replicated's scatter and gather) are kept.
-void record_op_names(isa::Bundle& bundle, const Graph& graph);
+// elementwise nodes the lowering fused into it (`fused`: member or feeder id -> root
+// id, LowerResult::fused) appended in graph order ("matmul %h +relu"), so timelines
+// can say which node a slice belongs to. A node whose mark the lowering refused runs
+// as an op of its own and is named there only (the marks alone named it twice).
+// Characters a name may not hold (a quote, a control character) become '_'. Names
+// the bundle already has for ids that are not graph nodes (lower_replicated's
+// scatter and gather) are kept.
+void record_op_names(isa::Bundle& bundle, const Graph& graph, const std::map<int, int>& fused);
 
 // The model FLOPs of each op id of the bundle's code whose node runs on the MXUs
 // (matmul, conv2d): 2 per multiply-accumulate of its unpadded operands, over all

@@ -382,6 +382,16 @@ TEST(LowerElementwise, FeedersAreComputedInTheChainsKernel) {
   const LowerResult rs = lower_with(ir, PrecisionPolicy::kDefault, small, 1);
   for (int id : {1, 6, 7}) EXPECT_TRUE(has_code(rs, id)) << id;
   for (int id : {4, 5}) EXPECT_FALSE(has_code(rs, id)) << id;
+  // The names follow what the lowering did, not the graph's marks.
+  EXPECT_EQ(rs.bundle.op_names, (std::map<int32_t, std::string>{{0, "softmax %p"},
+                                                                  {1, "div %f"},
+                                                                  {2, "neg %z"},
+                                                                  {3, "tanh %q +mul +add"},
+                                                                  {6, "sqrt %e"},
+                                                                  {7, "sub %s"},
+                                                                  {8, "add %b +add"},
+                                                                  {9, "mul %t"},
+                                                                  {10, "matmul %zz"}}));
 }
 
 TEST(LowerGraph, ChainOfOpsWithReshape) {
