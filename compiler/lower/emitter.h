@@ -187,6 +187,9 @@ class Emitter {
   // DMA engines a core has (dma.engines of every preset): how many copies within VMEM
   // are worth running at once. A plan's choice only; the values never depend on it.
   static constexpr int64_t kDmaEngines = 4;
+  // lower_elementwise's blocks: at most this many 8x128 tiles (feeder_fits sizes the
+  // same buffers).
+  static constexpr int64_t kElementwiseBlockTiles = 64;
   // VMEM for an elementwise operand's repetitions (lower_elementwise).
   static constexpr int64_t kPeriodicBytes = 2 << 20;
   // Streamed units whose middle is a VMEM -> VMEM gather (a conv's planes, a strided

@@ -52,7 +52,7 @@ bool Emitter::feeder_fits(const Node& root, const Node& f) const {
     }
   buffers += static_cast<int64_t>(f.inputs.size());
   const int64_t tiles = (num_elements(root.type.shape) + kTileElems - 1) / kTileElems;
-  const int64_t buf = std::min<int64_t>(64, tiles) * kTileElems * 4;
+  const int64_t buf = std::min(kElementwiseBlockTiles, tiles) * kTileElems * 4;
   return 2 * buffers * buf <= static_cast<int64_t>(opt_.target.vmem_bytes / 2);
 }
 

@@ -72,7 +72,7 @@ void Emitter::lower_elementwise(const Node& n) {
   const Shape& os = n.type.shape;
   const int64_t total = num_elements(os);
   const int64_t tiles = (total + kTileElems - 1) / kTileElems;
-  const int64_t T = std::min<int64_t>(64, tiles);
+  const int64_t T = std::min(kElementwiseBlockTiles, tiles);
   std::vector<int64_t> src;
   std::vector<DType> sdt;
   // An operand broadcast over leading axes only (the training step's learning-rate and
