@@ -167,20 +167,26 @@ class Emitter {
   static constexpr int kStreamInFlag = 14, kStreamOutFlag = 16;  // f20..f62 belong to collectives and replication
   template <typename Fetch, typename Body>
   void double_buffered(int64_t units, Fetch fetch, Body body) {
+    buffered(units, 2, kStreamInFlag, kStreamOutFlag, fetch, body);
+  }
+  // The same with `depth` buffers (par = k % depth): unit k + depth - 1 is fetched
+  // while unit k computes, on flags in_flag + par and out_flag + par.
+  template <typename Fetch, typename Body>
+  void buffered(int64_t units, int depth, int in_flag, int out_flag, Fetch fetch, Body body) {
     for (int core = 0; core < cores_; ++core) {
       cur_ = core;
       std::vector<int64_t> mine;
       for (int64_t u = core; u < units; u += cores_) mine.push_back(u);
-      if (!mine.empty()) fetch(mine[0], int64_t{0});
+      const size_t d = static_cast<size_t>(depth);
+      for (size_t k = 0; k + 1 < d && k < mine.size(); ++k) fetch(mine[k], static_cast<int64_t>(k));
       for (size_t k = 0; k < mine.size(); ++k) {
-        const int64_t par = static_cast<int64_t>(k % 2);
-        if (k + 1 < mine.size()) fetch(mine[k + 1], 1 - par);
-        wait_flag(kStreamInFlag + static_cast<int>(par));
-        if (k >= 2) wait_flag(kStreamOutFlag + static_cast<int>(par));
+        const int64_t par = static_cast<int64_t>(k % d);
+        if (k + d - 1 < mine.size()) fetch(mine[k + d - 1], static_cast<int64_t>((k + d - 1) % d));
+        wait_flag(in_flag + static_cast<int>(par));
+        if (k >= d) wait_flag(out_flag + static_cast<int>(par));
         body(mine[k], par);
       }
-      wait_flag(kStreamOutFlag);
-      wait_flag(kStreamOutFlag + 1);
+      for (int par = 0; par < depth; ++par) wait_flag(out_flag + par);
     }
     cur_ = 0;
   }
@@ -279,7 +285,19 @@ class Emitter {
     return buf;
   }
 
+  // The operand `name` laid out in HBM scratch as out_shape (numpy broadcasting over
+  // its leading and size-1 axes); its own address where the element counts are equal.
   int64_t broadcast_to(const Node& n, const std::string& name, const Shape& out_shape);
+  // The moves of that layout: gathers whose offsets are relative to the operand's
+  // first byte and to the result's; short_runs when their runs cost about a memory
+  // request each in HBM (kStagedRunsBelow), so they are better made within VMEM.
+  struct Gather;
+  struct BroadcastMoves {
+    std::vector<Gather> gathers;
+    int64_t src_bytes = 0, dst_bytes = 0;
+    bool short_runs = false;
+  };
+  BroadcastMoves broadcast_moves(const Placed& p, const Shape& out_shape) const;
   // A constant rearranged at compile time into a .const entry of its own at HBM `addr`
   // (conv weights as W[(kh,kw,cin), o], a Gemm's B^T as B): element i of the new
   // layout is value(i), stored as dt (bf16 exactly: the policy pass rounded it).

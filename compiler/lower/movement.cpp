@@ -13,9 +13,8 @@ namespace tpusim::compiler::lowering {
 // needed: the shapes are equal, or differ only by axes of one element (the training
 // step's loss: its mean over the replicas, the xent's total; such an operand was
 // copied through VMEM, three DMAs in a row, ~1.3 K cycles).
-int64_t Emitter::broadcast_to(const Node& n, const std::string& name, const Shape& out_shape) {
-  const Placed& p = t_.at(name);
-  if (num_elements(p.type.shape) == num_elements(out_shape)) return p.addr;
+Emitter::BroadcastMoves Emitter::broadcast_moves(const Placed& p, const Shape& out_shape) const {
+  BroadcastMoves mv;
   const int64_t e = esz(p.type.dtype);
   const size_t rank = out_shape.size();
   Shape in(rank, 1);
@@ -29,26 +28,20 @@ int64_t Emitter::broadcast_to(const Node& n, const std::string& name, const Shap
   }
   const int64_t L = rank ? out_shape[rank - 1] : 1;
   const int64_t rows = rank ? num_elements(out_shape) / std::max<int64_t>(L, 1) : 1;
-  const int64_t dst = place_hbm(num_elements(out_shape) * e);
-  check_addr(n, dst + num_elements(out_shape) * e);
-  std::vector<int64_t> src_row(rows);
+  std::vector<int64_t> src_row(rows);  // relative to the operand's first byte
   for (int64_t r = 0; r < rows; ++r) {
     int64_t rem = r, a = 0;
     for (size_t d = rank - 1; d-- > 0;) {
       a += (rem % out_shape[d]) * in_stride[d];
       rem /= out_shape[d];
     }
-    src_row[r] = p.addr + a;
+    src_row[r] = a;
   }
   const bool inner_bcast = rank && in[rank - 1] == 1 && L != 1;
   const int64_t row_bytes = L * e;
-  // Runs of an element or a short row cost a memory request each in HBM: where the
-  // operand and the result fit, they go through VMEM, whose gathers cost per byte (the
-  // bundled CNN's global_avgpool gradient, a [N,C,1,1] value over H x W and a
-  // [1,1,H,W] one over N x C: 276,844 -> 4,330 cycles, with the blocks below).
-  const int64_t src_bytes = num_elements(p.type.shape) * e, dst_bytes = num_elements(out_shape) * e;
-  const bool staged = (inner_bcast ? e : row_bytes) < kStagedRunsBelow && staging_fits(src_bytes, dst_bytes);
-  std::vector<Gather> gathers;
+  mv.src_bytes = num_elements(p.type.shape) * e;
+  mv.dst_bytes = num_elements(out_shape) * e;
+  mv.short_runs = (inner_bcast ? e : row_bytes) < kStagedRunsBelow;
   for (int64_t r = 0; r < rows;) {
     int64_t cnt = 1;
     const int64_t step = r + 1 < rows ? src_row[r + 1] - src_row[r] : 0;
@@ -72,12 +65,28 @@ int64_t Emitter::broadcast_to(const Node& n, const std::string& name, const Shap
     }
     if (cnt > 1) dims += dim(cnt, step, row_bytes);
     if (blocks > 1) dims += dim(blocks, step2, cnt * row_bytes);
-    if (staged) gathers.push_back(Gather{src_row[r] - p.addr, r * row_bytes, bytes, dims});
-    else dma(hbm(dst + r * row_bytes), hbm(src_row[r]), bytes, dims);
+    mv.gathers.push_back(Gather{src_row[r], r * row_bytes, bytes, dims});
     r += cnt * blocks;
   }
-  if (staged) staged_gather(p.addr, src_bytes, dst, dst_bytes, gathers, false, 0.0f, p.type.dtype);
-  else wait_dmas();
+  return mv;
+}
+
+int64_t Emitter::broadcast_to(const Node& n, const std::string& name, const Shape& out_shape) {
+  const Placed& p = t_.at(name);
+  if (num_elements(p.type.shape) == num_elements(out_shape)) return p.addr;
+  const BroadcastMoves mv = broadcast_moves(p, out_shape);
+  const int64_t dst = place_hbm(mv.dst_bytes);
+  check_addr(n, dst + mv.dst_bytes);
+  // Runs of an element or a short row cost a memory request each in HBM: where the
+  // operand and the result fit, they go through VMEM, whose gathers cost per byte (the
+  // bundled CNN's global_avgpool gradient, a [N,C,1,1] value over H x W and a
+  // [1,1,H,W] one over N x C: 276,844 -> 4,330 cycles, with the blocks below).
+  if (mv.short_runs && staging_fits(mv.src_bytes, mv.dst_bytes)) {
+    staged_gather(p.addr, mv.src_bytes, dst, mv.dst_bytes, mv.gathers, false, 0.0f, p.type.dtype);
+  } else {
+    for (const Gather& g : mv.gathers) dma(hbm(dst + g.dst_off), hbm(p.addr + g.src_off), g.run, g.dims);
+    wait_dmas();
+  }
   return dst;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 namespace tpusim::compiler::lowering {
@@ -78,22 +79,35 @@ void Emitter::lower_elementwise(const Node& n) {
   // An operand broadcast over leading axes only (the training step's learning-rate and
   // momentum rows over a weight's 2-D view, a scalar) is periodic in the output's
   // element order: element i is its element i mod P. It comes into VMEM once, repeated
-  // past a block's length, and a block reads it at its start mod P. The operand was
-  // laid out whole in HBM and streamed with the others (the cnn step's optimizer: 20
-  // of them, a whole copy of each weight written and read again). The repetitions are
-  // one row from HBM repeated by a VMEM -> VMEM copy (whose cost is per byte, not per
-  // run); until session 79 each was a memory request (the v3-8 MLP's w1 update, 257
-  // repetitions of three 1 KiB rows: ~6 K cycles before its first block started).
+  // past one tile's length, and a tile reads it at its first element's index mod P.
+  // Before, the operand was laid out whole in HBM and streamed with the others (the
+  // cnn step's optimizer: 20 of them, a whole copy of each weight written and read
+  // again); in sessions 78-79 repeated past a block's length (64 tiles): each
+  // repetition a memory request (the v3-8 MLP's w1 update: 257 of three 1 KiB rows,
+  // ~6 K cycles before its first block), then 258 KiB of VMEM copies (~1.7 K cycles).
+  // Now a 1 KiB row needs 5 repetitions (fetch below).
   std::vector<int64_t> period;  // P, or 0: streamed
+  // Another broadcast operand of a one-block op is spread straight into its block
+  // buffer: its runs from HBM, or (short runs) its bytes into VMEM once and its runs
+  // copied there. Laid out in HBM first (broadcast_to), that was three DMAs in a row
+  // when staged (in, gather, out) before the kernel's own load: ~1.3 K cycles each
+  // for the xent's [8,1] row values over [8,10] at batch 8.
+  std::vector<std::optional<BroadcastMoves>> spread;
+  constexpr int64_t kSpreadSourceBytes = 1 << 20;
   auto add_operand = [&](const Node& m, const std::string& name) {
     const Shape& full = t_.at(name).type.shape;
     const Shape ps(std::find_if(full.begin(), full.end(), [](int64_t d) { return d != 1; }), full.end());
     const int64_t P = num_elements(ps), e = esz(t_.at(name).type.dtype);
     bool leading = ps.size() <= os.size() && P < total;
     for (size_t d = 0; leading && d < ps.size(); ++d) leading = ps[d] == os[os.size() - ps.size() + d];
+    spread.emplace_back();
     if (leading && (P + T * kTileElems) * e <= kPeriodicBytes) {
       src.push_back(t_.at(name).addr);
       period.push_back(P);
+    } else if (P < total && tiles <= T && P * e <= kSpreadSourceBytes) {
+      src.push_back(t_.at(name).addr);
+      period.push_back(0);
+      spread.back() = broadcast_moves(t_.at(name), os);
     } else {
       src.push_back(broadcast_to(m, name, os));
       period.push_back(0);
@@ -144,52 +158,76 @@ void Emitter::lower_elementwise(const Node& n) {
   auto in_buf = [&](int64_t par, int64_t s) { return (par * per_par + s) * buf; };
   auto out_buf = [&](int64_t par) { return (par * per_par + nsrc) * buf; };
   auto side_buf = [&](int64_t par, int64_t k) { return (par * per_par + nsrc + 1 + k) * buf; };
-  // The periodic operands' repetitions, after the blocks' buffers: whole periods
-  // covering a block from any start below P.
+  // After the blocks' buffers (pbuf): the periodic operands' repetitions, whole
+  // periods covering a tile from any start below P, and the staged bytes of spread
+  // operands with short runs.
   std::vector<int64_t> pbuf(static_cast<size_t>(nsrc), 0), reps(static_cast<size_t>(nsrc), 0);
-  int64_t top = 2 * per_par * buf;
+  int64_t resident_bytes = 0;
   for (size_t s = 0; s < src.size(); ++s) {
+    if (spread[s] && spread[s]->short_runs) resident_bytes += align_up(spread[s]->src_bytes, kAlign);
     if (!period[s]) continue;
-    reps[s] = (period[s] - 1 + T * kTileElems + period[s] - 1) / period[s];
-    pbuf[s] = top;
-    top += align_up(reps[s] * period[s] * esz(sdt[s]), kAlign);
+    reps[s] = (period[s] - 1 + kTileElems + period[s] - 1) / period[s];
+    resident_bytes += align_up(reps[s] * period[s] * esz(sdt[s]), kAlign);
   }
+  // Three sets of block buffers where they fit, else two (feeder_fits keeps two
+  // within half of VMEM).
+  const int depth = 3 * per_par * buf + resident_bytes <= static_cast<int64_t>(opt_.target.vmem_bytes) ? 3 : 2;
+  int64_t top = depth * per_par * buf;
+  for (size_t s = 0; s < src.size(); ++s)
+    if (period[s] || (spread[s] && spread[s]->short_runs)) {
+      pbuf[s] = top;
+      top += align_up(period[s] ? reps[s] * period[s] * esz(sdt[s]) : spread[s]->src_bytes, kAlign);
+    }
   if (static_cast<uint64_t>(top) > opt_.target.vmem_bytes) fail(n, "operands too large for VMEM");
+  const int in_flag = kStreamInFlag, out_flag = kStreamInFlag + depth;
   const int64_t nblocks = (tiles + T - 1) / T;
   sync_all();
   std::vector<bool> repeated(static_cast<size_t>(cores_), false);
   auto fetch = [&](int64_t blk, int64_t par) {
     const int64_t base = blk * T * kTileElems, cnt = std::min(T * kTileElems, total - base);
-    const int flag = kStreamInFlag + static_cast<int>(par);
+    const int flag = in_flag + static_cast<int>(par);
     for (int64_t s = 0; s < nsrc; ++s) {
       const size_t i = static_cast<size_t>(s);
-      if (!period[i]) dma_on(flag, vmem(in_buf(par, s)), hbm(src[i] + base * esz(sdt[i])), cnt * esz(sdt[i]), "");
+      if (!period[i] && !spread[i]) dma_on(flag, vmem(in_buf(par, s)), hbm(src[i] + base * esz(sdt[i])), cnt * esz(sdt[i]), "");
+      if (spread[i] && !spread[i]->short_runs)  // the one block: its runs straight from HBM
+        for (const Gather& g : spread[i]->gathers)
+          dma_on(flag, vmem(in_buf(par, s) + g.dst_off), hbm(src[i] + g.src_off), g.run, g.dims);
     }
     if (repeated[static_cast<size_t>(cur_)]) return;
-    // The core's first block brings the periodic rows (f1), then repeats each in VMEM.
-    // Each repetition read from HBM (a stride-0 DMA) is a memory request: on the
-    // single-core cnn step's small updates (33-58 repetitions) that was ~250-400
-    // cycles faster than this route's two trips, on the v3-8 steps (three rows an
-    // update, two cores a chip) slower (cnn b8 449,698 against 445,355 cycles).
+    // The core's first block brings the periodic operands. Each repetition read from
+    // HBM (a stride-0 DMA) is a memory request, so a row needed at most
+    // kShortRowReps times comes that way with the block; a shorter one comes once (f1)
+    // and is repeated by a VMEM -> VMEM copy, two trips of a DMA latency each.
+    constexpr int64_t kShortRowReps = 64;
     bool any = false;
-    for (size_t i = 0; i < src.size(); ++i)
-      if (period[i]) {
-        dma(vmem(pbuf[i]), hbm(src[i]), period[i] * esz(sdt[i]));
+    for (size_t i = 0; i < src.size(); ++i) {
+      if (spread[i] && spread[i]->short_runs) {
+        dma(vmem(pbuf[i]), hbm(src[i]), spread[i]->src_bytes);
         any = true;
       }
+      const int64_t row = period[i] * esz(sdt[i]);
+      if (period[i] && reps[i] <= kShortRowReps) {
+        dma_on(flag, vmem(pbuf[i]), hbm(src[i]), row, dim(reps[i], 0, row));
+      } else if (period[i]) {
+        dma(vmem(pbuf[i]), hbm(src[i]), row);
+        any = true;
+      }
+    }
     if (any) wait_dmas();
     for (size_t i = 0; i < src.size(); ++i)
-      if (period[i] && reps[i] > 1) {
+      if (period[i] && reps[i] > kShortRowReps) {
         const int64_t row = period[i] * esz(sdt[i]);
         vmem_copy_on(flag, pbuf[i] + row, pbuf[i], row, dim(reps[i] - 1, 0, row));
       }
+    for (size_t i = 0; i < src.size(); ++i)
+      if (spread[i] && spread[i]->short_runs) run_gathers(pbuf[i], in_buf(par, static_cast<int64_t>(i)), spread[i]->gathers, flag);
     repeated[static_cast<size_t>(cur_)] = true;
   };
   // Tile t of block blk of operand s in VMEM.
   auto operand_at = [&](int64_t par, int64_t s, int64_t blk, int64_t t) {
     const size_t i = static_cast<size_t>(s);
     const int64_t e = esz(sdt[i]);
-    if (period[i]) return pbuf[i] + (blk * T * kTileElems % period[i] + t * kTileElems) * e;
+    if (period[i]) return pbuf[i] + (blk * T * kTileElems + t * kTileElems) % period[i] * e;
     return in_buf(par, s) + t * kTileElems * e;
   };
   // Tiles go kGroup at a time, each in its own six registers (operands v6g, v6g+1,
@@ -201,16 +239,31 @@ void Emitter::lower_elementwise(const Node& n) {
   constexpr int64_t kGroup = 4;
   auto reg = [](int64_t g, int k) { return static_cast<int>(6 * g + k); };
   auto vr = [&](int64_t g, int k) { return "v" + std::to_string(reg(g, k)); };
-  double_buffered(nblocks, fetch, [&](int64_t blk, int64_t par) {
+  // A periodic operand whose period divides a tile is the same tile for every tile:
+  // loaded once a block into one of v24..v31 (the groups use v0..v23), and read
+  // there (the MLP's optimizer rows of 256: three of its update's six loads a tile).
+  std::vector<int> held(static_cast<size_t>(nsrc), -1);
+  for (size_t s = 0, k = 0; s < src.size() && k < 8; ++s)
+    if (period[s] && kTileElems % period[s] == 0) held[s] = 24 + static_cast<int>(k++);
+  // The register holding operand s of tile t: `into`, loaded now, or its held one.
+  auto load = [&](int64_t par, int64_t s, int64_t blk, int64_t t, int into) {
+    const size_t i = static_cast<size_t>(s);
+    if (held[i] >= 0) return held[i];
+    line(std::string(ld(sdt[i])) + " v" + std::to_string(into) + ", " + at(operand_at(par, s, blk, t)));
+    return into;
+  };
+  buffered(nblocks, depth, in_flag, out_flag, fetch, [&](int64_t blk, int64_t par) {
     const int64_t base = blk * T * kTileElems, cnt = std::min(T * kTileElems, total - base);
     const int64_t nt = (cnt + kTileElems - 1) / kTileElems;
+    for (size_t i = 0; i < src.size(); ++i)
+      if (held[i] >= 0) line(std::string(ld(sdt[i])) + " v" + std::to_string(held[i]) + ", " + at(pbuf[i]));
     for (int64_t t0 = 0; t0 < nt; t0 += kGroup) {
       const int64_t G = std::min(kGroup, nt - t0);
+      int a[kGroup][2];  // per tile: the registers of the root's or a feeder's operands
+      int b[kGroup];     // per tile: the register of a member's operand
       for (int64_t g = 0; g < G; ++g)
-        for (size_t i = 0; i < nin; ++i)
-          line(std::string(ld(sdt[i])) + " " + vr(g, static_cast<int>(i)) + ", " +
-               at(operand_at(par, static_cast<int64_t>(i), blk, t0 + g)));
-      for (int64_t g = 0; g < G; ++g) emit_op(n, reg(g, 2), reg(g, 0), reg(g, nin == 2 ? 1 : 0), reg(g, 3), reg(g, 4));
+        for (size_t i = 0; i < nin; ++i) a[g][i] = load(par, static_cast<int64_t>(i), blk, t0 + g, reg(g, static_cast<int>(i)));
+      for (int64_t g = 0; g < G; ++g) emit_op(n, reg(g, 2), a[g][0], a[g][nin == 2 ? 1 : 0], reg(g, 3), reg(g, 4));
       // The value of `m` as the op alone would store it.
       auto side_store = [&](const Node& m) {
         const auto k = std::find(sides.begin(), sides.end(), &m) - sides.begin();
@@ -222,22 +275,24 @@ void Emitter::lower_elementwise(const Node& n) {
       side_store(n);
       DType cur_t = n.type.dtype;
       for (const Member& mb : members) {
+        // Each step across the group before the next (the operands' loads, the
+        // feeder's op, the member's op), as for the root: emitted tile by tile, a
+        // member's op waited for its own load or feeder just before it (the
+        // optimizer's `div` feeder, 8 cycles a tile, then the `add` reading it).
+        const int nf = mb.feed ? static_cast<int>(mb.feed->inputs.size()) : 0;
+        for (int64_t g = 0; g < G; ++g) {
+          // The feeder's operands in the root's (now free) operand registers.
+          for (int i = 0; i < nf; ++i) a[g][i] = load(par, mb.operand + i, blk, t0 + g, reg(g, i));
+          b[g] = !mb.feed && mb.operand >= 0 ? load(par, mb.operand, blk, t0 + g, reg(g, 5)) : reg(g, 5);
+        }
+        // The feeder's value where the member's operand goes, rounded as its store would be.
+        for (int64_t g = 0; mb.feed && g < G; ++g) {
+          emit_op(*mb.feed, reg(g, 5), a[g][0], a[g][nf == 2 ? 1 : 0], reg(g, 3), reg(g, 4));
+          if (mb.feed->type.dtype == DType::kBf16) line("vcvt.bf16 " + vr(g, 5) + ", " + vr(g, 5));
+        }
         for (int64_t g = 0; g < G; ++g) {
           if (cur_t == DType::kBf16) line("vcvt.bf16 " + vr(g, 2) + ", " + vr(g, 2));
-          if (mb.feed) {
-            // The feeder's operands in the root's (now free) operand registers, its
-            // value where the member's operand goes, rounded as its store would be.
-            const int nf = static_cast<int>(mb.feed->inputs.size());
-            for (int i = 0; i < nf; ++i)
-              line(std::string(ld(sdt[static_cast<size_t>(mb.operand + i)])) + " " + vr(g, i) + ", " +
-                   at(operand_at(par, mb.operand + i, blk, t0 + g)));
-            emit_op(*mb.feed, reg(g, 5), reg(g, 0), reg(g, nf == 2 ? 1 : 0), reg(g, 3), reg(g, 4));
-            if (mb.feed->type.dtype == DType::kBf16) line("vcvt.bf16 " + vr(g, 5) + ", " + vr(g, 5));
-          } else if (mb.operand >= 0) {
-            line(std::string(ld(sdt[static_cast<size_t>(mb.operand)])) + " " + vr(g, 5) + ", " +
-                 at(operand_at(par, mb.operand, blk, t0 + g)));
-          }
-          emit_op(*mb.m, reg(g, 2), reg(g, mb.run_first ? 2 : 5), reg(g, mb.run_first ? 5 : 2), reg(g, 3), reg(g, 4));
+          emit_op(*mb.m, reg(g, 2), mb.run_first ? reg(g, 2) : b[g], mb.run_first ? b[g] : reg(g, 2), reg(g, 3), reg(g, 4));
         }
         side_store(*mb.m);
         cur_t = mb.m->type.dtype;
@@ -245,7 +300,7 @@ void Emitter::lower_elementwise(const Node& n) {
       for (int64_t g = 0; g < G; ++g)
         line(std::string(st(odt)) + " " + vr(g, 2) + ", " + at(out_buf(par) + (t0 + g) * kTileElems * esz(odt)));
     }
-    const int flag = kStreamOutFlag + static_cast<int>(par);
+    const int flag = out_flag + static_cast<int>(par);
     for (int64_t k = 0; k < nside; ++k) {
       const int64_t e = esz(sides[static_cast<size_t>(k)]->type.dtype);
       dma_on(flag, hbm(t_.at(sides[static_cast<size_t>(k)]->output).addr + base * e), vmem(side_buf(par, k)), cnt * e, "");

@@ -253,19 +253,22 @@ TEST(LowerElementwise, BinaryOpsWithBroadcasting) {
 TEST(LowerElementwise, LeadingBroadcastOperandsReadPeriodically) {
   struct Case {
     const char *a, *b, *out;
-    bool periodic;
+    int64_t period;  // elements; 0: laid out in HBM
+    bool from_hbm;   // repeated by a stride-0 HBM read, else one row read and a VMEM copy
   };
-  // Rows of any length are periodic, read from HBM once and repeated in VMEM: [27]
-  // over [16,27] (39 repetitions a block), [100] over [700,100] (657; laid out in HBM
-  // until session 79, when each repetition was a memory request), a scalar (65,536).
-  // A broadcast over a middle axis is laid out in HBM.
-  const Case cases[] = {{"[300,1152]", "[1152]", "[300,1152]", true},
-                        {"[16,27]", "[27]", "[16,27]", true},
-                        {"[1,300]", "[4,70,300]", "[4,70,300]", true},
-                        {"[3,80,300]", "[1,80,300]", "[3,80,300]", true},
-                        {"[700,100]", "[100]", "[700,100]", true},
-                        {"[300,300]", "[1]", "[300,300]", true},
-                        {"[3,1,300]", "[3,80,300]", "[3,80,300]", false}};
+  // Rows of any length are periodic, repeated past one tile (1,024 elements) from any
+  // start: [27] over [16,27] 39 times, [100] over [700,100] 12 times (laid out in HBM
+  // until session 79), [1152] twice, each repetition a memory request of a stride-0
+  // read. A scalar needs 1,024: read once and repeated by a VMEM copy. Until session
+  // 80 the repetitions covered a whole block (64 tiles: a scalar's 65,536). A
+  // broadcast over a middle axis is laid out in HBM.
+  const Case cases[] = {{"[300,1152]", "[1152]", "[300,1152]", 1152, true},
+                        {"[16,27]", "[27]", "[16,27]", 27, true},
+                        {"[1,300]", "[4,70,300]", "[4,70,300]", 300, true},
+                        {"[3,80,300]", "[1,80,300]", "[3,80,300]", 24000, true},
+                        {"[700,100]", "[100]", "[700,100]", 100, true},
+                        {"[300,300]", "[1]", "[300,300]", 1, false},
+                        {"[3,1,300]", "[3,80,300]", "[3,80,300]", 0, false}};
   for (auto p : kPolicies)
     for (int cores : {1, 2})
       for (const auto& c : cases) {
@@ -274,16 +277,28 @@ TEST(LowerElementwise, LeadingBroadcastOperandsReadPeriodically) {
                                " #3\n  %z = sub(%w, %y) {} : f32" + c.out + " #4 fusion=#3\n  output %z\n}\n";
         expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
         const LowerResult r = lower_with(ir, p, target(1, 128, 128), cores);
-        int hbm_to_hbm = 0, repeats_in_vmem = 0;
+        int hbm_to_hbm = 0, repeats_from_hbm = 0, repeats_in_vmem = 0, loads = 0;
         for (const auto& core : r.bundle.cores)
           for (const auto& in : core.code) {
-            hbm_to_hbm +=
-                in.op == isa::Op::kDma && in.src.space == isa::Space::kHbm && in.dst.space == isa::Space::kHbm;
-            repeats_in_vmem += in.op == isa::Op::kDma && in.src.space == isa::Space::kVmem &&
-                               in.dst.space == isa::Space::kVmem && in.ndims > 0 && in.dims[0].src_stride == 0;
+            loads += in.op == isa::Op::kVld || in.op == isa::Op::kVldBf16;
+            if (in.op != isa::Op::kDma) continue;
+            hbm_to_hbm += in.src.space == isa::Space::kHbm && in.dst.space == isa::Space::kHbm;
+            if (in.ndims == 0 || in.dims[0].src_stride != 0 || in.dst.space != isa::Space::kVmem) continue;
+            (in.src.space == isa::Space::kHbm ? repeats_from_hbm : repeats_in_vmem) += 1;
+            // One tile's worth from any start: P - 1 + 1,024 elements, in whole periods.
+            const int64_t bytes = static_cast<int64_t>(in.imm) * (in.dims[0].count + (in.src.space == isa::Space::kVmem));
+            EXPECT_LE(bytes, (2 * c.period + 1024) * 4) << c.a << " " << c.b;
           }
-        EXPECT_EQ(hbm_to_hbm == 0, c.periodic) << c.a << " " << c.b;
-        EXPECT_EQ(repeats_in_vmem > 0, c.periodic) << c.a << " " << c.b;
+        EXPECT_EQ(hbm_to_hbm == 0, c.period > 0) << c.a << " " << c.b;
+        EXPECT_EQ(repeats_from_hbm > 0, c.period > 0 && c.from_hbm) << c.a << " " << c.b;
+        EXPECT_EQ(repeats_in_vmem > 0, c.period > 0 && !c.from_hbm) << c.a << " " << c.b;
+        // Three loads a tile; a period that divides a tile (the scalar) is the same
+        // tile throughout, loaded once a block of 64 tiles instead.
+        int64_t count = 1;  // elements of c.out, "[d0,d1,...]"
+        std::istringstream dims(c.out + 1);
+        for (int64_t d; dims >> d; dims.ignore()) count *= d;
+        const int64_t tiles = (count + 1023) / 1024, blocks = (tiles + 63) / 64;
+        EXPECT_EQ(loads, c.period > 0 && 1024 % c.period == 0 ? 2 * tiles + blocks : 3 * tiles) << c.a << " " << c.b;
       }
 }
 
@@ -334,6 +349,39 @@ TEST(LowerElementwise, OperandsOfTheResultsElementCountAreNotCopied) {
   int dmas = 0;
   for (const auto& in : r.bundle.cores[0].code) dmas += in.op == isa::Op::kDma && in.op_id == 0;
   EXPECT_EQ(dmas, 3);
+}
+
+// A broadcast operand of a one-block op is spread straight into the kernel's block
+// buffer, not laid out in HBM first: a row value over a row ([8,1] over [8,10], the
+// xent's max and sum; runs of one element, so its bytes come into VMEM and the runs
+// are copied there) and a middle-axis broadcast (runs of 1,200 B, from HBM). Each op
+// stores only its result to HBM, and nothing goes HBM -> HBM. A two-block op
+// ([3,80,300] over 71 tiles) still lays its operand out in HBM.
+TEST(LowerElementwise, BroadcastOperandsOfOneBlockAreSpreadInVmem) {
+  const std::string ir =
+      "graph s {\n  input %x : f32[8,10]\n  input %m : f32[8,1]\n  input %u : f32[4,7,300]\n  input %v : f32[4,1,300]\n"
+      "  input %p : f32[3,80,300]\n  input %q : f32[3,1,300]\n"
+      "  %y = sub(%x, %m) : f32[8,10] #0\n  %e = exp(%y) : f32[8,10] #1 fusion=#0\n  %z = mul(%v, %u) : f32[4,7,300] #2\n"
+      "  %w = add(%p, %q) : f32[3,80,300] #3\n  output %e\n  output %z\n  output %w\n}\n";
+  for (auto p : kPolicies)
+    for (int cores : {1, 2}) {
+      expect_bit_exact(ir, p, target(1, 128, 128), 1, cores);
+      const LowerResult r = lower_with(ir, p, target(1, 128, 128), cores);
+      std::map<int32_t, int> to_hbm, hbm_to_hbm, vmem_gathers;
+      for (const auto& core : r.bundle.cores)
+        for (const auto& in : core.code) {
+          if (in.op != isa::Op::kDma) continue;
+          to_hbm[in.op_id] += in.dst.space == isa::Space::kHbm;
+          hbm_to_hbm[in.op_id] += in.dst.space == isa::Space::kHbm && in.src.space == isa::Space::kHbm;
+          vmem_gathers[in.op_id] += in.dst.space == isa::Space::kVmem && in.src.space == isa::Space::kVmem;
+        }
+      EXPECT_EQ(to_hbm[0], 1) << cores;
+      EXPECT_EQ(to_hbm[2], 1) << cores;
+      EXPECT_EQ(hbm_to_hbm[0] + hbm_to_hbm[2], 0) << cores;
+      EXPECT_GT(vmem_gathers[0], 0) << "the [8,1] runs copied within VMEM";
+      EXPECT_EQ(vmem_gathers[2], 0) << "the [4,1,300] runs straight from HBM";
+      EXPECT_GT(to_hbm[3], 1) << "a two-block op's operand laid out in HBM";
+    }
 }
 
 // Feeders: an elementwise op read by one member of an elementwise chain alone, whose
