@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <new>
 #include <string>
 
 #include "compiler/compiler.h"
@@ -198,6 +199,9 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       std::printf("%s: %zu instructions, %zu I/O entries -> %s\n", opt->model.c_str(), n, r.bundle.io.size(),
                   opt->output.c_str());
       exit_code = kExitOk;
+    } catch (const std::bad_alloc&) {
+      print_error(opt->model + ": out of host memory while compiling");
+      exit_code = kExitBadInput;
     } catch (const std::exception& e) {
       print_error(e.what());
       exit_code = kExitBadInput;

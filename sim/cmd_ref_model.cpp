@@ -3,6 +3,8 @@
 // outputs follow the same .npy rules as a bundle's, and `--random-inputs SEED`
 // draws the same values a compiled bundle's input of that name and shape gets,
 // so `tpusim ref model.onnx` and `tpusim ref model.tpb` can be diffed directly.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -78,12 +80,35 @@ compiler::HostTensor random_input(const compiler::GraphInput& in, uint64_t seed)
   return t;
 }
 
+// Host memory the reference takes for the graph's tensors: it holds every one at
+// once (fp32 and bf16 values as floats, indices as int64).
+double tensor_bytes(const compiler::Graph& g) {
+  double bytes = 0;
+  for (const auto& [name, type] : g.types()) {
+    double n = type.dtype == compiler::DType::kI64 ? 8 : 4;
+    for (int64_t d : type.shape) n *= static_cast<double>(d);
+    bytes += n;
+  }
+  return bytes;
+}
+
 }  // namespace
 
 int run_model_reference(const ModelRefArgs& o) {
   std::map<std::string, compiler::HostTensor> outputs;
   try {
     const compiler::Graph g = compiler::load_model(o.model);
+    // More than the machine has is refused up front: the allocations would succeed
+    // (overcommit) and the kernel kill the process after minutes of paging (a 2^31-row
+    // gather: 3 minutes, then SIGKILL).
+    const double need = tensor_bytes(g);
+    const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+    if (have > 0 && need > have) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "%.1f GB of host memory for its tensors, more than this machine's %.1f GB",
+                    need / 1e9, have / 1e9);
+      throw std::runtime_error(o.model + ": the graph reference holds every tensor at once and needs " + buf);
+    }
     std::map<std::string, std::string> files;
     for (const auto& s : o.inputs) {
       const size_t eq = s.find('=');

@@ -82,9 +82,16 @@ LowerResult Emitter::run() {
     throw CompileError(g_.name + ": the inputs and constants end at HBM address " + std::to_string(hbm_top_) +
                        ", beyond what [sA + imm] reaches (" + std::to_string(kAddrReach) + ")");
   for (const auto& n : g_.nodes) {
+    const std::string where = g_.name + ": node '" + n.output + "' (#" + std::to_string(n.id) + ", " + op_name(n.op) + ")";
     if (n.type.dtype == DType::kI64)
-      throw CompileError(g_.name + ": node '" + n.output + "' (#" + std::to_string(n.id) + ", " + op_name(n.op) +
-                         "): i64 results are not supported by the lowering (only gather indices)");
+      throw CompileError(where + ": i64 results are not supported by the lowering (only gather indices)");
+    // A result past the reachable HBM fails here, before its lowering plans for it (a
+    // conv padded by 2^31 rows: minutes of planning, then out of host memory).
+    double bytes = static_cast<double>(esz(n.type.dtype));
+    for (int64_t d : n.type.shape) bytes *= static_cast<double>(d);
+    if (bytes > static_cast<double>(kAddrReach))
+      throw CompileError(where + ": its result of " + std::to_string(static_cast<long long>(bytes)) +
+                         " bytes is larger than the HBM [sA + imm] reaches (" + std::to_string(kAddrReach) + ")");
     t_[n.output] = Placed{n.type, -1};  // placed when its node (or its fusion root) runs
   }
 
