@@ -119,6 +119,12 @@ void need_float(const Node& n, const TensorType& t, const char* what) {
 
 int64_t pool_extent(const Node& n, int64_t in, int64_t pad_lo, int64_t pad_hi, int64_t k, int64_t dil, int64_t stride) {
   if (k < 1 || dil < 1 || stride < 1 || pad_lo < 0 || pad_hi < 0) fail(n, "kernel, stride, dilation must be >= 1 and pads >= 0");
+  // Below 2^31 each, dil * (k - 1) and the padded extent cannot overflow (a dilation
+  // of 2^63 - 1, found by fuzzing, wrapped to an output the lowering then addressed
+  // outside VMEM).
+  constexpr int64_t kMaxWindow = INT32_MAX;
+  if (k > kMaxWindow || dil > kMaxWindow || stride > kMaxWindow || pad_lo > kMaxWindow || pad_hi > kMaxWindow)
+    fail(n, "kernel, stride, dilation and pads must be below 2^31");
   const int64_t span = in + pad_lo + pad_hi - dil * (k - 1) - 1;
   if (span < 0) fail(n, "window (" + std::to_string(k) + ") larger than the padded input (" + std::to_string(in) + ")");
   return span / stride + 1;
@@ -376,7 +382,7 @@ TensorType infer_type(const Node& n, const std::vector<TensorType>& in) {
       const auto s = get_ints(n, "shape", 0);
       for (int64_t d : s)
         if (d < 1) fail(n, "shape " + shape_str(s) + " must be fully specified");
-      if (num_elements(s) != num_elements(x.shape)) fail(n, "cannot reshape " + type_str(x) + " to " + shape_str(s));
+      if (too_large(s) || num_elements(s) != num_elements(x.shape)) fail(n, "cannot reshape " + type_str(x) + " to " + shape_str(s));
       return {x.dtype, s};
     }
     case OpKind::kFlatten: {
@@ -403,7 +409,7 @@ TensorType infer_type(const Node& n, const std::vector<TensorType>& in) {
       for (size_t d = 0; d < r; ++d) {
         if (sp[d] < 1 || st[d] < 0 || en[d] > x.shape[d] || st[d] >= en[d])
           fail(n, "axis " + std::to_string(d) + ": range [" + std::to_string(st[d]) + "," + std::to_string(en[d]) + ") step " + std::to_string(sp[d]) + " invalid for extent " + std::to_string(x.shape[d]));
-        out[d] = (en[d] - st[d] + sp[d] - 1) / sp[d];
+        out[d] = (en[d] - st[d] - 1) / sp[d] + 1;  // as ceil((en - st) / sp), without overflow for a huge step
       }
       return {x.dtype, out};
     }
@@ -414,6 +420,7 @@ TensorType infer_type(const Node& n, const std::vector<TensorType>& in) {
       Shape out(r);
       for (size_t d = 0; d < r; ++d) {
         if (p[d] < 0 || p[d + r] < 0) fail(n, "negative pads are not supported");
+        if (p[d] > kMaxElements || p[d + r] > kMaxElements) fail(n, "pads must be below 2^40");
         out[d] = x.shape[d] + p[d] + p[d + r];
       }
       return {x.dtype, out};
@@ -456,6 +463,8 @@ TensorType infer_type(const Node& n, const std::vector<TensorType>& in) {
                  dil = get_ints(n, "dilations", 2);
       const int64_t oh = pool_extent(n, x.shape[2], pads[0], pads[2], k[0], dil[0], st[0]);
       const int64_t ow = pool_extent(n, x.shape[3], pads[1], pads[3], k[1], dil[1], st[1]);
+      if (too_large({x.shape[0], oh, ow}) || too_large({k[0], k[1], x.shape[1]}))
+        fail(n, "patches of more than 2^40 elements");
       return {x.dtype, {x.shape[0] * oh * ow, k[0] * k[1] * x.shape[1]}};
     }
     case OpKind::kCast: {

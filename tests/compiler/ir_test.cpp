@@ -247,6 +247,25 @@ TEST(GraphIr, VerifierRejects) {
                       "groups=3 must divide");
   expect_verify_error("  input %x : f32[1,4,2,2]\n  %y = maxpool(%x) {kernel=[5,5], pads=[0,0,0,0], strides=[1,1]} : f32[1,4,1,1] #0\n  output %y\n",
                       "larger than the padded input");
+  // A dilation of 2^63 - 1 (found by fuzzing) wrapped dil * (k - 1) to a small output
+  // that the lowering then addressed outside VMEM; pads past 2^31 likewise.
+  expect_verify_error("  input %x : f32[1,3,8,8]\n  input %w : f32[8,3,3,3]\n  %y = conv2d(%x, %w) {dilations=[1,9223372036854775807], "
+                      "groups=1, pads=[1,1,1,1], strides=[1,1]} : f32[1,8,8,12] #0\n  output %y\n",
+                      "must be below 2^31");
+  expect_verify_error("  input %x : f32[1,3,8,8]\n  %y = maxpool(%x) {kernel=[2,2], pads=[0,0,0,2147483648], strides=[2,2]} "
+                      ": f32[1,3,4,4] #0\n  output %y\n",
+                      "must be below 2^31");
+  // So did a reshape whose element count wraps to the input's ((2^62 + 8) x 4 = 2^64 +
+  // 32, 32 mod 2^64, the 32 elements of [4,8]) and pads of 2^63 - 1.
+  expect_verify_error(in + "  %y = reshape(%a) {shape=[4611686018427387912,4]} : f32[4,8] #0\n  output %y\n",
+                      "cannot reshape");
+  expect_verify_error(in + "  %y = pad(%a) {pads=[0,0,9223372036854775807,0], value=0.0} : f32[4,8] #0\n  output %y\n",
+                      "pads must be below 2^40");
+  // im2col's row count is N x OH x OW: (2^32 + 1)^2 rows from a 1x1 image padded by
+  // 2^31 - 1 on every side.
+  expect_verify_error("  input %x : f32[1,1,1,1]\n  %y = im2col(%x) {dilations=[1,1], kernel=[1,1], pads=[2147483647,"
+                      "2147483647,2147483647,2147483647], strides=[1,1]} : f32[1,1] #0\n  output %y\n",
+                      "patches of more than 2^40 elements");
   expect_verify_error("  input %x : f32[4]\n  input %i : f32[2]\n  %y = gather(%x, %i) {axis=0} : f32[2] #0\n  output %y\n", "indices must be i64");
   expect_verify_error("  input %x : f32[4]\n  input %z : bf16[4]\n  %y = add(%x, %z) : f32[4] #0\n  output %y\n", "mix");
   expect_verify_error("  input %x : f32[4]\n  %y = relu(%x) : f32[4] #0 fusion=#9\n  output %y\n", "fused into #9");
