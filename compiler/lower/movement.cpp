@@ -7,12 +7,9 @@
 
 namespace tpusim::compiler::lowering {
 
-// Copies tensor `name` broadcast (numpy rules) to `out_shape` into fresh HBM
-// scratch with HBM->HBM DMAs, one per run of output rows whose source rows advance
-// by a constant stride; returns its address. The same address if no broadcast is
-// needed: the shapes are equal, or differ only by axes of one element (the training
-// step's loss: its mean over the replicas, the xent's total; such an operand was
-// copied through VMEM, three DMAs in a row, ~1.3 K cycles).
+// A broadcast (numpy rules) of p to out_shape as moves: one per run of output rows
+// whose source rows advance by a constant stride (and blocks of such runs that
+// repeat, as a second dimension).
 Emitter::BroadcastMoves Emitter::broadcast_moves(const Placed& p, const Shape& out_shape) const {
   BroadcastMoves mv;
   const int64_t e = esz(p.type.dtype);
@@ -71,6 +68,11 @@ Emitter::BroadcastMoves Emitter::broadcast_moves(const Placed& p, const Shape& o
   return mv;
 }
 
+// Copies tensor `name` broadcast to `out_shape` into fresh HBM scratch with those
+// moves; returns its address. The same address if no broadcast is needed: the shapes
+// are equal, or differ only by axes of one element (the training step's loss: its
+// mean over the replicas, the xent's total; such an operand was copied through VMEM,
+// three DMAs in a row, ~1.3 K cycles).
 int64_t Emitter::broadcast_to(const Node& n, const std::string& name, const Shape& out_shape) {
   const Placed& p = t_.at(name);
   if (num_elements(p.type.shape) == num_elements(out_shape)) return p.addr;
