@@ -193,8 +193,9 @@ TEST(BadModelCli, GraphReferenceErrorsNameTheFile) {
 // graph reference, which holds every tensor; it used to allocate (overcommit) and be
 // killed by the kernel after minutes of paging. The compiler refuses it too (its
 // index input lies past the reachable HBM), and a result past the reachable HBM (a
-// conv padded by 2^31 rows, also from the fuzzer) before the lowering plans for it:
-// that took 3 minutes and ended in a bare "std::bad_alloc".
+// conv padded by 2^31 - 1 rows) before the lowering plans for it: the fuzzer's pad of
+// 2^31, which the verifier now refuses, took 3 minutes and ended in a bare
+// "std::bad_alloc".
 TEST(BadModelCli, TensorsPastHostMemoryOrHbmAreRefusedAtOnce) {
   Scratch s;
   const std::string file = s.write("huge.ir", "graph g {\n  input %x : f32[6,16]\n  input %i : i64[2147483647]\n"
@@ -207,12 +208,12 @@ TEST(BadModelCli, TensorsPastHostMemoryOrHbmAreRefusedAtOnce) {
   EXPECT_FALSE(fs::exists(s.path + "/out"));
   const std::string padded =
       s.write("padded.ir", "graph g {\n  input %x : f32[1,3,8,8]\n  input %w : f32[8,3,3,3]\n"
-                           "  %c = conv2d(%x, %w) {dilations=[1,1], groups=1, pads=[2147483648,1,1,1], strides=[1,1]}"
-                           " : f32[1,8,2147483655,8] #0\n  output %c\n}\n");
+                           "  %c = conv2d(%x, %w) {dilations=[1,1], groups=1, pads=[2147483647,1,1,1], strides=[1,1]}"
+                           " : f32[1,8,2147483654,8] #0\n  output %c\n}\n");
   const auto c = testing::spawn({TPUSIM_BIN, "compile", padded, "--preset", "v3", "-o", s.path + "/m.tpb"}, s.path, 60);
   EXPECT_EQ(c.exit_code, 2) << c.err;
-  // 8 channels x 2,147,483,655 rows x 8 columns x 4 bytes.
-  EXPECT_EQ(c.err, padded + ": g: node 'c' (#0, conv2d): its result of 549755815680 bytes is larger than the HBM "
+  // 8 channels x 2,147,483,654 rows x 8 columns x 4 bytes.
+  EXPECT_EQ(c.err, padded + ": g: node 'c' (#0, conv2d): its result of 549755815424 bytes is larger than the HBM "
                             "[sA + imm] reaches (6442446847)\n");
   EXPECT_FALSE(fs::exists(s.path + "/m.tpb"));
 }
