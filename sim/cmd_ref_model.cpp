@@ -81,14 +81,12 @@ compiler::HostTensor random_input(const compiler::GraphInput& in, uint64_t seed)
 }
 
 // Host memory the reference takes for the graph's tensors: it holds every one at
-// once (fp32 and bf16 values as floats, indices as int64).
+// once (fp32 and bf16 values as floats, indices as int64). Each tensor has at most
+// 2^40 elements (the verifier's bound); the sum is a double.
 double tensor_bytes(const compiler::Graph& g) {
   double bytes = 0;
-  for (const auto& [name, type] : g.types()) {
-    double n = type.dtype == compiler::DType::kI64 ? 8 : 4;
-    for (int64_t d : type.shape) n *= static_cast<double>(d);
-    bytes += n;
-  }
+  for (const auto& [name, type] : g.types())
+    bytes += static_cast<double>(compiler::num_elements(type.shape)) * (type.dtype == compiler::DType::kI64 ? 8 : 4);
   return bytes;
 }
 

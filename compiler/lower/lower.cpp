@@ -87,10 +87,10 @@ LowerResult Emitter::run() {
       throw CompileError(where + ": i64 results are not supported by the lowering (only gather indices)");
     // A result past the reachable HBM fails here, before its lowering plans for it (a
     // conv padded by 2^31 rows: minutes of planning, then out of host memory).
-    double bytes = static_cast<double>(esz(n.type.dtype));
-    for (int64_t d : n.type.shape) bytes *= static_cast<double>(d);
-    if (bytes > static_cast<double>(kAddrReach))
-      throw CompileError(where + ": its result of " + std::to_string(static_cast<long long>(bytes)) +
+    // (The verifier bounds every tensor to 2^40 elements, so the product fits.)
+    const int64_t bytes = num_elements(n.type.shape) * esz(n.type.dtype);
+    if (bytes > kAddrReach)
+      throw CompileError(where + ": its result of " + std::to_string(bytes) +
                          " bytes is larger than the HBM [sA + imm] reaches (" + std::to_string(kAddrReach) + ")");
     t_[n.output] = Placed{n.type, -1};  // placed when its node (or its fusion root) runs
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <utility>
 
@@ -162,22 +163,22 @@ void Emitter::lower_elementwise(const Node& n) {
   // periods covering a tile from any start below P, and the staged bytes of spread
   // operands with short runs.
   std::vector<int64_t> pbuf(static_cast<size_t>(nsrc), 0), reps(static_cast<size_t>(nsrc), 0);
-  int64_t resident_bytes = 0;
+  std::vector<int64_t> resident(static_cast<size_t>(nsrc), 0);  // bytes after the blocks' buffers
   for (size_t s = 0; s < src.size(); ++s) {
-    if (spread[s] && spread[s]->short_runs) resident_bytes += align_up(spread[s]->src_bytes, kAlign);
+    if (spread[s] && spread[s]->short_runs) resident[s] = align_up(spread[s]->src_bytes, kAlign);
     if (!period[s]) continue;
     reps[s] = (period[s] - 1 + kTileElems + period[s] - 1) / period[s];
-    resident_bytes += align_up(reps[s] * period[s] * esz(sdt[s]), kAlign);
+    resident[s] = align_up(reps[s] * period[s] * esz(sdt[s]), kAlign);
   }
   // Three sets of block buffers where they fit, else two (feeder_fits keeps two
   // within half of VMEM).
+  const int64_t resident_bytes = std::accumulate(resident.begin(), resident.end(), int64_t{0});
   const int depth = 3 * per_par * buf + resident_bytes <= static_cast<int64_t>(opt_.target.vmem_bytes) ? 3 : 2;
   int64_t top = depth * per_par * buf;
-  for (size_t s = 0; s < src.size(); ++s)
-    if (period[s] || (spread[s] && spread[s]->short_runs)) {
-      pbuf[s] = top;
-      top += align_up(period[s] ? reps[s] * period[s] * esz(sdt[s]) : spread[s]->src_bytes, kAlign);
-    }
+  for (size_t s = 0; s < src.size(); ++s) {
+    pbuf[s] = top;
+    top += resident[s];
+  }
   if (static_cast<uint64_t>(top) > opt_.target.vmem_bytes) fail(n, "operands too large for VMEM");
   const int in_flag = kStreamInFlag, out_flag = kStreamInFlag + depth;
   const int64_t nblocks = (tiles + T - 1) / T;
