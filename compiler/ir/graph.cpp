@@ -63,7 +63,7 @@ const OpInfo kOps[] = {
     {OpKind::kGather, "gather", 2, 2, false},
     {OpKind::kCast, "cast", 1, 1, true},
     {OpKind::kIdentity, "identity", 1, 1, true},
-    {OpKind::kReluGrad, "relu_grad", 2, 2, false},
+    {OpKind::kReluGrad, "relu_grad", 2, 2, true},
     {OpKind::kMaxPoolGrad, "maxpool_grad", 3, 3, false},
     {OpKind::kReverse, "reverse", 1, 1, false},
     {OpKind::kIm2col, "im2col", 1, 1, false},

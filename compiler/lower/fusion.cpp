@@ -71,6 +71,7 @@ bool Emitter::feeder_fits(const Node& root, const Node& f) const {
 // exist before the root runs and its block buffers fit (feeder_fits); else it runs on
 // its own where it stands, and the member reads its result if it stands before the
 // root.
+// A maxpool_grad takes one member, relu_grad_of_pool's.
 // The first member that fails ends the chain; it and later ones run on their own.
 void Emitter::plan_fusion() {
   chains_.clear();
@@ -94,6 +95,17 @@ void Emitter::plan_fusion() {
     if (m.fusion_group < 0 || !index_of.count(m.fusion_group) || cut.count(m.fusion_group)) continue;
     const size_t ri = index_of.at(m.fusion_group);
     const Node& root = g_.nodes[ri];
+    // A maxpool_grad's one member: the relu_grad of its result by its x.
+    if (root.op == OpKind::kMaxPoolGrad) {
+      if (!end.count(root.id) && ri < k && uses[root.output] == 1 && relu_grad_of_pool(root, m)) {
+        chains_[root.id].push_back(&m);
+        fused_[m.id] = root.id;
+        end[root.id] = m.output;
+      } else {
+        cut.insert(root.id);
+      }
+      continue;
+    }
     const bool root_ok = root.op == OpKind::kMatmul || root.op == OpKind::kConv2d ||
                          (is_elementwise(root.op) && root.fusion_group < 0);
     const std::string& run = end.count(root.id) ? end[root.id] : root.output;

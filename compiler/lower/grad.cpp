@@ -203,6 +203,11 @@ void Emitter::lower_maxpool_grad(const Node& n) {
   const DType ot = n.type.dtype;
   const int64_t eo = esz(ot);
   const bool covered = st[0] == k[0] && st[1] == k[1] && OH * k[0] == H && OW * k[1] == W;
+  // The fused relu_grad(dx, x) (relu_grad_of_pool): x_k is in a register at the select,
+  // so D_k = hit_k && +0.0 < x_k ? dy : +0.0, the relu's own compare; dx is then
+  // stored as the member's result. Positions no window covers are +0.0 either way.
+  const bool relu = !chain_of(n).empty();
+  const int64_t dx_addr = t_.at(relu ? chain_of(n).back()->output : n.output).addr;
   // Per 8x128 tile of windows: in tap order hit_k = (x_k == y) and no earlier tap
   // hit; D_k = hit_k ? dy : +0.0 (the taps at vx, KK slots `slot` apart; D_k to vd).
   auto select_taps = [&](int64_t cnt, int64_t vdy, int64_t vy, int64_t vx, int64_t vd, int64_t slot) {
@@ -217,6 +222,10 @@ void Emitter::lower_maxpool_grad(const Node& n) {
         line("mnot m3, m1");
         line("mand m2, m2, m3");
         line("mor m1, m1, m2");
+        if (relu) {
+          line("vcmp.lt m4, v3, v2");
+          line("mand m2, m2, m4");
+        }
         line("vsel v4, m2, v0, v3");
         line(std::string(this->st(ot)) + " v4, " + at(vd + t * slot + i * te));
       }
@@ -290,7 +299,7 @@ void Emitter::lower_maxpool_grad(const Node& n) {
             select_taps(bp * OH * OW, base + l.dys, base + l.ys, base + l.xk, base + l.dk, l.slot);
             if (!covered) fill_vmem(base + l.dxs, bp * H * W * e, 0.0f, ot);
             run_gathers(base + l.dk, base + l.dxs, taps(bp, false));
-            dma_on(f, hbm(t_.at(n.output).addr + b * pc * H * W * e), vmem(base + l.dxs), bp * H * W * e, "");
+            dma_on(f, hbm(dx_addr + b * pc * H * W * e), vmem(base + l.dxs), bp * H * W * e, "");
           });
       sync_all();
       return;
@@ -299,7 +308,7 @@ void Emitter::lower_maxpool_grad(const Node& n) {
   const int64_t row = align_up(T * e, kAlign);
   const int64_t XK = place_hbm(KK * row), DK = place_hbm(KK * row);
   check_addr(n, hbm_top_);
-  const int64_t dx = t_.at(n.output).addr;
+  const int64_t dx = dx_addr;
   if (st[0] != k[0] || st[1] != k[1] || OH * k[0] != H || OW * k[1] != W)
     zero_if_reused(dx, planes * H * W * esz(n.type.dtype), n.type.dtype);  // positions no window covers
   // Tap (kh, kw) of window (p, oh, ow) <-> X_k[(p*OH + oh)*OW + ow], planes [p0, p0 +

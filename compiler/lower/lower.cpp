@@ -390,7 +390,6 @@ LowerResult Emitter::run() {
         case OpKind::kFlatten:
           if (!owner.count(n.output)) lower_copy(n);  // else it is its operand's bytes
           break;
-        case OpKind::kReluGrad: lower_elementwise(n); break;  // not fusable (not elementwise in the IR)
         case OpKind::kMaxPoolGrad: lower_maxpool_grad(n); break;
         case OpKind::kReverse: lower_reverse(n); break;
         case OpKind::kIm2col: lower_im2col(n); break;

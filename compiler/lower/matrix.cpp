@@ -1082,6 +1082,7 @@ void Emitter::lower_matmul(const Node& n) {
     bool run_first;   // the running value is the member's first operand
   };
   std::vector<Step> steps;
+  bool selects = false;  // a member is a relu_grad (emit_op's mask m2)
   {
     std::string run = chain_src.empty() ? n.output : chain_src;
     for (const Node* m : chain) {
@@ -1091,6 +1092,7 @@ void Emitter::lower_matmul(const Node& n) {
         s.operand = classify(m->inputs[s.run_first ? 1 : 0]);
       }
       steps.push_back(s);
+      selects |= m->op == OpKind::kReluGrad;
       run = m->output;
     }
   }
@@ -1320,9 +1322,11 @@ void Emitter::lower_matmul(const Node& n) {
     std::vector<std::vector<std::string>> chains;
     std::vector<int> op_of_tile(static_cast<size_t>(cw), -1);
     size_t next = 0;
-    // The gathered chains, op by op (one after the other if their shapes differ).
+    // The gathered chains, op by op (one after the other if their shapes differ, or if
+    // a relu_grad's vcmp and vsel share m2: interleaved, the next chain's vcmp would
+    // come between them).
     auto emit_chains = [&] {
-      bool same_shape = true;
+      bool same_shape = !selects;
       for (const auto& c : chains) same_shape &= c.size() == chains[0].size();
       if (!same_shape) {
         for (const auto& c : chains)

@@ -252,6 +252,11 @@ bool conv_bands_nchw(const Node& conv, const Shape& ws, DType in) {
          !(ws[2] == 1 && ws[3] == 1) && ws[1] * e >= 128;
 }
 
+bool relu_grad_of_pool(const Node& pool_grad, const Node& m) {
+  return pool_grad.op == OpKind::kMaxPoolGrad && m.op == OpKind::kReluGrad && m.inputs[0] == pool_grad.output &&
+         m.inputs[1] == pool_grad.inputs[1] && m.type == pool_grad.type;
+}
+
 void fuse_elementwise(Graph& g) {
   const auto uses = use_counts(g);
   std::map<std::string, size_t> at;  // tensor -> index of the node defining it
@@ -284,6 +289,14 @@ void fuse_elementwise(Graph& g) {
       // epilogues, and elementwise chains; the op continues the chain's end. An
       // elementwise chain also goes on past a result that other nodes read (its
       // kernel stores that result as well); an epilogue stops there.
+      if (root.op == OpKind::kMaxPoolGrad) {
+        if (root_id == p.id && !chain_end.count(root_id) && uses.at(in) == 1 && relu_grad_of_pool(root, n)) {
+          n.fusion_group = root_id;
+          chain_end[root_id] = n.output;
+          break;
+        }
+        continue;
+      }
       if (root.op != OpKind::kMatmul && root.op != OpKind::kConv2d && !is_elementwise(root.op)) continue;
       if (uses.at(in) != 1 && !is_elementwise(root.op)) continue;
       if (chain_end.count(root_id) ? chain_end[root_id] != in : root_id != p.id) continue;

@@ -62,8 +62,15 @@ void fuse_gelu(Graph& g);
 // chain that operand may instead be a feeder: an elementwise op of the root's shape
 // read by that member alone, with no members of its own and operands that exist
 // before the root runs; it joins the group too and the kernel computes it in
-// registers (compiler/lower/fusion.cpp).
+// registers (compiler/lower/fusion.cpp). A maxpool_grad takes one member, the
+// relu_grad of its result by its own x (relu_grad_of_pool).
 void fuse_elementwise(Graph& g);
+
+// Whether m is relu_grad(r, x) of the result r of maxpool_grad(dy, x, y), of r's
+// dtype: the training recipe of relu then maxpool. Its kernel has x's tap in a
+// register where it selects dy (lower_maxpool_grad), so the relu's mask costs one
+// compare there instead of a pass over HBM.
+bool relu_grad_of_pool(const Node& pool_grad, const Node& m);
 
 // Whether the lowering computes this conv2d (weights of shape `w`) as W x X per image,
 // its result tiles NCHW like its tensors: a pointwise conv (1x1, unpadded, one group;

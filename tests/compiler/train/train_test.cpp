@@ -168,6 +168,67 @@ TEST(TrainOps, MaxPoolGradWithTiesAndUncoveredBorders) {
       17, 1);
 }
 
+// relu_grad joins the kernel that makes its dy (fuse-elementwise): a matmul's
+// epilogue, an elementwise chain (dy or x the chain's value), a pointwise conv's NCHW
+// tiles, a shifted conv's NCHW bands, and maxpool_grad when x is the pool's own input
+// (relu_grad_of_pool; one compare at the select). Each is bit-exact with the graph
+// reference, and fused exactly when expected: the relu_grad (op 9) has no code.
+TEST(TrainOps, ReluGradFusesIntoTheKernelOfItsDy) {
+  const std::string pool = "{kernel=[2,2], pads=[0,0,0,0], strides=[2,2]}";
+  struct Case {
+    const char* what;
+    std::string ir;
+    bool fused;
+  };
+  const std::vector<Case> cases = {
+      {"matmul epilogue", " input %a : f32[40,96]\n input %w : f32[96,300]\n input %x : f32[40,300]\n"
+                          " %dy = matmul(%a, %w) : f32[40,300] #0\n %g = relu_grad(%dy, %x) : f32[40,300] #9\n",
+       true},
+      {"elementwise chain, dy", " input %a : f32[3,1000]\n input %b : f32[3,1000]\n input %x : f32[3,1000]\n"
+                                " %dy = add(%a, %b) : f32[3,1000] #0\n %g = relu_grad(%dy, %x) : f32[3,1000] #9\n",
+       true},
+      {"elementwise chain, x", " input %a : f32[3,1000]\n input %b : f32[3,1000]\n input %dy : f32[3,1000]\n"
+                               " %x = sub(%a, %b) : f32[3,1000] #0\n %g = relu_grad(%dy, %x) : f32[3,1000] #9\n",
+       true},
+      {"pointwise conv", " input %a : f32[2,16,12,12]\n input %w : f32[8,16,1,1]\n input %x : f32[2,8,12,12]\n"
+                         " %dy = conv2d(%a, %w) {dilations=[1,1], groups=1, pads=[0,0,0,0], strides=[1,1]} : "
+                         "f32[2,8,12,12] #0\n %g = relu_grad(%dy, %x) : f32[2,8,12,12] #9\n",
+       true},
+      {"shifted conv bands", " input %a : f32[2,64,9,10]\n input %w : f32[16,64,3,3]\n input %x : f32[2,16,9,10]\n"
+                             " %dy = conv2d(%a, %w) {dilations=[1,1], groups=1, pads=[1,1,1,1], strides=[1,1]} : "
+                             "f32[2,16,9,10] #0\n %g = relu_grad(%dy, %x) : f32[2,16,9,10] #9\n",
+       true},
+      {"maxpool_grad", " input %x : f32[2,33,9,10]\n input %d : f32[2,33,4,5]\n"
+                       " %y = maxpool(%x) " + pool + " : f32[2,33,4,5] #0\n"
+                       " %dy = maxpool_grad(%d, %x, %y) " + pool + " : f32[2,33,9,10] #1\n"
+                       " %g = relu_grad(%dy, %x) : f32[2,33,9,10] #9\n",
+       true},
+      // By another tensor than the pool's x: the kernel does not have it at the select.
+      {"maxpool_grad, other x", " input %x : f32[2,3,8,8]\n input %d : f32[2,3,4,4]\n input %z : f32[2,3,8,8]\n"
+                                " %y = maxpool(%x) " + pool + " : f32[2,3,4,4] #0\n"
+                                " %dy = maxpool_grad(%d, %x, %y) " + pool + " : f32[2,3,8,8] #1\n"
+                                " %g = relu_grad(%dy, %z) : f32[2,3,8,8] #9\n",
+       false},
+      // The pool's gradient is read by another node too: it is stored as it is.
+      {"maxpool_grad, read twice", " input %x : f32[2,3,8,8]\n input %d : f32[2,3,4,4]\n"
+                                   " %y = maxpool(%x) " + pool + " : f32[2,3,4,4] #0\n"
+                                   " %dy = maxpool_grad(%d, %x, %y) " + pool + " : f32[2,3,8,8] #1\n"
+                                   " %g = relu_grad(%dy, %x) : f32[2,3,8,8] #9\n output %dy\n",
+       false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Graph g = parse_graph("graph g {\n" + c.ir + " output %g\n}\n", "test.ir");
+    for (auto p : kPolicies)
+      for (int cores : {1, 2}) {
+        std::string as;
+        // Grid values: exact zeros in x and ties in the pool's windows.
+        expect_bit_exact(g, p, random_inputs(g, 21, 2), cores, false, nullptr, &as);
+        EXPECT_EQ(as.find("  op 9\n") == std::string::npos, c.fused);
+      }
+  }
+}
+
 // The recipe against a brute force written from its definition: each window's
 // gradient goes to its first maximal tap (the overlapping case adds).
 TEST(TrainOps, MaxPoolGradReferenceIsFirstArgmax) {
