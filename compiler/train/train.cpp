@@ -274,9 +274,16 @@ class Builder {
                        "): no gradient recipe for " + why);
   }
 
-  // Sum of a [R, C] gradient over its rows: transpose to [C, R], reduce_sum over the
-  // last axis.
+  // Sum of a [R, C] gradient over its rows: reduce_sum over axis 0, which the lowering
+  // runs down the columns with the whole axis in VMEM (lower_columns: 12 KiB of VMEM
+  // a row, so up to kColumnRows rows here, 1.5 MiB). Longer, transpose to [C, R] and
+  // reduce_sum over the last axis: two ops, each a DMA latency or more (the MLP's b1
+  // at batch 8, v3: 2,555 cycles against 940). The two sum in other orders
+  // (docs/numerics.md: column vs row reduction).
+  static constexpr int64_t kColumnRows = 1024;
   std::string sum_rows(const std::string& g2, const std::string& name) {
+    if (types_.at(g2).shape[0] <= kColumnRows)
+      return node(OpKind::kReduceSum, {g2}, {{"axes", Attr::Ints({0})}, {"keepdims", Attr::Int(0)}}, name);
     const std::string t = node(OpKind::kTranspose, {g2}, {{"perm", Attr::Ints({1, 0})}}, name + ".t");
     return node(OpKind::kReduceSum, {t}, {{"axes", Attr::Ints({1})}, {"keepdims", Attr::Int(0)}}, name);
   }

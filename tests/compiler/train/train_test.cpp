@@ -448,6 +448,27 @@ TEST(TrainGraph, MlpSgdXentBitExact) {
   for (auto p : kPolicies) expect_bit_exact(g, p, random_inputs(g, 31));
 }
 
+// A bias's gradient, the sum of G's rows: one reduce_sum down the columns up to 1,024
+// rows (the lowering holds the axis in VMEM), past that a transpose and a row sum.
+// Both steps bit-exact.
+TEST(TrainGraph, BiasGradientIsOneColumnSumUpTo1024Rows) {
+  TrainOptions o;
+  parse_train_spec("sgd:lr=0.1", "xent", &o);
+  for (int64_t b : {12, 1024, 1025}) {
+    SCOPED_TRACE("batch " + std::to_string(b));
+    const Graph g = build_training_graph(parse_graph(mlp_ir(b, 20, 24, 10)), o);
+    const Node* sum = nullptr;
+    for (const Node& n : g.nodes)
+      if (n.output == "grad.b1") sum = &n;
+    ASSERT_NE(sum, nullptr);
+    EXPECT_EQ(sum->op, OpKind::kReduceSum);
+    const bool column = b <= 1024;
+    EXPECT_EQ(sum->attr_ints("axes"), std::vector<int64_t>{column ? 0 : 1});
+    EXPECT_EQ(sum->inputs[0] == "grad.h", column) << sum->inputs[0];
+    if (b != 1024) expect_bit_exact(g, PrecisionPolicy::kDefault, random_inputs(g, 51));
+  }
+}
+
 TEST(TrainGraph, MlpMomentumIndexLabelsTwoCores) {
   TrainOptions o;
   parse_train_spec("sgd:lr=0.05,momentum=0.9", "xent-index", &o);
