@@ -23,8 +23,8 @@ void Emitter::emit_op(const Node& n, int vd, int va, int vb, int t0, int t1) {
     case OpKind::kRelu: line("vbcast " + x + ", 0.0"); line("vmax " + d + ", " + a + ", " + x); break;
     // x > +0.0 ? dy : +0.0 (a = dy, b = x); vsel moves dy's stored bits unchanged. The
     // mask is m2: kernels that fuse it hold m1 (a conv's NCHW bands, the last lanes)
-    // and m3.. (a shifted conv's LHS lanes) across their epilogues; m2 is only ever
-    // set and used in one place.
+    // and m3.. (a shifted conv's LHS lanes) across their epilogues; m2 is set where it
+    // is used and held across none.
     case OpKind::kReluGrad:
       line("vbcast " + x + ", 0.0"); line("vcmp.lt m2, " + x + ", " + b); line("vsel " + d + ", m2, " + a + ", " + x);
       break;
