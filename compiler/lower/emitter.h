@@ -312,6 +312,22 @@ class Emitter {
   bool is_feeder(const Node& f, size_t ri, const std::map<std::string, size_t>& defined_at,
                  const std::map<std::string, int>& uses, const Node& root) const;
   bool feeder_fits(const Node& root, const Node& f) const;
+  // Row regions (row_region.cpp): small subgraphs of reductions (over the innermost
+  // axes, or down a 2-D value's rows) and the elementwise ops around them, one
+  // VMEM-resident kernel each.
+  struct RegionValue {
+    enum Kind { kRows, kBcast, kConst } kind = kRows;
+    int64_t rows = 0, len = 0;  // the view: rows of len contiguous elements
+    float value = 0.0f;         // kConst
+    int64_t addr = 0;           // VMEM
+    DType dt = DType::kF32;     // as stored in VMEM (bf16 rounded by vst.bf16)
+    int64_t e = 4;              // its element bytes
+  };
+  static RegionValue region_view(const TensorType& t, bool bcast);
+  static int64_t region_bytes(const RegionValue& v);
+  RegionValue::Kind region_kind(const std::string& t) const;
+  void plan_row_regions();
+  void lower_row_region(const Node& root);
   // Gathers through VMEM (staging.cpp): the HBM bytes [src, src + src_bytes) are
   // copied to VMEM with one contiguous DMA, rearranged there by VMEM -> VMEM DMAs
   // (whose cost is per byte, not per run, so element-sized runs are cheap), and the
@@ -537,6 +553,10 @@ class Emitter {
   // Results inside an elementwise chain that other nodes read too: the chain's kernel
   // stores them as it goes on (lower_elementwise), instead of ending the chain there.
   std::set<std::string> side_stored_;
+  std::map<int, std::vector<const Node*>> regions_;  // row region: first node's id -> its nodes in order
+  std::map<int, int> region_of_;                     // node id -> its region's first node id
+  std::set<std::string> region_exports_;             // region values read outside it (or graph outputs)
+  std::map<std::string, RegionValue::Kind> kinds_;   // a region value's layout in VMEM
   std::vector<const Node*> epi_;  // the chain lower_matmul applies (set by its caller)
   std::string epi_src_;           // the result the chain's first member reads, when not the matmul's own
   std::string epi_dst_;           // where lower_matmul stores, if not the chain's end (conv's NHWC scratch)

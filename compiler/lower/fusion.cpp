@@ -78,7 +78,19 @@ void Emitter::plan_fusion() {
   fused_.clear();
   feeds_.clear();
   side_stored_.clear();
+  regions_.clear();
+  region_of_.clear();
+  region_exports_.clear();
+  kinds_.clear();
   if (!opt_.fuse) return;
+  // Row regions first: their nodes are one kernel's, a chain of the region's first
+  // node (chains_, fused_), so the liveness and the op names treat them as a group.
+  plan_row_regions();
+  for (const auto& [rid, nodes] : regions_)
+    for (size_t i = 1; i < nodes.size(); ++i) {
+      chains_[rid].push_back(nodes[i]);
+      fused_[nodes[i]->id] = rid;
+    }
   std::map<std::string, int> uses;
   for (const Node& n : g_.nodes)
     for (const std::string& s : n.inputs) ++uses[s];
@@ -95,6 +107,10 @@ void Emitter::plan_fusion() {
     if (m.fusion_group < 0 || !index_of.count(m.fusion_group) || cut.count(m.fusion_group)) continue;
     const size_t ri = index_of.at(m.fusion_group);
     const Node& root = g_.nodes[ri];
+    if (region_of_.count(m.id) || region_of_.count(root.id)) {  // a row region's: the chain ends
+      cut.insert(root.id);
+      continue;
+    }
     // A maxpool_grad's one member: the relu_grad of its result by its x.
     if (root.op == OpKind::kMaxPoolGrad) {
       if (!end.count(root.id) && ri < k && uses[root.output] == 1 && relu_grad_of_pool(root, m)) {

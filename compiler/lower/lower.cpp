@@ -130,6 +130,10 @@ LowerResult Emitter::run() {
   std::vector<bool> stored(N, true);
   for (size_t k = 0; k < N; ++k) {
     const Node& n = g_.nodes[k];
+    if (region_of_.count(n.id)) {  // a row region keeps its values in VMEM but those read outside it
+      stored[k] = region_exports_.count(n.output) > 0;
+      continue;
+    }
     if (side_stored_.count(n.output)) continue;
     if (!chain_of(n).empty()) stored[k] = false;
     if (fused_away(n) && chain_of(g_.nodes[index_of.at(fused_.at(n.id))]).back() != &n) stored[k] = false;
@@ -353,7 +357,8 @@ LowerResult Emitter::run() {
     // A std::logic_error out of a lowering (an index out of range, ...) is a bug of the
     // compiler, not of the graph; it names the node being lowered, as a bad input does.
     try {
-      switch (n.op) {
+      if (regions_.count(n.id)) lower_row_region(n);
+      else switch (n.op) {
         case OpKind::kMatmul:
           if (wgrads_.count(n.id)) {
             lower_conv_wgrad(n);

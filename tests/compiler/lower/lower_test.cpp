@@ -690,6 +690,157 @@ TEST(LowerRows, ReductionsAndGlobalAvgPool) {
   }
 }
 
+// Row regions (row_region.cpp): reductions over the innermost axes or down the rows
+// and the elementwise ops around them run as one kernel whose values stay in VMEM:
+// the softmax cross-entropy of a training step, with ragged rows (13) and rows of
+// three tiles (300, the last ragged), a total over both axes (one row of 31 tiles), a
+// mean, a constant operand and values read outside the region (graph outputs, a row
+// value among them); and a bias's gradient and update (columns). Each output is
+// bit-exact with the graph reference, only the region's first node (#0) has code, and
+// only the outputs go to HBM. Not regions: a reduction whose only neighbour reads an
+// operand made after it (the transpose, #1: it runs on its own), values over
+// kRegionElems, a row value broadcast over other than the last axis.
+TEST(LowerRows, RowRegionsKeepTheirValuesInVmem) {
+  const std::string xent =
+      "graph x {\n  input %z : f32[13,300]\n  input %t : f32[13,300]\n  const %n : f32[1] = [0x41500000]\n"
+      "  %m = reduce_max(%z) {axes=[1], keepdims=1} : f32[13,1] #0\n"
+      "  %s = sub(%z, %m) : f32[13,300] #2\n  %e = exp(%s) : f32[13,300] #3\n"
+      "  %q = reduce_sum(%e) {axes=[1], keepdims=1} : f32[13,1] #4\n  %l = log(%q) : f32[13,1] #5\n"
+      "  %lp = sub(%s, %l) : f32[13,300] #6\n  %tl = mul(%t, %lp) : f32[13,300] #7\n"
+      "  %tot = reduce_sum(%tl) {axes=[0,1], keepdims=1} : f32[1,1] #8\n  %loss = neg(%tot) : f32[1,1] #9\n"
+      "  %sm = div(%e, %q) : f32[13,300] #10\n  %r = sub(%sm, %t) : f32[13,300] #11\n"
+      "  %g = div(%r, %n) : f32[13,300] #12\n  %gm = reduce_mean(%g) {axes=[1], keepdims=0} : f32[13] #13\n"
+      "  %gt = tanh(%gm) : f32[13] #14\n"
+      "  output %loss\n  output %g\n  output %gt\n  output %l\n}\n";
+  // A bias's gradient and its momentum update (the column sum down 13 rows, the last
+  // group ragged, over 300 lanes, three blocks), a column max and mean, an operand of
+  // the result's elements with a leading axis of one.
+  const std::string columns =
+      "graph c {\n  input %g : f32[13,300]\n  input %v : f32[300]\n  input %mom : f32[300]\n"
+      "  %gb = reduce_sum(%g) {axes=[0], keepdims=0} : f32[300] #0\n"
+      "  %vd = mul(%v, %mom) : f32[300] #2\n  %vn = add(%vd, %gb) : f32[300] #3\n"
+      "  %cm = reduce_max(%g) {axes=[0], keepdims=1} : f32[1,300] #4\n  %cs = add(%cm, %gb) : f32[1,300] #5\n"
+      "  %cmean = reduce_mean(%g) {axes=[0], keepdims=0} : f32[300] #6\n  %w = sub(%vn, %cmean) : f32[300] #7\n"
+      "  output %vn\n  output %cs\n  output %w\n}\n";
+  const std::string late =
+      "graph l {\n  input %a : f32[8,20]\n  input %b : f32[20,8]\n"
+      "  %m = reduce_sum(%a) {axes=[1], keepdims=1} : f32[8,1] #0\n  %c = transpose(%b) {perm=[1,0]} : f32[8,20] #1\n"
+      "  %d = sub(%c, %m) : f32[8,20] #2\n  output %d\n}\n";
+  const std::string big =
+      "graph b {\n  input %a : f32[128,600]\n  %m = reduce_max(%a) {axes=[1], keepdims=1} : f32[128,1] #0\n"
+      "  %d = sub(%a, %m) : f32[128,600] #2\n  output %d\n}\n";
+  const std::string middle =
+      "graph c {\n  input %a : f32[2,5,40]\n  %m = reduce_max(%a) {axes=[1,2], keepdims=1} : f32[2,1,1] #0\n"
+      "  %d = sub(%a, %m) : f32[2,5,40] #2\n  output %d\n}\n";
+  struct Case {
+    const std::string* ir;
+    bool region;
+  };
+  for (const Case& c : {Case{&xent, true}, Case{&columns, true}, Case{&late, false}, Case{&big, false},
+                        Case{&middle, false}})
+    for (auto p : kPolicies)
+      for (int cores : {1, 2}) {
+        expect_bit_exact(*c.ir, p, target(1, 128, 128), 3, cores);
+        LowerOptions lo;
+        lo.target = target(1, 128, 128);
+        lo.policy = p;
+        lo.cores = cores;
+        const LowerResult lr = lower_graph(parse_graph(*c.ir, "t.ir"), lo);
+        const std::string& as = lr.assembly;
+        EXPECT_NE(as.find("  op 0\n"), std::string::npos);
+        EXPECT_EQ(as.find("  op 2\n") == std::string::npos, c.region) << *c.ir;
+        if (c.region) {
+          for (int id = 3; id <= 14; ++id) EXPECT_EQ(as.find("  op " + std::to_string(id) + "\n"), std::string::npos) << id;
+          // Its outputs (and nothing else) go to HBM.
+          int64_t out = 0, want = 0;
+          for (const auto& e : lr.bundle.io)
+            if (e.kind == isa::IoKind::kOutput) want += static_cast<int64_t>(e.elements() * isa::dtype_size(e.dtype));
+          std::istringstream in(as);
+          for (std::string line; std::getline(in, line);)
+            if (line.rfind("  dma hbm:", 0) == 0) {
+              const auto b = line.find("bytes=");
+              int64_t bytes = std::stoll(line.substr(b + 6));
+              const auto d = line.find("dim=");
+              if (d != std::string::npos) bytes *= std::stoll(line.substr(d + 4));
+              out += bytes;
+            }
+          EXPECT_EQ(out, want);
+        }
+      }
+}
+
+// Random row regions: chains of row, column and total reductions, unary ops and
+// binary ops of rows with rows, row values, columns or a constant, over shapes with
+// one row or lane, ragged groups and tiles; every output bit-exact with the graph
+// reference (both policies, one and two cores), and most graphs are one region.
+TEST(LowerRows, RandomRowRegionsBitExact) {
+  std::mt19937 rng(82);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint32_t>(n)); };
+  int regions = 0, graphs = 0;
+  for (int round = 0; round < 24; ++round) {
+    const int64_t R = std::vector<int64_t>{1, 5, 8, 13, 17}[pick(5)];
+    const int64_t L = std::vector<int64_t>{1, 3, 10, 128, 130}[pick(5)];
+    const std::string rows = "[" + std::to_string(R) + "," + std::to_string(L) + "]";
+    const std::string row = "[" + std::to_string(R) + ",1]", col = "[" + std::to_string(L) + "]", one = "[1,1]";
+    std::ostringstream ir;
+    ir << "graph r {\n  input %x0 : f32" << rows << "\n  input %x1 : f32" << rows << "\n  input %c : f32" << col
+       << "\n  const %k : f32[1] = [0x3fc00000]\n";
+    std::vector<std::pair<std::string, std::string>> vals = {{"%x0", rows}, {"%x1", rows}, {"%c", col}};
+    auto of = [&](const std::string& shape) {
+      std::vector<std::string> v;
+      for (const auto& [name, s] : vals)
+        if (s == shape) v.push_back(name);
+      return v.empty() ? std::string() : v[static_cast<size_t>(pick(static_cast<int>(v.size())))];
+    };
+    int id = 0;
+    bool reduced = false;
+    for (int step = 0; step < 9; ++step) {
+      const std::string out = "%v" + std::to_string(id);
+      const char* red[] = {"reduce_sum", "reduce_max", "reduce_mean"};
+      const char* un[] = {"neg", "tanh", "exp", "sigmoid", "sqrt"};
+      const char* bin[] = {"add", "sub", "mul", "div"};
+      const int kind = !reduced ? pick(3) : pick(7);
+      std::string line, shape;
+      if (kind == 0) {
+        line = out + " = " + red[pick(3)] + "(" + of(rows) + ") {axes=[1], keepdims=1}";
+        shape = row;
+      } else if (kind == 1) {
+        line = out + " = " + red[pick(3)] + "(" + of(rows) + ") {axes=[0], keepdims=0}";
+        shape = col;
+      } else if (kind == 2) {
+        line = out + " = reduce_sum(" + of(rows) + ") {axes=[0,1], keepdims=1}";
+        shape = one;
+      } else if (kind == 3) {
+        const auto& v = vals[static_cast<size_t>(pick(static_cast<int>(vals.size())))];
+        line = out + " = " + un[pick(5)] + "(" + v.first + ")";
+        shape = v.second;
+      } else {
+        // rows with rows, a row value or the constant; or a value with one of its shape.
+        const auto& a = vals[static_cast<size_t>(pick(static_cast<int>(vals.size())))];
+        std::string b = a.second == rows && pick(2) ? of(row) : of(a.second);
+        if (b.empty() || pick(4) == 0) b = "%k";
+        line = out + " = " + bin[pick(4)] + (pick(2) ? "(" + a.first + ", " + b + ")" : "(" + b + ", " + a.first + ")");
+        shape = a.second;
+      }
+      reduced = reduced || kind <= 2;
+      ir << "  " << line << " : f32" << shape << " #" << id++ << "\n";
+      vals.emplace_back(out, shape);
+    }
+    ir << "  output %v" << id - 1 << "\n  output %v" << pick(id - 1) << "\n}\n";
+    const std::string text = ir.str();
+    for (auto p : kPolicies)
+      for (int cores : {1, 2}) expect_bit_exact(text, p, target(1, 128, 128), 7 + static_cast<uint32_t>(round), cores);
+    LowerOptions lo;
+    lo.target = target(1, 128, 128);
+    const std::string as = lower_graph(parse_graph(text, "t.ir"), lo).assembly;
+    int ops = 0;
+    for (size_t at = as.find("  op "); at != std::string::npos; at = as.find("  op ", at + 1)) ++ops;
+    ++graphs;
+    regions += ops < id;
+  }
+  EXPECT_GE(regions, graphs / 2);
+}
+
 std::string conv_ir(const std::string& x, const std::string& w, const std::string& y, const std::string& attrs,
                     const std::string& bias = "") {
   return "graph c {\n  input %x : f32" + x + "\n  input %w : f32" + w + "\n" +
