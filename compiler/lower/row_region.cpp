@@ -200,50 +200,87 @@ void Emitter::plan_row_regions() {
     std::map<size_t, std::vector<size_t>> sets;
     for (size_t k = 0; k < N; ++k)
       if (cand[k]) sets[find(k)].push_back(k);
+    // Each connected set is a unit; those whose values fit are merged below.
+    struct Unit {
+      std::vector<size_t> members;
+      int64_t bytes = 0;
+      size_t dep = 0;  // 1 + the index of the last node an operand from outside comes from (0: none)
+      bool reduces = false;
+    };
+    const int64_t budget = static_cast<int64_t>(opt_.target.vmem_bytes / 4);
+    std::vector<Unit> units;
     for (const auto& [rep, members] : sets) {
       const size_t first = members.front();
-      bool drop = members.size() < 2 || std::none_of(members.begin(), members.end(), [&](size_t k) {
-                    return reduction(g_.nodes[k]) || column(g_.nodes[k]);
-                  });
-      // Every operand from outside exists before the region's first node: those that
+      // Every operand from outside exists before the set's first node: those that
       // read one made later leave (all at once: a node whose operand leaves is looked
       // at again, its operand then from outside but made before it).
       std::vector<size_t> late;
+      Unit u;
+      u.members = members;
       for (size_t k : members)
         for (const std::string& in : g_.nodes[k].inputs) {
           auto p = producer.find(in);
-          if (!inside(in) && p != producer.end() && p->second > first) late.push_back(k);
+          if (inside(in) || p == producer.end()) continue;
+          if (p->second > first) late.push_back(k);
+          u.dep = std::max(u.dep, p->second + 1);
         }
       for (size_t k : late) cand[k] = false;
       if (!late.empty()) {
         changed = true;
         break;
       }
-      int64_t bytes = 0;
       for (size_t k : members) {
         const Node& n = g_.nodes[k];
-        bytes += region_bytes(region_view(t_.at(n.output).type, kinds_.at(n.output) == RegionValue::kBcast));
+        u.reduces = u.reduces || reduction(n) || column(n);
+        u.bytes += region_bytes(region_view(t_.at(n.output).type, kinds_.at(n.output) == RegionValue::kBcast));
         for (const std::string& in : n.inputs)
-          if (!inside(in) && !scalar_const(in)) bytes += region_bytes(region_view(t_.at(in).type, false));
+          if (!inside(in) && !scalar_const(in)) u.bytes += region_bytes(region_view(t_.at(in).type, false));
       }
-      if (bytes > static_cast<int64_t>(opt_.target.vmem_bytes / 4)) drop = true;
-      if (drop) {
+      if (u.bytes > budget) {
         for (size_t k : members) cand[k] = false;
         continue;
       }
+      units.push_back(std::move(u));
     }
     if (changed) continue;
-    for (const auto& [rep, members] : sets) {
-      if (!cand[members.front()]) continue;
-      const Node& root = g_.nodes[members.front()];
+    // Horizontal merging: a unit joins the latest kernel that runs after every node its
+    // operands come from and has room for it (a training step's small parameters'
+    // updates, each its own chain, become one kernel, their DMAs in flight together).
+    // A kernel is kept if it holds a reduction and another node, or two units.
+    std::sort(units.begin(), units.end(),
+              [](const Unit& a, const Unit& b) { return a.members.front() < b.members.front(); });
+    struct Group {
+      std::vector<size_t> members;
+      int64_t bytes = 0;
+      int units = 0;
+      bool reduces = false;
+    };
+    std::vector<Group> groups;
+    for (const Unit& u : units) {
+      Group* into = nullptr;
+      for (auto it = groups.rbegin(); it != groups.rend() && it->members.front() >= u.dep; ++it)
+        if (it->bytes + u.bytes <= budget) {
+          into = &*it;
+          break;
+        }
+      if (!into) into = &groups.emplace_back();
+      into->members.insert(into->members.end(), u.members.begin(), u.members.end());
+      into->bytes += u.bytes;
+      into->units += 1;
+      into->reduces = into->reduces || u.reduces;
+    }
+    for (Group& gr : groups) {
+      if (!(gr.reduces && gr.members.size() >= 2) && gr.units < 2) continue;
+      std::sort(gr.members.begin(), gr.members.end());
+      const Node& root = g_.nodes[gr.members.front()];
       auto& nodes = regions_[root.id];
-      for (size_t k : members) {
+      for (size_t k : gr.members) {
         const Node& n = g_.nodes[k];
         nodes.push_back(&n);
         region_of_[n.id] = root.id;
         // Exported: read by a node outside the region, or a graph output.
         int inner = 0;
-        for (size_t j : members)
+        for (size_t j : gr.members)
           for (const std::string& in : g_.nodes[j].inputs) inner += in == n.output;
         if (outputs.count(n.output) || uses[n.output] > inner) region_exports_.insert(n.output);
       }
@@ -261,10 +298,11 @@ Emitter::RegionValue::Kind Emitter::region_kind(const std::string& t) const {
 }
 
 // VMEM bytes of a value: rows with room for the strided loads past the last row (a
-// group's 8 rows and a tile's 128 lanes), or a 4 KiB tile per group of 8 rows.
+// group's 8 rows and a tile's 128 lanes) and a whole tile past its end (dense tiles'
+// loads and stores), or a 4 KiB tile per group of 8 rows.
 int64_t Emitter::region_bytes(const RegionValue& v) {
   if (v.kind == RegionValue::kBcast) return (v.rows + 7) / 8 * kTileElems * v.e;
-  return align_up((v.rows + 8) * v.len * v.e + 128 * v.e, 512);
+  return align_up((v.rows + 8) * v.len * v.e + kTileElems * v.e, 512);
 }
 
 // The region's kernel, on core 0 (the others wait at the barrier after it): its
@@ -430,6 +468,31 @@ void Emitter::lower_row_region(const Node& root) {
           if (n.op == OpKind::kReduceMean) line("vdiv " + acc + ", " + acc + ", v31");
           line(std::string(st(out.dt)) + " " + acc + ", " + at(tile_addr(out, g, 0)));
         }
+      }
+    } else if (out.kind == RegionValue::kRows &&
+               std::none_of(n.inputs.begin(), n.inputs.end(),
+                            [&](const std::string& in) { return v.at(in).kind == RegionValue::kBcast; })) {
+      // Operands of the result's elements (or constants) only: any view will do, as the
+      // values are contiguous in VMEM, so dense tiles of 1,024 elements (the bundled
+      // CNN's [16, 27] stem weight would be 2 row groups of 27 lanes). The last tile is
+      // stored whole, into its buffer's spare tile.
+      const int64_t tiles = (out.rows * out.len + kTileElems - 1) / kTileElems;
+      auto flat = [&](const std::string& in, int64_t k) { return at(v.at(in).addr + k * kTileElems * v.at(in).e); };
+      for (int64_t k0 = 0; k0 < tiles; k0 += per_set) {
+        const int64_t k1 = std::min(tiles, k0 + per_set);
+        for (int64_t k = k0; k < k1; ++k)
+          for (size_t i = 0; i < n.inputs.size(); ++i) {
+            const RegionValue& rv = v.at(n.inputs[i]);
+            const int r = reg(k - k0, static_cast<int>(i));
+            if (rv.kind == RegionValue::kConst) line("vbcast " + vr(r) + ", " + fimm(rv.value));
+            else line(std::string(ld(rv.dt)) + " " + vr(r) + ", " + flat(n.inputs[i], k));
+          }
+        for (int64_t k = k0; k < k1; ++k) {
+          const int64_t j = k - k0;
+          emit_op(n, reg(j, 0), reg(j, 0), reg(j, n.inputs.size() > 1 ? 1 : 0), reg(j, 2), reg(j, 3));
+        }
+        for (int64_t k = k0; k < k1; ++k)
+          line(std::string(st(out.dt)) + " " + vr(reg(k - k0, 0)) + ", " + flat(n.output, k));
       }
     } else {
       const int64_t nt = out.kind == RegionValue::kBcast ? 1 : (out.len + 127) / 128;

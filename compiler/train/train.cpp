@@ -162,24 +162,32 @@ class Builder {
     // rows of that length: a broadcast then copies whole rows (a scalar would be
     // replicated element by element). The bits are the same as with a scalar.
     std::vector<std::string> outs{loss};
+    // Every parameter's 2-D views (the weight's and its gradient's) first, then the
+    // updates: an update is one elementwise chain (velocity, stored on the way, then
+    // the step and the sub), a member's other operand must exist before its root runs,
+    // and the small parameters' updates run as one kernel (docs/codegen.md, row
+    // regions), which needs every update's operands made before the first update.
+    std::map<std::string, std::pair<std::string, std::string>> views;  // parameter -> (w, gradient)
+    for (const Constant& c0 : g.constants) {
+      if (!params.count(c0.name) || !grad_.count(c0.name)) continue;
+      const Shape& S = c0.type.shape;
+      const Shape view = S.size() >= 2 ? Shape{S[0], num_elements(Shape(S.begin() + 1, S.end()))} : S;
+      auto as_view = [&](const std::string& t, const std::string& name) {
+        return S.size() > 2 ? node(OpKind::kReshape, {t}, {{"shape", Attr::Ints(view)}}, name) : t;
+      };
+      const std::string w = as_view(c0.name, c0.name + ".2d");
+      views[c0.name] = {w, as_view(opt_.replicas > 1 ? summed.at(c0.name) : grad_.at(c0.name), c0.name + ".grad.2d")};
+    }
     for (const Constant& c0 : std::vector<Constant>(g.constants)) {
       if (!params.count(c0.name) || !grad_.count(c0.name)) continue;
       const Shape& S = c0.type.shape;
       const int64_t row = S.size() >= 2 ? num_elements(Shape(S.begin() + 1, S.end())) : S[0];
       const Shape view = S.size() >= 2 ? Shape{S[0], row} : S;
-      auto as_view = [&](const std::string& t, const std::string& name) {
-        return S.size() > 2 ? node(OpKind::kReshape, {t}, {{"shape", Attr::Ints(view)}}, name) : t;
-      };
       auto as_param = [&](const std::string& t, const std::string& name) {
         return S.size() > 2 ? node(OpKind::kReshape, {t}, {{"shape", Attr::Ints(S)}}, name) : t;
       };
-      // The parameter's view first: the update is one elementwise chain (velocity,
-      // stored on the way, then the step and the sub), and a member's other operand
-      // must exist before its root runs.
-      const std::string w = as_view(c0.name, c0.name + ".2d");
-      std::string gw = grad_.at(c0.name);
-      if (opt_.replicas > 1) gw = summed.at(c0.name);
-      gw = as_view(gw, c0.name + ".grad.2d");
+      const std::string w = views.at(c0.name).first;
+      std::string gw = views.at(c0.name).second;
       if (opt_.replicas > 1)
         gw = node(OpKind::kDiv, {gw, row_of("replicas", static_cast<float>(opt_.replicas), row)}, {}, c0.name + ".grad.mean");
       std::string step = gw, vnew;
