@@ -84,9 +84,9 @@ Emitter::RegionValue Emitter::region_view(const TensorType& t, bool bcast) {
 //  - a constant of one value (uniform_value: broadcast into a register);
 //  - for a result that is a row value, a row value of as many elements.
 // A reduction's operand is rows (a row reduction's view is then outer x reduced
-// axes). Candidates that fail are dropped until none does; a connected set of the
-// rest is a region when it holds a reduction and another node, every operand from
-// outside exists before its first node (where the kernel runs) and its values fit.
+// axes). Candidates that fail are dropped until none does, and so are those of a
+// connected set that read an operand from outside made after the set's first node
+// (where the kernel runs); sets whose values fit then merge horizontally (below).
 void Emitter::plan_row_regions() {
   regions_.clear();
   region_of_.clear();
