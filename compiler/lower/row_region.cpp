@@ -35,6 +35,26 @@ bool region_elementwise(const Node& n) {
   }
 }
 
+bool reduces(const Node& n) {
+  return n.op == OpKind::kReduceSum || n.op == OpKind::kReduceMax || n.op == OpKind::kReduceMean;
+}
+
+// A reduction over the innermost axes (a0..rank-1, in order: each row of its view is
+// contiguous) of an operand of `rank` axes.
+bool row_reduction(const Node& n, size_t rank) {
+  if (!reduces(n)) return false;
+  const auto& axes = n.attr_ints("axes");
+  if (axes.empty() || axes.back() != static_cast<int64_t>(rank) - 1) return false;
+  for (size_t i = 1; i < axes.size(); ++i)
+    if (axes[i] != axes[i - 1] + 1) return false;
+  return true;
+}
+
+// A sum, max or mean down the rows of a 2-D value (a bias's gradient): lower_columns's.
+bool column_reduction(const Node& n, size_t rank) {
+  return reduces(n) && rank == 2 && n.attr_ints("axes") == std::vector<int64_t>{0};
+}
+
 // A constant whose elements all load as the same value (fp32 bits as they are, bf16
 // widened: DAZ): that value, broadcast into a register by `vbcast` instead of loaded.
 // A scalar, and the training step's learning-rate and momentum rows and its first
@@ -102,20 +122,9 @@ void Emitter::plan_row_regions() {
   auto floating = [&](const std::string& t) {  // fp32 or bf16 (the bf16 policy's), stored as such in VMEM
     return t_.at(t).type.dtype == DType::kF32 || t_.at(t).type.dtype == DType::kBf16;
   };
-  auto reduction = [&](const Node& n) {
-    if (n.op != OpKind::kReduceSum && n.op != OpKind::kReduceMax && n.op != OpKind::kReduceMean) return false;
-    const auto& axes = n.attr_ints("axes");
-    const int64_t rank = static_cast<int64_t>(t_.at(n.inputs[0]).type.shape.size());
-    if (axes.empty() || axes.back() != rank - 1) return false;
-    for (size_t i = 1; i < axes.size(); ++i)
-      if (axes[i] != axes[i - 1] + 1) return false;
-    return true;
-  };
-  // A sum, max or mean down the rows of a 2-D value (a bias's gradient): lower_columns's.
-  auto column = [&](const Node& n) {
-    return (n.op == OpKind::kReduceSum || n.op == OpKind::kReduceMax || n.op == OpKind::kReduceMean) &&
-           t_.at(n.inputs[0]).type.shape.size() == 2 && n.attr_ints("axes") == std::vector<int64_t>{0};
-  };
+  auto rank_of = [&](const Node& n) { return n.inputs.empty() ? size_t{0} : t_.at(n.inputs[0]).type.shape.size(); };
+  auto reduction = [&](const Node& n) { return row_reduction(n, rank_of(n)); };
+  auto column = [&](const Node& n) { return column_reduction(n, rank_of(n)); };
   std::vector<bool> cand(N, false);
   for (size_t k = 0; k < N; ++k) {
     const Node& n = g_.nodes[k];
@@ -125,7 +134,13 @@ void Emitter::plan_row_regions() {
       ok = ok && floating(in) && num_elements(t_.at(in).type.shape) <= kRegionElems;
     cand[k] = ok && num_elements(n.type.shape) <= kRegionElems;
   }
-  auto scalar_const = [&](const std::string& t) { return uniform_value(g_, t).has_value(); };
+  // Asked of every operand on every pass: each constant's elements are looked at once.
+  std::map<std::string, bool> uniform;
+  auto scalar_const = [&](const std::string& t) {
+    auto it = uniform.find(t);
+    if (it == uniform.end()) it = uniform.emplace(t, uniform_value(g_, t).has_value()).first;
+    return it->second;
+  };
   auto inside = [&](const std::string& t) {
     auto p = producer.find(t);
     return p != producer.end() && cand[p->second];
@@ -343,12 +358,7 @@ void Emitter::lower_row_region(const Node& root) {
     }
   for (const Node* n : nodes)
     place(n->output, region_view(t_.at(n->output).type, region_kind(n->output) == RegionValue::kBcast));
-  auto reduces = [](const Node& n) {
-    return n.op == OpKind::kReduceSum || n.op == OpKind::kReduceMax || n.op == OpKind::kReduceMean;
-  };
-  auto down_columns = [&](const Node& n) {
-    return reduces(n) && n.attr_ints("axes").back() != static_cast<int64_t>(t_.at(n.inputs[0]).type.shape.size()) - 1;
-  };
+  auto down_columns = [&](const Node& n) { return column_reduction(n, t_.at(n.inputs[0]).type.shape.size()); };
   // A row reduction's operand viewed as outer rows of the reduced axes' elements.
   auto reduction_view = [&](const Node& n) {
     const Shape& xs = t_.at(n.inputs[0]).type.shape;
@@ -388,13 +398,17 @@ void Emitter::lower_row_region(const Node& root) {
     if (rv.kind == RegionValue::kBcast) return rv.addr + g * kTileElems * rv.e;
     return rv.addr + (g * 8 * rv.len + t * 128) * rv.e;
   };
+  // Operand rv into register r: a constant in every lane, else the tile at VMEM addr
+  // (`rows`: the stride of a strided one).
+  auto load_at = [&](const RegionValue& rv, int r, int64_t addr, const std::string& rows) {
+    if (rv.kind == RegionValue::kConst) line("vbcast " + vr(r) + ", " + fimm(rv.value));
+    else line(std::string(ld(rv.dt)) + " " + vr(r) + ", " + at(addr) + rows);
+  };
   // Operand `in` of group g, tile t into register r.
   auto load = [&](const std::string& in, int64_t g, int64_t t, int r) {
     const RegionValue& rv = v.at(in);
-    if (rv.kind == RegionValue::kConst) line("vbcast " + vr(r) + ", " + fimm(rv.value));
-    else if (rv.kind == RegionValue::kBcast)
-      line(std::string(ld(rv.dt)) + " " + vr(r) + ", " + at(tile_addr(rv, g, 0)));
-    else line(std::string(ld(rv.dt)) + " " + vr(r) + ", " + at(tile_addr(rv, g, t)) + stride(rv));
+    if (rv.kind == RegionValue::kBcast) load_at(rv, r, tile_addr(rv, g, 0), "");
+    else load_at(rv, r, tile_addr(rv, g, t), rv.kind == RegionValue::kRows ? stride(rv) : "");
   };
   for (const Node* np : nodes) {
     const Node& n = *np;
@@ -435,7 +449,7 @@ void Emitter::lower_row_region(const Node& root) {
                (b == nb - 1 ? ", mask=m3" : ", mask=m4"));
         }
       }
-    } else if (reduces(n)) {
+    } else if (reduces(n)) {  // over the innermost axes
       const RegionValue x = reduction_view(n);
       const int64_t len = x.len;
       const int64_t nt = (len + 127) / 128, rem = len - (nt - 1) * 128, ng = (x.rows + 7) / 8;
@@ -477,22 +491,19 @@ void Emitter::lower_row_region(const Node& root) {
       // CNN's [16, 27] stem weight would be 2 row groups of 27 lanes). The last tile is
       // stored whole, into its buffer's spare tile.
       const int64_t tiles = (out.rows * out.len + kTileElems - 1) / kTileElems;
-      auto flat = [&](const std::string& in, int64_t k) { return at(v.at(in).addr + k * kTileElems * v.at(in).e); };
       for (int64_t k0 = 0; k0 < tiles; k0 += per_set) {
         const int64_t k1 = std::min(tiles, k0 + per_set);
         for (int64_t k = k0; k < k1; ++k)
           for (size_t i = 0; i < n.inputs.size(); ++i) {
             const RegionValue& rv = v.at(n.inputs[i]);
-            const int r = reg(k - k0, static_cast<int>(i));
-            if (rv.kind == RegionValue::kConst) line("vbcast " + vr(r) + ", " + fimm(rv.value));
-            else line(std::string(ld(rv.dt)) + " " + vr(r) + ", " + flat(n.inputs[i], k));
+            load_at(rv, reg(k - k0, static_cast<int>(i)), rv.addr + k * kTileElems * rv.e, "");
           }
         for (int64_t k = k0; k < k1; ++k) {
           const int64_t j = k - k0;
           emit_op(n, reg(j, 0), reg(j, 0), reg(j, n.inputs.size() > 1 ? 1 : 0), reg(j, 2), reg(j, 3));
         }
         for (int64_t k = k0; k < k1; ++k)
-          line(std::string(st(out.dt)) + " " + vr(reg(k - k0, 0)) + ", " + flat(n.output, k));
+          line(std::string(st(out.dt)) + " " + vr(reg(k - k0, 0)) + ", " + at(out.addr + k * kTileElems * out.e));
       }
     } else {
       const int64_t nt = out.kind == RegionValue::kBcast ? 1 : (out.len + 127) / 128;

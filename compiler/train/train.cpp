@@ -167,40 +167,47 @@ class Builder {
     // the step and the sub), a member's other operand must exist before its root runs,
     // and the small parameters' updates run as one kernel (docs/codegen.md, row
     // regions), which needs every update's operands made before the first update.
-    std::map<std::string, std::pair<std::string, std::string>> views;  // parameter -> (w, gradient)
+    struct Param {
+      std::string name;
+      Shape S, view;     // its shape, and the 2-D view it is updated through
+      int64_t row;       // the hyperparameters' row length
+      std::string w, g;  // the views of the parameter and of its gradient
+    };
+    std::vector<Param> updated;  // copies: the updates add constants (velocities)
     for (const Constant& c0 : g.constants) {
-      if (!params.count(c0.name) || !grad_.count(c0.name)) continue;
-      const Shape& S = c0.type.shape;
-      const Shape view = S.size() >= 2 ? Shape{S[0], num_elements(Shape(S.begin() + 1, S.end()))} : S;
-      auto as_view = [&](const std::string& t, const std::string& name) {
-        return S.size() > 2 ? node(OpKind::kReshape, {t}, {{"shape", Attr::Ints(view)}}, name) : t;
-      };
-      const std::string w = as_view(c0.name, c0.name + ".2d");
-      views[c0.name] = {w, as_view(opt_.replicas > 1 ? summed.at(c0.name) : grad_.at(c0.name), c0.name + ".grad.2d")};
-    }
-    for (const Constant& c0 : std::vector<Constant>(g.constants)) {
       if (!params.count(c0.name) || !grad_.count(c0.name)) continue;
       const Shape& S = c0.type.shape;
       const int64_t row = S.size() >= 2 ? num_elements(Shape(S.begin() + 1, S.end())) : S[0];
       const Shape view = S.size() >= 2 ? Shape{S[0], row} : S;
-      auto as_param = [&](const std::string& t, const std::string& name) {
-        return S.size() > 2 ? node(OpKind::kReshape, {t}, {{"shape", Attr::Ints(S)}}, name) : t;
+      auto as_view = [&](const std::string& t, const std::string& name) {
+        return S.size() > 2 ? node(OpKind::kReshape, {t}, {{"shape", Attr::Ints(view)}}, name) : t;
       };
-      const std::string w = views.at(c0.name).first;
-      std::string gw = views.at(c0.name).second;
+      const std::string w = as_view(c0.name, c0.name + ".2d");
+      updated.push_back({c0.name, S, view, row, w,
+                         as_view(opt_.replicas > 1 ? summed.at(c0.name) : grad_.at(c0.name), c0.name + ".grad.2d")});
+    }
+    for (const Param& p : updated) {
+      const std::string& name = p.name;
+      const Shape& S = p.S;
+      const int64_t row = p.row;
+      auto as_param = [&](const std::string& t, const std::string& nm) {
+        return S.size() > 2 ? node(OpKind::kReshape, {t}, {{"shape", Attr::Ints(S)}}, nm) : t;
+      };
+      const std::string& w = p.w;
+      std::string gw = p.g;
       if (opt_.replicas > 1)
-        gw = node(OpKind::kDiv, {gw, row_of("replicas", static_cast<float>(opt_.replicas), row)}, {}, c0.name + ".grad.mean");
+        gw = node(OpKind::kDiv, {gw, row_of("replicas", static_cast<float>(opt_.replicas), row)}, {}, name + ".grad.mean");
       std::string step = gw, vnew;
       if (opt_.momentum != 0.0f) {
-        const std::string v = constant(c0.name + ".velocity", view,
+        const std::string v = constant(name + ".velocity", p.view,
                                        std::vector<float>(static_cast<size_t>(num_elements(S)), 0.0f));
-        const std::string mv = node(OpKind::kMul, {v, row_of("momentum", opt_.momentum, row)}, {}, c0.name + ".velocity.decayed");
-        step = node(OpKind::kAdd, {mv, gw}, {}, S.size() > 2 ? c0.name + ".velocity.2d" : c0.name + ".velocity.new");
-        vnew = as_param(step, c0.name + ".velocity.new");
+        const std::string mv = node(OpKind::kMul, {v, row_of("momentum", opt_.momentum, row)}, {}, name + ".velocity.decayed");
+        step = node(OpKind::kAdd, {mv, gw}, {}, S.size() > 2 ? name + ".velocity.2d" : name + ".velocity.new");
+        vnew = as_param(step, name + ".velocity.new");
       }
-      const std::string sc = node(OpKind::kMul, {step, row_of("lr", opt_.lr, row)}, {}, c0.name + ".step");
-      outs.push_back(as_param(node(OpKind::kSub, {w, sc}, {}, S.size() > 2 ? c0.name + ".new.2d" : c0.name + ".new"),
-                              c0.name + ".new"));
+      const std::string sc = node(OpKind::kMul, {step, row_of("lr", opt_.lr, row)}, {}, name + ".step");
+      outs.push_back(as_param(node(OpKind::kSub, {w, sc}, {}, S.size() > 2 ? name + ".new.2d" : name + ".new"),
+                              name + ".new"));
       if (!vnew.empty()) outs.push_back(vnew);
     }
     if (outs.size() == 1) throw CompileError(g.name + ": no parameter receives a gradient");
