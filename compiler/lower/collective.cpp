@@ -23,7 +23,7 @@ namespace {
 // The collectives' own flags, apart from the node lowerings' (f1..f17) and the
 // replicated driver's (f60..f62): sends count on the issuer (f58), landings on the
 // receiver (per source and step, see lower_all_reduce; f59 for the direct ones),
-// entry tokens on the sender.
+// entry tokens on the sender (the direct ones' on the receiver, f510).
 constexpr const char* kSendFlag = "f58";
 constexpr int kFirstLandFlag = 20, kLandFlags = 32;   // f20..f51
 constexpr int kFirstReadyFlag = 52, kReadyFlags = 6;  // f52..f57
@@ -76,7 +76,7 @@ static_assert(kMaxAllReduceStreams <= isa::kStreams);
 // sequential, a landing count names the piece whatever the delivery order, and the
 // receiver may use different slots' pieces in any order.
 // The streams' landing flags (sources x K) and credit flags (destinations x K): f64..f191
-// (f255..f510 with wide slots, below).
+// (f255..f509 with wide slots, below).
 // The send buffers' own DMAs (stores to y, second sends): f192..f254, one flag per
 // buffer while there are as many flags (63: v4-4x4x4's 4 x 16 buffers share one
 // pair), never a landing or credit flag, so a wait there counts only this core's
@@ -99,11 +99,13 @@ int pooled_slots(int64_t most) { return static_cast<int>(std::min<int64_t>(16, k
 
 // Wide slots (docs/codegen.md "Wide slots"): where the pooled try stalls with fewer
 // than 8 slots a pool (three pools share the 16 above: 5 each), one more try with 8
-// a pool, the streams' flags then in f255..f510, which only this lowering's landings
+// a pool, the streams' flags then in f255..f509, which only this lowering's landings
 // and credits use (so an early entry token there is as harmless as in f64..f191).
 // v2-4x4 at 9-11 and 17 MiB: three pools of 5 stalled, and the two pools of 8 then
 // taken ran 9-15% longer than three of 8 (docs/validation.md "Session 53").
-constexpr int kWideStreamFirstFlag = kSendBufFirstFlag + kSendBufFlags, kWideStreamFlags = isa::kSyncFlags - kWideStreamFirstFlag;
+// The last flag, f510, is the direct collectives' entry tokens' (lower_direct_collective).
+constexpr int kDirectEntryFlag = isa::kSyncFlags - 1;
+constexpr int kWideStreamFirstFlag = kSendBufFirstFlag + kSendBufFlags, kWideStreamFlags = kDirectEntryFlag - kWideStreamFirstFlag;
 constexpr int kSlotsAPool = 8;
 int wide_slots(int64_t most, int pools) {
   return static_cast<int>(std::min<int64_t>(kSlotsAPool * pools, kWideStreamFlags / (2 * most)));
@@ -2747,11 +2749,17 @@ namespace tpusim::compiler::lowering {
 
 // all_gather, reduce_scatter, all_to_all with {replicas=R} (one replica, or R = 1:
 // the identity). Direct algorithms: every replica sends each other replica its
-// block in one DMA (HBM to HBM, rflag f59 there). A `barrier` first puts every
-// replica past its previous node, so the landings f59 counts are this collective's
-// (the barrier is the board-wide one of the ISA; on a real board it would be a
-// token exchange over ICI like all_reduce's entry tokens). reduce_scatter folds the
-// received blocks in replica order, acc = x_0; acc = acc + x_q, in fp32.
+// block in one DMA (HBM to HBM, rflag f59 there). First every replica sends each
+// other one a 4-byte entry token over ICI (rflag f510, a word per sender in pinned
+// HBM scratch) and waits for all R - 1 of theirs: a block then lands only after its
+// receiver left its previous node (whose code may use the same HBM and whose
+// direct collective the same f59), and the exchange costs what a token round takes
+// on the links, which the ISA's board-wide `barrier` (free in the chip model) did
+// not. A token of the next collective may arrive early; it counts toward that
+// collective's wait only falsely when every replica has already entered this
+// one (its sender finished this one, which took every replica's block).
+// reduce_scatter folds the received blocks in replica order, acc = x_0; acc = acc +
+// x_q, in fp32.
 void Emitter::lower_direct_collective(const Node& n) {
   const ReplicaSpec& s = opt_.replicas;
   const int64_t R = n.has_attr("replicas") ? n.attr_int("replicas") : 1;
@@ -2789,49 +2797,53 @@ void Emitter::lower_direct_collective(const Node& n) {
     block = xb / R;
     if (n.op == OpKind::kReduceScatter) recv_base = place_hbm(R * block);
   }
+  const int64_t zero = place_hbm(4), tokens = place_hbm_pinned(4 * R);  // tokens: written before we enter
   check_addr(n, hbm_top_ + s.cores_per_chip * opt_.replica_region);
-  line("barrier");
   int64_t sent = 0;
+  for (int q = 0; q < R; ++q) {
+    if (q == me) continue;
+    line("dma " + endpoint(q) + ":" + at(there(q, tokens + 4 * me)) + ", " + hbm(zero) + ", bytes=4, flag=" + kSendFlag +
+         ", rflag=f" + std::to_string(kDirectEntryFlag) + ", tc=1");
+    ++sent;
+  }
+  line("wait f" + std::to_string(kDirectEntryFlag) + ", " + std::to_string(coll_landed_[kDirectEntryFlag] += R - 1));
   for (int q = 0; q < R; ++q) {
     if (q == me) continue;
     line("dma " + endpoint(q) + ":" + at(there(q, dst_of(q))) + ", " + hbm(src_of(q)) + ", bytes=" +
          std::to_string(block) + ", flag=" + kSendFlag + ", rflag=f" + std::to_string(land));
     ++sent;
   }
-  dma(hbm(dst_of(me)), hbm(src_of(me)), block);
-  wait_dmas();
+  if (n.op != OpKind::kReduceScatter) {  // reduce_scatter folds its own block from x
+    dma(hbm(dst_of(me)), hbm(src_of(me)), block);
+    wait_dmas();
+  }
   coll_sent_ += sent;
   line("wait f" + std::to_string(land) + ", " + std::to_string(coll_landed_[land] += R - 1));
   line(std::string("wait ") + kSendFlag + ", " + std::to_string(coll_sent_));
   if (n.op != OpKind::kReduceScatter) return;
 
-  // Y = fold over the R received blocks, in pieces through VMEM.
-  const int64_t tile_bytes = kTileElems * 4;
+  // Y = fold over the R blocks, in pieces through VMEM: a piece's R loads go out
+  // together (the replica's own block straight from x), then each tile is folded
+  // in a register in replica order and stored once. One load and one wait at a
+  // time took a v3-8 reduce_scatter of 814 KB a replica 18.8 K cycles.
+  const int64_t tile_in = kTileElems * e;
   const int64_t piece =
-      std::max<int64_t>(1, std::min<int64_t>(kMaxPieceTiles, static_cast<int64_t>(opt_.target.vmem_bytes) / (3 * tile_bytes))) *
+      std::max<int64_t>(1, std::min<int64_t>(kMaxPieceTiles, static_cast<int64_t>(opt_.target.vmem_bytes) / ((R + 1) * tile_in))) *
       kTileElems;
   const int64_t elems = block / e;
-  const int64_t ACC = 0, IN = piece * 4, OUT = 2 * piece * 4;
+  const int64_t OUT = R * piece * e;  // the inputs' buffers below it, one a replica
   const std::string load = dt == DType::kBf16 ? "vld.bf16" : "vld";
-  const int64_t tile_in = kTileElems * e;
   for (int64_t p0 = 0; p0 < elems; p0 += piece) {
     const int64_t pn = std::min(piece, elems - p0);
-    for (int q = 0; q < R; ++q) {
-      dma(vmem(q == 0 ? OUT : IN), hbm(recv_base + q * block + p0 * e), pn * e);
-      wait_dmas();
-      for (int64_t t = 0; t * kTileElems < pn; ++t) {
-        if (q == 0) {
-          line(load + " v1, " + at(OUT + t * tile_in));
-        } else {
-          line("vld v1, " + at(ACC + t * tile_bytes));
-          line(load + " v2, " + at(IN + t * tile_in));
-          line("vadd v1, v1, v2");
-        }
-        line("vst v1, " + at(ACC + t * tile_bytes));
-      }
-    }
+    for (int q = 0; q < R; ++q)
+      dma(vmem(q * piece * e), hbm((q == me ? X.addr : recv_base) + q * block + p0 * e), pn * e);
+    wait_dmas();
     for (int64_t t = 0; t * kTileElems < pn; ++t) {
-      line("vld v1, " + at(ACC + t * tile_bytes));
+      line(load + " v1, " + at(t * tile_in));
+      for (int q = 1; q < R; ++q) {
+        line(load + " v2, " + at(q * piece * e + t * tile_in));
+        line("vadd v1, v1, v2");
+      }
       line(std::string(st(dt)) + " v1, " + at(OUT + t * tile_in));
     }
     dma(hbm(Y.addr + p0 * e), vmem(OUT), pn * e);

@@ -1451,6 +1451,15 @@ TEST(DpLower, DirectCollectives) {
          << "  output %ag\n  output %aa\n  output %g2\n}\n";
       expect_replicated_bit_exact(ir.str(), p, kV38, R);
     }
+  // reduce_scatter's fold in pieces: with 256 KiB of VMEM a piece is 12 tiles of
+  // fp32 (R + 1 buffers) or 25 of bf16, so a block of 2 x 7000 elements is two
+  // or one piece, the last tile ragged.
+  for (PrecisionPolicy p : {PrecisionPolicy::kDefault, PrecisionPolicy::kBf16}) {
+    const std::string ir =
+        "graph rs {\n  input %x : f32[32,7000]\n  %rs = reduce_scatter(%x) : f32[32,7000] #0\n  %ag = all_gather(%rs) : f32[32,7000] #1\n  output %ag\n}\n";
+    expect_replicated_bit_exact(ir, p, kV38, 4, "auto", true, 256ull << 10);
+    EXPECT_NE(g_last_assembly.find("vadd"), std::string::npos);
+  }
 }
 
 TEST(DpLower, OneReplicaAllReduceIsTheIdentity) {

@@ -2,7 +2,8 @@
 # The bundled MLP (traces/models/make_mlp.py) at batch 64 compiled for 8 replicas
 # of a v3-8 board: the bundle on the functional reference (race checker on) and on
 # the SystemC model must both equal the graph reference of the whole-batch graph,
-# bit for bit; then all_reduce bundles on both. Usage: mlp_board.sh TPUSIM WORKDIR
+# bit for bit; then all_reduce bundles on both, and the direct collectives (values,
+# and the entry tokens' time). Usage: mlp_board.sh TPUSIM WORKDIR
 set -eu
 T=$1
 W=$2
@@ -70,4 +71,25 @@ walk(json.load(open(sys.argv[1])))
 print(f"wait.any that went on the later landing: {n}")
 if n == 0:
     sys.exit("no dispatch saw a later landing first")
+PY
+# The direct collectives over the 8 replicas of a v3-8 (docs/codegen.md
+# "Collectives"): values equal to the reference, and each op at least two ICI
+# crossings long: every replica's entry token to the others, then the blocks.
+# The published neighbour VMEM-to-VMEM latency is 1941 cycles
+# (configs/chips/v3.yaml); with a free barrier in place of the tokens this
+# all_gather took 3,647 cycles.
+printf 'graph dc {\n  input %%x : f32[64,128]\n' > "$W/dc.graph"
+printf '  %%rs = reduce_scatter(%%x) : f32[64,128] #0\n' >> "$W/dc.graph"
+printf '  %%ag = all_gather(%%rs) : f32[64,128] #1\n  output %%ag\n}\n' >> "$W/dc.graph"
+"$T" compile "$W/dc.graph" --preset v3-8 --replicas 8 -o "$W/dc.tpb"
+"$T" disasm "$W/dc.tpb" > "$W/dc.s"
+if grep -q "^ *barrier" "$W/dc.s"; then echo "a direct collective still waits at a barrier" >&2; exit 1; fi
+run_equals_ref dc v3-8 9
+/usr/bin/python3 - "$W/dc_run/stats.json" <<'PY'
+import json, sys
+ops = {o["id"]: o["cycles"] for o in json.load(open(sys.argv[1]))["ops"]}
+for i, name in ((0, "reduce_scatter"), (1, "all_gather")):
+    print(f"{name}: {ops[i]} cycles")
+    if ops[i] < 2 * 1941:
+        sys.exit(f"{name} took {ops[i]} cycles, less than a token's and a block's crossings (2 x 1941)")
 PY
