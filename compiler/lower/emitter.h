@@ -502,6 +502,7 @@ class Emitter {
   void lower_batchnorm(const Node& n);
   void lower_axis_op(const Node& n);
   void lower_columns(const Node& n, int64_t outer, int64_t len, int64_t inner);
+  void lower_unit_axis(const Node& n);
   template <typename Reduce>
   void lower_column_reduce(const Node& n, int64_t outer, int64_t len, int64_t inner, Reduce& reduce);
   void lower_avgpool_exclude_pad(const Node& n);

@@ -5,6 +5,7 @@
 // (ragged M/K/N, K > R, several MXUs, small R x C arrays).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -688,6 +689,39 @@ TEST(LowerRows, ReductionsAndGlobalAvgPool) {
                        p, target(1, 128, 128), 2, cores);
     }
   }
+}
+
+// Reductions over axes of one element (lower_unit_axis): x (+) the identity over
+// dense tiles, bit-exact with the reference's tree over one element and its padding,
+// -0, subnormals, infinities and NaN included; no lane or sublane reduction is
+// emitted. Axes of one element down the rows, in the middle, innermost, and two of
+// them; ragged last tiles; one and two cores.
+TEST(LowerRows, ReductionsOverAxesOfOneElement) {
+  std::vector<float> special = random_values(2056, 7);
+  const float subnormal = std::ldexp(1.0f, -130);
+  const float odd[] = {-0.0f, 0.0f, subnormal, -subnormal, INFINITY, -INFINITY, NAN, -NAN, 1e-38f, -3.5f};
+  for (size_t k = 0; k < special.size(); k += 3) special[k] = odd[(k / 3) % 10];
+  for (auto p : kPolicies)
+    for (const char* op : {"reduce_sum", "reduce_mean", "reduce_max"})
+      for (int cores : {1, 2}) {
+        const std::string r = std::string(" = ") + op;
+        const std::vector<std::string> irs = {
+            "graph r {\n  input %x : f32[1,5000]\n  %y" + r + "(%x) {axes=[0], keepdims=0} : f32[5000] #0\n  output %y\n}\n",
+            "graph r {\n  input %x : f32[3,1,700]\n  %y" + r + "(%x) {axes=[1], keepdims=1} : f32[3,1,700] #0\n  output %y\n}\n",
+            "graph r {\n  input %x : f32[7,1]\n  %y" + r + "(%x) {axes=[1], keepdims=0} : f32[7] #0\n  output %y\n}\n",
+            "graph r {\n  input %x : f32[1,1,300]\n  %y" + r + "(%x) {axes=[0,1], keepdims=0} : f32[300] #0\n  output %y\n}\n",
+            "graph r {\n  const %c : f32[1,2056] = " + hex_list(special) + "\n  %y" + r +
+                "(%c) {axes=[0], keepdims=1} : f32[1,2056] #0\n  output %y\n}\n"};
+        for (const std::string& ir : irs) {
+          expect_bit_exact(ir, p, target(1, 128, 128), 3, cores);
+          LowerOptions lo;
+          lo.target = target(1, 128, 128);
+          lo.policy = p;
+          lo.cores = cores;
+          const std::string as = lower_graph(parse_graph(ir, "t.ir"), lo).assembly;
+          EXPECT_EQ(as.find("vreduce"), std::string::npos) << ir;
+        }
+      }
 }
 
 // Row regions (row_region.cpp): reductions over the innermost axes or down the rows
