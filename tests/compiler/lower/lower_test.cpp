@@ -58,6 +58,15 @@ isa::Target target(uint32_t mxus, uint32_t rows, uint32_t cols) {
   return t;
 }
 
+// The assembly `ir` lowers to.
+std::string assembly_of(const std::string& ir, PrecisionPolicy policy, const isa::Target& t, int cores = 1) {
+  LowerOptions lo;
+  lo.target = t;
+  lo.policy = policy;
+  lo.cores = cores;
+  return lower_graph(parse_graph(ir, "t.ir"), lo).assembly;
+}
+
 // Runs `ir` both ways and compares every output element's bits.
 void expect_bit_exact(const std::string& ir, PrecisionPolicy policy, const isa::Target& t, uint32_t seed = 1,
                       int cores = 1) {
@@ -675,11 +684,7 @@ TEST(LowerRows, ReductionsAndGlobalAvgPool) {
         "graph r {\n  input %x : f32[1,1000,7,7]\n  %y = global_avgpool(%x) {} : f32[1,1000,1,1] #0\n  output %y\n}\n";
     for (int cores : {1, 2}) {
       expect_bit_exact(pool, p, target(1, 128, 128), 2, cores);
-      LowerOptions lo;
-      lo.target = target(1, 128, 128);
-      lo.policy = p;
-      lo.cores = cores;
-      const std::string as = lower_graph(parse_graph(pool, "t.ir"), lo).assembly;
+      const std::string as = assembly_of(pool, p, target(1, 128, 128), cores);
       int blocks = 0;  // the blocks' input DMAs, on f14 and f15 (double_buffered)
       for (const char* f : {", flag=f14\n", ", flag=f15\n"})
         for (size_t at = as.find(f); at != std::string::npos; at = as.find(f, at + 1)) ++blocks;
@@ -714,12 +719,7 @@ TEST(LowerRows, ReductionsOverAxesOfOneElement) {
                 "(%c) {axes=[0], keepdims=1} : f32[1,2056] #0\n  output %y\n}\n"};
         for (const std::string& ir : irs) {
           expect_bit_exact(ir, p, target(1, 128, 128), 3, cores);
-          LowerOptions lo;
-          lo.target = target(1, 128, 128);
-          lo.policy = p;
-          lo.cores = cores;
-          const std::string as = lower_graph(parse_graph(ir, "t.ir"), lo).assembly;
-          EXPECT_EQ(as.find("vreduce"), std::string::npos) << ir;
+          EXPECT_EQ(assembly_of(ir, p, target(1, 128, 128), cores).find("vreduce"), std::string::npos) << ir;
         }
       }
 }
