@@ -15,11 +15,11 @@
 #include "compiler/lower/lower.h"
 #include "compiler/train/train.h"
 #include "hw/config/params.h"
-#include "hw/ici/topology.h"
 #include "hw/mxu/mxu_params.h"
 #include "isa/bundle/bundle_file.h"
 #include "isa/io/npy.h"
 #include "sim/commands.h"
+#include "sim/replica_options.h"
 
 namespace tpusim::cli {
 
@@ -48,17 +48,13 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     std::string model, preset, output, precision = "default";
     int64_t batch = 0;
     int cores = 1;
-    int replicas = 1;
-    std::string collective = "auto";
-    int block_lag = 0;
-    int64_t block_bytes = 0;
+    ReplicaOptions rep;
     int all_reduce_streams = 0;
     int urgent = 0;
     int arrival_order = 0;
     int inner_split = 0;
     int onchip_when_needed = 1;
     int deferred_sends = 1;
-    std::vector<std::string> batched;
     std::vector<std::string> sets;  // --set KEY=VALUE, as `tpusim run` takes them
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
     bool infeed = false;
@@ -78,20 +74,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--cores", opt->cores,
                   "TensorCores of the chip that share each node's work; on a board, more than one chip's "
                   "cores means that many data-parallel replicas");
-  cmd->add_option("--replicas", opt->replicas,
-                  "Data-parallel replicas over the cores of the board's chips (the batch split along axis 0)")
-      ->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--batched", opt->batched, "Inputs split over the replicas (default: every input)")->delimiter(',');
-  cmd->add_option("--collective", opt->collective, "all_reduce algorithm: auto | ring | bidir-ring | torus | hierarchical");
-  cmd->add_option("--block-lag", opt->block_lag,
-                  "Steps between the starts of a blocked all-reduce's blocks (docs/codegen.md \"Blocks\"); "
-                  "0 = half a block's steps")
-      ->check(CLI::Range(0, 1000));
-  cmd->add_option("--block-bytes", opt->block_bytes,
-                  "Per-replica bytes of fp32 in each block of a blocked all-reduce (docs/codegen.md \"Blocks\"); "
-                  "0 = 8 MiB for the hierarchical algorithm, 4 MiB for the torus one; at most 256 blocks; "
-                  "on a 3-D chip torus more than half a block runs as two")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  add_replica_options(cmd, opt->rep);
   cmd->add_option("--all-reduce-streams", opt->all_reduce_streams,
                   "Instruction streams of a blocked all-reduce: 1, 2 or 3 (as many slot pools, each pool's blocks "
                   "in its own stream; docs/codegen.md \"Two streams\"), or 0 = 2 where the chips form a 3-D torus, "
@@ -144,8 +127,8 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       hw::mxu::MxuParams::all_from_config(preset);
       const int per_chip = static_cast<int>(preset.get_int("cores_per_chip"));
       const int board_chips = static_cast<int>(preset.get_int("system.chips"));
-      if (opt->cores > per_chip && board_chips > 1 && opt->replicas == 1) {
-        opt->replicas = opt->cores;  // the cores of several chips: data parallel
+      if (opt->cores > per_chip && board_chips > 1 && opt->rep.replicas == 1) {
+        opt->rep.replicas = opt->cores;  // the cores of several chips: data parallel
         opt->cores = 1;
       }
       if (opt->cores < 1 || opt->cores > per_chip)
@@ -162,7 +145,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       if (!opt->train.empty()) {
         compiler::TrainOptions to;
         compiler::parse_train_spec(opt->train, opt->loss, &to);
-        to.replicas = opt->replicas;
+        to.replicas = opt->rep.replicas;
         g = naming_file<compiler::CompileError>(opt->model, [&] { return compiler::build_training_graph(g, to); });
       }
       if (!opt->emit_graph.empty()) {
@@ -173,23 +156,16 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.target = target_from_preset(preset);
       lo.policy = *policy;
       lo.cores = opt->cores;
-      lo.replicas.replicas = opt->replicas;
-      lo.replicas.cores_per_chip = per_chip;
-      lo.replicas.board = ici::Topology::from_params(preset);
-      lo.replicas.algorithm = opt->collective;
-      lo.replicas.block_lag = opt->block_lag;
-      if (opt->block_bytes > 0)
-        lo.replicas.block_elems = lo.replicas.torus_block_elems = std::max<int64_t>(1, opt->block_bytes / 4);
+      lo.replicas = replica_spec(preset, opt->rep);
       lo.all_reduce_streams = opt->all_reduce_streams;
       lo.urgent_sends = opt->urgent;
       lo.arrival_order = opt->arrival_order;
       lo.inner_split = opt->inner_split;
       lo.onchip_when_needed = opt->onchip_when_needed != 0;
       lo.deferred_sends = opt->deferred_sends != 0;
-      lo.replicas.batched = opt->batched;
       lo.inputs_from_host = opt->infeed;
       lo.explain_collectives = opt->explain;
-      if (opt->replicas > 1) lo.target.chips = static_cast<uint32_t>(board_chips);
+      if (opt->rep.replicas > 1) lo.target.chips = static_cast<uint32_t>(board_chips);
       const compiler::LowerResult r =
           naming_file<compiler::CompileError>(opt->model, [&] { return compiler::lower_graph(g, lo); });
       for (const std::string& note : r.notes) std::fprintf(stderr, "note: %s\n", note.c_str());

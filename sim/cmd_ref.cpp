@@ -1,5 +1,7 @@
 // `tpusim ref BUNDLE|MODEL [--input NAME=FILE.npy]... [--out DIR] [--random-inputs SEED] [--check-races]`:
 // runs the functional reference (isa/exec) and writes each output as DIR/NAME.npy.
+// A model takes `--preset NAME [--set KEY=VALUE]... [--replicas N ...]` as `tpusim
+// compile` does, for the graph reference of that bundle.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -30,6 +32,9 @@ struct RefOptions {
   bool check_races = false;
   uint64_t max_instructions = exec::RunOptions{}.max_instructions;
   std::string precision = "default";
+  std::string preset;             // a model's only
+  std::vector<std::string> sets;  // a model's only
+  ReplicaOptions rep;             // a model's only
 };
 
 int run_ref(const RefOptions& o) {
@@ -40,7 +45,16 @@ int run_ref(const RefOptions& o) {
     m.seed = o.seed;
     m.out = o.out;
     m.precision = o.precision;
+    m.preset = o.preset;
+    m.sets = o.sets;
+    m.rep = o.rep;
     return run_model_reference(m);
+  }
+  if (!o.preset.empty() || !o.sets.empty() || o.rep.replicas > 1) {
+    // A bundle already holds its board, array shape and replicas.
+    print_error("tpusim ref: error: " + o.bundle +
+                ": --preset, --set and --replicas apply to a model; a bundle carries its own");
+    return kExitBadInput;
   }
   isa::Bundle b;
   std::map<std::string, std::vector<uint8_t>> data;
@@ -93,6 +107,11 @@ void add_ref_command(CLI::App& app, int& exit_code) {
   cmd->add_option("bundle", opt->bundle, "Bundle file, or a model (.onnx or graph IR text) for the graph reference")
       ->required();
   cmd->add_option("--precision", opt->precision, "Precision policy of a model's graph reference: default or bf16");
+  cmd->add_option("--preset", opt->preset,
+                  "A model's chip preset: its MXU rows set the matmuls' chunk length, its board the replicas' "
+                  "all_reduce add order (as `tpusim compile` with the same options)");
+  cmd->add_option("--set", opt->sets, "Override a preset parameter, KEY=VALUE (repeatable), as for `tpusim compile`");
+  add_replica_options(cmd, opt->rep);
   cmd->add_option("--input", opt->inputs, "NAME=FILE.npy (repeatable)");
   cmd->add_option("--out", opt->out, "Output directory (default ./tpusim-out)");
   cmd->add_option("--random-inputs", opt->seed, "Fill inputs not given with deterministic random values")

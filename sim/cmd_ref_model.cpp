@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "compiler/compiler.h"
+#include "compiler/ref/replicas.h"
+#include "hw/config/params.h"
 #include "isa/exec/tensors.h"
 #include "isa/io/npy.h"
 #include "sim/commands.h"
@@ -131,7 +133,18 @@ int run_model_reference(const ModelRefArgs& o) {
     }
     const auto policy = num::parse_precision_policy(o.precision);
     if (!policy) throw std::runtime_error("--precision must be default or bf16, not '" + o.precision + "'");
-    outputs = naming_file<compiler::CompileError>(o.model, [&] { return compiler::evaluate(g, inputs, *policy); });
+    compiler::EvalOptions eo;
+    compiler::ReplicaSpec spec;  // one replica
+    if (!o.preset.empty()) {
+      const config::Params preset = config::load_preset(o.preset, o.sets);
+      eo.mxu_rows = static_cast<int>(preset.get_int("core.mxu.rows"));
+      spec = replica_spec(preset, o.rep);
+    } else if (o.rep.replicas > 1 || !o.sets.empty()) {
+      throw std::runtime_error(std::string(o.rep.replicas > 1 ? "--replicas" : "--set") +
+                               " needs --preset: the board and the MXU rows fix the reference's add order");
+    }
+    outputs = naming_file<compiler::CompileError>(
+        o.model, [&] { return compiler::evaluate_replicated(g, inputs, *policy, spec, eo); });
   } catch (const std::bad_alloc&) {
     // The reference holds every tensor of the graph at once, in host memory.
     print_error("tpusim ref: error: " + o.model +

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "isa/io/printable.h"
+#include "sim/replica_options.h"
 
 namespace CLI {
 class App;
@@ -52,6 +53,11 @@ struct ModelRefArgs {
   int64_t seed = -1;                // --random-inputs; -1 = none
   std::string out = "tpusim-out";
   std::string precision = "default";
+  // A preset gives the reference its MXU rows (the matmul's chunk length) and,
+  // with replicas, the board whose collective schedule fixes the add order.
+  std::string preset;
+  std::vector<std::string> sets;
+  ReplicaOptions rep;
 };
 bool is_model_path(const std::string& path);
 int run_model_reference(const ModelRefArgs& args);

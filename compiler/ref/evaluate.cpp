@@ -581,6 +581,7 @@ std::map<std::string, HostTensor> evaluate_replicated(const Graph& graph, const 
                                                       num::PrecisionPolicy policy, const ReplicaSpec& spec,
                                                       const EvalOptions& options) {
   if (spec.replicas <= 1) return evaluate(graph, inputs, policy, options);
+  check_replicas(spec);  // what the lowering refuses has no reference either
   Graph global = graph;
   apply_precision(global, policy);
   verify(global, "evaluate");

@@ -2,7 +2,8 @@
 # `tpusim compile --train` end to end on a small MLP (traces/models/make_mlp_train.py):
 # the step's graph reference, the bundle on the functional reference and on the
 # SystemC model agree bit for bit, on one v3 core and data parallel over the 8
-# cores of a v3-8 board; a bad optimizer spec is a one-line error, exit 2.
+# cores of a v3-8 board (the step's replicated graph reference: `tpusim ref STEP.ir
+# --preset v3-8 --replicas 8`); a bad optimizer spec is a one-line error, exit 2.
 # Usage: train_cli.sh TPUSIM WORKDIR
 set -eu
 T=$1
@@ -16,9 +17,12 @@ rm -rf "$W" && mkdir -p "$W"
 "$T" run "$W/step.tpb" --preset v3 --random-inputs 2 --out "$W/run" > "$W/report.txt"
 "$T" diff "$W/graph" "$W/ref"
 "$T" diff "$W/ref" "$W/run"
-"$T" compile "$W/mlp.ir" --preset v3-8 --replicas 8 --train sgd:lr=0.05,momentum=0.9 -o "$W/dp.tpb"
+"$T" compile "$W/mlp.ir" --preset v3-8 --replicas 8 --train sgd:lr=0.05,momentum=0.9 --emit-graph "$W/dp_step.ir" \
+  -o "$W/dp.tpb"
+"$T" ref "$W/dp_step.ir" --preset v3-8 --replicas 8 --random-inputs 2 --out "$W/dp_graph" > /dev/null
 "$T" ref "$W/dp.tpb" --random-inputs 2 --check-races --out "$W/dp_ref" > /dev/null
 "$T" run "$W/dp.tpb" --preset v3-8 --random-inputs 2 --out "$W/dp_run" > "$W/dp_report.txt"
+"$T" diff "$W/dp_graph" "$W/dp_ref"
 "$T" diff "$W/dp_ref" "$W/dp_run"
 # A torch-exported ONNX CNN (Conv with bias, ReLU, MaxPool, GlobalAveragePool via
 # AdaptiveAvgPool, Flatten, Gemm with transB) trains through the same path.
