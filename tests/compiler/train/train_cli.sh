@@ -2,8 +2,8 @@
 # `tpusim compile --train` end to end on a small MLP (traces/models/make_mlp_train.py):
 # the step's graph reference, the bundle on the functional reference and on the
 # SystemC model agree bit for bit, on one v3 core and data parallel over the 8
-# cores of a v3-8 board (the step's replicated graph reference: `tpusim ref STEP.ir
-# --preset v3-8 --replicas 8`); a bad optimizer spec is a one-line error, exit 2.
+# cores of a v3-8 board and the 8 chips of a v5e-8 (the step's replicated graph
+# reference: `tpusim ref STEP.ir --preset v3-8 --replicas 8`); a bad optimizer spec is a one-line error, exit 2.
 # Usage: train_cli.sh TPUSIM WORKDIR
 set -eu
 T=$1
@@ -24,6 +24,12 @@ rm -rf "$W" && mkdir -p "$W"
 "$T" run "$W/dp.tpb" --preset v3-8 --random-inputs 2 --out "$W/dp_run" > "$W/dp_report.txt"
 "$T" diff "$W/dp_graph" "$W/dp_ref"
 "$T" diff "$W/dp_ref" "$W/dp_run"
+# A v5e-8 slice: one core a chip, 8 chips in a 2x4 torus, so the torus algorithm.
+"$T" compile "$W/mlp.ir" --preset v5e-8 --replicas 8 --train sgd:lr=0.05,momentum=0.9 --emit-graph "$W/v5_step.ir" \
+  -o "$W/v5.tpb"
+"$T" ref "$W/v5_step.ir" --preset v5e-8 --replicas 8 --random-inputs 2 --out "$W/v5_graph" > /dev/null
+"$T" run "$W/v5.tpb" --preset v5e-8 --random-inputs 2 --out "$W/v5_run" > "$W/v5_report.txt"
+"$T" diff "$W/v5_graph" "$W/v5_run"
 # A torch-exported ONNX CNN (Conv with bias, ReLU, MaxPool, GlobalAveragePool via
 # AdaptiveAvgPool, Flatten, Gemm with transB) trains through the same path.
 /usr/bin/python3 - "$W/cnn.onnx" <<'PY'

@@ -213,7 +213,8 @@ INSTANTIATE_TEST_SUITE_P(Bundled, PresetPeaks,
                                            Published{"v5e", 1, 197.0, 819, 4 * 50.0},
                                            Published{"v2-8", 4, 45.9, 700, 4 * 496 / 8.0},
                                            Published{"v3-8", 4, 123.0, 900, 4 * 656 / 8.0},
-                                           Published{"v4-8", 4, 275.0, 1200, 6 * 50.0}),
+                                           Published{"v4-8", 4, 275.0, 1200, 6 * 50.0},
+                                           Published{"v5e-8", 8, 197.0, 819, 4 * 50.0}),
                          [](const auto& info) {
                            std::string n = info.param.name;
                            for (auto& ch : n)
