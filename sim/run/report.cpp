@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -45,6 +46,33 @@ std::string mostly(const nlohmann::json& op) {
   for (const auto& sh : shares)
     if (sh.first > top->first) top = &sh;  // ties: the first in the table's order
   return fmt::format("{} {:.0f}%", top->second, 100.0 * double(top->first) / double(all));
+}
+
+// "chip2.core1" before "chip10.core0": stats.json's objects keep their keys in
+// string order, where chip10 comes before chip2, so a slice's table would list
+// chips 0, 1, 10..15 first. Digit runs compare as numbers.
+bool natural_less(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  while (i < a.size() && j < b.size()) {
+    if (digit(a[i]) && digit(b[j])) {
+      size_t ei = i, ej = j;
+      while (ei < a.size() && digit(a[ei])) ++ei;
+      while (ej < b.size() && digit(b[ej])) ++ej;
+      while (i + 1 < ei && a[i] == '0') ++i;  // leading zeros do not make a number larger
+      while (j + 1 < ej && b[j] == '0') ++j;
+      if (ei - i != ej - j) return ei - i < ej - j;
+      const int c = a.compare(i, ei - i, b, j, ej - j);
+      if (c != 0) return c < 0;
+      i = ei;
+      j = ej;
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i;
+      ++j;
+    }
+  }
+  return a.size() - i < b.size() - j;
 }
 
 constexpr size_t kTopOps = 10;
@@ -96,8 +124,12 @@ std::string format_report(const nlohmann::json& s) {
     const auto& cores = s["time_by_cause"];
     const char* const causes[] = {"compute", "hbm", "infeed", "sync", "idle"};
     uint64_t sum[5] = {0, 0, 0, 0, 0};
+    std::vector<std::string> order;
+    for (const auto& item : cores.items()) order.push_back(item.key());
+    std::sort(order.begin(), order.end(), natural_less);
     size_t listed = 0;
-    for (const auto& [core, t] : cores.items()) {
+    for (const std::string& core : order) {
+      const auto& t = cores[core];
       for (int c = 0; c < 5; ++c) sum[c] += t[causes[c]].get<uint64_t>();
       // A pod slice has hundreds of cores: the first ones, then the mean says the rest.
       if (++listed > kListedCores) continue;

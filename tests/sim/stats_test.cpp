@@ -325,6 +325,28 @@ TEST(Report, BreakdownAndTopOpsWithRooflineBound) {
   EXPECT_LT(op3, r.find("op 4 ")) << "longest op first";
 }
 
+// A slice of 16 chips x 2 cores: the table lists its first 16 cores in chip
+// order (chip0..chip7), not in stats.json's string order (chip0, chip1, chip10..),
+// and the mean still covers all 32.
+TEST(Report, ListsTheCoresOfASliceInChipOrder) {
+  RunFigures f = v3_figures();
+  f.time_by_cause = json::object();
+  for (int chip = 0; chip < 16; ++chip)
+    for (int core = 0; core < 2; ++core)
+      f.time_by_cause["chip" + std::to_string(chip) + ".core" + std::to_string(core)] = {
+          {"compute", 10 * chip + core}, {"hbm", 0}, {"infeed", 0}, {"sync", 0}, {"idle", 0}};
+  const std::string r = format_report(make_stats(f));
+  std::vector<std::string> listed;
+  for (size_t at = r.find("\n  chip"); at != std::string::npos; at = r.find("\n  chip", at + 1))
+    listed.push_back(r.substr(at + 3, r.find(' ', at + 3) - at - 3));
+  std::vector<std::string> want;
+  for (int chip = 0; chip < 8; ++chip)
+    for (int core = 0; core < 2; ++core) want.push_back("chip" + std::to_string(chip) + ".core" + std::to_string(core));
+  EXPECT_EQ(listed, want) << r;
+  EXPECT_NE(r.find("... 16 more cores"), std::string::npos) << r;
+  EXPECT_NE(r.find("  mean "), std::string::npos) << r;
+}
+
 // The "mostly" column: the largest share of an op's core cycles by the per-core
 // table's causes, compute being what no wait took (issue and the core's own units).
 TEST(Report, OpsSayWhatTheirCoresWaitedOn) {
