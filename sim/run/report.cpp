@@ -75,6 +75,13 @@ bool natural_less(const std::string& a, const std::string& b) {
   return a.size() - i < b.size() - j;
 }
 
+std::vector<std::string> keys_in_chip_order(const nlohmann::json& by_core) {
+  std::vector<std::string> keys;
+  for (const auto& item : by_core.items()) keys.push_back(item.key());
+  std::sort(keys.begin(), keys.end(), natural_less);
+  return keys;
+}
+
 constexpr size_t kTopOps = 10;
 constexpr size_t kOpLabelWidth = 40;  // a long node name is cut, the row stays readable
 constexpr size_t kListedCores = 16;
@@ -124,12 +131,9 @@ std::string format_report(const nlohmann::json& s) {
     const auto& cores = s["time_by_cause"];
     const char* const causes[] = {"compute", "hbm", "infeed", "sync", "idle"};
     uint64_t sum[5] = {0, 0, 0, 0, 0};
-    std::vector<std::string> order;
-    for (const auto& item : cores.items()) order.push_back(item.key());
-    std::sort(order.begin(), order.end(), natural_less);
     size_t listed = 0;
-    for (const std::string& core : order) {
-      const auto& t = cores[core];
+    for (const std::string& core : keys_in_chip_order(cores)) {
+      const auto& t = cores.at(core);
       for (int c = 0; c < 5; ++c) sum[c] += t[causes[c]].get<uint64_t>();
       // A pod slice has hundreds of cores: the first ones, then the mean says the rest.
       if (++listed > kListedCores) continue;
@@ -165,8 +169,8 @@ std::string format_report(const nlohmann::json& s) {
   if (s.contains("vmem")) {
     const nlohmann::json* top = nullptr;
     std::string top_core;
-    for (const auto& [core, v] : s["vmem"].items())
-      if (v.contains("peak_bytes_in_use") &&
+    for (const std::string& core : keys_in_chip_order(s["vmem"]))  // ties: the first in chip order
+      if (const auto& v = s["vmem"].at(core); v.contains("peak_bytes_in_use") &&
           (!top || v["peak_bytes_in_use"].get<uint64_t>() > (*top)["peak_bytes_in_use"].get<uint64_t>()))
         top = &v, top_core = core;
     if (top) {

@@ -327,14 +327,18 @@ TEST(Report, BreakdownAndTopOpsWithRooflineBound) {
 
 // A slice of 16 chips x 2 cores: the table lists its first 16 cores in chip
 // order (chip0..chip7), not in stats.json's string order (chip0, chip1, chip10..),
-// and the mean still covers all 32.
+// and the mean still covers all 32. Of equal VMEM peaks the first in chip order
+// is named.
 TEST(Report, ListsTheCoresOfASliceInChipOrder) {
   RunFigures f = v3_figures();
   f.time_by_cause = json::object();
+  f.vmem = json::object();
   for (int chip = 0; chip < 16; ++chip)
-    for (int core = 0; core < 2; ++core)
-      f.time_by_cause["chip" + std::to_string(chip) + ".core" + std::to_string(core)] = {
-          {"compute", 10 * chip + core}, {"hbm", 0}, {"infeed", 0}, {"sync", 0}, {"idle", 0}};
+    for (int core = 0; core < 2; ++core) {
+      const std::string name = "chip" + std::to_string(chip) + ".core" + std::to_string(core);
+      f.time_by_cause[name] = {{"compute", 10 * chip + core}, {"hbm", 0}, {"infeed", 0}, {"sync", 0}, {"idle", 0}};
+      f.vmem[name] = {{"capacity_bytes", 1024}, {"peak_bytes_in_use", chip >= 2 ? 512 : 256}};
+    }
   const std::string r = format_report(make_stats(f));
   std::vector<std::string> listed;
   for (size_t at = r.find("\n  chip"); at != std::string::npos; at = r.find("\n  chip", at + 1))
@@ -345,6 +349,7 @@ TEST(Report, ListsTheCoresOfASliceInChipOrder) {
   EXPECT_EQ(listed, want) << r;
   EXPECT_NE(r.find("... 16 more cores"), std::string::npos) << r;
   EXPECT_NE(r.find("  mean "), std::string::npos) << r;
+  EXPECT_NE(r.find("peak VMEM in use: 512 of 1024 bytes (50.00%, chip2.core0)"), std::string::npos) << r;
 }
 
 // The "mostly" column: the largest share of an op's core cycles by the per-core
