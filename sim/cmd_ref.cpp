@@ -50,10 +50,12 @@ int run_ref(const RefOptions& o) {
     m.rep = o.rep;
     return run_model_reference(m);
   }
-  if (!o.preset.empty() || !o.sets.empty() || o.rep.replicas > 1) {
+  const ReplicaOptions none;
+  if (!o.preset.empty() || !o.sets.empty() || o.rep.replicas != none.replicas || !o.rep.batched.empty() ||
+      o.rep.collective != none.collective || o.rep.block_lag != none.block_lag || o.rep.block_bytes != none.block_bytes) {
     // A bundle already holds its board, array shape and replicas.
     print_error("tpusim ref: error: " + o.bundle +
-                ": --preset, --set and --replicas apply to a model; a bundle carries its own");
+                ": --preset, --set and the replica options apply to a model; a bundle carries its own");
     return kExitBadInput;
   }
   isa::Bundle b;

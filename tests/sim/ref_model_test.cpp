@@ -103,6 +103,7 @@ TEST(RefModel, BadInputsExitTwoWithOneLine) {
         "star"},
        "--collective 'star'"},
       {{TPUSIM_BIN, "ref", bundle, "--random-inputs", "1", "--replicas", "2"}, "apply to a model"},
+      {{TPUSIM_BIN, "ref", bundle, "--random-inputs", "1", "--collective", "ring"}, "apply to a model"},
   };
   for (const auto& c : cases) {
     const auto r = testing::spawn(c.argv, s.path);
