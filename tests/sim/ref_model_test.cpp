@@ -178,8 +178,9 @@ TEST(RefModel, PresetAndReplicasGiveTheBundlesValues) {
   };
   int n = 0;
   for (const auto& c : cases) {
-    const std::string dir = s.path + "/" + std::to_string(n++);
-    const std::string model = s.write(std::to_string(n) + ".graph", c.graph);
+    const std::string name = std::to_string(n++);  // case n: model n.graph, bundle n.tpb, outputs in n/
+    const std::string dir = s.path + "/" + name;
+    const std::string model = s.write(name + ".graph", c.graph);
     auto run = [&](std::vector<std::string> argv, const std::vector<std::string>& extra) {
       argv.insert(argv.end(), extra.begin(), extra.end());
       const auto r = testing::spawn(argv, s.path);
