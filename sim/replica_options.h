@@ -1,7 +1,7 @@
 // The data-parallel options `tpusim compile` and `tpusim ref MODEL` share. A
 // replicated model's reference has to see the compiled bundle's ReplicaSpec: the
 // board, the algorithm and its blocks fix every all_reduce's add order
-// (docs/codegen.md "Replicas").
+// (docs/codegen.md "Boards and replicas").
 #pragma once
 
 #include <cstdint>

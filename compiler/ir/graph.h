@@ -37,7 +37,7 @@ std::string type_str(const TensorType& t);  // "f32[2,3]"
 enum class OpKind {
   kMatmul,     // (a, b [, c]) {trans_a, trans_b, alpha, beta}: batched, numpy batch broadcast; c is the Gemm bias
   kConv2d,     // (x NCHW, w OIHW [, b]) {strides, pads [t,l,b,r], dilations, groups}
-  // Data parallelism (docs/codegen.md "Replicas"): every replica's result is the
+  // Data parallelism (docs/codegen.md "Boards and replicas"): every replica's result is the
   // fp32 sum over the replicas of that replica's x, in the add order of the
   // collective schedule the lowering uses (docs/ici.md "Add order"); 1 replica: identity.
   kAllReduce,  // (x)

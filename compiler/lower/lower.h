@@ -19,7 +19,7 @@ namespace tpusim::compiler {
 
 struct LowerOptions {
   isa::Target target;  // from the preset: MXU count and R x C, VMEM size, ...
-  // Data parallelism (docs/codegen.md "Replicas"): replicas.replicas > 1 lowers the
+  // Data parallelism (docs/codegen.md "Boards and replicas"): replicas.replicas > 1 lowers the
   // per-replica graph once per replica, onto the cores of the board's chips.
   ReplicaSpec replicas;
   // Set by that driver for each replica's program: its index, its HBM base, and the

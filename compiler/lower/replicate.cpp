@@ -1,6 +1,7 @@
-// Data-parallel lowering (docs/codegen.md "Replicas"): the per-replica graph lowered
-// once per replica onto the cores of the board's chips, the global batch scattered
-// from chip 0 and the batched outputs gathered back to it.
+// Data-parallel lowering (docs/codegen.md "Boards and replicas"): the per-replica
+// graph lowered once per replica onto the cores of the board's chips. The I/O table splits the
+// global batch (and the batched outputs) over the replicas' own memories and copies
+// an unbatched input to each, as a framework's sharded arrays sit on their devices.
 #include <algorithm>
 #include <set>
 #include <sstream>
@@ -13,11 +14,9 @@
 namespace tpusim::compiler {
 
 namespace {
-// Flags of the driver's prologue and epilogue, apart from the node lowerings' and
-// the collectives' (collective.cpp, f20..f58).
-constexpr const char* kIoIssue = "f60";   // scatter/gather DMAs issued by this core
-constexpr const char* kInLanded = "f61";  // this replica's inputs have landed
-constexpr const char* kOutLanded = "f62"; // on replica 0: the replicas' output slices have landed
+// Flags of the infeed prologue, apart from the node lowerings' and the
+// collectives' (collective.cpp, f20..f58).
+constexpr const char* kInLanded = "f61";  // this replica's inputs have landed (another core's infeed)
 constexpr const char* kInfeed = "f63";     // host infeed: this chip's infeed DMAs are done (lower.cpp's too)
 
 // The code of a one-core program the emitter assembled: between its `.core` line and
@@ -34,56 +33,27 @@ std::pair<std::string, std::string> core_code(const std::string& assembly) {
 // that chip over its own PCIe link: the chip's core 0 issues one infeed DMA per
 // input and replica of the chip (flag kInfeed), inputs outermost, so the chip's
 // cores get their last bytes one small batch apart; another core waits on its
-// DMAs' rflag, which the host link counts as infeed too. The IO table holds each
-// input once, in chip 0's host memory, so chip 0 first pushes the other chips
-// their part of it over ICI into their host memory (an artefact of that table:
-// on the real board the host's one DRAM feeds every link). Returns the DMAs
-// issued on kIoIssue.
-int host_infeed_prologue(std::ostringstream& text, const Graph& g, const ReplicaGraph& rg, const ReplicaSpec& s,
-                         int r, const std::map<std::string, const isa::IoEntry*>& at,
-                         const std::map<std::string, int64_t>& host_at, int64_t hbm_base, int64_t region) {
+// DMAs' rflag, which the host link counts as infeed too. Each chip's host memory
+// holds its replicas' rows of a batched input, in replica order, and a copy of an
+// unbatched one, at the same addresses on every chip (the I/O table's places).
+void host_infeed_prologue(std::ostringstream& text, const Graph& g, const ReplicaGraph& rg, const ReplicaSpec& s,
+                          int r, const std::map<std::string, const isa::IoEntry*>& at,
+                          const std::map<std::string, int64_t>& host_at, int64_t hbm_base, int64_t region) {
   const int R = s.replicas;
   const int chip = replica_chip(s, r), core = replica_core(s, r);
   auto bytes_of = [](const isa::IoEntry& e) { return static_cast<int64_t>(e.elements() * isa::dtype_size(e.dtype)); };
-  // The replicas of chip c: [first, first + n).
-  auto chip_replicas = [&](int c, int& first, int& n) {
-    first = -1;
-    n = 0;
-    for (int q = 0; q < R; ++q)
-      if (replica_chip(s, q) == c) {
-        if (first < 0) first = q;
-        ++n;
-      }
-  };
   const int64_t inputs = static_cast<int64_t>(g.inputs.size());
-  int issued = 0;
-  if (r == 0) {
-    for (int c = 1; c < chips_used(s); ++c) {
-      int first, n;
-      chip_replicas(c, first, n);
-      for (const auto& in : g.inputs) {
-        const int64_t slice = bytes_of(*at.at(in.name));
-        const bool batched = rg.batched_inputs.count(in.name) != 0;
-        const int64_t a = host_at.at(in.name) + (batched ? first * slice : 0);
-        text << "  dma host@chip" << c << ":" << lowering::addr_ref(a) << ", host:" << lowering::addr_ref(a)
-             << ", bytes=" << (batched ? n * slice : slice) << ", flag=" << kIoIssue << ", rflag=" << kInLanded
-             << "\n";
-        ++issued;
-      }
-    }
-  }
   if (core != 0) {
     text << "  wait " << kInLanded << ", " << inputs << "\n";  // the rflags of core 0's infeed
-    return issued;
+    return;
   }
-  int first, n;
-  chip_replicas(chip, first, n);
-  if (chip != 0) text << "  wait " << kInLanded << ", " << inputs << "\n";  // chip 0's pushes are in our host memory
+  int n = 0;  // the chip's replicas
+  for (int q = 0; q < R; ++q) n += replica_chip(s, q) == chip;
   for (const auto& in : g.inputs) {
     const isa::IoEntry& e = *at.at(in.name);
     const int64_t slice = bytes_of(e);
     const bool batched = rg.batched_inputs.count(in.name) != 0;
-    const int64_t src = host_at.at(in.name) + (batched ? first * slice : 0);
+    const int64_t src = host_at.at(in.name);
     const int64_t dst = static_cast<int64_t>(e.addr) - hbm_base;  // core 0's region starts at 0
     // One DMA per core (one over both cores' regions would overlap the next
     // input's in the race checker's bounding ranges); core k's rflag rises with it.
@@ -93,7 +63,6 @@ int host_infeed_prologue(std::ostringstream& text, const Graph& g, const Replica
            << (k ? std::string(", rflag=") + kInLanded : std::string()) << "\n";
   }
   text << "  wait " << kInfeed << ", " << inputs * n << "\n";
-  return issued;
 }
 
 }  // namespace
@@ -125,64 +94,90 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
   std::map<std::string, const isa::IoEntry*> local;
   for (const auto& e : first.bundle.io) local[e.name] = &e;
 
-  // The global inputs and batched outputs live on chip 0 after its replicas' regions.
+  // Every replica's inputs and outputs sit in its own region: a batched tensor is
+  // split over the replicas in replica order, an unbatched input copied to each
+  // (the I/O table's places), so no replica waits for another's bytes before it
+  // starts, as on a board whose devices hold their shards.
   std::vector<isa::IoEntry> io;
-  int64_t top = cores * region;
-  std::map<std::string, int64_t> global;
-  // An entry on chip 0, core 0, at `end` of its memory (moved past it); `where` keeps its address.
-  auto place_on_chip0 = [&](isa::IoEntry e, isa::IoKind kind, const TensorType& t, int64_t& end,
-                            std::map<std::string, int64_t>& where) {
+  const int64_t top = cores * region;
+  auto spread_over_replicas = [&](const isa::IoEntry& local_entry, isa::IoKind kind, const TensorType& t,
+                                  bool batched) {
+    isa::IoEntry e = local_entry;
     e.kind = kind;
     e.shape = t.shape;
-    e.chip = 0;
-    e.core = 0;
-    e.addr = static_cast<uint64_t>(end);
-    where[e.name] = end;
-    end = lowering::align_up(end + static_cast<int64_t>(e.elements() * isa::dtype_size(e.dtype)), lowering::kAlign);
+    if (R > 1) e.spread = batched ? isa::IoSpread::kSplit : isa::IoSpread::kCopies;
+    for (int r = 0; r < R; ++r) {
+      const isa::IoPlace at{isa::Space::kHbm, static_cast<uint32_t>(replica_chip(s, r)),
+                            static_cast<uint32_t>(replica_core(s, r)),
+                            local_entry.addr + static_cast<uint64_t>(replica_core(s, r) * region)};
+      if (r == 0) {
+        e.space = at.space;
+        e.chip = at.chip;
+        e.core = at.core;
+        e.addr = at.addr;
+      } else {
+        e.more.push_back(at);
+      }
+    }
     io.push_back(std::move(e));
   };
-  auto place_global = [&](const isa::IoEntry& e, isa::IoKind kind, const TensorType& t) {
-    place_on_chip0(e, kind, t, top, global);
-  };
   const auto types = g.types();
-  // Host infeed: the global inputs are in chip 0's host memory instead (the I/O
-  // table gives a tensor one location), at the same addresses in every chip's.
+  // Host infeed: the inputs are in each chip's host memory instead, at the same
+  // addresses on every chip: a batched input's rows of the chip's replicas, in
+  // replica order, an unbatched one whole.
   const bool infeed = options.inputs_from_host;
   std::map<std::string, int64_t> host_at;
   int64_t host_top = 0;
   for (const auto& in : g.inputs) {
+    const bool batched = rg.batched_inputs.count(in.name) != 0;
     if (!infeed) {
-      place_global(*local.at(in.name), isa::IoKind::kInput, in.type);
+      spread_over_replicas(*local.at(in.name), isa::IoKind::kInput, in.type, batched);
       continue;
     }
     isa::IoEntry h = *local.at(in.name);
+    h.kind = isa::IoKind::kInput;
+    h.shape = in.type.shape;
     h.space = isa::Space::kHost;
-    place_on_chip0(h, isa::IoKind::kInput, in.type, host_top, host_at);
+    const int64_t slice = static_cast<int64_t>(local.at(in.name)->elements() * isa::dtype_size(h.dtype));
+    host_at[in.name] = host_top;
+    int64_t chip_end = host_top;
+    std::vector<int> seen(static_cast<size_t>(chips), 0);  // replicas of each chip placed so far
+    for (int r = 0; r < R; ++r) {
+      const int c = replica_chip(s, r);
+      if (!batched && r > 0 && seen[static_cast<size_t>(c)]) continue;
+      const int64_t a = host_top + (batched ? seen[static_cast<size_t>(c)] * slice : 0);
+      ++seen[static_cast<size_t>(c)];
+      chip_end = std::max(chip_end, a + slice);
+      const isa::IoPlace at{isa::Space::kHost, static_cast<uint32_t>(c), 0, static_cast<uint64_t>(a)};
+      if (r == 0) {
+        h.chip = at.chip;
+        h.core = 0;
+        h.addr = at.addr;
+      } else {
+        h.more.push_back(at);
+      }
+    }
+    if (!h.more.empty()) h.spread = batched ? isa::IoSpread::kSplit : isa::IoSpread::kCopies;
+    host_top = lowering::align_up(chip_end, lowering::kAlign);
+    io.push_back(std::move(h));
   }
   if (static_cast<uint64_t>(host_top) > options.target.host_bytes || host_top > INT32_MAX)
     throw CompileError(g.name + ": the inputs need " + std::to_string(host_top) + " bytes of host memory, the target has " +
                        std::to_string(std::min<uint64_t>(options.target.host_bytes, INT32_MAX)));
   for (const auto& o : g.outputs)
-    if (rg.batched_outputs.count(o)) place_global(*local.at(o), isa::IoKind::kOutput, types.at(o));
+    if (rg.batched_outputs.count(o)) spread_over_replicas(*local.at(o), isa::IoKind::kOutput, types.at(o), true);
   if (top > lowering::kAddrReach)
-    throw CompileError(g.name + ": " + std::to_string(R) + " replicas need " + std::to_string(top) +
-                       " bytes of chip 0's HBM; [sA + imm] addresses reach " + std::to_string(lowering::kAddrReach));
+    throw CompileError(g.name + ": " + std::to_string(cores) + " replicas a chip need " + std::to_string(top) +
+                       " bytes of HBM; [sA + imm] addresses reach " + std::to_string(lowering::kAddrReach));
   if (static_cast<uint64_t>(top) > options.target.hbm_bytes)
-    throw CompileError(g.name + ": needs " + std::to_string(top) + " bytes of HBM on chip 0, the target has " +
+    throw CompileError(g.name + ": needs " + std::to_string(top) + " bytes of HBM a chip, the target has " +
                        std::to_string(options.target.hbm_bytes));
 
-  // The scatter (or infeed) and the gather are ops of their own, after the graph's
-  // ids, so a profile shows what the board spends moving the batch to and from
-  // chip 0 beside the nodes (the bundled MLP on v3-8: the gather's wait was most
-  // of its softmax's row).
+  // The infeed is an op of its own, after the graph's ids, so a profile shows what
+  // the board spends waiting for its hosts beside the nodes.
   int io_in_op = 0;
   for (const Node& n : rg.graph.nodes) io_in_op = std::max(io_in_op, n.id + 1);
   for (const Node& n : g.nodes) io_in_op = std::max(io_in_op, n.id + 1);
-  const int io_out_op = io_in_op + 1;
-  auto bytes_of = [](const isa::IoEntry& e) { return static_cast<int64_t>(e.elements() * isa::dtype_size(e.dtype)); };
-  auto endpoint = [&](int r) {
-    return "hbm@chip" + std::to_string(replica_chip(s, r)) + ".c" + std::to_string(replica_core(s, r));
-  };
 
   std::ostringstream text;
   std::vector<std::string> notes;  // every replica's, once
@@ -210,41 +205,13 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
       io.push_back(std::move(c));
     }
     text << ".core chip" << replica_chip(s, r) << ".core" << replica_core(s, r) << "\n"
-         << (top > INT32_MAX ? lowering::window_setup() : "") << "  op " << io_in_op << "\n";
-    int issued = 0;
+         << (top > INT32_MAX ? lowering::window_setup() : "");
     if (infeed) {
-      issued += host_infeed_prologue(text, g, rg, s, r, at, host_at, lo.hbm_base, region);
-    } else if (r == 0) {
-      // Chip 0 pushes every replica its slice of each batched input and a copy of the others.
-      for (const auto& in : g.inputs) {
-        const isa::IoEntry& e = *at.at(in.name);
-        const int64_t slice = bytes_of(e);
-        for (int q = 0; q < R; ++q) {
-          const int64_t src = global.at(in.name) + (rg.batched_inputs.count(in.name) ? q * slice : 0);
-          const int64_t dst = static_cast<int64_t>(e.addr) - lo.hbm_base + replica_core(s, q) * region;
-          text << "  dma " << endpoint(q) << ":" << lowering::addr_ref(dst) << ", hbm:" << lowering::addr_ref(src) << ", bytes=" << slice
-               << ", flag=" << kIoIssue << ", rflag=" << kInLanded << "\n";
-          ++issued;
-        }
-      }
+      text << "  op " << io_in_op << "\n";
+      host_infeed_prologue(text, g, rg, s, r, at, host_at, lo.hbm_base, region);
     }
-    if (!infeed) text << "  wait " << kInLanded << ", " << g.inputs.size() << "\n";
     const auto [code, streams] = core_code(mine.assembly);
     text << code;
-    // Without batched outputs nothing is gathered: replica 0's wait for its scatter
-    // stays the scatter's.
-    text << "  op " << (rg.batched_outputs.empty() ? io_in_op : io_out_op) << "\n";
-    int gathered = 0;
-    for (const auto& o : g.outputs) {
-      if (!rg.batched_outputs.count(o)) continue;
-      const isa::IoEntry& e = *at.at(o);
-      text << "  dma hbm@chip0.c0:" << lowering::addr_ref(global.at(o) + r * bytes_of(e)) << ", hbm:"
-           << lowering::addr_ref(static_cast<int64_t>(e.addr)) << ", bytes=" << bytes_of(e) << ", flag=" << kIoIssue << ", rflag=" << kOutLanded << "\n";
-      ++issued;
-      ++gathered;
-    }
-    if (issued) text << "  wait " << kIoIssue << ", " << issued << "\n";
-    if (r == 0 && gathered) text << "  wait " << kOutLanded << ", " << gathered * R << "\n";
     text << "  halt\n" << streams;
     if (r == 0)
       for (const auto& o : g.outputs)
@@ -264,8 +231,7 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
   }
   res.bundle.io = std::move(io);
   // Named after the fused replica graph (a conv's relu in its name, as lower_graph's).
-  res.bundle.op_names[io_in_op] = infeed ? "infeed: inputs from the host" : "scatter: inputs from chip 0";
-  if (!rg.batched_outputs.empty()) res.bundle.op_names[io_out_op] = "gather: outputs to chip 0";
+  if (infeed) res.bundle.op_names[io_in_op] = "infeed: inputs from the host";
   record_op_names(res.bundle, rg.graph, first.fused);
   res.hbm_end = top;
   res.hbm_unplanned = first.hbm_unplanned;

@@ -35,7 +35,7 @@ std::map<std::string, HostTensor> evaluate(const Graph& g, const std::map<std::s
                                            num::PrecisionPolicy policy, const EvalOptions& options = {});
 
 struct ReplicaSpec;  // compiler/ref/replicas.h
-// Data-parallel evaluation (docs/codegen.md "Replicas"): the graph's batched inputs
+// Data-parallel evaluation (docs/codegen.md "Boards and replicas"): the graph's batched inputs
 // are split along axis 0 over spec.replicas replicas, every replica evaluates the
 // per-replica graph node by node in lockstep, and each all_reduce sums the replicas'
 // operands in the add order of its collective schedule. Batched outputs are the

@@ -1,4 +1,4 @@
-// Data parallelism (docs/codegen.md "Replicas"), shared by the graph reference and
+// Data parallelism (docs/codegen.md "Boards and replicas"), shared by the graph reference and
 // the lowering so both see the same per-replica graph and the same collective
 // schedule, hence the same add order: SPMD replication of one graph over the
 // TensorCores of a board, each replica on its slice of the global batch.

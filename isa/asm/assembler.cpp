@@ -558,6 +558,7 @@ void Assembler::instruction(const std::vector<Token>& t, size_t start) {
 
 void Assembler::io_directive(const std::vector<Token>& t, IoKind kind) {
   // .input NAME DTYPE [SHAPE] LOC:ADDR [strides=[...]] [data=[...] | file="x.npy"]
+  //        [split=[LOC:ADDR, ...] | copies=[LOC:ADDR, ...]]
   size_t i = 1;
   if (i >= t.size() || t[i].kind != Tok::kIdent) error_at(t[0].col, "expected a tensor name");
   IoEntry e;
@@ -598,7 +599,7 @@ void Assembler::io_directive(const std::vector<Token>& t, IoKind kind) {
     const Token& key = t[i];
     if (key.kind != Tok::kIdent || i + 1 >= t.size() || t[i + 1].text != "=") error(key, "expected key=value");
     i += 2;
-    if (key.text == "strides" || key.text == "data") {
+    if (key.text == "strides" || key.text == "data" || key.text == "split" || key.text == "copies") {
       if (i >= t.size() || t[i].text != "[") error(key, "expected '[' after " + key.text + "=");
       size_t c = i + 1;
       int depth = 1;
@@ -616,6 +617,23 @@ void Assembler::io_directive(const std::vector<Token>& t, IoKind kind) {
           e.strides.push_back(s);
         }
         if (e.strides.size() != e.shape.size()) error(key, "strides= needs one stride per dimension");
+      } else if (key.text == "split" || key.text == "copies") {
+        if (e.spread != IoSpread::kOne) error(key, "give one of split= and copies=, once");
+        if (items.empty()) error(key, key.text + "= names no place");
+        e.spread = key.text == "split" ? IoSpread::kSplit : IoSpread::kCopies;
+        for (auto r : items) {
+          if (r.second - r.first < 3 || t[r.first].kind != Tok::kIdent || t[r.first + 1].text != ":")
+            error(t[r.first], "expected a place SPACE@chipN.cM:ADDR");
+          IoPlace pl;
+          int pchip, pcore;
+          location(t[r.first], pl.space, pchip, pcore, true);
+          pl.chip = pchip < 0 ? 0 : static_cast<uint32_t>(pchip);
+          pl.core = pcore < 0 ? 0 : static_cast<uint32_t>(pcore);
+          const int64_t a = full_expr(t, {r.first + 2, r.second});
+          if (a < 0) error(t[r.first + 2], "negative address");
+          pl.addr = static_cast<uint64_t>(a);
+          e.more.push_back(pl);
+        }
       } else {
         if (kind != IoKind::kConst) error(key, "only .const takes data");
         if (items.size() != e.elements())
@@ -1010,6 +1028,13 @@ std::string print_bundle(const Bundle& b, bool pcs) {
     if (!e.strides.empty()) {
       o << " strides=[";
       for (size_t i = 0; i < e.strides.size(); ++i) o << (i ? ", " : "") << e.strides[i];
+      o << "]";
+    }
+    if (e.spread != IoSpread::kOne) {
+      o << " " << io_spread_name(e.spread) << "=[";
+      for (size_t i = 0; i < e.more.size(); ++i)
+        o << (i ? ", " : "") << space_name(e.more[i].space) << "@chip" << e.more[i].chip << ".c" << e.more[i].core
+          << ":" << hex(e.more[i].addr);
       o << "]";
     }
     if (e.kind == IoKind::kConst) {

@@ -142,6 +142,26 @@ const char* io_kind_name(IoKind k) {
   return "?";
 }
 
+const char* io_spread_name(IoSpread s) {
+  switch (s) {
+    case IoSpread::kOne: return "one";
+    case IoSpread::kSplit: return "split";
+    case IoSpread::kCopies: return "copies";
+  }
+  return "?";
+}
+
+std::vector<IoPlace> IoEntry::places() const {
+  std::vector<IoPlace> out{{space, chip, core, addr}};
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
+uint64_t IoEntry::place_bytes() const {
+  if (spread != IoSpread::kSplit) return extent_bytes();
+  return elements() * dtype_size(dtype) / (more.size() + 1);
+}
+
 bool Instr::same_encoding(const Instr& o) const {
   if (op != o.op || a != o.a || b != o.b || c != o.c || d != o.d || imm != o.imm || imm2 != o.imm2) return false;
   if (op != Op::kDma) return true;
@@ -264,13 +284,29 @@ std::string check_bundle(const Bundle& b) {
       for (auto s : e.strides)
         if (s < 0 || s > (1ll << 40)) return what + ": bad stride";
     }
-    if (e.chip >= b.target.chips || e.core >= b.target.cores_per_chip) return what + ": placed outside the target";
-    uint64_t size = e.space == Space::kHbm    ? b.target.hbm_bytes
-                    : e.space == Space::kVmem ? b.target.vmem_bytes
-                    : e.space == Space::kSmem ? b.target.smem_bytes
-                                              : b.target.host_bytes;
-    if (e.addr > size || e.extent_bytes() > size - e.addr)
-      return what + ": does not fit in " + space_name(e.space) + " (" + std::to_string(size) + " bytes)";
+    if (static_cast<int>(e.spread) > 2) return what + ": bad spread";
+    if (e.spread == IoSpread::kOne && !e.more.empty()) return what + ": further places without split= or copies=";
+    if (e.spread != IoSpread::kOne) {
+      if (e.more.empty()) return what + ": " + io_spread_name(e.spread) + "= names no further place";
+      if (e.more.size() >= (1u << 16)) return what + ": more than 65535 places";
+      if (!e.strides.empty()) return what + ": a spread tensor is dense (no strides=)";
+      const int64_t parts = static_cast<int64_t>(e.more.size() + 1);
+      if (e.spread == IoSpread::kSplit && (e.shape.empty() || e.shape[0] % parts != 0))
+        return what + ": split= needs a first dimension divisible by its " + std::to_string(parts) + " places";
+    }
+    const std::vector<IoPlace> places = e.places();
+    for (size_t k = 0; k < places.size(); ++k) {
+      const IoPlace& pl = places[k];
+      const std::string where = places.size() > 1 ? what + " place " + std::to_string(k) : what;
+      if (static_cast<int>(pl.space) >= kSpaceCount) return where + ": bad space";
+      if (pl.chip >= b.target.chips || pl.core >= b.target.cores_per_chip) return where + ": placed outside the target";
+      uint64_t size = pl.space == Space::kHbm    ? b.target.hbm_bytes
+                      : pl.space == Space::kVmem ? b.target.vmem_bytes
+                      : pl.space == Space::kSmem ? b.target.smem_bytes
+                                                 : b.target.host_bytes;
+      if (pl.addr > size || e.place_bytes() > size - pl.addr)
+        return where + ": does not fit in " + space_name(pl.space) + " (" + std::to_string(size) + " bytes)";
+    }
     if (e.kind == IoKind::kConst && e.data.size() != n * dtype_size(e.dtype))
       return what + ": constant data size does not match its shape";
     if (e.kind != IoKind::kConst && !e.data.empty()) return what + ": only constants carry data";

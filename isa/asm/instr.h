@@ -270,8 +270,27 @@ inline size_t dtype_size(Dtype t) { return t == Dtype::kBf16 ? 2 : 4; }
 enum class IoKind : uint8_t { kInput, kOutput, kConst };
 const char* io_kind_name(IoKind k);
 
+// A further place of a tensor in the machine's memories (IoEntry::more).
+struct IoPlace {
+  Space space = Space::kHbm;
+  uint32_t chip = 0, core = 0;
+  uint64_t addr = 0;
+  bool operator==(const IoPlace& o) const {
+    return space == o.space && chip == o.chip && core == o.core && addr == o.addr;
+  }
+};
+
+// How an entry with further places holds its tensor. kSplit: cut along its first
+// dimension into equal dense parts, part i at place i (a data-parallel board's
+// batch: each replica's rows already in its own chip's memory, as a framework's
+// sharded arrays are). kCopies: the whole tensor, dense, in every place (an input
+// every replica reads); an output is read from its first place.
+enum class IoSpread : uint8_t { kOne, kSplit, kCopies };
+const char* io_spread_name(IoSpread s);
+
 // A tensor placed in memory. Element (i0, i1, ...) lives at
-// addr + sum(i_d * strides[d]); empty strides = dense row-major.
+// addr + sum(i_d * strides[d]); empty strides = dense row-major. With a spread,
+// (space, chip, core, addr) is place 0 and `more` the places after it.
 struct IoEntry {
   IoKind kind = IoKind::kInput;
   std::string name;
@@ -282,10 +301,17 @@ struct IoEntry {
   uint32_t chip = 0, core = 0;
   uint64_t addr = 0;
   std::vector<uint8_t> data;  // kConst: the elements, dense row-major, dtype-sized
+  IoSpread spread = IoSpread::kOne;
+  std::vector<IoPlace> more;  // with a spread: places 1, 2, ...
   bool operator==(const IoEntry& o) const {
     return kind == o.kind && name == o.name && dtype == o.dtype && shape == o.shape && strides == o.strides &&
-           space == o.space && chip == o.chip && core == o.core && addr == o.addr && data == o.data;
+           space == o.space && chip == o.chip && core == o.core && addr == o.addr && data == o.data &&
+           spread == o.spread && more == o.more;
   }
+  // Every place, the entry's own first.
+  std::vector<IoPlace> places() const;
+  // Bytes each place holds: a part with kSplit, else the whole tensor's extent.
+  uint64_t place_bytes() const;
   uint64_t elements() const {
     uint64_t n = 1;
     for (auto d : shape) n *= static_cast<uint64_t>(d);

@@ -92,10 +92,12 @@ std::vector<uint8_t> serialize_bundle(const Bundle& b) {
   // Version 2 sections: the cores' VMEM plans and the op name table.
   bool plan = !b.op_names.empty();
   for (const auto& p : b.cores) plan |= !p.vmem_plan.empty();
-  const bool flops = !b.op_flops.empty();
-  plan |= flops;  // version 3 has version 2's sections too
+  bool places = false;
+  for (const auto& e : b.io) places |= e.spread != IoSpread::kOne;
+  const bool flops = !b.op_flops.empty() || places;  // each version has the sections of the ones before
+  plan |= flops;
   for (char c : kBundleMagic) w.u8(static_cast<uint8_t>(c));
-  w.u32(flops ? kBundleVersionFlops : plan ? kBundleVersion : kBundleVersionNoPlan);
+  w.u32(places ? kBundleVersionPlaces : flops ? kBundleVersionFlops : plan ? kBundleVersion : kBundleVersionNoPlan);
   const Target& t = b.target;
   w.u32(t.chips);
   w.u32(t.cores_per_chip);
@@ -148,6 +150,16 @@ std::vector<uint8_t> serialize_bundle(const Bundle& b) {
     w.u32(e.core);
     w.u64(e.addr);
     w.bytes(e.data);
+    if (places) {
+      w.u8(static_cast<uint8_t>(e.spread));
+      w.u32(static_cast<uint32_t>(e.more.size()));
+      for (const auto& pl : e.more) {
+        w.u8(static_cast<uint8_t>(pl.space));
+        w.u32(pl.chip);
+        w.u32(pl.core);
+        w.u64(pl.addr);
+      }
+    }
   }
   if (plan) {
     w.u32(static_cast<uint32_t>(b.op_names.size()));
@@ -177,9 +189,9 @@ Bundle parse_bundle(const std::vector<uint8_t>& bytes, const std::string& name) 
                                       : ""));
   for (int i = 0; i < 8; ++i) r.u8("magic");
   const uint32_t version = r.u32("version");
-  if (version != kBundleVersionFlops && version != kBundleVersion && version != kBundleVersionNoPlan)
+  if (version < kBundleVersionNoPlan || version > kBundleVersionPlaces)
     throw BundleError(name + ": bundle format version " + std::to_string(version) + ", this tpusim reads versions " +
-                      std::to_string(kBundleVersionNoPlan) + " to " + std::to_string(kBundleVersionFlops) +
+                      std::to_string(kBundleVersionNoPlan) + " to " + std::to_string(kBundleVersionPlaces) +
                       " (re-assemble or re-compile it)");
   Bundle b;
   Target& t = b.target;
@@ -252,6 +264,22 @@ Bundle parse_bundle(const std::vector<uint8_t>& bytes, const std::string& name) 
     e.core = r.u32("I/O table");
     e.addr = r.u64("I/O table");
     e.data = r.bytes("constant data");
+    if (version >= kBundleVersionPlaces) {
+      const uint8_t spread = r.u8("I/O spread");
+      if (spread > 2) r.fail("bad spread in the I/O table");
+      e.spread = static_cast<IoSpread>(spread);
+      const uint64_t nplaces = r.count("I/O places", 17);
+      for (uint64_t k = 0; k < nplaces; ++k) {
+        IoPlace pl;
+        const uint8_t psp = r.u8("I/O places");
+        if (psp >= kSpaceCount) r.fail("bad memory space in the I/O places");
+        pl.space = static_cast<Space>(psp);
+        pl.chip = r.u32("I/O places");
+        pl.core = r.u32("I/O places");
+        pl.addr = r.u64("I/O places");
+        e.more.push_back(pl);
+      }
+    }
     b.io.push_back(std::move(e));
   }
   if (version >= 2) {

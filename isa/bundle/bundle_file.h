@@ -16,7 +16,9 @@ inline constexpr char kBundleMagic[8] = {'T', 'P', 'U', 'S', 'I', 'M', 'B', 0x1A
 // Version 2 adds each core's VMEM plan and the op name table (docs/isa.md,
 // "Bundle file"), version 3 the op FLOPs table after them. A bundle is written at
 // the lowest version that holds what it carries, so tools that read only an older
-// version still read it; this tpusim reads all three.
+// version still read it; version 4 adds each I/O entry's spread and further places
+// (split or copied tensors of data-parallel bundles). This tpusim reads all four.
+inline constexpr uint32_t kBundleVersionPlaces = 4;
 inline constexpr uint32_t kBundleVersionFlops = 3;
 inline constexpr uint32_t kBundleVersion = 2;
 inline constexpr uint32_t kBundleVersionNoPlan = 1;

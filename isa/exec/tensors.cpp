@@ -111,9 +111,19 @@ std::vector<uint8_t> random_tensor(const IoEntry& e, uint64_t seed) {
 }
 
 void write_tensor(Machine& m, const IoEntry& e, const std::vector<uint8_t>& dense) {
-  Memory& mem = m.memory(e.space, e.chip, e.core);
   const size_t es = isa::dtype_size(e.dtype);
   if (dense.size() != e.elements() * es) throw std::runtime_error("tensor '" + e.name + "': wrong data size");
+  if (e.spread != isa::IoSpread::kOne) {  // dense: part k (split) or the whole (copies) at place k
+    const uint64_t part = e.place_bytes();
+    const auto places = e.places();
+    for (size_t k = 0; k < places.size(); ++k) {
+      Memory& mem = m.memory(places[k].space, places[k].chip, places[k].core);
+      mem.check(static_cast<int64_t>(places[k].addr), part);
+      mem.write(places[k].addr, dense.data() + (e.spread == isa::IoSpread::kSplit ? k * part : 0), part);
+    }
+    return;
+  }
+  Memory& mem = m.memory(e.space, e.chip, e.core);
   mem.check(static_cast<int64_t>(e.addr), e.extent_bytes());
   if (e.strides.empty()) {
     mem.write(e.addr, dense.data(), dense.size());
@@ -124,9 +134,19 @@ void write_tensor(Machine& m, const IoEntry& e, const std::vector<uint8_t>& dens
 }
 
 std::vector<uint8_t> read_tensor(const Machine& m, const IoEntry& e) {
-  const Memory& mem = m.memory(e.space, e.chip, e.core);
   const size_t es = isa::dtype_size(e.dtype);
   std::vector<uint8_t> out(e.elements() * es);
+  if (e.spread == isa::IoSpread::kSplit) {  // the parts in place order
+    const uint64_t part = e.place_bytes();
+    const auto places = e.places();
+    for (size_t k = 0; k < places.size(); ++k) {
+      const Memory& mem = m.memory(places[k].space, places[k].chip, places[k].core);
+      mem.check(static_cast<int64_t>(places[k].addr), part);
+      mem.read(places[k].addr, out.data() + k * part, part);
+    }
+    return out;
+  }
+  const Memory& mem = m.memory(e.space, e.chip, e.core);  // copies: the first place's
   mem.check(static_cast<int64_t>(e.addr), e.extent_bytes());
   if (e.strides.empty()) {
     mem.read(e.addr, out.data(), out.size());

@@ -23,7 +23,8 @@ io::NpyArray tensor_to_npy(const isa::IoEntry& e, const std::vector<uint8_t>& de
 // rounded), [0, 16) for int32.
 std::vector<uint8_t> random_tensor(const isa::IoEntry& e, uint64_t seed);
 
-// Places / fetches dense element bytes at the entry's address and layout.
+// Places / fetches dense element bytes at the entry's address and layout; a
+// split entry's parts at their places, a copied one's whole at each (read: the first).
 void write_tensor(Machine& m, const isa::IoEntry& e, const std::vector<uint8_t>& dense);
 std::vector<uint8_t> read_tensor(const Machine& m, const isa::IoEntry& e);
 

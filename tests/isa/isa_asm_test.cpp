@@ -249,7 +249,7 @@ TEST(IsaBundleErrors, BadMagic) {
 TEST(IsaBundleErrors, WrongVersion) {
   auto b = small_bundle();
   b[8] = 99;
-  EXPECT_NE(load_error(b).find("bundle format version 99, this tpusim reads versions 1 to 3"), std::string::npos);
+  EXPECT_NE(load_error(b).find("bundle format version 99, this tpusim reads versions 1 to 4"), std::string::npos);
 }
 
 TEST(IsaBundleErrors, EveryTruncationIsAnError) {

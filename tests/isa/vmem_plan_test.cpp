@@ -153,8 +153,8 @@ TEST(VmemPlan, BadPlansAreOneLineErrors) {
     EXPECT_EQ(load_error(cut).rfind("b.tpb: bad bundle: ", 0), 0u) << n << ": " << load_error(cut);
   }
   bad = bytes;
-  bad[8] = 4;
-  EXPECT_NE(load_error(bad).find("b.tpb: bundle format version 4, this tpusim reads versions 1 to 3"),
+  bad[8] = 5;
+  EXPECT_NE(load_error(bad).find("b.tpb: bundle format version 5, this tpusim reads versions 1 to 4"),
             std::string::npos);
 }
 

@@ -117,19 +117,22 @@ TEST_F(InfeedReport, StarvedTrainingStepRunsAtTheHostRateBound) {
   const auto cycles = [&](int i) { return static_cast<double>(s[i].at("cycles").get<uint64_t>()); };
   // The rest of the step (compute, all_reduce, update) does not depend on the host.
   const double bound = landed_starved + (cycles(0) - landed_ample);
-  EXPECT_NEAR(cycles(1), bound, 0.05 * bound) << "starved " << cycles(1) << " cycles, host-rate bound " << bound;
+  // (0.9999 of it in docs/training.md's run; the acceptance asks 5%.)
+  EXPECT_NEAR(cycles(1), bound, 0.005 * bound) << "starved " << cycles(1) << " cycles, host-rate bound " << bound;
   EXPECT_GT(cycles(1), 2 * cycles(0)) << "the host must dominate the starved step";
-  // Every core's infeed column carries the difference.
+  // Every core's infeed column carries the difference, to 0.1%: each chip feeds
+  // from its own host memory from cycle 0 (when chip 0 first pushed chips 1-3
+  // their rows, chip 0's cores carried up to 0.5% more than the others).
   const double extra = cycles(1) - cycles(0);
   double infeed_extra = 0;
   const auto& cores = s[1].at("time_by_cause");
   ASSERT_EQ(cores.size(), 8u);
   for (const auto& [core, t] : cores.items()) {
     const double d = static_cast<double>(cause(s[1], core, "infeed")) - static_cast<double>(cause(s[0], core, "infeed"));
-    EXPECT_NEAR(d, extra, 0.02 * extra) << core;
+    EXPECT_NEAR(d, extra, 0.001 * extra) << core;
     infeed_extra += d / 8;
   }
-  EXPECT_NEAR(infeed_extra, extra, 0.02 * extra);
+  EXPECT_NEAR(infeed_extra, extra, 0.001 * extra);
   // Per op, the same split: every core's infeed cycles, the second core's (which
   // waits on its rflag, raised by core 0's infeed DMA) included, are the infeed's
   // own op's, named for it, and that op is infeed waits but for issuing its DMAs

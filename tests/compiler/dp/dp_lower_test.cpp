@@ -228,21 +228,55 @@ std::string explain_note(const Board& board, int replicas, int64_t rows, int64_t
   return lr.notes.empty() ? std::string() : lr.notes.front();
 }
 
-// Moving the batch to and from chip 0 is two ops of its own, the ids after the
-// graph's (4 and 5 for the MLP's #0..#3), named for the profile: every DMA of the
-// scatter (rflag f61) and of the gather (f62), and every wait on their flags, is
-// under its id on every core, none under a graph node's. With the host infeed the
-// first is named for it.
-TEST(DpLower, ScatterAndGatherAreOpsOfTheirOwn) {
+// The batch starts and ends in the replicas' own memories: the I/O table splits a
+// batched input or output over the replicas in replica order, each part in its
+// replica's HBM region, so no DMA moves the batch between chips and no op stands
+// for it. With the host infeed every chip's host holds its replicas' rows and the
+// infeed is an op of its own (id 4 after the MLP's #0..#3), its DMAs and waits
+// (f61, f63) under it on every core, none over ICI into another chip's host.
+TEST(DpLower, TheBatchSitsInTheReplicasOwnMemories) {
   for (bool infeed : {false, true}) {
-    SCOPED_TRACE(infeed ? "infeed" : "scatter");
+    SCOPED_TRACE(infeed ? "infeed" : "resident");
     LowerOptions lo = board_options(kV38, 8);
     lo.inputs_from_host = infeed;
     const Graph g = parse_graph(mlp_ir(64));
     const LowerResult lr = lower_graph(g, lo);
-    EXPECT_EQ(lr.bundle.op_names.at(4), infeed ? "infeed: inputs from the host" : "scatter: inputs from chip 0");
-    EXPECT_EQ(lr.bundle.op_names.at(5), "gather: outputs to chip 0");
+    EXPECT_EQ(lr.bundle.op_names.count(4), infeed ? 1u : 0u);
+    if (infeed) {
+      EXPECT_EQ(lr.bundle.op_names.at(4), "infeed: inputs from the host");
+    }
+    EXPECT_EQ(lr.bundle.op_names.count(5), 0u);
     EXPECT_EQ(lr.bundle.op_names.at(0), "matmul %h +relu");  // the graph's names stay
+    const isa::IoEntry* x = nullptr;
+    const isa::IoEntry* y = nullptr;
+    for (const auto& e : lr.bundle.io) {
+      if (e.name == "x") x = &e;
+      if (e.kind == isa::IoKind::kOutput) y = &e;
+    }
+    ASSERT_TRUE(x && y);
+    for (const isa::IoEntry* e : {x, y}) {
+      SCOPED_TRACE(e->name);
+      ASSERT_EQ(e->spread, isa::IoSpread::kSplit);
+      const auto places = e->places();
+      ASSERT_EQ(places.size(), 8u);
+      EXPECT_EQ(e->place_bytes() * 8, e->elements() * 4);
+      const bool on_host = e == x && infeed;
+      for (uint32_t r = 0; r < 8; ++r) {
+        EXPECT_EQ(places[r].space, on_host ? isa::Space::kHost : isa::Space::kHbm) << r;
+        EXPECT_EQ(places[r].chip, r / 2) << r;  // two replicas a chip, in order
+        // A chip's two parts: the cores' regions in HBM, back to back in its host.
+        const auto& other = places[r ^ 1u];
+        if (r % 2) {
+          EXPECT_GT(places[r].addr, other.addr) << r;
+          if (on_host) {
+            EXPECT_EQ(places[r].addr, other.addr + e->place_bytes()) << r;
+          }
+        }
+        if (r >= 2) {
+          EXPECT_EQ(places[r].addr, places[r % 2].addr) << r;  // the same layout on every chip
+        }
+      }
+    }
     std::istringstream in(lr.assembly);
     std::string line, op;
     std::map<std::string, int> seen;  // "op: flag" -> lines
@@ -250,23 +284,49 @@ TEST(DpLower, ScatterAndGatherAreOpsOfTheirOwn) {
     while (std::getline(in, line)) {
       if (line.rfind(".core ", 0) == 0) ++cores, op.clear();
       if (line.rfind("  op ", 0) == 0) op = line.substr(5);
+      EXPECT_EQ(line.find("dma host@chip"), std::string::npos) << line;  // nothing pushed into a host
       for (const char* f : {"f60", "f61", "f62", "f63"})
         if (std::regex_search(line, std::regex(std::string("(flag=|wait )") + f + "\\b"))) ++seen[op + ": " + f];
     }
     EXPECT_EQ(cores, 8);
-    for (const auto& [where, n] : seen) {
-      const std::string id = where.substr(0, where.find(':'));
-      EXPECT_TRUE(id == "4" || id == "5") << n << " lines of " << where;
+    for (const auto& [where, n] : seen) EXPECT_TRUE(infeed && where.rfind("4: ", 0) == 0) << n << " lines of " << where;
+    if (infeed) {
+      EXPECT_EQ(seen["4: f63"], 4 * 3);  // each chip's core 0: its two DMAs (one a replica) and its wait
+      EXPECT_EQ(seen["4: f61"], 4 * 2);  // the other core's: its DMA's rflag and that core's wait
     }
-    EXPECT_GT(seen["4: f61"], 0);
-    EXPECT_GT(seen["5: f62"], 0);
   }
-  // No batched output (the sum is replica 0's): no gather, replica 0's wait for its
-  // scatter's DMAs stays in the scatter's op (2 after #0 and #1).
+  // The sum is replica 0's (no batched output): only the graph's ops.
   const LowerResult lr = lower_graph(parse_graph(allreduce_only_ir(8, 16, 40)), board_options(kV38, 8));
-  EXPECT_EQ(lr.bundle.op_names, (std::map<int32_t, std::string>{
-                                    {0, "reduce_sum %s"}, {1, "all_reduce %g"}, {2, "scatter: inputs from chip 0"}}));
-  EXPECT_EQ(lr.assembly.find("  op 3\n"), std::string::npos);
+  EXPECT_EQ(lr.bundle.op_names, (std::map<int32_t, std::string>{{0, "reduce_sum %s"}, {1, "all_reduce %g"}}));
+}
+
+// An input every replica reads whole (not in --batched) is copied to each replica's
+// region, or with the host infeed to each chip's host memory once, and the
+// replicated bundle still equals the replicated reference bit for bit.
+TEST(DpLower, AnUnbatchedInputIsCopiedToEveryReplica) {
+  const std::string ir =
+      "graph mm {\n  input %x : f32[64,24]\n  input %w : f32[24,40]\n"
+      "  %y = matmul(%x, %w) : f32[64,40] #0\n  output %y\n}\n";
+  for (bool infeed : {false, true}) {
+    SCOPED_TRACE(infeed ? "infeed" : "resident");
+    const auto tweak = [&](LowerOptions& lo) {
+      lo.replicas.batched = {"x"};
+      lo.inputs_from_host = infeed;
+    };
+    expect_replicated_bit_exact(ir, PrecisionPolicy::kDefault, kV38, 8, "auto", true, 16ull << 20, tweak);
+    LowerOptions lo = board_options(kV38, 8);
+    tweak(lo);
+    const LowerResult lr = lower_graph(parse_graph(ir, "test.ir"), lo);
+    for (const auto& e : lr.bundle.io) {
+      if (e.name != "w") continue;
+      EXPECT_EQ(e.spread, isa::IoSpread::kCopies);
+      EXPECT_EQ(e.place_bytes(), 24u * 40 * 4);
+      const auto places = e.places();
+      ASSERT_EQ(places.size(), infeed ? 4u : 8u);  // a copy a chip's host, or a replica's region
+      for (size_t k = 0; k < places.size(); ++k)
+        EXPECT_EQ(places[k].chip, infeed ? k : k / 2) << k;
+    }
+  }
 }
 
 TEST(DpLower, AllReduceOnV38EveryAlgorithm) {
@@ -1233,11 +1293,10 @@ TEST(DpLower, BlockedAllReduceForksByDefault) {
   EXPECT_EQ(forks("  fork stream2_"), 32u);
 }
 
-// The replica's epilogue (the gather of batched outputs to chip 0) belongs to
-// stream 0, after the nodes that follow the all-reduce: it used to land after the
-// forked stream's code (the last `halt` of the core's assembly), so stream 1 ran
-// it as soon as its own blocks were done, while stream 0 had yet to compute %d.
-TEST(DpLower, TwoStreamsLeaveTheOutputGatherToStreamZero) {
+// A node after a two-stream all-reduce, with a batched output: stream 0 runs it
+// after the all-reduce (the forked stream's code follows stream 0's halt in the
+// core's assembly), and the batched output's parts are each replica's own rows.
+TEST(DpLower, TwoStreamsThenANodeWithABatchedOutput) {
   std::ostringstream ir;
   ir << "graph ar {\n  input %x : f32[32,16,1031]\n"
      << "  %s = reduce_sum(%x) {axes=[0], keepdims=0} : f32[16,1031] #0\n"
@@ -1245,13 +1304,15 @@ TEST(DpLower, TwoStreamsLeaveTheOutputGatherToStreamZero) {
      << "  %d = add(%x, %x) : f32[32,16,1031] #2\n  output %g\n  output %d\n}\n";
   expect_replicated_bit_exact(ir.str(), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true, 16ull << 20,
                               small_blocks_two_streams);
-  std::map<std::string, int> gathers_in_stream0, gathers_in_stream1;
+  std::map<std::string, int> adds_in_stream0, adds_in_stream1;
+  std::map<std::string, std::string> op_of;  // the op of each core's stream's current line
   for_each_stream_line(g_last_assembly, [&](const std::string& core, int stream, const std::string& line) {
-    if (line.rfind("  dma hbm@chip0.c0:", 0) == 0 && line.find("rflag=f62") != std::string::npos)
-      ++(stream == 0 ? gathers_in_stream0 : gathers_in_stream1)[core];
+    const std::string key = core + "/" + std::to_string(stream);
+    if (line.rfind("  op ", 0) == 0) op_of[key] = line.substr(5);
+    if (op_of[key] == "2" && line.rfind("  vadd", 0) == 0) ++(stream == 0 ? adds_in_stream0 : adds_in_stream1)[core];
   });
-  EXPECT_EQ(gathers_in_stream0.size(), 32u);
-  EXPECT_TRUE(gathers_in_stream1.empty()) << gathers_in_stream1.begin()->first << " gathers in stream 1";
+  EXPECT_EQ(adds_in_stream0.size(), 32u);
+  EXPECT_TRUE(adds_in_stream1.empty()) << adds_in_stream1.begin()->first << " adds %d in stream 1";
 }
 
 // The data DMAs of the all_reduce (op 1) into the HBM of the other core of the
