@@ -1,8 +1,9 @@
 // What the assembler or the bundle loader says about bad input, as the tests
-// compare it: the one-line message, or "no error".
+// compare it: the one-line message, or "no error"; and a bundle file's version.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,13 @@ inline std::string load_error(const std::vector<uint8_t>& bytes) {
     return e.what();
   }
   return "no error";
+}
+
+// The format version a serialised bundle declares (bytes 8-11).
+inline uint32_t version_of(const std::vector<uint8_t>& bytes) {
+  uint32_t v = 0;
+  std::memcpy(&v, bytes.data() + 8, 4);  // little-endian host (x86/arm64)
+  return v;
 }
 
 }  // namespace tpusim::isa

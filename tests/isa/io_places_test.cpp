@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -28,12 +27,6 @@ const char* kPlaced = R"(.target chips=2 cores=2 vmem=64K hbm=1M host=1M
 .core chip0.core0
   halt
 )";
-
-uint32_t version_of(const std::vector<uint8_t>& bytes) {
-  uint32_t v = 0;
-  std::memcpy(&v, bytes.data() + 8, 4);  // little-endian host (x86/arm64)
-  return v;
-}
 
 std::vector<uint8_t> iota_bytes(size_t n, uint8_t first) {
   std::vector<uint8_t> v(n);

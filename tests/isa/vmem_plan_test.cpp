@@ -29,12 +29,6 @@ const char* kPlanned = R"(.target chips=1 cores=2 vmem=64K
   halt
 )";
 
-uint32_t version_of(const std::vector<uint8_t>& bytes) {
-  uint32_t v = 0;
-  std::memcpy(&v, bytes.data() + 8, 4);  // little-endian host (x86/arm64)
-  return v;
-}
-
 TEST(VmemPlan, DirectiveRoundTripsThroughTextAndFile) {
   const Bundle b = assemble(kPlanned, "p.s");
   ASSERT_EQ(b.cores.size(), 2u);
