@@ -216,7 +216,7 @@ std::string allreduce_only_ir(int batch, int64_t rows, int64_t cols) {
 }
 
 // The `--explain` note of allreduce_only_ir(replicas, rows, cols) on `board` at the
-// real piece and block sizes (the inputs start on chip 0: its HBM is `hbm_bytes`);
+// real piece and block sizes (each chip's HBM is `hbm_bytes`);
 // the assembly goes to g_last_assembly.
 std::string explain_note(const Board& board, int replicas, int64_t rows, int64_t cols, uint64_t hbm_bytes) {
   LowerOptions lo = board_options(board, replicas);
