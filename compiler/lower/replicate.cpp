@@ -105,26 +105,19 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
     isa::IoEntry e = local_entry;
     e.kind = kind;
     e.shape = t.shape;
-    if (R > 1) e.spread = batched ? isa::IoSpread::kSplit : isa::IoSpread::kCopies;
-    for (int r = 0; r < R; ++r) {
-      const isa::IoPlace at{isa::Space::kHbm, static_cast<uint32_t>(replica_chip(s, r)),
-                            static_cast<uint32_t>(replica_core(s, r)),
-                            local_entry.addr + static_cast<uint64_t>(replica_core(s, r) * region)};
-      if (r == 0) {
-        e.space = at.space;
-        e.chip = at.chip;
-        e.core = at.core;
-        e.addr = at.addr;
-      } else {
-        e.more.push_back(at);
-      }
-    }
+    std::vector<isa::IoPlace> places;
+    for (int r = 0; r < R; ++r)
+      places.push_back({isa::Space::kHbm, static_cast<uint32_t>(replica_chip(s, r)),
+                        static_cast<uint32_t>(replica_core(s, r)),
+                        local_entry.addr + static_cast<uint64_t>(replica_core(s, r) * region)});
+    e.set_places(places, batched ? isa::IoSpread::kSplit : isa::IoSpread::kCopies);
     io.push_back(std::move(e));
   };
   const auto types = g.types();
   // Host infeed: the inputs are in each chip's host memory instead, at the same
   // addresses on every chip: a batched input's rows of the chip's replicas, in
-  // replica order, an unbatched one whole.
+  // replica order (the chip's cores in turn, as host_infeed_prologue reads them),
+  // an unbatched one whole.
   const bool infeed = options.inputs_from_host;
   std::map<std::string, int64_t> host_at;
   int64_t host_top = 0;
@@ -139,27 +132,15 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
     h.shape = in.type.shape;
     h.space = isa::Space::kHost;
     const int64_t slice = static_cast<int64_t>(local.at(in.name)->elements() * isa::dtype_size(h.dtype));
-    host_at[in.name] = host_top;
-    int64_t chip_end = host_top;
-    std::vector<int> seen(static_cast<size_t>(chips), 0);  // replicas of each chip placed so far
-    for (int r = 0; r < R; ++r) {
-      const int c = replica_chip(s, r);
-      if (!batched && r > 0 && seen[static_cast<size_t>(c)]) continue;
-      const int64_t a = host_top + (batched ? seen[static_cast<size_t>(c)] * slice : 0);
-      ++seen[static_cast<size_t>(c)];
-      chip_end = std::max(chip_end, a + slice);
-      const isa::IoPlace at{isa::Space::kHost, static_cast<uint32_t>(c), 0, static_cast<uint64_t>(a)};
-      if (r == 0) {
-        h.chip = at.chip;
-        h.core = 0;
-        h.addr = at.addr;
-      } else {
-        h.more.push_back(at);
-      }
-    }
-    if (!h.more.empty()) h.spread = batched ? isa::IoSpread::kSplit : isa::IoSpread::kCopies;
-    host_top = lowering::align_up(chip_end, lowering::kAlign);
+    std::vector<isa::IoPlace> places;
+    for (int r = 0; r < R; ++r)
+      if (batched || replica_core(s, r) == 0)
+        places.push_back({isa::Space::kHost, static_cast<uint32_t>(replica_chip(s, r)), 0,
+                          static_cast<uint64_t>(host_top + (batched ? replica_core(s, r) * slice : 0))});
+    h.set_places(places, batched ? isa::IoSpread::kSplit : isa::IoSpread::kCopies);
     io.push_back(std::move(h));
+    host_at[in.name] = host_top;
+    host_top = lowering::align_up(host_top + (batched ? cores : 1) * slice, lowering::kAlign);
   }
   if (static_cast<uint64_t>(host_top) > options.target.host_bytes || host_top > INT32_MAX)
     throw CompileError(g.name + ": the inputs need " + std::to_string(host_top) + " bytes of host memory, the target has " +

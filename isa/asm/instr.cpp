@@ -157,6 +157,15 @@ std::vector<IoPlace> IoEntry::places() const {
   return out;
 }
 
+void IoEntry::set_places(const std::vector<IoPlace>& all, IoSpread how) {
+  space = all.at(0).space;
+  chip = all[0].chip;
+  core = all[0].core;
+  addr = all[0].addr;
+  more.assign(all.begin() + 1, all.end());
+  spread = more.empty() ? IoSpread::kOne : how;
+}
+
 uint64_t IoEntry::place_bytes() const {
   if (spread != IoSpread::kSplit) return extent_bytes();
   return elements() * dtype_size(dtype) / (more.size() + 1);

@@ -310,6 +310,9 @@ struct IoEntry {
   }
   // Every place, the entry's own first.
   std::vector<IoPlace> places() const;
+  // Sets every place, the first as the entry's own; with more than one, `spread`
+  // says how they hold the tensor (one place: no spread).
+  void set_places(const std::vector<IoPlace>& all, IoSpread spread);
   // Bytes each place holds: a part with kSplit, else the whole tensor's extent.
   uint64_t place_bytes() const;
   uint64_t elements() const {

@@ -85,6 +85,25 @@ class Reader {
   size_t pos_ = 0;
 };
 
+// A place in the I/O table, an entry's own and each further one alike: u8 space,
+// u32 chip, u32 core, u64 address. `table` names the table in messages.
+void write_place(Writer& w, const IoPlace& p) {
+  w.u8(static_cast<uint8_t>(p.space));
+  w.u32(p.chip);
+  w.u32(p.core);
+  w.u64(p.addr);
+}
+IoPlace read_place(Reader& r, const char* space_what, const char* table) {
+  IoPlace p;
+  const uint8_t sp = r.u8(space_what);
+  if (sp >= kSpaceCount) r.fail(std::string("bad memory space in the ") + table);
+  p.space = static_cast<Space>(sp);
+  p.chip = r.u32(table);
+  p.core = r.u32(table);
+  p.addr = r.u64(table);
+  return p;
+}
+
 }  // namespace
 
 std::vector<uint8_t> serialize_bundle(const Bundle& b) {
@@ -145,20 +164,12 @@ std::vector<uint8_t> serialize_bundle(const Bundle& b) {
     for (auto d : e.shape) w.u64(static_cast<uint64_t>(d));
     w.u32(static_cast<uint32_t>(e.strides.size()));
     for (auto s : e.strides) w.u64(static_cast<uint64_t>(s));
-    w.u8(static_cast<uint8_t>(e.space));
-    w.u32(e.chip);
-    w.u32(e.core);
-    w.u64(e.addr);
+    write_place(w, {e.space, e.chip, e.core, e.addr});
     w.bytes(e.data);
     if (places) {
       w.u8(static_cast<uint8_t>(e.spread));
       w.u32(static_cast<uint32_t>(e.more.size()));
-      for (const auto& pl : e.more) {
-        w.u8(static_cast<uint8_t>(pl.space));
-        w.u32(pl.chip);
-        w.u32(pl.core);
-        w.u64(pl.addr);
-      }
+      for (const auto& pl : e.more) write_place(w, pl);
     }
   }
   if (plan) {
@@ -257,28 +268,18 @@ Bundle parse_bundle(const std::vector<uint8_t>& bytes, const std::string& name) 
     for (uint64_t d = 0; d < rank; ++d) e.shape.push_back(static_cast<int64_t>(r.u64("I/O shape")));
     const uint64_t ns = r.count("I/O strides", 8);
     for (uint64_t d = 0; d < ns; ++d) e.strides.push_back(static_cast<int64_t>(r.u64("I/O strides")));
-    const uint8_t sp = r.u8("I/O space");
-    if (sp >= kSpaceCount) r.fail("bad memory space in the I/O table");
-    e.space = static_cast<Space>(sp);
-    e.chip = r.u32("I/O table");
-    e.core = r.u32("I/O table");
-    e.addr = r.u64("I/O table");
+    const IoPlace own = read_place(r, "I/O space", "I/O table");
+    e.space = own.space;
+    e.chip = own.chip;
+    e.core = own.core;
+    e.addr = own.addr;
     e.data = r.bytes("constant data");
     if (version >= kBundleVersionPlaces) {
       const uint8_t spread = r.u8("I/O spread");
       if (spread > 2) r.fail("bad spread in the I/O table");
       e.spread = static_cast<IoSpread>(spread);
       const uint64_t nplaces = r.count("I/O places", 17);
-      for (uint64_t k = 0; k < nplaces; ++k) {
-        IoPlace pl;
-        const uint8_t psp = r.u8("I/O places");
-        if (psp >= kSpaceCount) r.fail("bad memory space in the I/O places");
-        pl.space = static_cast<Space>(psp);
-        pl.chip = r.u32("I/O places");
-        pl.core = r.u32("I/O places");
-        pl.addr = r.u64("I/O places");
-        e.more.push_back(pl);
-      }
+      for (uint64_t k = 0; k < nplaces; ++k) e.more.push_back(read_place(r, "I/O places", "I/O places"));
     }
     b.io.push_back(std::move(e));
   }
