@@ -85,6 +85,14 @@ int run_ref(const RefOptions& o) {
     print_error("tpusim ref: " + o.bundle + ": " + r.message);
     return kExitProgramFault;
   }
+  for (const auto& e : b.io)
+    if (e.kind == isa::IoKind::kOutput) {
+      const std::string bad = exec::copies_disagree(interp.machine(), e);
+      if (!bad.empty()) {
+        print_error("tpusim ref: " + o.bundle + ": " + bad);
+        return kExitProgramFault;
+      }
+    }
   try {
     std::filesystem::create_directories(o.out);
     for (const auto& e : b.io) {

@@ -258,6 +258,12 @@ int run_run(const RunArgs& a) {
   for (const auto& [key, value] : result.critical_path.items())
     if (key != "segments") f.critical_path[key] = value;
   const auto stats = run::make_stats(f);
+  // Before any file is written, so a broken promise leaves no output behind.
+  for (const auto& e : bundle.io)
+    if (e.kind == isa::IoKind::kOutput) {
+      const std::string bad = exec::copies_disagree(system->machine(), e);
+      if (!bad.empty()) return fail(kExitProgramFault, a.bundle + ": " + bad);
+    }
   try {
     for (const auto& e : bundle.io)
       if (e.kind == isa::IoKind::kOutput) run::write_output(a.out, e, exec::read_tensor(system->machine(), e), a.raw_bf16);

@@ -145,8 +145,10 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
   if (static_cast<uint64_t>(host_top) > options.target.host_bytes || host_top > INT32_MAX)
     throw CompileError(g.name + ": the inputs need " + std::to_string(host_top) + " bytes of host memory, the target has " +
                        std::to_string(std::min<uint64_t>(options.target.host_bytes, INT32_MAX)));
+  // An unbatched output (a step's updated weights) is a copy on every replica, so
+  // reading it checks that the replicas agree (exec::copies_disagree).
   for (const auto& o : g.outputs)
-    if (rg.batched_outputs.count(o)) spread_over_replicas(*local.at(o), isa::IoKind::kOutput, types.at(o), true);
+    spread_over_replicas(*local.at(o), isa::IoKind::kOutput, types.at(o), rg.batched_outputs.count(o) != 0);
   if (top > lowering::kAddrReach)
     throw CompileError(g.name + ": " + std::to_string(cores) + " replicas a chip need " + std::to_string(top) +
                        " bytes of HBM; [sA + imm] addresses reach " + std::to_string(lowering::kAddrReach));
@@ -162,6 +164,7 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
 
   std::ostringstream text;
   std::vector<std::string> notes;  // every replica's, once
+  std::map<std::string, std::vector<isa::IoPlace>> const_places;  // every replica's copy, in replica order
   const isa::Target& t = options.target;
   text << ".target chips=" << chips << " cores=" << cores << " mxus=" << t.mxus_per_core << " mxu_rows=" << t.mxu_rows
        << " mxu_cols=" << t.mxu_cols << " fifo_rows=" << t.fifo_rows << " vmem=" << t.vmem_bytes
@@ -178,12 +181,16 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
       throw CompileError(g.name + ": internal lowering error: replica " + std::to_string(r) + "'s HBM plan differs from replica 0's");
     std::map<std::string, const isa::IoEntry*> at;
     for (const auto& e : mine.bundle.io) at[e.name] = &e;
+    // A constant (folded weights, masks) is the graph's, the same on every replica:
+    // one entry with a copy at each replica's address of it.
     for (const auto& e : mine.bundle.io) {
       if (e.kind != isa::IoKind::kConst) continue;
-      isa::IoEntry c = e;
-      c.name = e.name + "@chip" + std::to_string(replica_chip(s, r)) + ".core" + std::to_string(replica_core(s, r));
-      c.chip = static_cast<uint32_t>(replica_chip(s, r));
-      io.push_back(std::move(c));
+      const isa::IoEntry& mine0 = *local.at(e.name);
+      if (e.data != mine0.data || e.addr - static_cast<uint64_t>(lo.hbm_base) != mine0.addr)
+        throw CompileError(g.name + ": internal lowering error: constant " + e.name + " of replica " +
+                           std::to_string(r) + " differs from replica 0's");
+      const_places[e.name].push_back({e.space, static_cast<uint32_t>(replica_chip(s, r)),
+                                      static_cast<uint32_t>(replica_core(s, r)), e.addr});
     }
     text << ".core chip" << replica_chip(s, r) << ".core" << replica_core(s, r) << "\n"
          << (top > INT32_MAX ? lowering::window_setup() : "");
@@ -194,14 +201,13 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
     const auto [code, streams] = core_code(mine.assembly);
     text << code;
     text << "  halt\n" << streams;
-    if (r == 0)
-      for (const auto& o : g.outputs)
-        if (!rg.batched_outputs.count(o)) {
-          isa::IoEntry e = *at.at(o);  // identical on every replica: replica 0's
-          e.kind = isa::IoKind::kOutput;
-          io.push_back(e);
-        }
   }
+  for (const auto& e : first.bundle.io)
+    if (e.kind == isa::IoKind::kConst) {
+      isa::IoEntry c = e;
+      c.set_places(const_places.at(e.name), isa::IoSpread::kCopies);
+      io.push_back(std::move(c));
+    }
 
   LowerResult res;
   res.assembly = text.str();

@@ -284,7 +284,8 @@ struct IoPlace {
 // dimension into equal dense parts, part i at place i (a data-parallel board's
 // batch: each replica's rows already in its own chip's memory, as a framework's
 // sharded arrays are). kCopies: the whole tensor, dense, in every place (an input
-// every replica reads); an output is read from its first place.
+// every replica reads, an output every replica computes alike); an output is read
+// from its first place, and exec::copies_disagree says where the others differ.
 enum class IoSpread : uint8_t { kOne, kSplit, kCopies };
 const char* io_spread_name(IoSpread s);
 

@@ -1,6 +1,7 @@
 #include "isa/exec/tensors.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 #include "isa/numerics/bf16.h"
@@ -155,6 +156,44 @@ std::vector<uint8_t> read_tensor(const Machine& m, const IoEntry& e) {
   const auto offs = e.element_offsets();
   for (size_t i = 0; i < offs.size(); ++i) mem.read(e.addr + offs[i], out.data() + i * es, es);
   return out;
+}
+
+std::string copies_disagree(const Machine& m, const IoEntry& e) {
+  if (e.spread != isa::IoSpread::kCopies) return {};
+  const uint64_t bytes = e.place_bytes();
+  const size_t es = isa::dtype_size(e.dtype);
+  const auto places = e.places();
+  auto read_at = [&](const isa::IoPlace& p) {
+    std::vector<uint8_t> v(bytes);
+    const Memory& mem = m.memory(p.space, p.chip, p.core);
+    mem.check(static_cast<int64_t>(p.addr), bytes);
+    mem.read(p.addr, v.data(), bytes);
+    return v;
+  };
+  auto where = [](const isa::IoPlace& p) {
+    char addr[24];
+    std::snprintf(addr, sizeof addr, "0x%llx", static_cast<unsigned long long>(p.addr));
+    return std::string(isa::space_name(p.space)) + "@chip" + std::to_string(p.chip) + ".c" + std::to_string(p.core) + ":" +
+           addr;
+  };
+  auto bits = [&](const std::vector<uint8_t>& v, size_t i) {
+    uint32_t b = 0;
+    for (size_t k = 0; k < es; ++k) b |= static_cast<uint32_t>(v[i * es + k]) << (8 * k);
+    char t[16];
+    std::snprintf(t, sizeof t, "0x%0*x", static_cast<int>(2 * es), b);
+    return std::string(t);
+  };
+  const std::vector<uint8_t> first = read_at(places[0]);
+  for (size_t k = 1; k < places.size(); ++k) {
+    const std::vector<uint8_t> v = read_at(places[k]);
+    if (v == first) continue;
+    size_t i = 0;
+    while (std::memcmp(v.data() + i * es, first.data() + i * es, es) == 0) ++i;
+    return std::string(isa::io_kind_name(e.kind)) + " '" + e.name + "': its copy " + std::to_string(k) + " at " +
+           where(places[k]) + " differs from copy 0 at " + where(places[0]) + ", first at flat index " +
+           std::to_string(i) + " (bits " + bits(v, i) + " against " + bits(first, i) + ")";
+  }
+  return {};
 }
 
 void load_constants(Machine& m, const isa::Bundle& b) {

@@ -27,6 +27,10 @@ std::vector<uint8_t> random_tensor(const isa::IoEntry& e, uint64_t seed);
 // split entry's parts at their places, a copied one's whole at each (read: the first).
 void write_tensor(Machine& m, const isa::IoEntry& e, const std::vector<uint8_t>& dense);
 std::vector<uint8_t> read_tensor(const Machine& m, const isa::IoEntry& e);
+// A copied entry promises the same tensor at every place (a data-parallel step's
+// updated weights on every replica): empty if its places agree, else which place
+// differs from place 0 first, and where. Other entries: empty.
+std::string copies_disagree(const Machine& m, const isa::IoEntry& e);
 
 // Writes every .const of the bundle into memory.
 void load_constants(Machine& m, const isa::Bundle& b);

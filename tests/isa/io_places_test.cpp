@@ -98,8 +98,20 @@ TEST(IoPlaces, PartsAndCopiesLandAtTheirPlaces) {
   }
   // Reading: a split tensor's parts in place order, a copied one's first place.
   EXPECT_EQ(exec::read_tensor(m, b.io[0]), x);
+  EXPECT_EQ(exec::copies_disagree(m, b.io[1]), "");
   m.memory(Space::kVmem, 1, 1).write(0x40, iota_bytes(20, 7).data(), 20);
   EXPECT_EQ(exec::read_tensor(m, b.io[1]), w);
+  // ... and copies that differ are named, with the first element that does.
+  EXPECT_EQ(exec::copies_disagree(m, b.io[1]),
+            "input 'w': its copy 3 at vmem@chip1.c1:0x40 differs from copy 0 at vmem@chip0.c0:0x10, first at flat "
+            "index 0 (bits 0x0a090807 against 0x67666564)");
+  m.memory(Space::kVmem, 1, 1).write(0x40, w.data(), 20);
+  m.memory(Space::kVmem, 0, 1).write(0x20 + 19, iota_bytes(1, 0).data(), 1);
+  EXPECT_NE(exec::copies_disagree(m, b.io[1]).find("its copy 1 at vmem@chip0.c1:0x20 differs from copy 0 at "
+                                                   "vmem@chip0.c0:0x10, first at flat index 4 (bits 0x00767574 "
+                                                   "against 0x77767574)"),
+            std::string::npos);
+  EXPECT_EQ(exec::copies_disagree(m, b.io[0]), "");  // a split entry's parts differ by design
   const auto y0 = iota_bytes(24, 50), y1 = iota_bytes(24, 80);
   m.memory(Space::kHbm, 0, 0).write(0x8000, y0.data(), 24);
   m.memory(Space::kHbm, 1, 0).write(0x8000, y1.data(), 24);

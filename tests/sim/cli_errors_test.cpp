@@ -392,6 +392,52 @@ TEST_F(RunCli, DeadlockExitsOne) {
   expect_error(c, 1, {"f3"});
 }
 
+// A copied output promises the same tensor at every place (a data-parallel step's
+// updated weights on every replica): when the two cores of a chip leave different
+// values, `run` and `ref` both exit 1 naming the output, the copy and the first
+// element that differs, and write no output; when they agree, y is written.
+TEST_F(RunCli, CopiesThatDisagreeExitOneAndWriteNoOutput) {
+  auto program = [](const char* core1_op) {
+    return fmt::format(R"(.target chips=1 cores=2 mxus=1
+.input  x f32 [8, 128] hbm:0x0 copies=[hbm@chip0.c1:0x0]
+.output y f32 [8, 128] hbm:0x10000 copies=[hbm@chip0.c1:0x20000]
+.core chip0.core0
+  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4096, flag=f1
+  wait f1, 1
+  vld v1, [s0 + 0]
+  vadd v2, v1, v1
+  vst v2, [s0 + 0x1000]
+  dma hbm:[s0 + 0x10000], vmem:[s0 + 0x1000], bytes=4096, flag=f2
+  wait f2, 1
+  halt
+.core chip0.core1
+  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4096, flag=f1
+  wait f1, 1
+  vld v1, [s0 + 0]
+  {} v2, v1, v1
+  vst v2, [s0 + 0x1000]
+  dma hbm:[s0 + 0x20000], vmem:[s0 + 0x1000], bytes=4096, flag=f2
+  wait f2, 1
+  halt
+)",
+                       core1_op);
+  };
+  const std::string agree = assemble("agree", program("vadd")), differ = assemble("differ", program("vmul"));
+  const Completed ok = tpusim({"run", agree, "--preset", "v4", "--input", input_arg(good_input_), "--out", out()});
+  if (chip_model_missing(ok)) GTEST_SKIP() << ok.err;
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(fs::exists(out() + "/y.npy"));
+  fs::remove_all(out());
+  // x[0] = -100: core 1's x * x = 10000 (0x461c4000) against core 0's x + x = -200 (0xc3480000).
+  const std::vector<std::string> needles = {"differ.tpu: output 'y': its copy 1 at hbm@chip0.c1:0x20000 differs from copy 0 at "
+                                            "hbm@chip0.c0:0x10000, first at flat index 0 (bits 0x461c4000 against 0xc3480000)"};
+  expect_error(tpusim({"run", differ, "--preset", "v4", "--input", input_arg(good_input_), "--out", out()}), 1, needles);
+  EXPECT_FALSE(fs::exists(out() + "/y.npy"));
+  const Completed ref = tpusim({"ref", differ, "--input", input_arg(good_input_), "--out", out()});
+  expect_error(ref, 1, needles);
+  EXPECT_FALSE(fs::exists(out() + "/y.npy"));
+}
+
 // A what-if array size reaches the compiler too: `compile --set` builds the bundle
 // for the overridden MXU shape, the run with the same --set gives the functional
 // reference's values bit for bit and the same real FLOPs (2 M K N, the shape does
