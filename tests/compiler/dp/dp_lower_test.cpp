@@ -141,6 +141,7 @@ void expect_replicated_bit_exact(const std::string& ir, PrecisionPolicy policy, 
     if (e.kind != isa::IoKind::kOutput) continue;
     ++outputs;
     const std::vector<uint8_t> dense = exec::read_tensor(interp.machine(), e);
+    EXPECT_EQ(exec::copies_disagree(interp.machine(), e), "");  // every replica's copy alike
     const HostTensor& want = expected.at(e.name);
     ASSERT_EQ(dense.size(), want.f.size() * isa::dtype_size(e.dtype));
     size_t bad = 0, first = 0;
@@ -277,6 +278,23 @@ TEST(DpLower, TheBatchSitsInTheReplicasOwnMemories) {
         }
       }
     }
+    // A constant is one entry, copied to every replica's address of it.
+    int consts = 0;
+    for (const auto& e : lr.bundle.io) {
+      if (e.kind != isa::IoKind::kConst) continue;
+      ++consts;
+      SCOPED_TRACE(e.name);
+      EXPECT_EQ(e.name.find('@'), std::string::npos);
+      ASSERT_EQ(e.spread, isa::IoSpread::kCopies);
+      const auto places = e.places();
+      ASSERT_EQ(places.size(), 8u);
+      EXPECT_GT(places[1].addr, places[0].addr);  // core 1's region above core 0's
+      for (uint32_t r = 0; r < 8; ++r) {
+        EXPECT_EQ(places[r].chip, r / 2) << r;
+        EXPECT_EQ(places[r].addr, places[r % 2].addr) << r;
+      }
+    }
+    EXPECT_GE(consts, 3);  // w1, b1, w2 (and any the lowering adds)
     std::istringstream in(lr.assembly);
     std::string line, op;
     std::map<std::string, int> seen;  // "op: flag" -> lines

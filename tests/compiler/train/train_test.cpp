@@ -110,6 +110,7 @@ void expect_bit_exact(const Graph& g, PrecisionPolicy policy, std::map<std::stri
     if (e.kind != isa::IoKind::kOutput) continue;
     ++outputs;
     const std::vector<uint8_t> dense = exec::read_tensor(interp.machine(), e);
+    EXPECT_EQ(exec::copies_disagree(interp.machine(), e), "");  // every replica's copy alike
     const HostTensor& want = expected.at(e.name);
     ASSERT_EQ(dense.size(), want.f.size() * isa::dtype_size(e.dtype));
     size_t bad = 0, first = 0;
@@ -622,6 +623,7 @@ void expect_replicated_bit_exact(const Graph& g, PrecisionPolicy policy, int rep
   for (const auto& e : lr.bundle.io) {
     if (e.kind != isa::IoKind::kOutput) continue;
     const std::vector<uint8_t> dense = exec::read_tensor(interp.machine(), e);
+    EXPECT_EQ(exec::copies_disagree(interp.machine(), e), "");  // every replica's copy alike
     const HostTensor& want = expected.at(e.name);
     ASSERT_EQ(dense.size(), want.f.size() * isa::dtype_size(e.dtype));
     size_t bad = 0;
