@@ -1228,10 +1228,16 @@ void Emitter::lower_all_reduce(const Node& n) {
         most_dst = std::max(most_dst, plan->dests[r].size());
       }
     const int64_t PzB = (plan ? plan->max_piece : piece) * 4;
-    const int64_t LOAD = 0, SCR = kStreamLoads * PzB, SLOTS = SCR + kStreamScratch * PzB;
-    const int64_t SEND = plan ? SLOTS + static_cast<int64_t>(most_src) * plan->K * PzB : 0;
-    const int64_t TOP = plan ? stream_vmem_pieces(static_cast<int64_t>(most_src), static_cast<int64_t>(most_dst), plan->K) * PzB : 0;
-    if (plan && TOP <= static_cast<int64_t>(opt_.target.vmem_bytes)) {
+    // The slots, where peers land pieces, sit at the top of VMEM, above the op's
+    // own pieces and kept sums, where the nodes before it seldom reach: there
+    // lower_replicated can send the entry tokens before the op (early entry
+    // tokens), so the first pieces do not wait a neighbour latency for them.
+    const int64_t FOOT = plan ? stream_vmem_pieces(static_cast<int64_t>(most_src), static_cast<int64_t>(most_dst), plan->K) * PzB : 0;
+    const int64_t SLOT_BYTES = plan ? static_cast<int64_t>(most_src) * plan->K * PzB : 0;
+    const int64_t vmem_top = static_cast<int64_t>(opt_.target.vmem_bytes) / tile_bytes * tile_bytes;
+    const int64_t LOAD = 0, SCR = kStreamLoads * PzB, SEND = SCR + kStreamScratch * PzB;
+    const int64_t TOP = FOOT - SLOT_BYTES, SLOTS = vmem_top - SLOT_BYTES;  // TOP: the end of the op's own pieces
+    if (plan && FOOT <= vmem_top) {
       const StreamPlan& sp = *plan;
       // Unfused, every sum is stored to y and read back to be sent, and every copy
       // that is sent on lands in y: HBM bytes a fused plan does not move (v3-8,
@@ -1274,7 +1280,9 @@ void Emitter::lower_all_reduce(const Node& n) {
       auto endpoint = [&](const char* space, int r) {
         return std::string(space) + "@chip" + std::to_string(replica_chip(s, r)) + ".c" + std::to_string(replica_core(s, r));
       };
-      const int64_t zero = place_hbm(4), TOK = place_hbm_pinned(static_cast<int64_t>(std::max<size_t>(1, most_dst)) * K * 4);
+      // The tokens' source word is pinned too: an early token reads it during an
+      // earlier node, whose placements may reuse any unpinned word.
+      const int64_t zero = place_hbm_pinned(4), TOK = place_hbm_pinned(static_cast<int64_t>(std::max<size_t>(1, most_dst)) * K * 4);
       check_addr(n, TOK + static_cast<int64_t>(most_dst) * K * 4 + s.cores_per_chip * opt_.replica_region);
       // Credits (a slot's uses after the first) land in the sender's SMEM: entry
       // tokens stay in HBM, pinned, since they may arrive while the sender is still
@@ -1310,15 +1318,18 @@ void Emitter::lower_all_reduce(const Node& n) {
         for (int j = 0; j < K; ++j) base[land_flag_of(me, src, j)] = coll_landed_[land_flag_of(me, src, j)];
       for (int d : dsts)
         for (int j = 0; j < K; ++j) base[credit_flag_of(me, d, j)] = coll_landed_[credit_flag_of(me, d, j)];
-      // Entry tokens: credit 0 of every slot of every stream into this replica.
+      // Entry tokens: credit 0 of every slot of every stream into this replica,
+      // tagged for lower_replicated to send them early.
       for (int src : srcs)
         for (int j = 0; j < K; ++j) {
           if (uses(src, me, j) == 0) continue;
           line("dma " + endpoint("hbm", src) + ":" +
                at(there(src, TOK + (idx(sp.dests[static_cast<size_t>(src)], me) * K + j) * 4)) + ", " + hbm(zero) +
-               ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag_of(src, me, j)) + control_tc);
+               ", bytes=4, flag=" + kSendFlag + ", rflag=f" + std::to_string(credit_flag_of(src, me, j)) + control_tc +
+               "  " + kEntryTokenTag);
           ++sent;
         }
+      if (!srcs.empty()) entry_token_slots_[n.id] = SLOTS;
       std::map<int, int64_t> credits_seen;
       // Returns the wait it emitted, (flag, count), or (-1, 0) when an earlier one covers it.
       auto wait_credit = [&](int d, int64_t m) -> std::pair<int, int64_t> {
@@ -1767,7 +1778,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       // order, every resource a stream waits on its own (flags, operand and
       // scratch VMEM, kept sums, vector registers), the slots and send buffers
       // already apart by pool. Streams 1.. report to stream 0 on their join flags.
-      const int64_t vmem_end = static_cast<int64_t>(opt_.target.vmem_bytes);
+      const int64_t vmem_end = SLOTS;  // the kept sums' end
       const std::vector<StreamEvent>& all = sp.prog[static_cast<size_t>(me)];
       const int P = sp.pools;  // streams: one a pool
       const int64_t per = (kTwoStreamLoads + kTwoStreamScratch) * PzB;  // a stream's operand and scratch pieces
@@ -1782,8 +1793,8 @@ void Emitter::lower_all_reduce(const Node& n) {
         std::vector<std::vector<StreamEvent>> mine(static_cast<size_t>(P));
         for (const StreamEvent& e : all) mine[static_cast<size_t>(block_of(ssch, blocks, ssch.steps[e.step][e.move]) % P)].push_back(e);
         // Streams 0 and 1's operand loads and scratch sums in the one stream's
-        // pieces below the slots, so the kept sums keep all the VMEM above TOP, a
-        // share each (streams 2.. take theirs from the start of their share):
+        // pieces below TOP, so the kept sums keep all the VMEM from TOP to the
+        // slots, a share each (streams 2.. take theirs from the start of their share):
         // with a stream's own 4 + 4 pieces above TOP, v2-4x4's kept sums fell from
         // 3 to 1 MiB a stream, the op's HBM bytes rose 18% and the cycles 8%.
         const int64_t share = (vmem_end - TOP) / P / tile_bytes * tile_bytes;

@@ -541,6 +541,7 @@ class Emitter {
   int64_t hbm_sum_ = 0;                        // what a bump allocator would have reached (no reuse)
   int64_t coll_sent_ = 0;                // collective.cpp's running count of sends
   std::map<int, int64_t> coll_landed_;  // and of landings, per rflag
+  std::map<int, int64_t> entry_token_slots_;  // LowerResult::entry_token_slots
   std::vector<int64_t> dmas_;
   std::vector<std::map<int, int64_t>> flag_dmas_;
   std::vector<int64_t> drained_dmas_;                  // per core: DMAs on f1 waited for by drain_dmas

@@ -445,6 +445,7 @@ LowerResult Emitter::run() {
   r.notes = notes_;
   r.hbm_unplanned = opt_.hbm_base + hbm_sum_;
   r.fused = fused_;
+  r.entry_token_slots = entry_token_slots_;
   // A replica's program is assembled and checked once, with every other replica's,
   // by lower_replicated, which takes only its text and I/O entries from here.
   if (opt_.replicas.replicas > 1) {

@@ -110,7 +110,14 @@ struct LowerResult {
   // The fusion the lowering applied (compiler/lower/fusion.cpp), member or feeder id
   // -> root id: the graph's marks less any it refused. The op names follow it.
   std::map<int, int> fused;
+  // Streamed all_reduce ops (by op id) whose entry tokens are lines tagged
+  // kEntryTokenTag, and the lowest VMEM byte their peers land pieces in (the
+  // slots, at the top of VMEM): lower_replicated sends the tokens early, where no
+  // op between them and the all_reduce touches those bytes.
+  std::map<int, int64_t> entry_token_slots;
 };
+// The comment that tags an entry token's line in a replica's program text.
+inline constexpr const char* kEntryTokenTag = "# entry token";
 
 // Throws CompileError naming the node for an op (or operand kind) the lowering
 // does not handle yet, or a graph that does not fit the target's memories.

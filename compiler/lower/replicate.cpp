@@ -3,8 +3,11 @@
 // global batch (and the batched outputs) over the replicas' own memories and copies
 // an unbatched input to each, as a framework's sharded arrays sit on their devices.
 #include <algorithm>
+#include <map>
 #include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "compiler/lower/emitter.h"
 #include "compiler/lower/vmem_plan.h"
@@ -63,6 +66,72 @@ void host_infeed_prologue(std::ostringstream& text, const Graph& g, const Replic
            << (k ? std::string(", rflag=") + kInLanded : std::string()) << "\n";
   }
   text << "  wait " << kInfeed << ", " << inputs * n << "\n";
+}
+
+// Early entry tokens. A streamed all_reduce's first piece on each slot waits for
+// its receiver's entry token, sent when the receiver enters the op: a neighbour
+// latency (1,941 cycles on v4) at the start of every all_reduce, all of the
+// difference between a small one and its closed form. The token only says the
+// slot is free; the slots sit at the top of VMEM (collective.cpp), and no op
+// before the first collective uses the collectives' flags, so the tokens may go
+// as soon as no op before the all_reduce touches the slots' bytes: at the start
+// of the op after the last one whose VMEM plan reaches them (the program's first
+// op when none does). Only the program's first collective, and only ops of stream
+// 0 that no forked stream runs: a later collective's slots and flags are the
+// earlier one's until it ends. `code` is one replica's stream 0 and `streams`
+// its forked streams' code; `vmem` each op's VMEM byte ranges (record_vmem_plan,
+// the same for every replica); `slots` LowerResult::entry_token_slots.
+std::string send_entry_tokens_early(const std::string& code, const std::string& streams,
+                                    const std::map<int, std::vector<std::pair<uint64_t, uint64_t>>>& vmem,
+                                    const std::map<int, int64_t>& slots) {
+  std::vector<std::string> lines;
+  for (size_t at = 0; at < code.size();) {
+    const size_t end = code.find('\n', at);
+    lines.push_back(code.substr(at, end - at));
+    at = end == std::string::npos ? code.size() : end + 1;
+  }
+  auto op_of = [](const std::string& l) { return l.rfind("  op ", 0) == 0 ? std::stoi(l.substr(5)) : -1; };
+  std::set<int> forked;  // ops with code in another stream
+  for (size_t at = streams.find("\n  op "); at != std::string::npos; at = streams.find("\n  op ", at + 1))
+    forked.insert(std::stoi(streams.substr(at + 6)));
+  // The first op with tokens, and where its tokens are.
+  size_t first_token = lines.size();
+  for (size_t i = 0; i < lines.size() && first_token == lines.size(); ++i)
+    if (lines[i].find(kEntryTokenTag) != std::string::npos) first_token = i;
+  if (first_token == lines.size()) return code;
+  size_t op_line = first_token;  // the all_reduce's op line
+  while (op_line > 0 && op_of(lines[op_line]) < 0) --op_line;
+  const int ar = op_of(lines[op_line]);
+  if (ar < 0 || !slots.count(ar)) return code;
+  const uint64_t lo = static_cast<uint64_t>(slots.at(ar));
+  // The first op line of the last run of ops before the all_reduce that leave the
+  // slots alone (no VMEM byte at or above them, no forked code, no remote DMA).
+  size_t after = SIZE_MAX;
+  for (size_t i = 0; i < op_line; ++i) {
+    const int op = op_of(lines[i]);
+    bool touches = op < 0 && lines[i].find("rflag=") != std::string::npos;
+    if (op >= 0) {
+      touches = forked.count(op) != 0;
+      const auto it = vmem.find(op);
+      if (it != vmem.end())
+        for (const auto& range : it->second) touches |= range.second > lo;
+    }
+    if (touches) after = SIZE_MAX;
+    else if (op >= 0 && after == SIZE_MAX) after = i;
+  }
+  if (after == SIZE_MAX) return code;  // the op before the all_reduce reaches them: no earlier
+  size_t next_op = op_line + 1;
+  while (next_op < lines.size() && op_of(lines[next_op]) < 0) ++next_op;
+  auto is_token = [&](size_t i) { return i > op_line && i < next_op && lines[i].find(kEntryTokenTag) != std::string::npos; };
+  std::string out;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (is_token(i)) continue;
+    out += lines[i] + "\n";
+    if (i == after)
+      for (size_t t = op_line + 1; t < next_op; ++t)
+        if (is_token(t)) out += lines[t] + "\n";
+  }
+  return out;
 }
 
 }  // namespace
@@ -162,6 +231,21 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
   for (const Node& n : rg.graph.nodes) io_in_op = std::max(io_in_op, n.id + 1);
   for (const Node& n : g.nodes) io_in_op = std::max(io_in_op, n.id + 1);
 
+  // Each op's VMEM byte ranges, the same on every replica, for the early entry
+  // tokens (read off replica 0's program, assembled alone).
+  std::map<int, std::vector<std::pair<uint64_t, uint64_t>>> vmem_of_op;
+  if (!first.entry_token_slots.empty()) {
+    isa::Bundle alone;
+    try {
+      alone = isa::assemble(first.assembly, g.name + ".s");
+    } catch (const isa::AsmError& e) {
+      throw CompileError(std::string("internal lowering error: ") + e.what());
+    }
+    record_vmem_plan(alone);
+    for (const isa::VmemBuffer& v : alone.cores.at(0).vmem_plan) vmem_of_op[v.op_id].emplace_back(v.addr, v.addr + v.bytes);
+    vmem_of_op[-1];  // not empty: the tokens are looked for
+  }
+
   std::ostringstream text;
   std::vector<std::string> notes;  // every replica's, once
   std::map<std::string, std::vector<isa::IoPlace>> const_places;  // every replica's copy, in replica order
@@ -199,7 +283,7 @@ LowerResult lower_replicated(const Graph& graph, const LowerOptions& options) {
       host_infeed_prologue(text, g, rg, s, r, at, host_at, lo.hbm_base, region);
     }
     const auto [code, streams] = core_code(mine.assembly);
-    text << code;
+    text << (vmem_of_op.empty() ? code : send_entry_tokens_early(code, streams, vmem_of_op, mine.entry_token_slots));
     text << "  halt\n" << streams;
   }
   for (const auto& e : first.bundle.io)

@@ -29,7 +29,8 @@ turning each off; docs/ici.md "HBM ends"): a slicing that overlapped
 less than the bound allows, or a lost slice overlap, shows here.
 
 Last, the same 16 MiB with `--collective bidir-ring` (streamed too): bit for bit
-the functional reference, and within 5% of the bidirectional ring's closed form.
+the functional reference, at most 5% over the bidirectional ring's closed form and
+no faster than its bandwidth terms (its pieces hide part of the steps' latencies).
 
 usage: allreduce_closed_form.py TPUSIM WORKDIR"""
 import json
@@ -106,9 +107,12 @@ def main():
         sys.exit(f"the sliced all_reduce took {ratio:.3f} x its bound, outside [0.97, 1.15]")
 
     # The same 16 MiB with the bidirectional ring, which streams like the
-    # hierarchical algorithm but overlaps nothing its closed form has in sequence:
-    # within 5% of that form both ways (measured 0.961 in session 36; 1.81 when
-    # every step went whole through y).
+    # hierarchical algorithm: at most 5% over its closed form (measured 0.961 in
+    # session 36; 1.81 when every step went whole through y), and no faster than
+    # its bandwidth terms alone. Its pieces hide part of the 14 steps' latencies
+    # (a step's first piece goes on while the rest of the previous one arrives),
+    # which the form has in sequence: 0.956 of it in session 85, 0.949 since
+    # session 86's early entry tokens took one more latency off.
     tpb = os.path.join(w, "ar16b.tpb")
     run(t, "compile", g, "--preset", "v3-8", "--replicas", str(R), "--collective", "bidir-ring", "-o", tpb)
     run(t, "ref", tpb, "--random-inputs", "7", "--check-races", "--out", os.path.join(w, "ref16b"))
@@ -117,11 +121,16 @@ def main():
     run(t, "diff", os.path.join(w, "ref16b"), out)
     cycles = round(bw.timeline_span(os.path.join(out, "t.json"))[1])
     closed = bw.closed_form("bidir-ring", [2, 2, 2], E16 * 4, 2)
+    latency = (bw.ICI_ALPHA, bw.ONCHIP_ALPHA)
+    bw.ICI_ALPHA = bw.ONCHIP_ALPHA = 0.0
+    links = bw.closed_form("bidir-ring", [2, 2, 2], E16 * 4, 2)  # its bandwidth terms alone
+    bw.ICI_ALPHA, bw.ONCHIP_ALPHA = latency
     ratio = cycles / closed
     print(f"bidir-ring all_reduce of {E16 * 4} bytes per replica: {cycles} cycles, closed form {closed:.0f}, "
-          f"ratio {ratio:.3f}")
-    if not 0.95 <= ratio <= 1.05:
-        sys.exit(f"the bidir-ring all_reduce took {ratio:.3f} x its closed form, outside [0.95, 1.05]")
+          f"ratio {ratio:.3f}; the links' bandwidth alone {links:.0f}, ratio {cycles / links:.3f}")
+    if not links <= cycles <= 1.05 * closed:
+        sys.exit(f"the bidir-ring all_reduce took {ratio:.3f} x its closed form and {cycles / links:.3f} x its "
+                 "bandwidth terms: beats the links, or more than 5% over the form")
 
 
 if __name__ == "__main__":

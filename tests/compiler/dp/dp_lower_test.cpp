@@ -5,6 +5,7 @@
 // all_reduce is the whole-batch reference of the global graph.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <functional>
@@ -481,6 +482,85 @@ TEST(DpLower, UnfusedFallbackLeavesANote) {
   });
   EXPECT_NE(g_last_assembly.find("smem@chip"), std::string::npos);
   EXPECT_FALSE(unfused_note());
+}
+
+// Early entry tokens (replicate.cpp): a streamed all_reduce's tokens go at the
+// start of the first op of the last run of ops before it whose VMEM plans stay
+// below its slots (the top of VMEM), never into an op that reaches them, and the
+// op before that run reaches them (or there is none: the program's first op).
+// With 16 MiB of VMEM the two nodes before the all_reduce stay far below, so the
+// tokens start the program; with 6 MiB the matmul's resident operands reach the
+// slots and the tokens stay in the all_reduce. Bit-exact under the race checker both ways.
+struct TokenPlacement {
+  int token_op = -1;          // the op the tokens are in (the same on every core)
+  int all_reduce_op = -1;
+  std::vector<int> ops;       // core 0's ops, in program order
+};
+TokenPlacement entry_token_placement(const LowerResult& lr) {
+  TokenPlacement tp;
+  std::istringstream in(lr.assembly);
+  std::string line;
+  int core = -1, op = -1;
+  uint64_t slots = UINT64_MAX;  // the lowest VMEM byte a piece lands in
+  std::vector<int> token_ops;
+  while (std::getline(in, line)) {
+    if (line.rfind(".core ", 0) == 0) ++core, op = -1;
+    if (line == "  halt") op = -2;  // the forked streams follow
+    if (op == -2) continue;
+    if (line.rfind("  op ", 0) == 0) {
+      op = std::stoi(line.substr(5));
+      if (core == 0) tp.ops.push_back(op);
+    }
+    if (line.find(kEntryTokenTag) != std::string::npos) {
+      if (token_ops.size() <= static_cast<size_t>(core)) token_ops.push_back(op);
+      EXPECT_EQ(op, token_ops.at(static_cast<size_t>(core))) << "one core's tokens in two ops";
+    }
+    const size_t v = line.find("  dma vmem@chip");
+    if (v == 0) {
+      tp.all_reduce_op = op;
+      slots = std::min<uint64_t>(slots, std::stoull(line.substr(line.find("[s0 + ") + 6)));
+    }
+  }
+  EXPECT_EQ(token_ops.size(), lr.bundle.cores.size());
+  if (token_ops.empty()) return tp;  // not streamed in VMEM: no tokens
+  for (int t : token_ops) EXPECT_EQ(t, token_ops.front());
+  tp.token_op = token_ops.empty() ? -1 : token_ops.front();
+  // Every op from the tokens' up to the all_reduce leaves the slots alone, on every core.
+  const auto first = std::find(tp.ops.begin(), tp.ops.end(), tp.token_op);
+  const auto last = std::find(tp.ops.begin(), tp.ops.end(), tp.all_reduce_op);
+  EXPECT_TRUE(first <= last);
+  auto reaches = [&](int o) {
+    for (const auto& c : lr.bundle.cores)
+      for (const isa::VmemBuffer& b : c.vmem_plan)
+        if (b.op_id == o && b.addr + b.bytes > slots) return true;
+    return false;
+  };
+  for (auto it = first; it != last; ++it) EXPECT_FALSE(reaches(*it)) << "op " << *it << " reaches the slots";
+  if (first != tp.ops.begin() && first != tp.ops.end()) {
+    EXPECT_TRUE(reaches(*(first - 1))) << "the tokens could go before op " << *first;
+  }
+  return tp;
+}
+
+TEST(DpLower, EntryTokensGoBeforeTheOpsThatLeaveTheSlotsAlone) {
+  const std::string ir =
+      "graph ar {\n  input %x : f32[8,64,1024]\n  input %w : f32[1024,1024]\n"
+      "  %s = reduce_sum(%x) {axes=[0], keepdims=0} : f32[64,1024] #0\n"
+      "  %t = matmul(%s, %w) : f32[64,1024] #1\n"
+      "  %g = all_reduce(%t) : f32[64,1024] #2\n  output %g\n}\n";
+  const auto batch_x = [](LowerOptions& lo) { lo.replicas.batched = {"x"}; };
+  for (const uint64_t vmem : {16ull << 20, 6ull << 20}) {
+    SCOPED_TRACE(vmem);
+    LowerOptions lo = board_options(kV38, 8);
+    lo.target.vmem_bytes = vmem;
+    batch_x(lo);
+    const LowerResult lr = lower_graph(parse_graph(ir, "ar.ir"), lo);
+    const TokenPlacement tp = entry_token_placement(lr);
+    EXPECT_EQ(tp.all_reduce_op, 2);
+    EXPECT_EQ(tp.ops.front(), 0);
+    EXPECT_EQ(tp.token_op, vmem == (16ull << 20) ? 0 : 2);
+    expect_replicated_bit_exact(ir, PrecisionPolicy::kDefault, kV38, 8, "auto", true, vmem, batch_x);
+  }
 }
 
 // A slot's credits after its entry token are 4-byte DMAs into the sender's SMEM
