@@ -397,30 +397,17 @@ TEST_F(RunCli, DeadlockExitsOne) {
 // values, `run` and `ref` both exit 1 naming the output, the copy and the first
 // element that differs, and write no output; when they agree, y is written.
 TEST_F(RunCli, CopiesThatDisagreeExitOneAndWriteNoOutput) {
-  auto program = [](const char* core1_op) {
-    return fmt::format(R"(.target chips=1 cores=2 mxus=1
-.input  x f32 [8, 128] hbm:0x0 copies=[hbm@chip0.c1:0x0]
-.output y f32 [8, 128] hbm:0x10000 copies=[hbm@chip0.c1:0x20000]
-.core chip0.core0
-  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4096, flag=f1
-  wait f1, 1
-  vld v1, [s0 + 0]
-  vadd v2, v1, v1
-  vst v2, [s0 + 0x1000]
-  dma hbm:[s0 + 0x10000], vmem:[s0 + 0x1000], bytes=4096, flag=f2
-  wait f2, 1
-  halt
-.core chip0.core1
-  dma vmem:[s0 + 0], hbm:[s0 + 0], bytes=4096, flag=f1
-  wait f1, 1
-  vld v1, [s0 + 0]
-  {} v2, v1, v1
-  vst v2, [s0 + 0x1000]
-  dma hbm:[s0 + 0x20000], vmem:[s0 + 0x1000], bytes=4096, flag=f2
-  wait f2, 1
-  halt
-)",
-                       core1_op);
+  // Core 0 runs kProgram's code (y = x + x), core 1 the same with `core1_op` and
+  // its y at 0x20000.
+  const std::string core0 = std::string(kProgram).substr(std::string(kProgram).find(".core chip0.core0\n"));
+  auto program = [&](const std::string& core1_op) {
+    std::string core1 = core0;
+    core1.replace(core1.find("core0"), 5, "core1");
+    core1.replace(core1.find("vadd"), 4, core1_op);
+    core1.replace(core1.find("hbm:[s0 + 0x10000]"), 18, "hbm:[s0 + 0x20000]");
+    return ".target chips=1 cores=2 mxus=1\n.input  x f32 [8, 128] hbm:0x0 copies=[hbm@chip0.c1:0x0]\n"
+           ".output y f32 [8, 128] hbm:0x10000 copies=[hbm@chip0.c1:0x20000]\n" +
+           core0 + core1;
   };
   const std::string agree = assemble("agree", program("vadd")), differ = assemble("differ", program("vmul"));
   const Completed ok = tpusim({"run", agree, "--preset", "v4", "--input", input_arg(good_input_), "--out", out()});
