@@ -96,11 +96,10 @@ std::string send_entry_tokens_early(const std::string& code, const std::string& 
   for (size_t at = streams.find("\n  op "); at != std::string::npos; at = streams.find("\n  op ", at + 1))
     forked.insert(std::stoi(streams.substr(at + 6)));
   // The first op with tokens, and where its tokens are.
-  size_t first_token = lines.size();
-  for (size_t i = 0; i < lines.size() && first_token == lines.size(); ++i)
-    if (lines[i].find(kEntryTokenTag) != std::string::npos) first_token = i;
-  if (first_token == lines.size()) return code;
-  size_t op_line = first_token;  // the all_reduce's op line
+  const auto tagged = std::find_if(lines.begin(), lines.end(),
+                                   [](const std::string& l) { return l.find(kEntryTokenTag) != std::string::npos; });
+  if (tagged == lines.end()) return code;
+  size_t op_line = static_cast<size_t>(tagged - lines.begin());  // back to the all_reduce's op line
   while (op_line > 0 && op_of(lines[op_line]) < 0) --op_line;
   const int ar = op_of(lines[op_line]);
   if (ar < 0 || !slots.count(ar)) return code;

@@ -1024,7 +1024,7 @@ std::string print_bundle(const Bundle& b, bool pcs) {
   for (const auto& e : b.io) {
     o << "." << io_kind_name(e.kind) << " " << e.name << " " << dtype_name(e.dtype) << " [";
     for (size_t i = 0; i < e.shape.size(); ++i) o << (i ? ", " : "") << e.shape[i];
-    o << "] " << space_name(e.space) << "@chip" << e.chip << ".c" << e.core << ":" << hex(e.addr);
+    o << "] " << place_text({e.space, e.chip, e.core, e.addr});
     if (!e.strides.empty()) {
       o << " strides=[";
       for (size_t i = 0; i < e.strides.size(); ++i) o << (i ? ", " : "") << e.strides[i];
@@ -1032,9 +1032,7 @@ std::string print_bundle(const Bundle& b, bool pcs) {
     }
     if (e.spread != IoSpread::kOne) {
       o << " " << io_spread_name(e.spread) << "=[";
-      for (size_t i = 0; i < e.more.size(); ++i)
-        o << (i ? ", " : "") << space_name(e.more[i].space) << "@chip" << e.more[i].chip << ".c" << e.more[i].core
-          << ":" << hex(e.more[i].addr);
+      for (size_t i = 0; i < e.more.size(); ++i) o << (i ? ", " : "") << place_text(e.more[i]);
       o << "]";
     }
     if (e.kind == IoKind::kConst) {

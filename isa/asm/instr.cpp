@@ -1,5 +1,6 @@
 #include "isa/asm/instr.h"
 
+#include <cstdio>
 #include <set>
 #include <string>
 
@@ -149,6 +150,12 @@ const char* io_spread_name(IoSpread s) {
     case IoSpread::kCopies: return "copies";
   }
   return "?";
+}
+
+std::string place_text(const IoPlace& p) {
+  char addr[24];
+  std::snprintf(addr, sizeof addr, "0x%llx", static_cast<unsigned long long>(p.addr));
+  return std::string(space_name(p.space)) + "@chip" + std::to_string(p.chip) + ".c" + std::to_string(p.core) + ":" + addr;
 }
 
 std::vector<IoPlace> IoEntry::places() const {

@@ -279,6 +279,8 @@ struct IoPlace {
     return space == o.space && chip == o.chip && core == o.core && addr == o.addr;
   }
 };
+// "hbm@chip1.c0:0x4c3000", as the directives write a place (and messages name one).
+std::string place_text(const IoPlace& p);
 
 // How an entry with further places holds its tensor. kSplit: cut along its first
 // dimension into equal dense parts, part i at place i (a data-parallel board's

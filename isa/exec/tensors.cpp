@@ -170,12 +170,6 @@ std::string copies_disagree(const Machine& m, const IoEntry& e) {
     mem.read(p.addr, v.data(), bytes);
     return v;
   };
-  auto where = [](const isa::IoPlace& p) {
-    char addr[24];
-    std::snprintf(addr, sizeof addr, "0x%llx", static_cast<unsigned long long>(p.addr));
-    return std::string(isa::space_name(p.space)) + "@chip" + std::to_string(p.chip) + ".c" + std::to_string(p.core) + ":" +
-           addr;
-  };
   auto bits = [&](const std::vector<uint8_t>& v, size_t i) {
     uint32_t b = 0;
     for (size_t k = 0; k < es; ++k) b |= static_cast<uint32_t>(v[i * es + k]) << (8 * k);
@@ -190,7 +184,7 @@ std::string copies_disagree(const Machine& m, const IoEntry& e) {
     size_t i = 0;
     while (std::memcmp(v.data() + i * es, first.data() + i * es, es) == 0) ++i;
     return std::string(isa::io_kind_name(e.kind)) + " '" + e.name + "': its copy " + std::to_string(k) + " at " +
-           where(places[k]) + " differs from copy 0 at " + where(places[0]) + ", first at flat index " +
+           isa::place_text(places[k]) + " differs from copy 0 at " + isa::place_text(places[0]) + ", first at flat index " +
            std::to_string(i) + " (bits " + bits(v, i) + " against " + bits(first, i) + ")";
   }
   return {};
