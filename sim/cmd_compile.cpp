@@ -53,6 +53,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int urgent = 0;
     int arrival_order = 0;
     int inner_split = 0;
+    int64_t stream_from = 0;
     int onchip_when_needed = 1;
     int deferred_sends = 1;
     std::vector<std::string> sets;  // --set KEY=VALUE, as `tpusim run` takes them
@@ -106,6 +107,12 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   "(docs/codegen.md \"Inner pieces\"); 1 keeps one piece; 0 (the default): 4 where the chips "
                   "form a 3-D torus, else 1")
       ->check(CLI::Range(0, 16));
+  cmd->add_option("--stream-from", opt->stream_from,
+                  "A ring, bidirectional-ring or torus all-reduce streams once a step's widest chip-to-chip chunk "
+                  "holds this many fp32 elements, else takes the step-ordered lowering (docs/codegen.md "
+                  "\"When the others stream\"); 0 (the default): half a piece (32 Ki) for the bidirectional ring and "
+                  "torus algorithms where a move stays on a chip, else 1 (always)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--train", opt->train,
                   "Compile one training step instead: sgd:lr=X[,momentum=Y] (docs/training.md)");
   cmd->add_option("--loss", opt->loss, "Training loss: xent (one-hot labels) | xent-index | mse");
@@ -161,6 +168,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.urgent_sends = opt->urgent;
       lo.arrival_order = opt->arrival_order;
       lo.inner_split = opt->inner_split;
+      lo.stream_from_elems = opt->stream_from;
       lo.onchip_when_needed = opt->onchip_when_needed != 0;
       lo.deferred_sends = opt->deferred_sends != 0;
       lo.inputs_from_host = opt->infeed;

@@ -122,6 +122,14 @@ int64_t widest_chip_chunk(const ici::Schedule& sch) {
   return widest;
 }
 
+// Whether a move of the schedule stays on a chip, between its cores.
+bool moves_on_chip(const ReplicaSpec& s, const ici::Schedule& sch) {
+  for (const auto& step : sch.steps)
+    for (const ici::Move& m : step)
+      if (replica_chip(s, m.src) == replica_chip(s, m.dst)) return true;
+  return false;
+}
+
 // The most replicas one replica of the schedule sends to or receives from.
 int64_t most_peers(const ici::Schedule& sch) {
   std::map<int, std::set<int>> to, from;
@@ -1086,14 +1094,24 @@ void Emitter::lower_all_reduce(const Node& n) {
       std::max<int64_t>(1, std::min<int64_t>(kMaxPieceTiles, static_cast<int64_t>(opt_.target.vmem_bytes) / (4 * tile_bytes))) *
       kTileElems;
 
-  // The hierarchical algorithm always streams in fp32; the others once a step's
-  // widest chunk holds half a piece. The step-ordered lowering below takes a chunk
-  // whole (land in y, load, add, store, send), so nothing overlaps within a step:
-  // v3-8 16 MiB, bidir-ring 379,839 cycles (1.81x its closed form) step-ordered
-  // against 202,130 (0.96x) streamed, torus 348,772 against 203,459. Below half a
-  // piece the streams' entry tokens and credits cost more than the pieces gain
-  // (v3-8 1 MiB: bidir-ring 28,962 against 31,491, torus 20,725 against 23,129).
-  if (f32 && (sch.algorithm == ici::Algorithm::kHierarchical || 2 * widest_chip_chunk(sch) >= opt_.stream_piece_elems)) {
+  // The hierarchical algorithm always streams in fp32, and so do the others, but
+  // for the bidirectional ring and the torus algorithm where a move stays on a
+  // chip: those from a widest chunk of half a piece (LowerOptions::stream_from_elems).
+  // The step-ordered lowering below takes a chunk whole (land in y, load, add,
+  // store, send), so nothing overlaps within a step: v3-8 16 MiB, bidir-ring
+  // 379,839 cycles (1.81x its closed form) step-ordered against 202,130 (0.96x)
+  // streamed. With the entry tokens sent early (replicate.cpp) small ones gain
+  // too (docs/codegen.md "When the others stream", op cycles): v5e-8 torus 512
+  // KiB 38,366 -> 27,947, v3-8 ring 1 KiB 19,623 -> 17,714. Over two-core chips
+  // the step-ordered bidirectional ring and torus algorithm send a peer one
+  // message a step, one peer on chip, and win: v3-8 torus 16 KiB 12,513 against
+  // 15,293 streamed.
+  int64_t stream_from = opt_.stream_from_elems;
+  if (stream_from <= 0) {
+    const bool two_way = sch.algorithm == ici::Algorithm::kBidirectionalRing || sch.algorithm == ici::Algorithm::kTorus;
+    stream_from = two_way && moves_on_chip(s, sch) ? opt_.stream_piece_elems / 2 : 1;
+  }
+  if (f32 && (sch.algorithm == ici::Algorithm::kHierarchical || widest_chip_chunk(sch) >= stream_from)) {
     const int64_t piece = opt_.stream_piece_elems;
     // Three tries, the first that plans wins (docs/codegen.md "Streamed lowering"):
     // 1. sums sent straight from VMEM (fused), slices two steps apart sharing each

@@ -51,6 +51,12 @@ struct LowerOptions {
   // to reach those code paths with buffers the race checker gets through quickly.
   int64_t stream_piece_elems = 64 * 1024;
   int64_t stream_slice_elems = 1 << 20;
+  // A non-hierarchical fp32 all_reduce streams once a step's widest chip-to-chip
+  // chunk holds this many elements, and below that takes the step-ordered lowering
+  // (docs/codegen.md "When the others stream"); 0 the default: half a piece for
+  // the bidirectional ring and torus algorithms where a move stays on a chip,
+  // else 1 (every size). Tests set it high to reach the step-ordered lowering.
+  int64_t stream_from_elems = 0;
   // Instruction streams of a blocked streamed all-reduce (docs/codegen.md "Two
   // streams"): 2 or 3 plans with as many slot pools only and runs each pool's
   // blocks in its own stream (fork); 1, one program order; 0, the default: 2

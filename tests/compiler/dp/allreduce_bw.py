@@ -195,6 +195,7 @@ def main():
                     help="tpusim compile --all-reduce-streams (0 = the compiler's choice, 1 or 2)")
     ap.add_argument("--urgent", default="auto",
                     help="tpusim compile --urgent: auto, on or off (inner steps, credits and tokens as urgent ICI traffic)")
+    ap.add_argument("--stream-from", default="0", help="tpusim compile --stream-from (0: the default)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="tpusim run --set (a preset override, e.g. core.dma.remote_queue=own); repeatable")
     ap.add_argument("--sizes", default="1K,4K,16K,64K,256K,1M,4M,16M,64M")
@@ -241,7 +242,8 @@ def main():
         tpb, out = g + ".tpb", os.path.join(a.work, f"out_{s}")
         subprocess.run([a.tpusim, "compile", g, "--preset", a.preset, "--replicas", str(R), "--collective",
                         a.collective, "--block-lag", a.block_lag,
-                        "--all-reduce-streams", a.all_reduce_streams, "--urgent", a.urgent, "-o", tpb], check=True, stdout=subprocess.DEVNULL)
+                        "--all-reduce-streams", a.all_reduce_streams, "--urgent", a.urgent,
+                        "--stream-from", a.stream_from, "-o", tpb], check=True, stdout=subprocess.DEVNULL)
         big = n > parse_size(a.timeline_max)
         subprocess.run([a.tpusim, "run", tpb, "--preset", a.preset, "--random-inputs", "1", "--out", out] +
                        [arg for kv in a.set for arg in ("--set", kv)] +

@@ -348,10 +348,14 @@ TEST(DpLower, AnUnbatchedInputIsCopiedToEveryReplica) {
   }
 }
 
+// Small buffers: the ring streamed (and step-ordered, as the others are at this size).
 TEST(DpLower, AllReduceOnV38EveryAlgorithm) {
-  for (int R : {2, 4, 8})
+  for (int R : {2, 4, 8}) {
     for (const char* alg : {"ring", "bidir-ring", "torus", "auto"})
       expect_replicated_bit_exact(allreduce_ir(R, 37, 29), PrecisionPolicy::kDefault, kV38, R, alg);
+    expect_replicated_bit_exact(allreduce_ir(R, 37, 29), PrecisionPolicy::kDefault, kV38, R, "ring", true, 16ull << 20,
+                                [](LowerOptions& lo) { lo.stream_from_elems = int64_t{1} << 40; });
+  }
 }
 
 TEST(DpLower, AllReduceBf16AndHbmMode) {
@@ -433,21 +437,37 @@ TEST(DpLower, SlicesBetweenMultiplesOfTheirSizePlanOnOnePool) {
   EXPECT_NE(note.find("pieces up to 192 KiB"), std::string::npos) << note;
 }
 
-// Ring, bidir-ring and torus stream like the hierarchical algorithm once a step's
-// widest chunk holds half a piece: pieces land in the receiver's VMEM slots
-// (vmem@chip) and credits go SMEM to SMEM (smem@chip). Below that they keep the
-// step-ordered lowering, which has neither. Bit-exact under the race checker on
-// 8 replicas of v3-8 (4 KiB pieces so a 132 KB buffer streams).
-TEST(DpLower, EveryAlgorithmStreamsFromHalfAPieceAChunk) {
-  auto small_pieces = [](LowerOptions& lo) { lo.stream_piece_elems = 1024; };
-  for (const char* alg : {"ring", "bidir-ring", "torus"}) {
-    expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, alg, true, 16ull << 20,
-                                small_pieces);
-    EXPECT_NE(g_last_assembly.find("vmem@chip3.c1"), std::string::npos) << alg;
-    EXPECT_NE(g_last_assembly.find("smem@chip"), std::string::npos) << alg;
-    // the default 256 KiB pieces: every chunk is under half a piece
-    expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, alg, true);
-    EXPECT_EQ(g_last_assembly.find("smem@chip"), std::string::npos) << alg;
+// When ring, bidir-ring and torus stream (LowerOptions::stream_from_elems), as
+// the --explain note says ("streamed" against "step-ordered"): the ring at every
+// size, and so every algorithm on a board of one-core chips (v5e-8's 2x4); the
+// bidirectional ring and the torus algorithm over two-core chips (v3-8) only once
+// a step's widest chunk holds half a piece (with 4 KiB pieces a 132 KB buffer
+// does, with the default 256 KiB ones it does not). stream_from_elems overrides
+// the rule both ways. 5 elements over 8 replicas leave most chunks empty.
+// Bit-exact under the race checker.
+TEST(DpLower, WhenEachAlgorithmStreams) {
+  const Board v5e8{"v5e-8", ici::Topology(ici::TopologyKind::kTorus2d, {2, 4}), 1};
+  const auto streamed = [](const std::string& ir, const Board& board, const std::string& alg, int64_t piece, int64_t from) {
+    expect_replicated_bit_exact(ir, PrecisionPolicy::kDefault, board, 8, alg, true, 16ull << 20, [&](LowerOptions& lo) {
+      lo.stream_piece_elems = piece;
+      lo.stream_from_elems = from;
+      lo.explain_collectives = true;
+    });
+    // the explain note (the torus on v3-8 with small pieces also notes it goes unfused)
+    const std::string note = g_last_notes.empty() ? "" : g_last_notes.back();
+    EXPECT_NE(note.find("all-reduce/" + alg + " on "), std::string::npos) << note;
+    EXPECT_NE(note.find("; streamed") != std::string::npos, note.find("; step-ordered") != std::string::npos) << note;
+    return note.find("; streamed") != std::string::npos;
+  };
+  const std::string ir = allreduce_only_ir(8, 32, 1031);
+  const int64_t piece = LowerOptions().stream_piece_elems;
+  for (const std::string alg : {"ring", "bidir-ring", "torus"}) {
+    SCOPED_TRACE(alg);
+    EXPECT_TRUE(streamed(ir, kV38, alg, 1024, 0));
+    EXPECT_EQ(streamed(ir, kV38, alg, piece, 0), alg == "ring");
+    EXPECT_EQ(streamed(ir, kV38, alg, piece, alg == "ring" ? 1 << 20 : 1), alg != "ring");
+    EXPECT_TRUE(streamed(ir, v5e8, alg, piece, 0));
+    EXPECT_TRUE(streamed(allreduce_only_ir(8, 1, 5), v5e8, alg, piece, 0));
   }
 }
 
@@ -1220,8 +1240,8 @@ TEST(DpLower, ThreePoolsThatStallTakeWideSlots) {
 // `tpusim compile --explain` (LowerOptions::explain_collectives): one note per
 // all_reduce saying how it was lowered, and the same assembly as without it. On
 // v3-8 (auto = the hierarchical algorithm over the 2x2 chip torus) a buffer of
-// 4 slices' worth streams fused on 4 slices two steps apart; the ring over the
-// 8 replicas with chunks under half a piece is step-ordered; on v2-4x4 a buffer
+// 4 slices' worth streams fused on 4 slices two steps apart; the bidirectional
+// ring over the 8 replicas with chunks under half a piece is step-ordered; on v2-4x4 a buffer
 // cut into 3 blocks runs them ceil(T / 2) = 7 steps apart (T = 14: the on-chip
 // reduce-scatter and gather around 2 x (3 + 3) torus steps).
 TEST(DpLower, ExplainSaysHowEachAllReduceWasLowered) {
@@ -1250,8 +1270,8 @@ TEST(DpLower, ExplainSaysHowEachAllReduceWasLowered) {
   });
   contains(note, "all_reduce %g (op 1): all-reduce/hierarchical on torus2d 2x2 x 2 cores|slices=4|lag=2; streamed fused");
   contains(note, "pieces up to 4 KiB; the ordering run's estimate ");
-  note = lower(kV38, 8, "ring", 64, [](LowerOptions&) {});
-  contains(note, "all-reduce/ring on ");
+  note = lower(kV38, 8, "bidir-ring", 64, [](LowerOptions&) {});
+  contains(note, "all-reduce/bidir-ring on ");
   contains(note, "; step-ordered");
   // 8 x 1250 = 10000 elements a replica in blocks of at most 4096: 3 blocks.
   note = lower(kV2x4x4, 32, "auto", 1250, [](LowerOptions& lo) {
@@ -1288,7 +1308,12 @@ TEST(DpLower, TorusOnLessThanTheBoardsShapeLeavesANote) {
 // flag counts); bit-exact with the race checker in VMEM and in HBM mode (64 KiB of
 // VMEM).
 TEST(DpLower, StepOrderedRingBeyond33ReplicasReturnsCredits) {
-  auto explain = [](LowerOptions& lo) { lo.explain_collectives = true; };
+  // The ring streams at every size by default.
+  auto step_ordered = [](LowerOptions& lo) { lo.stream_from_elems = int64_t{1} << 40; };
+  auto explain = [&](LowerOptions& lo) {
+    step_ordered(lo);
+    lo.explain_collectives = true;
+  };
   for (const int R : {32, 34, 48}) {
     for (const uint64_t vmem : {16ull << 20, 64ull << 10}) {
       expect_replicated_bit_exact(allreduce_only_ir(R, 1, 256), PrecisionPolicy::kDefault, kV2x16x16, R, "ring", true,
@@ -1316,7 +1341,7 @@ TEST(DpLower, StepOrderedRingBeyond33ReplicasReturnsCredits) {
   ir << "graph ar {\n  input %x : f32[34,1,256]\n"
      << "  %s = reduce_sum(%x) {axes=[0], keepdims=0} : f32[1,256] #0\n"
      << "  %g = all_reduce(%s) : f32[1,256] #1\n  %h = all_reduce(%g) : f32[1,256] #2\n  output %h\n}\n";
-  expect_replicated_bit_exact(ir.str(), PrecisionPolicy::kDefault, kV2x16x16, 34, "ring");
+  expect_replicated_bit_exact(ir.str(), PrecisionPolicy::kDefault, kV2x16x16, 34, "ring", true, 16ull << 20, step_ordered);
   std::map<std::string, std::vector<int>> counts;  // each core's waits on its entry-token flag
   for_each_stream_line(g_last_assembly, [&](const std::string& core, int, const std::string& line) {
     if (const auto [f, count] = wait_of(line); !core.empty() && f == 52) counts[core].push_back(count);
