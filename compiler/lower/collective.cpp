@@ -1289,6 +1289,16 @@ void Emitter::lower_all_reduce(const Node& n) {
       auto tc_of = [&](const ici::Move& mv) {
         return urgent_data && 2 * ssch.chunks[static_cast<size_t>(mv.src_chunk)].elems <= widest ? ", tc=1" : "";
       };
+      // The way round (docs/codegen.md "Both links of a size-2 dimension"): a DMA
+      // to the neighbour on a size-2 dimension goes + from an even core by default,
+      // so on one-core chips a - group's pieces would share the + link with the +
+      // group's and leave the - link idle; they name the way. (Two-core chips
+      // already use both links, a core each, as the hierarchical algorithm's groups
+      // expect.)
+      auto way_of = [&](const ici::Move& mv) {
+        const bool minus = s.cores_per_chip == 1 && mv.direction < 0;
+        return minus && s.board.route_ties(replica_chip(s, me), replica_chip(s, mv.dst)) ? ", way=-" : "";
+      };
       const std::vector<int>& srcs = sp.sources[static_cast<size_t>(me)];
       const std::vector<int>& dsts = sp.dests[static_cast<size_t>(me)];
       auto idx = [](const std::vector<int>& v, int x) { return static_cast<int>(std::find(v.begin(), v.end(), x) - v.begin()); };
@@ -1397,7 +1407,8 @@ void Emitter::lower_all_reduce(const Node& n) {
         const int64_t bytes = (sp.atoms[static_cast<size_t>(a_end - 1)].second - sp.atoms[static_cast<size_t>(a)].first) * 4;
         line("dma " + target(t, k, a, m) + ", " + from + ", bytes=" + std::to_string(bytes) + ", flag=" +
              (buffer_flag < 0 ? send_flag_text() : "f" + std::to_string(buffer_flag)) +
-             ", rflag=f" + std::to_string(in_stream ? land_flag(mv.dst, me, m) : sp.outside_flag) + tc_of(mv));
+             ", rflag=f" + std::to_string(in_stream ? land_flag(mv.dst, me, m) : sp.outside_flag) + tc_of(mv) +
+             way_of(mv));
         if (buffer_flag < 0)
           count_send();
         else

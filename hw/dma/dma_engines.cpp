@@ -330,7 +330,7 @@ void DmaEngines::start(Issued&& it, int engine, uint64_t cycle) {
     rt.cycle = cycle;
     rt.src_hbm = in.src.space == Space::kHbm;
     rt.dst_hbm = in.dst.space == Space::kHbm;
-    rt.tie_direction = core % 2 ? -1 : +1;
+    rt.tie_direction = in.way != 0 ? in.way : (core % 2 ? -1 : +1);
     rt.traffic_class = in.tc;
     if (env_.path) {
       rt.path_core = env_.path->id;

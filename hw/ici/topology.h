@@ -59,6 +59,8 @@ class Topology {
   // says (+1 or -1), so a ring schedule can send its two directions over the two
   // parallel links of a size-2 dimension. Returns the ports taken, chip by chip.
   std::vector<int> route_ports(int src_chip, int dst_chip, int tie_direction = +1) const;
+  // Whether that route has such a tie, so tie_direction picks the links.
+  bool route_ties(int src_chip, int dst_chip) const { return route_ports(src_chip, dst_chip, +1) != route_ports(src_chip, dst_chip, -1); }
   int hops(int src_chip, int dst_chip) const { return int(route_ports(src_chip, dst_chip).size()); }
 
   // A ring through every chip in which consecutive chips are neighbours where the

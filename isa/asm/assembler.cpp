@@ -497,6 +497,10 @@ void Assembler::parse_with(const OpInfo& info, const std::vector<Token>& t, cons
       const int64_t c = full_expr(t, v);
       if (c < 0 || c >= kTrafficClasses) error(t[v.first], "expected tc=0 (bulk) or tc=1 (urgent)");
       in.tc = static_cast<uint8_t>(c);
+    } else if (info.op == Op::kDma && key == "way") {
+      const std::string w = v.second == v.first + 1 ? t[v.first].text : "";
+      if (w != "+" && w != "-") error(t[v.first], "expected way=+ or way=-");
+      in.way = static_cast<int8_t>(w == "+" ? 1 : -1);
     } else if (info.op == Op::kDma && (key == "flag" || key == "rflag")) {
       (key == "flag" ? in.flag : in.rflag) = static_cast<int16_t>(flag_operand(t, v));
     } else {
@@ -974,6 +978,7 @@ std::string print_instr(const Instr& in, const CoreProgram& prog) {
     if (in.flag >= 0) ops.push_back("flag=f" + std::to_string(in.flag));
     if (in.rflag >= 0) ops.push_back("rflag=f" + std::to_string(in.rflag));
     if (in.tc) ops.push_back("tc=" + std::to_string(in.tc));
+    if (in.way) ops.push_back(in.way > 0 ? "way=+" : "way=-");
   } else {
     for (const char* c = info.signature; *c; ++c) {
       switch (*c) {

@@ -91,8 +91,9 @@ void encode_instr(const Instr& in, std::vector<uint64_t>& out) {
   const uint64_t op = static_cast<uint64_t>(in.op);
   if (in.op == Op::kDma) {
     const uint64_t flag1 = static_cast<uint64_t>(in.flag + 1) & 0x1FF, rflag1 = static_cast<uint64_t>(in.rflag + 1) & 0x1FF;
-    out.push_back(op | (flag1 & 0xFF) << 8 | (rflag1 & 0xFF) << 16 | static_cast<uint64_t>(in.ndims & 0xF) << 24 |
-                  static_cast<uint64_t>(in.tc & 1) << 28 | (flag1 >> 8) << 29 | (rflag1 >> 8) << 30 | u32(in.imm) << 32);
+    const uint64_t way = in.way > 0 ? 1 : in.way < 0 ? 2 : 0;
+    out.push_back(op | (flag1 & 0xFF) << 8 | (rflag1 & 0xFF) << 16 | static_cast<uint64_t>(in.ndims & 0x3) << 24 |
+                  way << 26 | static_cast<uint64_t>(in.tc & 1) << 28 | (flag1 >> 8) << 29 | (rflag1 >> 8) << 30 | u32(in.imm) << 32);
     out.push_back(encode_endpoint(in.dst));
     out.push_back(encode_endpoint(in.src));
     for (int i = 0; i < in.ndims && i < kMaxDmaDims; ++i) {
@@ -129,11 +130,13 @@ std::vector<Instr> decode(const uint64_t* w, size_t n) {
     if (in.op == Op::kDma) {
       in.flag = static_cast<int16_t>(static_cast<int>(((w0 >> 8) & 0xFF) | ((w0 >> 29) & 1) << 8) - 1);
       in.rflag = static_cast<int16_t>(static_cast<int>(((w0 >> 16) & 0xFF) | ((w0 >> 30) & 1) << 8) - 1);
-      in.ndims = static_cast<uint8_t>((w0 >> 24) & 0xF);
+      in.ndims = static_cast<uint8_t>((w0 >> 24) & 0x3);
+      const uint64_t way = (w0 >> 26) & 0x3;
+      if (way == 3) bad(at, "bad DMA way (3)");
+      in.way = static_cast<int8_t>(way == 1 ? 1 : way == 2 ? -1 : 0);
       in.tc = static_cast<uint8_t>((w0 >> 28) & 1);
       if ((w0 >> 31) & 1) bad(at, "nonzero reserved bit 31 in a DMA");
       in.imm = s32(w0 >> 32);
-      if (in.ndims > kMaxDmaDims) bad(at, "more than 3 DMA dimensions");
       if (n - i < 2 + 2 * static_cast<size_t>(in.ndims)) bad(at, "truncated DMA instruction");
       in.dst = decode_endpoint(w[i], i);
       ++i;

@@ -83,6 +83,7 @@ std::string check_instr(const Target& t, const CoreProgram& p, size_t i) {
     case Op::kDma: {
       if (in.ndims > kMaxDmaDims) return where(p, i) + ": more than 3 outer DMA dimensions";
       if (in.tc >= kTrafficClasses) return where(p, i) + ": DMA traffic class must be 0 or 1";
+      if (in.way < -1 || in.way > 1) return where(p, i) + ": DMA way must be +1, -1 or 0";
       if (in.flag < -1 || in.flag >= kSyncFlags || in.rflag < -1 || in.rflag >= kSyncFlags)
         return where(p, i) + ": DMA flag out of range";
       for (const DmaEndpoint* e : {&in.dst, &in.src}) {
@@ -181,7 +182,7 @@ uint64_t IoEntry::place_bytes() const {
 bool Instr::same_encoding(const Instr& o) const {
   if (op != o.op || a != o.a || b != o.b || c != o.c || d != o.d || imm != o.imm || imm2 != o.imm2) return false;
   if (op != Op::kDma) return true;
-  if (!(dst == o.dst) || !(src == o.src) || ndims != o.ndims || flag != o.flag || rflag != o.rflag || tc != o.tc)
+  if (!(dst == o.dst) || !(src == o.src) || ndims != o.ndims || flag != o.flag || rflag != o.rflag || tc != o.tc || way != o.way)
     return false;
   for (int i = 0; i < ndims && i < kMaxDmaDims; ++i)
     if (!(dims[i] == o.dims[i])) return false;

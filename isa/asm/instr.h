@@ -213,6 +213,11 @@ struct Instr {
   // 0 bulk, 1 urgent (its packets go ahead of bulk ones at every inject port and
   // router output, on buffers of their own). No effect on local transfers.
   uint8_t tc = 0;
+  // The way round a wrapping dimension when the destination chip is exactly half
+  // way round it (docs/isa.md "Way round"): +1 or -1; 0 the default, + from even
+  // cores and - from odd ones. A size-2 dimension's two chips are joined by a +
+  // and a - link, so a one-core chip needs this to use both.
+  int8_t way = 0;
   // Not part of the encoding: where the instruction came from.
   uint32_t line = 0;   // source line in the .s file (0 unknown)
   int32_t op_id = -1;  // graph op id from the latest `op N` marker (-1 none)

@@ -94,6 +94,7 @@ Instr random_instr(std::mt19937& g, Op op, uint32_t code_size, int mxus) {
     in.flag = static_cast<int16_t>(u(isa::kSyncFlags + 1) - 1);
     in.rflag = static_cast<int16_t>(u(isa::kSyncFlags + 1) - 1);
     in.tc = static_cast<uint8_t>(u(isa::kTrafficClasses));
+    in.way = static_cast<int8_t>(static_cast<int>(u(3)) - 1);
     return in;
   }
   uint16_t* regs[4] = {&in.a, &in.b, &in.c, &in.d};
@@ -225,6 +226,7 @@ TEST(IsaAsmErrors, EachClassNamesFileLineColumn) {
       {"  wait f511, 1\n", "t.s:1:8: error: sync flag 'f511' out of range"},
       {"  li s1, (3\n", "t.s:1:"},
       {"  dma vmem:[s0], hbm:[s0], bytes=4, tc=2\n", "t.s:1:40: error: expected tc=0 (bulk) or tc=1 (urgent)"},
+      {"  dma vmem:[s0], hbm:[s0], bytes=4, way=1\n", "t.s:1:41: error: expected way=+ or way=-"},
       {"  op 3\n  op -2\n", "t.s:2: error: chip0.core0 instruction 1 (line 2): op id -2 is negative"},
   };
   for (const auto& c : cases) {
@@ -300,6 +302,19 @@ TEST(IsaBundleErrors, BadEncoding) {
   auto dma = encode(assemble("  dma vmem:[s0], hbm:[s0], bytes=4, tc=1\n  halt\n", "d.s").cores[0].code);
   EXPECT_EQ(decode(dma.data(), dma.size())[0].tc, 1);
   dma[0] |= 1ull << 31;
+  EXPECT_THROW(decode(dma.data(), dma.size()), DecodeError);
+  // The way round is bits 26-27 (0 the default, 1 +, 2 -), above a 2-bit ndims.
+  const uint64_t dma_op = static_cast<uint64_t>(Op::kDma);
+  for (const auto& [text, way] : {std::pair<const char*, uint64_t>{"way=+", 1}, {"way=-", 2}}) {
+    const auto w = encode(assemble(std::string("  dma vmem:[s0], hbm:[s0], bytes=4, dim=2:4:4, ") + text + "\n  halt\n", "d.s").cores[0].code);
+    EXPECT_EQ(w[0], dma_op | 1ull << 24 | way << 26 | 4ull << 32) << text;
+    const Instr in = decode(w.data(), w.size())[0];
+    EXPECT_EQ(in.way, way == 1 ? 1 : -1);
+    EXPECT_EQ(in.ndims, 1);
+  }
+  dma = encode(assemble("  dma vmem:[s0], hbm:[s0], bytes=4\n  halt\n", "d.s").cores[0].code);
+  EXPECT_EQ(decode(dma.data(), dma.size())[0].way, 0);
+  dma[0] |= 3ull << 26;
   EXPECT_THROW(decode(dma.data(), dma.size()), DecodeError);
 }
 

@@ -1675,5 +1675,35 @@ TEST(DpLower, BadReplicaCountsAreOneLineErrors) {
   }
 }
 
+// The way round (docs/codegen.md "Both links of a size-2 dimension"): on v5e-8's
+// one-core chips (2x4, dimension 0 of size 2: chip c's neighbour there is c ^ 1)
+// the torus algorithm's - groups send to that neighbour with `way=-` and the +
+// groups without, so both links carry pieces; no other DMA names a way, and on
+// v3-8's two-core chips none does. Bit-exact under the race checker.
+TEST(DpLower, OneCoreChipsSendTheMinusGroupsTheMinusWay) {
+  const Board v5e8{"v5e-8", ici::Topology(ici::TopologyKind::kTorus2d, {2, 4}), 1};
+  expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, v5e8, 8, "torus");
+  std::map<std::string, std::pair<int, int>> to_neighbour;  // core -> (sends with way=-, without)
+  for_each_stream_line(g_last_assembly, [&](const std::string& core, int, const std::string& line) {
+    if (core.empty() || line.rfind("  dma vmem@chip", 0) != 0 || line.find("bytes=4,") != std::string::npos) return;
+    const int me = std::stoi(core.substr(4)), dst = std::stoi(line.substr(std::string("  dma vmem@chip").size()));
+    const bool minus = line.find(", way=-") != std::string::npos;
+    EXPECT_EQ(line.find("way=+"), std::string::npos) << line;
+    if (dst == (me ^ 1))
+      (minus ? to_neighbour[core].first : to_neighbour[core].second)++;
+    else
+      EXPECT_FALSE(minus) << core << ": " << line;
+  });
+  ASSERT_EQ(to_neighbour.size(), 8u);
+  for (const auto& [core, n] : to_neighbour) {
+    EXPECT_GT(n.first, 0) << core;
+    EXPECT_GT(n.second, 0) << core;
+  }
+  expect_replicated_bit_exact(allreduce_only_ir(8, 32, 1031), PrecisionPolicy::kDefault, kV38, 8, "torus", true, 16ull << 20,
+                              [](LowerOptions& lo) { lo.stream_piece_elems = 1024; });
+  EXPECT_NE(g_last_assembly.find("smem@chip"), std::string::npos);  // streamed
+  EXPECT_EQ(g_last_assembly.find("way="), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tpusim::compiler
