@@ -171,6 +171,9 @@ std::string collective_program(const Schedule& s, const ProgramOptions& o) {
           ++sent[m.dst];
           flags = ", flag=f" + std::to_string(done) + ", rflag=f" + std::to_string(from_flag[size_t(m.dst)].at(c));
         }
+        // A - ring's message to the neighbour on a size-2 dimension takes the - link,
+        // as the network-level run routes it (the DMA's default is + on core 0).
+        if (m.direction < 0 && s.topology.route_ties(c, m.dst)) flags += ", way=-";
         p += "  dma vmem@chip" + std::to_string(m.dst) + ".c0:[s0 + " + hex(dst) + "], vmem:[s0 + " +
              hex(from.offset * 4) + "], bytes=" + std::to_string(from.elems * 4) + flags + "\n";
         continue;
