@@ -1241,9 +1241,9 @@ TEST(DpLower, ThreePoolsThatStallTakeWideSlots) {
 // all_reduce saying how it was lowered, and the same assembly as without it. On
 // v3-8 (auto = the hierarchical algorithm over the 2x2 chip torus) a buffer of
 // 4 slices' worth streams fused on 4 slices two steps apart; the bidirectional
-// ring over the 8 replicas with chunks under half a piece is step-ordered; on v2-4x4 a buffer
-// cut into 3 blocks runs them ceil(T / 2) = 7 steps apart (T = 14: the on-chip
-// reduce-scatter and gather around 2 x (3 + 3) torus steps).
+// ring over the 8 replicas with chunks under half a piece is step-ordered; on
+// v2-4x4 a buffer cut into 3 blocks runs them ceil(T / 2) = 7 steps apart (T =
+// 14: the on-chip reduce-scatter and gather around 2 x (3 + 3) torus steps).
 TEST(DpLower, ExplainSaysHowEachAllReduceWasLowered) {
   auto lower = [](const Board& board, int replicas, const std::string& alg, int64_t cols,
                   const std::function<void(LowerOptions&)>& tweak) {
