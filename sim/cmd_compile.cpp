@@ -110,8 +110,8 @@ void add_compile_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--stream-from", opt->stream_from,
                   "A ring, bidirectional-ring or torus all-reduce streams once a step's widest chip-to-chip chunk "
                   "holds this many fp32 elements, else takes the step-ordered lowering (docs/codegen.md "
-                  "\"When the others stream\"); 0 (the default): half a piece (32 Ki) for the bidirectional ring and "
-                  "torus algorithms where a move stays on a chip, else 1 (always)")
+                  "\"When the others stream\"); 0 (the default): where a move stays on a chip, half a piece (32 Ki) "
+                  "for the bidirectional ring and a quarter (16 Ki) for the torus algorithm, else 1 (always)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--train", opt->train,
                   "Compile one training step instead: sgd:lr=X[,momentum=Y] (docs/training.md)");

@@ -1096,7 +1096,8 @@ void Emitter::lower_all_reduce(const Node& n) {
 
   // The hierarchical algorithm always streams in fp32, and so do the others, but
   // for the bidirectional ring and the torus algorithm where a move stays on a
-  // chip: those from a widest chunk of half a piece (LowerOptions::stream_from_elems).
+  // chip: those from a widest chunk of half or a quarter of a piece
+  // (LowerOptions::stream_from_elems).
   // The step-ordered lowering below takes a chunk whole (land in y, load, add,
   // store, send), so nothing overlaps within a step: v3-8 16 MiB, bidir-ring
   // 379,839 cycles (1.81x its closed form) step-ordered against 202,130 (0.96x)
@@ -1105,11 +1106,16 @@ void Emitter::lower_all_reduce(const Node& n) {
   // KiB 38,366 -> 27,947, v3-8 ring 1 KiB 19,623 -> 17,714. Over two-core chips
   // the step-ordered bidirectional ring and torus algorithm send a peer one
   // message a step, one peer on chip, and win: v3-8 torus 16 KiB 12,513 against
-  // 15,293 streamed.
+  // 15,293 streamed. They do so up to half a piece a chunk for the bidirectional
+  // ring (v4-8 1.5 MiB 37,150 against 40,279), but only up to a quarter for the
+  // torus algorithm, whose widest chunk is the first of several dimensions' steps
+  // (v4-8 768 KiB 20,577 against 18,283; a quarter piece is also where a piece
+  // ends at the next step's chunks, so its sum goes on from VMEM).
   int64_t stream_from = opt_.stream_from_elems;
   if (stream_from <= 0) {
+    const bool torus = sch.algorithm == ici::Algorithm::kTorus && replica_topology(s).num_dims() >= 2;
     const bool two_way = sch.algorithm == ici::Algorithm::kBidirectionalRing || sch.algorithm == ici::Algorithm::kTorus;
-    stream_from = two_way && moves_on_chip(s, sch) ? opt_.stream_piece_elems / 2 : 1;
+    stream_from = !two_way || !moves_on_chip(s, sch) ? 1 : opt_.stream_piece_elems / (torus ? 4 : 2);
   }
   if (f32 && (sch.algorithm == ici::Algorithm::kHierarchical || widest_chip_chunk(sch) >= stream_from)) {
     const int64_t piece = opt_.stream_piece_elems;

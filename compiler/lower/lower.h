@@ -53,9 +53,10 @@ struct LowerOptions {
   int64_t stream_slice_elems = 1 << 20;
   // A non-hierarchical fp32 all_reduce streams once a step's widest chip-to-chip
   // chunk holds this many elements, and below that takes the step-ordered lowering
-  // (docs/codegen.md "When the others stream"); 0 the default: half a piece for
-  // the bidirectional ring and torus algorithms where a move stays on a chip,
-  // else 1 (every size). Tests set it high to reach the step-ordered lowering.
+  // (docs/codegen.md "When the others stream"); 0 the default: where a move
+  // stays on a chip, half a piece for the bidirectional ring and a quarter for the
+  // torus algorithm on 2 or more dimensions, else 1 (every size). Tests set it
+  // high to reach the step-ordered lowering.
   int64_t stream_from_elems = 0;
   // Instruction streams of a blocked streamed all-reduce (docs/codegen.md "Two
   // streams"): 2 or 3 plans with as many slot pools only and runs each pool's

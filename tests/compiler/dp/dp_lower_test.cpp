@@ -440,11 +440,14 @@ TEST(DpLower, SlicesBetweenMultiplesOfTheirSizePlanOnOnePool) {
 // When ring, bidir-ring and torus stream (LowerOptions::stream_from_elems), as
 // the --explain note says ("streamed" against "step-ordered"): the ring at every
 // size, and so every algorithm on a board of one-core chips (v5e-8's 2x4); the
-// bidirectional ring and the torus algorithm over two-core chips (v3-8) only once
-// a step's widest chunk holds half a piece (with 4 KiB pieces a 132 KB buffer
-// does, with the default 256 KiB ones it does not). stream_from_elems overrides
-// the rule both ways. 5 elements over 8 replicas leave most chunks empty.
-// Bit-exact under the race checker.
+// bidirectional ring over two-core chips (v3-8) only once a step's widest chunk
+// holds half a piece, and the torus algorithm there once it holds a quarter: a
+// 132 KB buffer's widest chunk is 2,750 elements in the torus algorithm's first
+// step and 2,062 in the bidirectional ring, so with 4 KiB pieces both stream,
+// with 32 KiB ones only the torus algorithm (2,048 its threshold, 4,096 the
+// ring's), with 64 KiB and the default 256 KiB neither. stream_from_elems
+// overrides the rule both ways. 5 elements over 8 replicas leave most chunks
+// empty. Bit-exact under the race checker.
 TEST(DpLower, WhenEachAlgorithmStreams) {
   const Board v5e8{"v5e-8", ici::Topology(ici::TopologyKind::kTorus2d, {2, 4}), 1};
   const auto streamed = [](const std::string& ir, const Board& board, const std::string& alg, int64_t piece, int64_t from) {
@@ -464,6 +467,8 @@ TEST(DpLower, WhenEachAlgorithmStreams) {
   for (const std::string alg : {"ring", "bidir-ring", "torus"}) {
     SCOPED_TRACE(alg);
     EXPECT_TRUE(streamed(ir, kV38, alg, 1024, 0));
+    EXPECT_EQ(streamed(ir, kV38, alg, 8192, 0), alg != "bidir-ring");
+    EXPECT_EQ(streamed(ir, kV38, alg, 16384, 0), alg == "ring");
     EXPECT_EQ(streamed(ir, kV38, alg, piece, 0), alg == "ring");
     EXPECT_EQ(streamed(ir, kV38, alg, piece, alg == "ring" ? 1 << 20 : 1), alg != "ring");
     EXPECT_TRUE(streamed(ir, v5e8, alg, piece, 0));
