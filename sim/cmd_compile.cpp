@@ -56,6 +56,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
     int64_t stream_from = 0;
     int onchip_when_needed = 1;
     int deferred_sends = 1;
+    int half_pieces = 1;
     std::vector<std::string> sets;  // --set KEY=VALUE, as `tpusim run` takes them
     std::string train, loss = "xent", emit_graph;  // training step (docs/training.md)
     bool infeed = false;
@@ -90,6 +91,11 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   "A streamed all-reduce's consume whose one fused send goes on a stream credits its source and goes "
                   "on, the send waiting for its slot later (on, the default), or waits for that slot first (off; "
                   "docs/codegen.md \"Deferred sends\")")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"on", 1}, {"off", 0}}));
+  cmd->add_option("--half-pieces", opt->half_pieces,
+                  "A hierarchical all-reduce that runs whole (one slice, one block) also plans on half pieces and "
+                  "keeps the plan its ordering run finishes first (on, the default), or takes whole pieces (off; "
+                  "docs/codegen.md \"Half pieces\")")
       ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"on", 1}, {"off", 0}}));
   cmd->add_option("--urgent", opt->urgent,
                   "A streamed all-reduce's inner-dimension sends, credits and entry tokens as urgent ICI traffic "
@@ -171,6 +177,7 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       lo.stream_from_elems = opt->stream_from;
       lo.onchip_when_needed = opt->onchip_when_needed != 0;
       lo.deferred_sends = opt->deferred_sends != 0;
+      lo.half_pieces = opt->half_pieces != 0;
       lo.inputs_from_host = opt->infeed;
       lo.explain_collectives = opt->explain;
       if (opt->rep.replicas > 1) lo.target.chips = static_cast<uint32_t>(board_chips);

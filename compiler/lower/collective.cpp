@@ -1169,7 +1169,8 @@ void Emitter::lower_all_reduce(const Node& n) {
                             (streams >= 2 ? "|streams=" + std::to_string(streams) : "") +
                             (inner_split > 1 ? "|inner=" + std::to_string(inner_split) : "") +
                             (opt_.late_sends != 0 ? "|late=" + std::to_string(opt_.late_sends) : "") +
-                            (opt_.onchip_when_needed ? "" : "|onchip-asap") + (opt_.deferred_sends ? "" : "|undeferred");
+                            (opt_.onchip_when_needed ? "" : "|onchip-asap") + (opt_.deferred_sends ? "" : "|undeferred") +
+                            (opt_.half_pieces ? "" : "|whole-pieces");
     std::shared_ptr<const StreamPlan> plan;
     {
       std::lock_guard<std::mutex> lock(stream_mutex);
@@ -1226,6 +1227,21 @@ void Emitter::lower_all_reduce(const Node& n) {
       };
       std::shared_ptr<StreamPlan> fresh = fused_plan(streams);
       if (!fresh && opt_.all_reduce_streams == 0 && streams == 3) fresh = fused_plan(1);
+      // A hierarchical all-reduce that runs whole (one slice, one block) on pieces
+      // of more than half a piece also tries half pieces and keeps whichever plan
+      // the ordering run finishes first: where the on-chip step sends whole pieces
+      // and a torus step's chunk is one piece, each hop waits for all of it (v3-8
+      // 2 MiB: 28,890 cycles on 256 KiB pieces, 23,028 on 128 KiB; docs/codegen.md
+      // "Half pieces"). Sliced, the slices overlap the steps already, and the extra
+      // messages cost more than the run sees (16 MiB: 103,130 against 118,170).
+      // The torus algorithm over v5e-8's one-core chips, whose links are half as
+      // fast as the run's, lost as often as it gained (1.5 MiB 44,242 -> 45,603,
+      // 2 MiB 59,188 -> 54,771).
+      if (opt_.half_pieces && hier && fresh && fresh->unfused_why.empty() && blocks.size() <= 1 &&
+          fresh->sched.steps.size() == sch.steps.size() && fresh->max_piece > piece / 2 && piece / 2 >= kTileElems)
+        if (auto half = fused_attempt(1, piece / 2, false);
+            half && half->sched.steps.size() == sch.steps.size() && half->makespan < fresh->makespan)
+          fresh = half;
       if (!fresh) {
         // Unfused, slices only hold the ring up (a sum is stored and read back
         // anyway): v4-4x4x4 256 MiB planned 8.3 M cycles on 2 slices, 2.2 M whole.

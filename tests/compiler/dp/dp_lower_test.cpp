@@ -476,6 +476,47 @@ TEST(DpLower, WhenEachAlgorithmStreams) {
   }
 }
 
+// Half pieces (LowerOptions::half_pieces): a buffer that runs whole (one slice)
+// on pieces larger than half a piece also plans on half pieces and keeps that
+// plan where its ordering run is shorter (the --explain estimate). On v3-8 with
+// pieces of 4,096 elements, 32,768 a replica is a 2 MiB buffer at the real sizes:
+// each core's on-chip reduce-scatter sends whole pieces and a torus group's chunk
+// is one piece, so the next hop waits for all of it (2 MiB: 28,890 cycles on whole
+// pieces, 23,028 on half). A buffer cut in slices (98,304 elements, slices of
+// 65,536) and one whose pieces are already at most half a piece (16,384) keep
+// their bundle. Bit-exact under the race checker either way.
+TEST(DpLower, WholeBuffersTryHalfPieces) {
+  auto lowered = [](int64_t elems, bool half) {
+    expect_replicated_bit_exact(allreduce_only_ir(8, 8, elems / 8), PrecisionPolicy::kDefault, kV38, 8, "auto", true,
+                                16ull << 20, [&](LowerOptions& lo) {
+                                  lo.stream_piece_elems = 4096;
+                                  lo.stream_slice_elems = 65536;
+                                  lo.half_pieces = half;
+                                  lo.explain_collectives = true;
+                                });
+    EXPECT_EQ(g_last_notes.size(), 1u);
+    const std::string note = g_last_notes.empty() ? "" : g_last_notes.back();
+    auto number_after = [&](const std::string& what) {
+      const size_t at = note.find(what);
+      return at == std::string::npos ? int64_t(-1) : std::stoll(note.substr(at + what.size()));
+    };
+    return std::make_tuple(number_after("pieces up to "), number_after("estimate "), note, g_last_assembly);
+  };
+  const auto [whole_piece, whole_estimate, whole_note, whole_asm] = lowered(32768, false);
+  const auto [half_piece, half_estimate, half_note, half_asm] = lowered(32768, true);
+  EXPECT_EQ(whole_piece, 16) << whole_note;  // KiB: 4,096 elements
+  EXPECT_EQ(half_piece, 8) << half_note;
+  EXPECT_LT(half_estimate, whole_estimate) << half_note;
+  for (int64_t elems : {int64_t(98304), int64_t(16384)}) {
+    SCOPED_TRACE(elems);
+    const auto off = lowered(elems, false);
+    const auto on = lowered(elems, true);
+    EXPECT_EQ(std::get<2>(off), std::get<2>(on));
+    EXPECT_EQ(std::get<3>(off), std::get<3>(on));
+    EXPECT_EQ(std::get<2>(on).find("|slices=2") != std::string::npos, elems == 98304) << std::get<2>(on);
+  }
+}
+
 // Where no fused plan exists the lowering streams unfused (every sum stored to y and
 // read back to be sent) and says so: the torus algorithm on v3-8's replica topology
 // [2, 2, 2] sends a first step of ~11 pieces on each stream, more than its 6 slots,
