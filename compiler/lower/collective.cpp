@@ -1237,7 +1237,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       // The torus algorithm over v5e-8's one-core chips, whose links are half as
       // fast as the run's, lost as often as it gained (1.5 MiB 44,242 -> 45,603,
       // 2 MiB 59,188 -> 54,771).
-      if (opt_.half_pieces && hier && fresh && fresh->unfused_why.empty() && blocks.size() <= 1 &&
+      if (opt_.half_pieces && hier && fresh && blocks.size() <= 1 &&
           fresh->sched.steps.size() == sch.steps.size() && fresh->max_piece > piece / 2 && piece / 2 >= kTileElems)
         if (auto half = fused_attempt(1, piece / 2, false);
             half && half->sched.steps.size() == sch.steps.size() && half->makespan < fresh->makespan)
