@@ -963,17 +963,23 @@ ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int6
   int64_t shortest = sch.elements;
   for (size_t i = 0; i + 1 < cuts.size(); ++i) shortest = std::min(shortest, cuts[i + 1] - cuts[i]);
   // The fewest slices whose parts are at most a piece, so a part is one message
-  // (and, with pools, a pool's slots can hold twice a step's pieces); one pool
-  // takes no more slices than slice_elems makes. Parts of at least a piece, as
-  // before session 52, sent a part just over a piece as a piece and a sliver,
-  // whose extra messages stalled the one-pool plan: v3-8 9 / 13 / 17 MiB took the
-  // two-pool one, 86,392 / 118,856 / 141,435 cycles, against 65,780 / 86,794 /
-  // 113,733 now (docs/codegen.md "Streamed lowering").
+  // (and, with pools, a pool's slots can hold twice a step's pieces). Parts of at
+  // least a piece, as before session 52, sent a part just over a piece as a piece
+  // and a sliver, whose extra messages stalled the one-pool plan: v3-8 9 / 13 / 17
+  // MiB took the two-pool one, 86,392 / 118,856 / 141,435 cycles, against 65,780 /
+  // 86,794 / 113,733 (docs/codegen.md "Streamed lowering"). One pool takes parts
+  // of at most 3/4 of a piece, and no more slices than 3/4 of slice_elems makes:
+  // with parts of a whole piece every hop waits for all of one while the next
+  // slice's steps overlap it anyway (v3-8 8 / 16 / 32 / 64 MiB: 58,685 / 103,118 /
+  // 185,092 / 350,929 cycles on 2 / 4 / 8 / 16 slices, 55,100 / 96,481 / 180,371 /
+  // 347,373 on 3 / 6 / 11 / 22). Parts of half a piece lost again at 16 MiB
+  // (103,029 on 8 slices): a part's fixed costs no longer hide.
   int64_t longest = 0;
   for (size_t i = 0; i + 1 < cuts.size(); ++i) longest = std::max(longest, cuts[i + 1] - cuts[i]);
-  const int64_t S = (sch.elements + slice_elems - 1) / slice_elems < 2 ? 1
-                    : pools > 1 ? (longest + piece - 1) / piece
-                                : std::min((sch.elements + slice_elems - 1) / slice_elems, (shortest + piece - 1) / piece);
+  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const int64_t S = ceil_div(sch.elements, slice_elems) < 2 ? 1
+                    : pools > 1 ? ceil_div(longest, piece)
+                                : std::min(ceil_div(sch.elements * 4, slice_elems * 3), ceil_div(shortest * 4, piece * 3));
   if (S < 2) return sch;
   ici::Schedule out = sch;
   out.name = sch.name + "|slices=" + std::to_string(S);

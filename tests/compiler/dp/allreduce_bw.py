@@ -139,16 +139,19 @@ def two_blocks(chip_dims, n, block):
 def slices_hierarchical(chip_dims, n):
     """S of the lowering: on 16 chips or more, the contiguous blocks of
     all_reduce_blocks (ceil(n / 8 MiB) above 8 MiB, and 2 above 4 MiB where the
-    chips form a 3-D torus); else ceil(n / 4 MiB), but no more than a segment
-    between two chunk boundaries (n / (2 D P): 2 cores, D groups each, P chips)
-    holds pieces."""
+    chips form a 3-D torus); else one up to 4 MiB, and above it the fewest slices
+    whose parts of a segment between two chunk boundaries (n / (2 D P): 2 cores,
+    D groups each, P chips) are at most 3/4 of a piece, but no more than 3/4 of
+    4 MiB makes (slice_schedule's one-pool rule, session 89)."""
     D, P = len(chip_dims), 1
     for k in chip_dims:
         P *= k
     if P >= 16:
         return 2 if two_blocks(chip_dims, n, BLOCK_BYTES) else max(1, -(-n // BLOCK_BYTES))
+    if n <= SLICE_BYTES:
+        return 1
     seg = n // (2 * D * P)
-    return max(1, min(-(-n // SLICE_BYTES), seg // PIECE_BYTES))
+    return max(1, min(-(-4 * n // (3 * SLICE_BYTES)), -(-4 * seg // (3 * PIECE_BYTES))))
 
 
 def closed_form_hierarchical_sliced(chip_dims, n):

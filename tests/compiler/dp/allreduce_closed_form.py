@@ -17,10 +17,11 @@ them, 1.45 with the torus algorithm on [2, 2, 2]; see the docs).
 
 Then 16 MiB per replica (each replica pads its own random element with ones; the
 output is each replica's row sums of its result, not the result itself, whose copy to
-chip 0 would be timed with the op), which the lowering runs on 4 slices: again bit
+chip 0 would be timed with the op), which the lowering runs on 6 slices: again bit
 for bit the functional reference, and the
 cycles between 0.97 and 1.15 times the alpha-beta bound of that sliced schedule
-(closed_form_hierarchical_sliced; measured 1.055 in session 36 (207a970), 1.08 in session 35 (00826e5), 1.31 at 8a1e615, 1.24 before the cores took
+(closed_form_hierarchical_sliced; measured 0.993 in session 89 on 6 slices, 1.033
+on 4 before that, 1.055 in session 36 (207a970), 1.08 in session 35 (00826e5), 1.31 at 8a1e615, 1.24 before the cores took
 turns at the memory port, with copies that are sent on landing in VMEM, 1.45 when they landed in y and were read back, 1.11 before the HBM ends of
 remote transfers and the on-chip copies' writes were timed: the bound counts only
 the links; at this size on v3-8 the sends' reads, the landings' writes and the

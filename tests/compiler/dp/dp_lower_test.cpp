@@ -1308,13 +1308,14 @@ TEST(DpLower, ExplainSaysHowEachAllReduceWasLowered) {
     EXPECT_NE(note.find(what), std::string::npos) << "'" << what << "' not in: " << note;
   };
   // 8 x 8192 = 64 Ki elements a replica, slices of 16 Ki, pieces of 1 Ki: S =
-  // min(4 slices' worth, the shortest segment / a piece) = 4, the segments being
-  // E / 16 (a core's half, its 2 groups, a ring of 2 in each of the 2 dimensions).
+  // min(E / (3/4 of a slice), the shortest segment / (3/4 of a piece)) = 6, the
+  // segments being E / 16 (a core's half, its 2 groups, a ring of 2 in each of
+  // the 2 dimensions).
   std::string note = lower(kV38, 8, "auto", 8192, [](LowerOptions& lo) {
     lo.stream_piece_elems = 1024;
     lo.stream_slice_elems = 16 * 1024;
   });
-  contains(note, "all_reduce %g (op 1): all-reduce/hierarchical on torus2d 2x2 x 2 cores|slices=4|lag=2; streamed fused");
+  contains(note, "all_reduce %g (op 1): all-reduce/hierarchical on torus2d 2x2 x 2 cores|slices=6|lag=2; streamed fused");
   contains(note, "pieces up to 4 KiB; the ordering run's estimate ");
   note = lower(kV38, 8, "bidir-ring", 64, [](LowerOptions&) {});
   contains(note, "all-reduce/bidir-ring on ");
