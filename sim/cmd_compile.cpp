@@ -93,9 +93,9 @@ void add_compile_command(CLI::App& app, int& exit_code) {
                   "docs/codegen.md \"Deferred sends\")")
       ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"on", 1}, {"off", 0}}));
   cmd->add_option("--half-pieces", opt->half_pieces,
-                  "A hierarchical all-reduce that runs whole (one slice, one block) also plans on half pieces and "
-                  "keeps the plan its ordering run finishes first (on, the default), or takes whole pieces (off; "
-                  "docs/codegen.md \"Half pieces\")")
+                  "A hierarchical all-reduce that runs whole (one slice, one block) also plans on pieces of half its "
+                  "largest and keeps the plan its ordering run finishes first (on, the default), or takes the first "
+                  "plan's pieces (off; docs/codegen.md \"Half pieces\")")
       ->transform(CLI::CheckedTransformer(std::map<std::string, int>{{"on", 1}, {"off", 0}}));
   cmd->add_option("--urgent", opt->urgent,
                   "A streamed all-reduce's inner-dimension sends, credits and entry tokens as urgent ICI traffic "

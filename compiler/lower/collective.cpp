@@ -1233,19 +1233,25 @@ void Emitter::lower_all_reduce(const Node& n) {
       };
       std::shared_ptr<StreamPlan> fresh = fused_plan(streams);
       if (!fresh && opt_.all_reduce_streams == 0 && streams == 3) fresh = fused_plan(1);
-      // A hierarchical all-reduce that runs whole (one slice, one block) on pieces
-      // of more than half a piece also tries half pieces and keeps whichever plan
-      // the ordering run finishes first: where the on-chip step sends whole pieces
-      // and a torus step's chunk is one piece, each hop waits for all of it (v3-8
-      // 2 MiB: 28,890 cycles on 256 KiB pieces, 23,028 on 128 KiB; docs/codegen.md
-      // "Half pieces"). Sliced, the slices overlap the steps already, and the extra
-      // messages cost more than the run sees (16 MiB: 103,130 against 118,170).
-      // The torus algorithm over v5e-8's one-core chips, whose links are half as
-      // fast as the run's, lost as often as it gained (1.5 MiB 44,242 -> 45,603,
-      // 2 MiB 59,188 -> 54,771).
-      if (opt_.half_pieces && hier && fresh && blocks.size() <= 1 &&
-          fresh->sched.steps.size() == sch.steps.size() && fresh->max_piece > piece / 2 && piece / 2 >= kTileElems)
-        if (auto half = fused_attempt(1, piece / 2, false);
+      // A hierarchical all-reduce that runs whole (one slice, one block), larger
+      // than a piece, on pieces of at least half a piece also tries pieces of half
+      // its largest (rounded up to a tile, so no segment is cut into a piece and a
+      // sliver: 1100 KiB 16,683 cycles, 18,717 rounded down) and keeps whichever
+      // plan the ordering run finishes first: where the on-chip step sends whole
+      // pieces and a torus step's chunk is one piece, each hop waits for all of it
+      // (v3-8 2 MiB: 28,890 cycles on 256 KiB pieces, 23,028 on 128 KiB; 1 MiB,
+      // whose largest are two 64 KiB segments: 18,824 -> 16,047; docs/codegen.md
+      // "Half pieces"). A buffer of one piece is latency-bound and loses (256 KiB:
+      // 12,430 -> 12,681), and so does cutting under half a piece what the half
+      // plan has at 128 KiB (2 / 4 MiB: 23,021 / 31,551 -> 24,284 / 36,639).
+      // Sliced, the slices overlap the steps already, and the extra messages cost
+      // more than the run sees (16 MiB: 103,130 against 118,170). The torus
+      // algorithm over v5e-8's one-core chips, whose links are half as fast as the
+      // run's, lost as often as it gained (1.5 MiB 44,242 -> 45,603, 2 MiB 59,188
+      // -> 54,771).
+      if (opt_.half_pieces && hier && fresh && blocks.size() <= 1 && sch.elements > piece &&
+          fresh->sched.steps.size() == sch.steps.size() && fresh->max_piece >= piece / 2 && piece / 2 >= kTileElems)
+        if (auto half = fused_attempt(1, (fresh->max_piece / 2 + kTileElems - 1) / kTileElems * kTileElems, false);
             half && half->sched.steps.size() == sch.steps.size() && half->makespan < fresh->makespan)
           fresh = half;
       if (!fresh) {

@@ -73,10 +73,10 @@ struct LowerOptions {
   // is free (docs/codegen.md "Deferred sends"); false: the consume waits for that
   // slot first, for comparison.
   bool deferred_sends = true;
-  // A hierarchical all-reduce that runs whole (one slice, one block) on pieces of
-  // more than half a piece also plans on half pieces and keeps the plan the
-  // ordering run finishes first (docs/codegen.md "Half pieces"); false: whole
-  // pieces only, for comparison.
+  // A hierarchical all-reduce that runs whole (one slice, one block), larger than
+  // a piece, on pieces of at least half a piece also plans on pieces of half its
+  // largest and keeps the plan the ordering run finishes first (docs/codegen.md
+  // "Half pieces"); false: the first plan's pieces only, for comparison.
   bool half_pieces = true;
   // The streamed all-reduce's inner-dimension sends, credits and entry tokens as
   // urgent ICI traffic (tc=1; docs/codegen.md "Urgent messages"): 1 on, 2 off
