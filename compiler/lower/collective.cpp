@@ -397,7 +397,7 @@ std::string plan_stream(const ici::Schedule& sch, const std::vector<std::vector<
     for (const auto& pieces : step)
       for (const auto& [a0, a1] : pieces)
         sp.max_piece = std::max(sp.max_piece, sp.atoms[static_cast<size_t>(a1 - 1)].second - sp.atoms[static_cast<size_t>(a0)].first);
-  sp.max_piece = (sp.max_piece + kTileElems - 1) / kTileElems * kTileElems;
+  sp.max_piece = align_up(sp.max_piece, kTileElems);
   peers_of(sch, sp.sources, sp.dests);
   const int64_t most = most_peers(sch);
   if (most > 6) return "a replica exchanges with more than 6 others";
@@ -1251,7 +1251,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       // -> 54,771).
       if (opt_.half_pieces && hier && fresh && blocks.size() <= 1 && sch.elements > piece &&
           fresh->sched.steps.size() == sch.steps.size() && fresh->max_piece >= piece / 2 && piece / 2 >= kTileElems)
-        if (auto half = fused_attempt(1, (fresh->max_piece / 2 + kTileElems - 1) / kTileElems * kTileElems, false);
+        if (auto half = fused_attempt(1, align_up(fresh->max_piece / 2, kTileElems), false);
             half && half->sched.steps.size() == sch.steps.size() && half->makespan < fresh->makespan)
           fresh = half;
       if (!fresh) {
