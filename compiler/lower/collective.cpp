@@ -1234,13 +1234,14 @@ void Emitter::lower_all_reduce(const Node& n) {
       std::shared_ptr<StreamPlan> fresh = fused_plan(streams);
       if (!fresh && opt_.all_reduce_streams == 0 && streams == 3) fresh = fused_plan(1);
       // A hierarchical all-reduce that runs whole (one slice, one block), larger
-      // than a piece, on pieces of at least half a piece also tries pieces of half
-      // its largest (rounded up to a tile, so no segment is cut into a piece and a
-      // sliver: 1100 KiB 16,683 cycles, 18,717 rounded down) and keeps whichever
-      // plan the ordering run finishes first: where the on-chip step sends whole
-      // pieces and a torus step's chunk is one piece, each hop waits for all of it
-      // (v3-8 2 MiB: 28,890 cycles on 256 KiB pieces, 23,028 on 128 KiB; 1 MiB,
-      // whose largest are two 64 KiB segments: 18,824 -> 16,047; docs/codegen.md
+      // than a piece, also tries pieces of half its largest (rounded up to a tile,
+      // so no segment is cut into a piece and a sliver: 1100 KiB 16,683 cycles,
+      // 18,717 rounded down) and keeps whichever plan the ordering run finishes
+      // first: where the on-chip step sends whole pieces and a torus step's chunk
+      // is one piece, each hop waits for all of it (v3-8 2 MiB: 28,890 cycles on
+      // 256 KiB pieces, 23,028 on 128 KiB; 1 MiB, whose largest are two 64 KiB
+      // segments: 18,824 -> 16,047; the MLP's 814 KB bucket, whose largest are its
+      // 100 KiB segments, under half a piece: 17,604 -> 15,031; docs/codegen.md
       // "Half pieces"). A buffer of one piece is latency-bound and loses (256 KiB:
       // 12,430 -> 12,681), and so does cutting under half a piece what the half
       // plan has at 128 KiB (2 / 4 MiB: 23,021 / 31,551 -> 24,284 / 36,639).
@@ -1250,10 +1251,11 @@ void Emitter::lower_all_reduce(const Node& n) {
       // run's, lost as often as it gained (1.5 MiB 44,242 -> 45,603, 2 MiB 59,188
       // -> 54,771).
       if (opt_.half_pieces && hier && fresh && blocks.size() <= 1 && sch.elements > piece &&
-          fresh->sched.steps.size() == sch.steps.size() && fresh->max_piece >= piece / 2 && piece / 2 >= kTileElems)
-        if (auto half = fused_attempt(1, align_up(fresh->max_piece / 2, kTileElems), false);
-            half && half->sched.steps.size() == sch.steps.size() && half->makespan < fresh->makespan)
-          fresh = half;
+          fresh->sched.steps.size() == sch.steps.size() && piece / 2 >= kTileElems)
+        if (const int64_t half_cap = align_up(fresh->max_piece / 2, kTileElems); half_cap < fresh->max_piece)
+          if (auto half = fused_attempt(1, half_cap, false);
+              half && half->sched.steps.size() == sch.steps.size() && half->makespan < fresh->makespan)
+            fresh = half;
       if (!fresh) {
         // Unfused, slices only hold the ring up (a sum is stored and read back
         // anyway): v4-4x4x4 256 MiB planned 8.3 M cycles on 2 slices, 2.2 M whole.

@@ -74,9 +74,9 @@ struct LowerOptions {
   // slot first, for comparison.
   bool deferred_sends = true;
   // A hierarchical all-reduce that runs whole (one slice, one block), larger than
-  // a piece, on pieces of at least half a piece also plans on pieces of half its
-  // largest and keeps the plan the ordering run finishes first (docs/codegen.md
-  // "Half pieces"); false: the first plan's pieces only, for comparison.
+  // a piece, also plans on pieces of half its largest and keeps the plan the
+  // ordering run finishes first (docs/codegen.md "Half pieces"); false: the first
+  // plan's pieces only, for comparison.
   bool half_pieces = true;
   // The streamed all-reduce's inner-dimension sends, credits and entry tokens as
   // urgent ICI traffic (tc=1; docs/codegen.md "Urgent messages"): 1 on, 2 off

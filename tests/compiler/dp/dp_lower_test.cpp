@@ -477,22 +477,25 @@ TEST(DpLower, WhenEachAlgorithmStreams) {
 }
 
 // Half pieces (LowerOptions::half_pieces): a buffer that runs whole (one slice)
-// and is larger than a piece, on pieces of at least half a piece, also plans on
-// pieces of half its largest and keeps that plan where its ordering run is shorter
-// (the --explain estimate). On v3-8 with pieces of 4,096 elements, 32,768 a
-// replica is a 2 MiB buffer at the real sizes: each core's on-chip reduce-scatter
-// sends whole pieces and a torus group's chunk is one piece, so the next hop waits
-// for all of it (2 MiB: 28,890 cycles on whole pieces, 23,028 on half). 16,384 is
-// 1 MiB, whose largest pieces are exactly half a piece (two segments merged; 1
-// MiB: 18,824 cycles on 128 KiB pieces, 16,047 on 64 KiB). A buffer cut in slices
+// and is larger than a piece also plans on pieces of half its largest and keeps
+// that plan where its ordering run is shorter (the --explain estimate). On v3-8
+// with pieces of 4,096 elements, 32,768 a replica is a 2 MiB buffer at the real
+// sizes: each core's on-chip reduce-scatter sends whole pieces and a torus group's
+// chunk is one piece, so the next hop waits for all of it (2 MiB: 28,890 cycles on
+// whole pieces, 23,028 on half). 16,384 is 1 MiB, whose largest pieces are exactly
+// half a piece (two segments merged; 1 MiB: 18,824 cycles on 128 KiB pieces,
+// 16,047 on 64 KiB). 24,576 with pieces of 8,192 is the MLP's 814 KB bucket, whose
+// largest pieces (its 3/8-piece segments) are under half a piece and were not
+// tried before session 90 (17,604 cycles on 100 KiB pieces, 15,031 on 52 KiB).
+// A buffer cut in slices
 // (98,304 elements, slices of 65,536) and one of a single piece (4,096,
 // latency-bound: 256 KiB lost 2% on half pieces) keep their bundle. Bit-exact
 // under the race checker either way.
 TEST(DpLower, WholeBuffersTryHalfPieces) {
-  auto lowered = [](int64_t elems, bool half) {
+  auto lowered = [](int64_t elems, bool half, int64_t piece = 4096) {
     expect_replicated_bit_exact(allreduce_only_ir(8, 8, elems / 8), PrecisionPolicy::kDefault, kV38, 8, "auto", true,
                                 16ull << 20, [&](LowerOptions& lo) {
-                                  lo.stream_piece_elems = 4096;
+                                  lo.stream_piece_elems = piece;
                                   lo.stream_slice_elems = 65536;
                                   lo.half_pieces = half;
                                   lo.explain_collectives = true;
@@ -505,11 +508,12 @@ TEST(DpLower, WholeBuffersTryHalfPieces) {
     };
     return std::make_tuple(number_after("pieces up to "), number_after("estimate "), note, g_last_assembly);
   };
-  // (elements, KiB of the largest piece off and on)
-  for (const auto& [elems, off_kib, on_kib] : {std::tuple<int64_t, int64_t, int64_t>{32768, 16, 8}, {16384, 8, 4}}) {
+  // (elements, piece elements, KiB of the largest piece off and on)
+  for (const auto& [elems, piece, off_kib, on_kib] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{32768, 4096, 16, 8}, {16384, 4096, 8, 4}, {24576, 8192, 12, 8}}) {
     SCOPED_TRACE(elems);
-    const auto [whole_piece, whole_estimate, whole_note, whole_asm] = lowered(elems, false);
-    const auto [half_piece, half_estimate, half_note, half_asm] = lowered(elems, true);
+    const auto [whole_piece, whole_estimate, whole_note, whole_asm] = lowered(elems, false, piece);
+    const auto [half_piece, half_estimate, half_note, half_asm] = lowered(elems, true, piece);
     EXPECT_EQ(whole_piece, off_kib) << whole_note;
     EXPECT_EQ(half_piece, on_kib) << half_note;
     EXPECT_LT(half_estimate, whole_estimate) << half_note;
@@ -1573,11 +1577,16 @@ TEST(DpLower, SmallFinalCopiesGoAsOneMessage) {
 // begin, so each group's first torus send goes straight from the VMEM sum (pieces
 // of 4096 elements against groups' chunks of 2062: a piece used to span two of
 // them, was stored to y and sent from HBM). With pieces of 16 Ki elements the
-// chunks are below a quarter of a piece and stay merged (one message, not four).
+// chunks are below a quarter of a piece and stay merged (one message, not four);
+// that case runs without the half-piece try, whose plan on pieces of half the
+// largest (session 90) cuts them at the groups' chunks again.
 TEST(DpLower, FirstTorusSendsGoFromVmem) {
   for (int64_t piece : {4096, 16384}) {
     expect_replicated_bit_exact(allreduce_only_ir(32, 32, 1031), PrecisionPolicy::kDefault, kV2x4x4, 32, "auto", true,
-                                16ull << 20, [piece](LowerOptions& lo) { lo.stream_piece_elems = piece; });
+                                16ull << 20, [piece](LowerOptions& lo) {
+                                  lo.stream_piece_elems = piece;
+                                  lo.half_pieces = piece == 4096;
+                                });
     std::istringstream in(g_last_assembly);
     std::string line, core;
     std::set<int> seen;  // remote chips this core has sent to
