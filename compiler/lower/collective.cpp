@@ -1240,8 +1240,8 @@ void Emitter::lower_all_reduce(const Node& n) {
       // first: where the on-chip step sends whole pieces and a torus step's chunk
       // is one piece, each hop waits for all of it (v3-8 2 MiB: 28,890 cycles on
       // 256 KiB pieces, 23,028 on 128 KiB; 1 MiB, whose largest are two 64 KiB
-      // segments: 18,824 -> 16,047; the MLP's 814 KB bucket, whose largest are its
-      // 100 KiB segments, under half a piece: 17,604 -> 15,031; docs/codegen.md
+      // segments: 18,824 -> 16,047; the MLP's 814 KB bucket, whose largest are two
+      // 51 KB segments, 100 KiB, under half a piece: 17,604 -> 15,031; docs/codegen.md
       // "Half pieces"). A buffer of one piece is latency-bound and loses (256 KiB:
       // 12,430 -> 12,681), and so does cutting under half a piece what the half
       // plan has at 128 KiB (2 / 4 MiB: 23,021 / 31,551 -> 24,284 / 36,639).

@@ -485,12 +485,11 @@ TEST(DpLower, WhenEachAlgorithmStreams) {
 // whole pieces, 23,028 on half). 16,384 is 1 MiB, whose largest pieces are exactly
 // half a piece (two segments merged; 1 MiB: 18,824 cycles on 128 KiB pieces,
 // 16,047 on 64 KiB). 24,576 with pieces of 8,192 is the MLP's 814 KB bucket, whose
-// largest pieces (its 3/8-piece segments) are under half a piece and were not
-// tried before session 90 (17,604 cycles on 100 KiB pieces, 15,031 on 52 KiB).
-// A buffer cut in slices
-// (98,304 elements, slices of 65,536) and one of a single piece (4,096,
-// latency-bound: 256 KiB lost 2% on half pieces) keep their bundle. Bit-exact
-// under the race checker either way.
+// largest pieces (two segments merged, 3/8 of a piece) are under half a piece and
+// were not tried before session 90 (17,604 cycles on 100 KiB pieces, 15,031 on 52
+// KiB). A buffer cut in slices (98,304 elements, slices of 65,536) and one of a
+// single piece (4,096, latency-bound: 256 KiB lost 2% on half pieces) keep their
+// bundle. Bit-exact under the race checker either way.
 TEST(DpLower, WholeBuffersTryHalfPieces) {
   auto lowered = [](int64_t elems, bool half, int64_t piece = 4096) {
     expect_replicated_bit_exact(allreduce_only_ir(8, 8, elems / 8), PrecisionPolicy::kDefault, kV38, 8, "auto", true,
