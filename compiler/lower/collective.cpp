@@ -1233,6 +1233,8 @@ void Emitter::lower_all_reduce(const Node& n) {
       };
       std::shared_ptr<StreamPlan> fresh = fused_plan(streams);
       if (!fresh && opt_.all_reduce_streams == 0 && streams == 3) fresh = fused_plan(1);
+      // A plan on one slice has the schedule's steps; slices add steps.
+      auto runs_whole = [&](const StreamPlan& p) { return p.sched.steps.size() == sch.steps.size(); };
       // A hierarchical all-reduce that runs whole (one slice, one block), larger
       // than a piece, also tries pieces of half its largest (rounded up to a tile,
       // so no segment is cut into a piece and a sliver: 1100 KiB 16,683 cycles,
@@ -1251,17 +1253,17 @@ void Emitter::lower_all_reduce(const Node& n) {
       // run's, lost as often as it gained (1.5 MiB 44,242 -> 45,603, 2 MiB 59,188
       // -> 54,771).
       if (opt_.half_pieces && hier && fresh && blocks.size() <= 1 && sch.elements > piece &&
-          fresh->sched.steps.size() == sch.steps.size() && piece / 2 >= kTileElems)
+          runs_whole(*fresh) && piece / 2 >= kTileElems)
         if (const int64_t half_cap = align_up(fresh->max_piece / 2, kTileElems); half_cap < fresh->max_piece)
           if (auto half = fused_attempt(1, half_cap, false);
-              half && half->sched.steps.size() == sch.steps.size() && half->makespan < fresh->makespan)
+              half && runs_whole(*half) && half->makespan < fresh->makespan)
             fresh = half;
       if (!fresh) {
         // Unfused, slices only hold the ring up (a sum is stored and read back
         // anyway): v4-4x4x4 256 MiB planned 8.3 M cycles on 2 slices, 2.2 M whole.
         // Take whichever the ordering run finishes first.
         fresh = attempt(1, piece, false, LateSends::kNone, sliced);
-        if (fresh && fresh->sched.steps.size() != sch.steps.size())
+        if (fresh && !runs_whole(*fresh))
           if (auto whole = attempt(1, piece, false, LateSends::kNone, no_slices); whole && whole->makespan < fresh->makespan)
             fresh = whole;
         if (fresh) {
