@@ -151,7 +151,7 @@ def slices_hierarchical(chip_dims, n):
     if n <= SLICE_BYTES:
         return 1
     seg = n // (2 * D * P)
-    return max(1, min(-(-4 * n // (3 * SLICE_BYTES)), -(-4 * seg // (3 * PIECE_BYTES))))
+    return min(-(-4 * n // (3 * SLICE_BYTES)), -(-4 * seg // (3 * PIECE_BYTES)))
 
 
 def closed_form_hierarchical_sliced(chip_dims, n):
