@@ -73,8 +73,10 @@ def main():
             xs = [1 << k for k in range(10, 29)]
             ax.plot(xs, [gb(n, bw.closed_form_hierarchical(cdims, n)) for n in xs], "-", color="tab:red",
                     label=f"closed form, hierarchical: 2 cores x torus {'x'.join(map(str, cdims))}")
-            ax.plot(xs, [gb(n, bw.closed_form_hierarchical_sliced(cdims, n)) for n in xs], "--", color="tab:red",
-                    label="its bound on the lowering's slices (pipelined)")
+            ax.plot(xs, [gb(n, bw.closed_form_hierarchical_pieces(cdims, n)) for n in xs], "--", color="tab:red",
+                    label="its bound on the lowering's slices and pieces (pipelined)")
+            ax.plot(xs, [gb(n, bw.closed_form_hierarchical_sliced(cdims, n)) for n in xs], ":", color="tab:red",
+                    lw=1, label="the same with the on-chip steps of a slice whole")
             ax.plot([r["bytes"] for r in rows], [r["algbw_gbps"] for r in rows], "s", color="tab:red",
                     label=f"compiled all_reduce, {rows[0]['replicas']} replicas, chip model (fast)")
         hier = [r for r in net if r[0] == preset and r[1] == "hierarchical"]

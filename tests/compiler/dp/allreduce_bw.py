@@ -167,6 +167,23 @@ def closed_form_hierarchical_sliced(chip_dims, n):
     return closed_form_hierarchical(chip_dims, m) + (S - 1) * max(link, onchip)
 
 
+def closed_form_hierarchical_pieces(chip_dims, n):
+    """The sliced bound with the lowering's pieces in it, the pipelined form of the
+    algorithm as lowered: every move goes in pieces of at most PIECE_BYTES, so the
+    torus steps start once the first on-chip reduce-scatter piece has landed and
+    the last on-chip all-gather piece follows the last torus step; the other
+    on-chip pieces run under the torus steps. The pipeline's fill and drain on
+    chip are therefore one piece each, 2 (alpha + min(piece, m / 2) beta) for a
+    slice of m bytes, where the sliced bound has the first slice's half buffer
+    (m / 2) in each. Equals the sliced bound up to 512 KiB a slice."""
+    S = slices_hierarchical(chip_dims, n)
+    m = n / S
+    link = torus_groups(chip_dims, m, 0.0)
+    onchip = 2 * m / 2 / ONCHIP_B
+    fill_drain = 2 * (ONCHIP_ALPHA + min(PIECE_BYTES, m / 2) / ONCHIP_B)
+    return torus_groups(chip_dims, m, ICI_ALPHA) + fill_drain + (S - 1) * max(link, onchip)
+
+
 def timeline_span(path):
     """(us, cycles) from the last replica's start of op 1 to the last one's end."""
     ev = json.load(open(path))
@@ -229,8 +246,8 @@ def main():
             if d > 1:
                 dims.append(d)
     print("| preset | replicas | algorithm | bytes/replica | cycles | us | algbw GB/s | closed form (links shared) "
-          "| sim/closed | closed form (per group) | sim/closed | sliced bound | sim/sliced |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| sim/closed | closed form (per group) | sim/closed | sliced bound | sim/sliced | piece bound | sim/pieces |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = json.load(open(a.json)) if a.json and os.path.exists(a.json) else []
     for s in a.sizes.split(","):
         n = parse_size(s)
@@ -267,18 +284,19 @@ def main():
         if alg == "hierarchical":
             cf = cl = closed_form_hierarchical(dims[1:], n)
             cs = closed_form_hierarchical_sliced(dims[1:], n)
+            cp = closed_form_hierarchical_pieces(dims[1:], n)
         else:
             cf = closed_form(alg, dims, n, cores)
             cl = closed_form_links(dims, n, cores) if alg == "torus" else cf
             # The torus algorithm's groups share links (on v5e-8's 2x4 the size-4
             # dimension's carry 9/16 of the buffer each way, the size-2 one's 5/16),
             # so its links-shared form is the bound; the per-group form is below it.
-            cs = cl
+            cs = cp = cl
         print(f"| {a.preset} | {R} | {alg} | {s}iB | {cyc:.0f} | {us:.1f} | {n / (us * 1e-6) / 1e9:.2f} | {cl:.0f} | "
-              f"{cyc / cl:.3f} | {cf:.0f} | {cyc / cf:.3f} | {cs:.0f} | {cyc / cs:.3f} |", flush=True)
+              f"{cyc / cl:.3f} | {cf:.0f} | {cyc / cf:.3f} | {cs:.0f} | {cyc / cs:.3f} | {cp:.0f} | {cyc / cp:.3f} |", flush=True)
         if a.json:
             rows.append({"preset": a.preset, "replicas": R, "algorithm": alg, "bytes": n, "cycles": round(cyc),
-                         "us": us, "algbw_gbps": n / (us * 1e-6) / 1e9, "closed_links": cl, "closed_group": cf, "closed_sliced": cs,
+                         "us": us, "algbw_gbps": n / (us * 1e-6) / 1e9, "closed_links": cl, "closed_group": cf, "closed_sliced": cs, "closed_pieces": cp,
                          "clock": CLOCK, "span_from": "stats.json" if big else "timeline"})
             json.dump(rows, open(a.json, "w"), indent=1)
 

@@ -5,12 +5,15 @@ on the SystemC model (fast mode): the result equals the same bundle on the
 functional reference (`--check-races`: the lowered program is well synchronised)
 bit for bit, two runs give identical outputs and stats.json (but for the host's wall
 time), and the all_reduce's cycles (allreduce_bw.py's timeline span)
-lie between the algorithm's alpha-beta closed form (allreduce_bw.py,
-docs/validation.md "Compiled all-reduce against its closed form") and 1.35 times it.
+lie between the algorithm's alpha-beta closed form with the lowering's pieces
+(closed_form_hierarchical_pieces in allreduce_bw.py: one 256 KiB piece of each
+on-chip step exposed, the rest under the torus steps; docs/validation.md
+"Compiled all-reduce against its closed form") and 1.35 times it.
 The lower end fails if a run beats the links' bandwidth (a link counted twice, a
 tie sent both ways at once); the upper end is a regression bound, not the 5% the
 acceptance asks for, which the compiled all_reduce does not reach at this size
-(measured 1.26 in session 36, 207a970; 1.25 in session 35, 00826e5; 1.33 at 8a1e615, since the HBM ends of remote transfers and the writes of on-chip
+(measured 1.084 of the piece form in session 91, 1.014 of the form with both on-chip
+steps whole; 1.26 in session 36, 207a970; 1.25 in session 35, 00826e5; 1.33 at 8a1e615, since the HBM ends of remote transfers and the writes of on-chip
 HBM-to-HBM copies are timed through the memory, which the closed form leaves out;
 1.18 before that with the streamed lowering and kept partial sums, 1.22 without
 them, 1.45 with the torus algorithm on [2, 2, 2]; see the docs).
@@ -20,7 +23,9 @@ output is each replica's row sums of its result, not the result itself, whose co
 chip 0 would be timed with the op), which the lowering runs on 6 slices: again bit
 for bit the functional reference, and the
 cycles between 0.97 and 1.15 times the alpha-beta bound of that sliced schedule
-(closed_form_hierarchical_sliced; measured 0.993 in session 89 on 6 slices, 1.033
+with its pieces (closed_form_hierarchical_pieces; measured 1.041 in session 91, and
+against the bound with the first slice's on-chip steps whole,
+closed_form_hierarchical_sliced, 0.993 in session 89 on 6 slices, 1.033
 on 4 before that, 1.055 in session 36 (207a970), 1.08 in session 35 (00826e5), 1.31 at 8a1e615, 1.24 before the cores took
 turns at the memory port, with copies that are sent on landing in VMEM, 1.45 when they landed in y and were read back, 1.11 before the HBM ends of
 remote transfers and the on-chip copies' writes were timed: the bound counts only
@@ -80,9 +85,10 @@ def main():
     cycles = round(bw.timeline_span(os.path.join(w, "run1", "t.json"))[1])
     bw.ICI_B = 82.0e9 * 0.8681 / bw.CLOCK
     # auto picks the hierarchical algorithm on v3-8 (2 cores per chip, 4 chips)
-    closed = bw.closed_form_hierarchical([2, 2], E * 4)
+    closed = bw.closed_form_hierarchical_pieces([2, 2], E * 4)
     ratio = cycles / closed
-    print(f"all_reduce of {E * 4} bytes per replica: {cycles} cycles, closed form {closed:.0f}, ratio {ratio:.3f}")
+    print(f"all_reduce of {E * 4} bytes per replica: {cycles} cycles, closed form with pieces {closed:.0f}, "
+          f"ratio {ratio:.3f}")
     if not 0.97 <= ratio <= 1.35:
         sys.exit(f"all_reduce took {ratio:.3f} x its closed form, outside [0.97, 1.35]")
 
@@ -100,10 +106,10 @@ def main():
     run(t, "run", tpb, "--preset", "v3-8", "--random-inputs", "7", "--out", out, "--timeline", os.path.join(out, "t.json"))
     run(t, "diff", os.path.join(w, "ref16"), out)
     cycles = round(bw.timeline_span(os.path.join(out, "t.json"))[1])
-    bound = bw.closed_form_hierarchical_sliced([2, 2], E16 * 4)
+    bound = bw.closed_form_hierarchical_pieces([2, 2], E16 * 4)
     ratio = cycles / bound
     print(f"all_reduce of {E16 * 4} bytes per replica ({bw.slices_hierarchical([2, 2], E16 * 4)} slices): {cycles} "
-          f"cycles, sliced bound {bound:.0f}, ratio {ratio:.3f}")
+          f"cycles, sliced bound with pieces {bound:.0f}, ratio {ratio:.3f}")
     if not 0.97 <= ratio <= 1.15:
         sys.exit(f"the sliced all_reduce took {ratio:.3f} x its bound, outside [0.97, 1.15]")
 
