@@ -960,8 +960,11 @@ ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int6
       }
   std::sort(cuts.begin(), cuts.end());
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  int64_t shortest = sch.elements;
-  for (size_t i = 0; i + 1 < cuts.size(); ++i) shortest = std::min(shortest, cuts[i + 1] - cuts[i]);
+  int64_t shortest = sch.elements, longest = 0;  // segments between two cuts
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    shortest = std::min(shortest, cuts[i + 1] - cuts[i]);
+    longest = std::max(longest, cuts[i + 1] - cuts[i]);
+  }
   // The fewest slices whose parts are at most a piece, so a part is one message
   // (and, with pools, a pool's slots can hold twice a step's pieces). Parts of at
   // least a piece, as before session 52, sent a part just over a piece as a piece
@@ -974,8 +977,6 @@ ici::Schedule slice_schedule(const ici::Schedule& sch, int64_t slice_elems, int6
   // 185,092 / 350,929 cycles on 2 / 4 / 8 / 16 slices, 55,100 / 96,481 / 180,371 /
   // 347,373 on 3 / 6 / 11 / 22). Parts of half a piece lost again at 16 MiB
   // (103,029 on 8 slices): a part's fixed costs no longer hide.
-  int64_t longest = 0;
-  for (size_t i = 0; i + 1 < cuts.size(); ++i) longest = std::max(longest, cuts[i + 1] - cuts[i]);
   auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   const int64_t S = ceil_div(sch.elements, slice_elems) < 2 ? 1
                     : pools > 1 ? ceil_div(longest, piece)
