@@ -130,6 +130,9 @@ AddressMapping parse_mapping(const std::string& text, const HbmConfig& c, const 
     lsb += bits;
   }
   m.total_bits = lsb;
+  for (const auto& sl : m.slices)
+    if (sl.field == Field::kStack || sl.field == Field::kChannel || sl.field == Field::kPseudoChannel)
+      m.above_channels = std::max(m.above_channels, sl.addr_lsb + sl.bits);
   if (m.total_bits > 62) fail(source, "address_mapping", "more than 62 address bits");
   return m;
 }
@@ -189,6 +192,12 @@ HbmConfig hbm_config_from_yaml(const YAML::Node& hbm, const std::string& source)
     else if (hash == "xor_row") c.bank_hash = BankHash::kXorRow;
     else fail(source, "bank_hash", "expected none or xor_row, got '" + hash + "'");
   }
+  if (hbm["channel_hash"]) {  // optional; none keeps the mapping's channel bits as they are
+    const auto hash = get<std::string>(hbm, source, "channel_hash", "a string");
+    if (hash == "none") c.channel_hash = ChannelHash::kNone;
+    else if (hash == "xor_upper") c.channel_hash = ChannelHash::kXorUpper;
+    else fail(source, "channel_hash", "expected none or xor_upper, got '" + hash + "'");
+  }
   const auto refresh = get<std::string>(hbm, source, "refresh_mode", "a string");
   if (refresh == "per_bank") c.refresh_mode = RefreshMode::kPerBank;
   else if (refresh == "all_bank") c.refresh_mode = RefreshMode::kAllBank;
@@ -214,7 +223,7 @@ HbmConfig hbm_config_from_yaml(const YAML::Node& hbm, const std::string& source)
   // Anything else under hbm: is a typo; saying so beats ignoring it.
   static const char* kOther[] = {"name", "standard", "clock_hz", "stacks", "channels_per_stack",
                                  "pseudo_channels_per_channel", "pseudo_channel_width_bits", "bank_groups",
-                                 "banks_per_group", "rows", "row_bytes", "queue_entries", "page_policy", "bank_hash",
+                                 "banks_per_group", "rows", "row_bytes", "queue_entries", "page_policy", "bank_hash", "channel_hash",
                                  "refresh_mode", "sample_interval_cycles", "address_mapping", "model", "simple",
                                  "bytes", "peak_bytes_per_s"};
   for (const auto& kv : hbm) {
@@ -264,6 +273,17 @@ uint32_t fold(uint32_t row, uint32_t bits) {
   for (; row && bits; row >>= bits) f ^= row & mask;
   return f;
 }
+// ChannelHash::kXorUpper: the address bits above the channel bits folded to the
+// flat channel index's width. Linear over GF(2) like the rest of the decode.
+uint32_t channel_xor(const HbmConfig& cfg, uint64_t addr) {
+  if (cfg.channel_hash == ChannelHash::kNone) return 0;
+  const uint32_t bits = log2u(cfg.channels());
+  if (bits == 0) return 0;
+  const uint64_t mask = (uint64_t(1) << bits) - 1;
+  uint64_t f = 0;
+  for (uint64_t upper = addr >> cfg.mapping.above_channels; upper; upper >>= bits) f ^= upper & mask;
+  return uint32_t(f);
+}
 void apply_bank_xor(const HbmConfig& cfg, DecodedAddress& d) {
   if (cfg.bank_hash == BankHash::kNone) return;
   d.bank ^= fold(d.row, log2u(cfg.banks_per_group));
@@ -284,6 +304,7 @@ DecodedAddress decode_address(const HbmConfig& cfg, uint64_t addr) {
   d.row = v[size_t(Field::kRow)];
   d.column = v[size_t(Field::kColumn)];
   apply_bank_xor(cfg, d);
+  d.channel ^= channel_xor(cfg, addr);
   return d;
 }
 
@@ -311,19 +332,24 @@ void BurstDecoder::decode(uint64_t addr, uint64_t bytes, std::vector<DecodedAddr
 uint64_t encode_address(const HbmConfig& cfg, const DecodedAddress& hashed) {
   DecodedAddress d = hashed;
   apply_bank_xor(cfg, d);  // its own inverse
-  std::array<uint32_t, size_t(Field::kCount)> v{};
-  v[size_t(Field::kPseudoChannel)] = d.channel % cfg.pseudo_channels_per_channel;
-  const uint32_t ch = d.channel / cfg.pseudo_channels_per_channel;
-  v[size_t(Field::kChannel)] = ch % cfg.channels_per_stack;
-  v[size_t(Field::kStack)] = ch / cfg.channels_per_stack;
-  v[size_t(Field::kBankGroup)] = d.bank_group;
-  v[size_t(Field::kBank)] = d.bank;
-  v[size_t(Field::kRow)] = d.row;
-  v[size_t(Field::kColumn)] = d.column;
-  uint64_t addr = 0;
-  for (const auto& s : cfg.mapping.slices)
-    addr |= uint64_t((v[size_t(s.field)] >> s.value_lsb) & ((uint32_t(1) << s.bits) - 1)) << s.addr_lsb;
-  return addr;
+  const auto compose = [&cfg, &d](uint32_t channel) {
+    std::array<uint32_t, size_t(Field::kCount)> v{};
+    v[size_t(Field::kPseudoChannel)] = channel % cfg.pseudo_channels_per_channel;
+    const uint32_t ch = channel / cfg.pseudo_channels_per_channel;
+    v[size_t(Field::kChannel)] = ch % cfg.channels_per_stack;
+    v[size_t(Field::kStack)] = ch / cfg.channels_per_stack;
+    v[size_t(Field::kBankGroup)] = d.bank_group;
+    v[size_t(Field::kBank)] = d.bank;
+    v[size_t(Field::kRow)] = d.row;
+    v[size_t(Field::kColumn)] = d.column;
+    uint64_t addr = 0;
+    for (const auto& s : cfg.mapping.slices)
+      addr |= uint64_t((v[size_t(s.field)] >> s.value_lsb) & ((uint32_t(1) << s.bits) - 1)) << s.addr_lsb;
+    return addr;
+  };
+  // The channel hash reads only bits above the channel bits, which the other
+  // fields give: undo it from the address composed without a channel.
+  return compose(d.channel ^ channel_xor(cfg, compose(0)));
 }
 
 namespace {

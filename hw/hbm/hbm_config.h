@@ -61,6 +61,15 @@ enum class RefreshMode { kAllBank, kPerBank };
 // A 256 KiB piece keeps one bank index in every bank group, so the hash has to
 // change the bank, not only the bank group, to keep two such pieces apart.
 enum class BankHash { kNone, kXorRow };
+// kXorUpper: the flat pseudo-channel index the mapping gives is XORed with the
+// address bits above every channel bit (stack, channel, pseudo-channel), folded to
+// its width: the channel interleaving hash of CPU and GPU memory controllers. Each
+// channel-interleave block (4 KiB on the presets) still covers every
+// pseudo-channel once, in an order that changes from block to block, so streams
+// whose addresses are equal modulo that block (buffers a power of two apart,
+// transfers cut at the same alignment, a stride) queue at other pseudo-channels
+// instead of the same few.
+enum class ChannelHash { kNone, kXorUpper };
 
 // Which address bits select what. Written most significant field first, like
 // Ramulator's "RoBaBgCoCh": "row bank column bank_group stack channel
@@ -89,6 +98,7 @@ struct AddressMapping {
   std::vector<Slice> slices;  // least significant first
   uint32_t offset_bits = 0;   // byte within a burst
   uint32_t total_bits = 0;    // address bits the mapping decodes
+  uint32_t above_channels = 0;  // the lowest address bit above every stack, channel and pseudo-channel bit
   std::array<uint32_t, size_t(Field::kCount)> field_counts{};
 };
 
@@ -108,6 +118,7 @@ struct HbmConfig {
   PagePolicy page_policy = PagePolicy::kOpen;
   RefreshMode refresh_mode = RefreshMode::kPerBank;
   BankHash bank_hash = BankHash::kNone;
+  ChannelHash channel_hash = ChannelHash::kNone;
   uint64_t sample_interval_cycles = 0;  // per-channel counter samples; 0 = none
   TimingTable timing;
   AddressMapping mapping;

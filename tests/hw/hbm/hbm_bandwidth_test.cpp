@@ -73,6 +73,22 @@ TEST_P(PresetBandwidth, StridedMatchesItsClosedForm) {
   EXPECT_NEAR(r.fraction_of_peak, expected, expected * 0.02);
 }
 
+// With the channel hash the same stride moves the pseudo-channels with the column
+// bits above them, so consecutive requests go to other groups of 8 and the stride
+// is no longer a limit: near the peak, as a sequential stream, where the mapping
+// alone (bank hash on, the presets) gives 10-23%. A sequential stream's 4 KiB
+// blocks still cover every pseudo-channel: its figure does not move.
+TEST_P(PresetBandwidth, TheChannelHashSpreadsAStrideOverEveryPseudoChannel) {
+  const HbmConfig plain = load_hbm_preset(GetParam()),
+                  hashed = load_hbm_preset(GetParam(), {"hbm.channel_hash=xor_upper"});
+  const double strided_plain = run(plain, Pattern::kStrided, 20000).fraction_of_peak;
+  const double strided_hashed = run(hashed, Pattern::kStrided, 20000).fraction_of_peak;
+  EXPECT_LE(strided_plain, 0.25);
+  EXPECT_GE(strided_hashed, 0.95) << strided_plain;
+  EXPECT_NEAR(run(hashed, Pattern::kSequential, 4096).fraction_of_peak,
+              run(plain, Pattern::kSequential, 4096).fraction_of_peak, 0.005);
+}
+
 // The mix pattern is a copy: reads walk the lower half, writes the upper half, so a
 // read and the writes queued beside it are half the memory apart, which without the
 // bank hash is the same bank (a 4 KiB step only moves the bank group): the two

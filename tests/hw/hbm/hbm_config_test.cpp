@@ -79,6 +79,7 @@ TEST(HbmOverrides, BadKeysAndValuesFailClearly) {
   expect_error({"hbm.page_policy=sometimes"}, "expected open or closed");
   expect_error({"hbm.refresh_mode=never"}, "expected per_bank or all_bank");
   expect_error({"hbm.bank_hash=xor"}, "expected none or xor_row");
+  expect_error({"hbm.channel_hash=xor_row"}, "expected none or xor_upper");
   expect_error({"hbm.stacks=3"}, "power of two");
   expect_error({"hbm.queue_entries=0"}, "positive");
   // Cycles below 1 ps: 1e17 Hz took over 100 s to simulate a 1,490-cycle run.
@@ -95,9 +96,10 @@ TEST(HbmOverrides, BadKeysAndValuesFailClearly) {
 
 TEST(HbmMapping, DecodeAndEncodeAreInverse) {
   for (const char* preset : {"hbm2_v3", "hbm2e_v5e"})
-  for (const char* hash : {"hbm.bank_hash=none", "hbm.bank_hash=xor_row"}) {
-    SCOPED_TRACE(std::string(preset) + " " + hash);
-    const HbmConfig c = load_hbm_preset(preset, {hash});
+  for (const char* hash : {"hbm.bank_hash=none", "hbm.bank_hash=xor_row"})
+  for (const char* channel : {"hbm.channel_hash=none", "hbm.channel_hash=xor_upper"}) {
+    SCOPED_TRACE(std::string(preset) + " " + hash + " " + channel);
+    const HbmConfig c = load_hbm_preset(preset, {hash, channel});
     std::mt19937_64 rng(7);
     for (int i = 0; i < 20000; ++i) {
       const uint64_t addr = (rng() % c.capacity_bytes()) & ~uint64_t(c.burst_bytes() - 1);
@@ -161,13 +163,14 @@ TEST(HbmAddressMapping, BurstDecoderEqualsDecodingEveryBurst) {
   // Aligned requests take the combined-decodes path (field-wise XOR), unaligned
   // ones the plain one; both must give decode_address of each burst, for the
   // default mapping, one with the column split differently, and one with a field
-  // in three pieces, with and without the bank hash.
+  // in three pieces, with and without the bank and the channel hash.
   for (const char* mapping : {"row bank column bank_group stack channel pseudo_channel column:1",
                               "row column bank bank_group stack channel pseudo_channel",
                               "row:4 bank column:2 row bank_group stack column:1 channel pseudo_channel column:2"})
-  for (const char* hash : {"hbm.bank_hash=none", "hbm.bank_hash=xor_row"}) {
-    SCOPED_TRACE(std::string(mapping) + " " + hash);
-    const HbmConfig c = load_hbm_preset("hbm2_v3", {std::string("hbm.address_mapping=") + mapping, hash});
+  for (const char* hash : {"hbm.bank_hash=none", "hbm.bank_hash=xor_row"})
+  for (const char* channel : {"hbm.channel_hash=none", "hbm.channel_hash=xor_upper"}) {
+    SCOPED_TRACE(std::string(mapping) + " " + hash + " " + channel);
+    const HbmConfig c = load_hbm_preset("hbm2_v3", {std::string("hbm.address_mapping=") + mapping, hash, channel});
     BurstDecoder dec(c);
     std::mt19937_64 rng(7);
     std::vector<DecodedAddress> got;
@@ -224,6 +227,43 @@ TEST(HbmMapping, XorRowHashPutsBuffersAPowerOfTwoRowsApartInOtherBanks) {
     const DecodedAddress p = decode_address(plain, a), h = decode_address(hashed, a);
     EXPECT_TRUE(p.bank == h.bank && p.bank_group == h.bank_group) << a;
   }
+}
+
+TEST(HbmMapping, XorUpperChannelHashPutsAddressesAPowerOfTwoApartOnOtherPseudoChannels) {
+  // Without it, addresses a multiple of 4 KiB apart (the presets' channel
+  // interleave) share a pseudo-channel: two buffers a power of two apart, or a
+  // stride, queue at the same few. With it the channel index XORs the address bits
+  // above the channel bits, folded: for every distance 2^k from 4 KiB up the
+  // pseudo-channel differs, bank group, bank, row and column stay as they were,
+  // each 4 KiB block still covers every pseudo-channel twice (two bursts of one 64
+  // B granule), and the first 4 KiB maps as without the hash.
+  const HbmConfig plain = load_hbm_preset("hbm2_v4"), hashed = load_hbm_preset("hbm2_v4", {"hbm.channel_hash=xor_upper"});
+  ASSERT_EQ(plain.channel_hash, ChannelHash::kNone);
+  ASSERT_EQ(hashed.mapping.above_channels, 12u);  // 32 B bursts, column:1, 64 pseudo-channels
+  std::mt19937_64 rng(13);
+  for (uint32_t k = hashed.mapping.above_channels; k < hashed.mapping.total_bits; ++k) {
+    SCOPED_TRACE(k);
+    const uint64_t d = uint64_t(1) << k;
+    for (int i = 0; i < 200; ++i) {
+      const uint64_t base = (rng() % hashed.capacity_bytes()) & ~uint64_t(31) & ~d;
+      const DecodedAddress p0 = decode_address(plain, base), p1 = decode_address(plain, base + d);
+      const DecodedAddress h0 = decode_address(hashed, base), h1 = decode_address(hashed, base + d);
+      ASSERT_EQ(p0.channel, p1.channel);
+      EXPECT_NE(h0.channel, h1.channel) << base;
+      for (const auto& [p, h] : {std::make_pair(p0, h0), std::make_pair(p1, h1)})
+        ASSERT_TRUE(p.bank_group == h.bank_group && p.bank == h.bank && p.row == h.row && p.column == h.column)
+            << base;
+    }
+  }
+  for (int i = 0; i < 100; ++i) {
+    const uint64_t block = (rng() % hashed.capacity_bytes()) & ~uint64_t(4095);
+    std::map<uint32_t, int> per_channel;
+    for (uint64_t a = block; a < block + 4096; a += 32) ++per_channel[decode_address(hashed, a).channel];
+    ASSERT_EQ(per_channel.size(), 64u) << block;
+    for (const auto& [ch, n] : per_channel) ASSERT_EQ(n, 2) << block << " channel " << ch;
+    EXPECT_EQ(decode_address(hashed, block).channel, decode_address(hashed, block + 32).channel) << block;
+  }
+  for (uint64_t a = 0; a < 4096; a += 32) EXPECT_EQ(decode_address(plain, a).channel, decode_address(hashed, a).channel);
 }
 
 }  // namespace
