@@ -223,9 +223,9 @@ HbmConfig hbm_config_from_yaml(const YAML::Node& hbm, const std::string& source)
   // Anything else under hbm: is a typo; saying so beats ignoring it.
   static const char* kOther[] = {"name", "standard", "clock_hz", "stacks", "channels_per_stack",
                                  "pseudo_channels_per_channel", "pseudo_channel_width_bits", "bank_groups",
-                                 "banks_per_group", "rows", "row_bytes", "queue_entries", "page_policy", "bank_hash", "channel_hash",
-                                 "refresh_mode", "sample_interval_cycles", "address_mapping", "model", "simple",
-                                 "bytes", "peak_bytes_per_s"};
+                                 "banks_per_group", "rows", "row_bytes", "queue_entries", "page_policy", "bank_hash",
+                                 "channel_hash", "refresh_mode", "sample_interval_cycles", "address_mapping", "model",
+                                 "simple", "bytes", "peak_bytes_per_s"};
   for (const auto& kv : hbm) {
     const std::string k = kv.first.as<std::string>();
     bool known = std::find(std::begin(kOther), std::end(kOther), k) != std::end(kOther);

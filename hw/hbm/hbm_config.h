@@ -64,8 +64,8 @@ enum class BankHash { kNone, kXorRow };
 // kXorUpper: the flat pseudo-channel index the mapping gives is XORed with the
 // address bits above every channel bit (stack, channel, pseudo-channel), folded to
 // its width: the channel interleaving hash of CPU and GPU memory controllers. Each
-// channel-interleave block (4 KiB on the presets) still covers every
-// pseudo-channel once, in an order that changes from block to block, so streams
+// channel-interleave block (4 KiB on the presets) still gives every pseudo-channel
+// one 64 B granule, in an order that changes from block to block, so streams
 // whose addresses are equal modulo that block (buffers a power of two apart,
 // transfers cut at the same alignment, a stride) queue at other pseudo-channels
 // instead of the same few.

@@ -237,7 +237,8 @@ TEST(HbmMapping, XorUpperChannelHashPutsAddressesAPowerOfTwoApartOnOtherPseudoCh
   // pseudo-channel differs, bank group, bank, row and column stay as they were,
   // each 4 KiB block still covers every pseudo-channel twice (two bursts of one 64
   // B granule), and the first 4 KiB maps as without the hash.
-  const HbmConfig plain = load_hbm_preset("hbm2_v4"), hashed = load_hbm_preset("hbm2_v4", {"hbm.channel_hash=xor_upper"});
+  const HbmConfig plain = load_hbm_preset("hbm2_v4"),
+                  hashed = load_hbm_preset("hbm2_v4", {"hbm.channel_hash=xor_upper"});
   ASSERT_EQ(plain.channel_hash, ChannelHash::kNone);
   ASSERT_EQ(hashed.mapping.above_channels, 12u);  // 32 B bursts, column:1, 64 pseudo-channels
   std::mt19937_64 rng(13);
@@ -263,7 +264,8 @@ TEST(HbmMapping, XorUpperChannelHashPutsAddressesAPowerOfTwoApartOnOtherPseudoCh
     for (const auto& [ch, n] : per_channel) ASSERT_EQ(n, 2) << block << " channel " << ch;
     EXPECT_EQ(decode_address(hashed, block).channel, decode_address(hashed, block + 32).channel) << block;
   }
-  for (uint64_t a = 0; a < 4096; a += 32) EXPECT_EQ(decode_address(plain, a).channel, decode_address(hashed, a).channel);
+  for (uint64_t a = 0; a < 4096; a += 32)
+    EXPECT_EQ(decode_address(plain, a).channel, decode_address(hashed, a).channel) << a;
 }
 
 }  // namespace
