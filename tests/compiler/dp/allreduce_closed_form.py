@@ -118,8 +118,9 @@ def main():
     # session 36; 1.81 when every step went whole through y), and no faster than
     # its bandwidth terms alone. Its pieces hide part of the 14 steps' latencies
     # (a step's first piece goes on while the rest of the previous one arrives),
-    # which the form has in sequence: 0.956 of it in session 85, 0.949 since
-    # session 86's early entry tokens took one more latency off.
+    # which the form has in sequence: 0.956 of it in session 85, 0.949 after
+    # session 86's early entry tokens took one more latency off, 0.938 (197,323
+    # cycles) at 596c4bb in session 91 (which change since moved it was not traced).
     tpb = os.path.join(w, "ar16b.tpb")
     run(t, "compile", g, "--preset", "v3-8", "--replicas", str(R), "--collective", "bidir-ring", "-o", tpb)
     run(t, "ref", tpb, "--random-inputs", "7", "--check-races", "--out", os.path.join(w, "ref16b"))
