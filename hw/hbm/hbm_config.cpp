@@ -264,25 +264,20 @@ HbmConfig load_hbm_preset(const std::string& name_or_path, const std::vector<std
 }
 
 namespace {
-// BankHash::kXorRow: `row` folded into `bits`-wide chunks XORed together. Linear
-// over GF(2), like the mapping itself, so BurstDecoder may combine decodes with
-// XOR; and, since the hash leaves the row alone, its own inverse given the row.
-uint32_t fold(uint32_t row, uint32_t bits) {
-  const uint32_t mask = (uint32_t(1) << bits) - 1;
-  uint32_t f = 0;
-  for (; row && bits; row >>= bits) f ^= row & mask;
-  return f;
-}
-// ChannelHash::kXorUpper: the address bits above the channel bits folded to the
-// flat channel index's width. Linear over GF(2) like the rest of the decode.
-uint32_t channel_xor(const HbmConfig& cfg, uint64_t addr) {
-  if (cfg.channel_hash == ChannelHash::kNone) return 0;
-  const uint32_t bits = log2u(cfg.channels());
-  if (bits == 0) return 0;
+// `x` folded into `bits`-wide chunks XORed together (0 for 0 bits): the row for
+// BankHash::kXorRow, the address bits above the channel bits for
+// ChannelHash::kXorUpper. Linear over GF(2), like the mapping itself, so
+// BurstDecoder may combine decodes with XOR; and, since neither hash changes what
+// it folds, each is its own inverse given the row or the upper bits.
+uint32_t fold(uint64_t x, uint32_t bits) {
   const uint64_t mask = (uint64_t(1) << bits) - 1;
   uint64_t f = 0;
-  for (uint64_t upper = addr >> cfg.mapping.above_channels; upper; upper >>= bits) f ^= upper & mask;
+  for (; x && bits; x >>= bits) f ^= x & mask;
   return uint32_t(f);
+}
+uint32_t channel_xor(const HbmConfig& cfg, uint64_t addr) {
+  if (cfg.channel_hash == ChannelHash::kNone) return 0;
+  return fold(addr >> cfg.mapping.above_channels, log2u(cfg.channels()));
 }
 void apply_bank_xor(const HbmConfig& cfg, DecodedAddress& d) {
   if (cfg.bank_hash == BankHash::kNone) return;
