@@ -159,15 +159,12 @@ def closed_form_hierarchical_sliced(chip_dims, n):
     form, then one slice per the busiest resource's time for a slice (an ICI link
     direction: the beta terms of the torus form; or the on-chip path: both on-chip
     steps), the alpha-beta bound of the sliced schedule. Equals
-    closed_form_hierarchical for S = 1."""
-    S = slices_hierarchical(chip_dims, n)
-    m = n / S
-    link = torus_groups(chip_dims, m, 0.0)
-    onchip = 2 * m / 2 / ONCHIP_B
-    return closed_form_hierarchical(chip_dims, m) + (S - 1) * max(link, onchip)
+    closed_form_hierarchical for S = 1. The piece bound below with pieces of a whole
+    half slice."""
+    return closed_form_hierarchical_pieces(chip_dims, n, piece=float("inf"))
 
 
-def closed_form_hierarchical_pieces(chip_dims, n):
+def closed_form_hierarchical_pieces(chip_dims, n, piece=PIECE_BYTES):
     """The sliced bound with the lowering's pieces in it, the pipelined form of the
     algorithm as lowered: every move goes in pieces of at most PIECE_BYTES, so the
     torus steps start once the first on-chip reduce-scatter piece has landed and
@@ -180,7 +177,7 @@ def closed_form_hierarchical_pieces(chip_dims, n):
     m = n / S
     link = torus_groups(chip_dims, m, 0.0)
     onchip = 2 * m / 2 / ONCHIP_B
-    fill_drain = 2 * (ONCHIP_ALPHA + min(PIECE_BYTES, m / 2) / ONCHIP_B)
+    fill_drain = 2 * (ONCHIP_ALPHA + min(piece, m / 2) / ONCHIP_B)
     return torus_groups(chip_dims, m, ICI_ALPHA) + fill_drain + (S - 1) * max(link, onchip)
 
 
