@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,8 +22,9 @@ namespace tpusim::compiler::lowering {
 
 namespace {
 // The collectives' own flags, apart from the node lowerings' (f1..f17) and the
-// replicated driver's (f60..f62): sends count on the issuer (f58), landings on the
-// receiver (per source and step, see lower_all_reduce; f59 for the direct ones),
+// replicated driver's (f61, f63): sends count on the issuer (f58), landings on the
+// receiver (per source and step, see lower_all_reduce; f59 for the direct ones, f60
+// for a direct all_gather's blocks passed on between the cores of a chip),
 // entry tokens on the sender (the direct ones' on the receiver, f510).
 constexpr const char* kSendFlag = "f58";
 constexpr int kFirstLandFlag = 20, kLandFlags = 32;   // f20..f51
@@ -105,6 +107,8 @@ int pooled_slots(int64_t most) { return static_cast<int>(std::min<int64_t>(16, k
 // taken ran 9-15% longer than three of 8 (docs/validation.md "Session 53").
 // The last flag, f510, is the direct collectives' entry tokens' (lower_direct_collective).
 constexpr int kDirectEntryFlag = isa::kSyncFlags - 1;
+// A direct all_gather's blocks passed on between the cores of a chip land on f60.
+constexpr int kDirectForwardFlag = 60;
 constexpr int kWideStreamFirstFlag = kSendBufFirstFlag + kSendBufFlags, kWideStreamFlags = kDirectEntryFlag - kWideStreamFirstFlag;
 constexpr int kSlotsAPool = 8;
 int wide_slots(int64_t most, int pools) {
@@ -2828,7 +2832,9 @@ namespace tpusim::compiler::lowering {
 
 // all_gather, reduce_scatter, all_to_all with {replicas=R} (one replica, or R = 1:
 // the identity). Direct algorithms: every replica sends each other replica its
-// block in one DMA (HBM to HBM, rflag f59 there). First every replica sends each
+// block in one DMA (HBM to HBM, rflag f59 there); all_gather on chips of several
+// cores sends each other chip one copy, which that chip's core passes on (rflag
+// f60). First every replica sends each
 // other one a 4-byte entry token over ICI (rflag f510, a word per sender in pinned
 // HBM scratch) and waits for all R - 1 of theirs: a block then lands only after its
 // receiver left its previous node (whose code may use the same HBM and whose
@@ -2886,18 +2892,49 @@ void Emitter::lower_direct_collective(const Node& n) {
     ++sent;
   }
   line("wait f" + std::to_string(kDirectEntryFlag) + ", " + std::to_string(coll_landed_[kDirectEntryFlag] += R - 1));
-  for (int q = 0; q < R; ++q) {
-    if (q == me) continue;
+  auto send_block = [&](int q) {
     line("dma " + endpoint(q) + ":" + at(there(q, dst_of(q))) + ", " + hbm(src_of(q)) + ", bytes=" +
          std::to_string(block) + ", flag=" + kSendFlag + ", rflag=f" + std::to_string(land));
     ++sent;
+  };
+  // all_gather on chips of several cores: one copy of the block a chip, to the core
+  // of the sender's index, which passes its chip's share on to the other cores in
+  // one strided DMA once it has it all. Every core receiving every block over ICI
+  // sent each block to each chip once per core, and doubled the links' bytes on
+  // two-core chips. (A stride past the ISA's 32 bits, blocks of 1 GiB on two-core
+  // chips, keeps the direct exchange.)
+  const int C = s.cores_per_chip;
+  const int chips = R / C;
+  const bool via_chip = n.op == OpKind::kAllGather && C > 1 && R > C && R % C == 0 &&
+                        C * xb <= std::numeric_limits<int32_t>::max();
+  const int my_chip = replica_chip(s, me), k = replica_core(s, me);
+  // Each replica starts with the one after it (then the chip after its own): with
+  // one order for all, every replica's first block went to replica 0 at once.
+  if (via_chip) {
+    for (int d = 1; d < chips; ++d) send_block(((my_chip + d) % chips) * C + k);
+  } else {
+    for (int d = 1; d < R; ++d) send_block((me + d) % R);
   }
   if (n.op != OpKind::kReduceScatter) {  // reduce_scatter folds its own block from x
     dma(hbm(dst_of(me)), hbm(src_of(me)), block);
     wait_dmas();
   }
+  if (via_chip) {
+    // The blocks of this core's index (chips of them, this replica's own among
+    // them) go to the same places in each other core's y.
+    line("wait f" + std::to_string(land) + ", " + std::to_string(coll_landed_[land] += chips - 1));
+    const int64_t first = Y.addr + k * xb;
+    for (int j = 1; j < C; ++j) {
+      const int q = my_chip * C + (k + j) % C;
+      line("dma " + endpoint(q) + ":" + at(there(q, first)) + ", " + hbm(first) + ", bytes=" + std::to_string(xb) +
+           dim(chips, C * xb, C * xb) + ", flag=" + kSendFlag + ", rflag=f" + std::to_string(kDirectForwardFlag));
+      ++sent;
+    }
+    line("wait f" + std::to_string(kDirectForwardFlag) + ", " + std::to_string(coll_landed_[kDirectForwardFlag] += C - 1));
+  } else {
+    line("wait f" + std::to_string(land) + ", " + std::to_string(coll_landed_[land] += R - 1));
+  }
   coll_sent_ += sent;
-  line("wait f" + std::to_string(land) + ", " + std::to_string(coll_landed_[land] += R - 1));
   line(std::string("wait ") + kSendFlag + ", " + std::to_string(coll_sent_));
   if (n.op != OpKind::kReduceScatter) return;
 

@@ -3,7 +3,7 @@
 # of a v3-8 board: the bundle on the functional reference (race checker on) and on
 # the SystemC model must both equal the graph reference of the whole-batch graph,
 # bit for bit; then all_reduce bundles on both, and the direct collectives (values,
-# and the entry tokens' time). Usage: mlp_board.sh TPUSIM WORKDIR
+# the entry tokens' time, and all_gather's bytes on the links). Usage: mlp_board.sh TPUSIM WORKDIR
 set -eu
 T=$1
 W=$2
@@ -92,4 +92,22 @@ for i, name in ((0, "reduce_scatter"), (1, "all_gather")):
     print(f"{name}: {ops[i]} cycles")
     if ops[i] < 2 * 1941:
         sys.exit(f"{name} took {ops[i]} cycles, less than a token's and a block's crossings (2 x 1941)")
+PY
+# all_gather sends each block once to every other chip, to the core of its
+# sender's index, which passes its chip's blocks on to the other core (docs/
+# codegen.md "Collectives"). On v3-8's 2x2 torus a replica's 3 blocks cross 4
+# links (2 neighbours, the diagonal chip 2 hops) and its 4-byte entry tokens to
+# the 6 replicas off its chip 8, so the links carry 8 x (4 x BLOCK + 32) bytes;
+# every core receiving every block over ICI made it 8 x (8 x BLOCK + 32).
+printf 'graph ag {\n  input %%x : f32[128,1024]\n  %%ag = all_gather(%%x) : f32[128,1024] #0\n  output %%ag\n}\n' > "$W/ag.graph"
+"$T" compile "$W/ag.graph" --preset v3-8 --replicas 8 -o "$W/ag.tpb"
+run_equals_ref ag v3-8 4
+/usr/bin/python3 - "$W/ag_run/stats.json" <<'PY'
+import json, sys
+units = json.load(open(sys.argv[1]))["units"]
+links = sum(u["bytes"] for k, u in units.items() if k.split(".")[1:2] == ["ici"] and k.split(".")[-1][0] in "xy")
+block = 16 * 1024 * 4
+print(f"all_gather: {links} bytes over the chips' links, {links / block:.4f} blocks")
+if links != 8 * (4 * block + 32):
+    sys.exit(f"the links carried {links} bytes, not 8 x (4 x {block} + 32) = {8 * (4 * block + 32)}")
 PY
