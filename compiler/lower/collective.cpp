@@ -29,6 +29,7 @@ namespace {
 constexpr const char* kSendFlag = "f58";
 constexpr int kFirstLandFlag = 20, kLandFlags = 32;   // f20..f51
 constexpr int kFirstReadyFlag = 52, kReadyFlags = 6;  // f52..f57
+constexpr int kDirectForwardFlag = 60;  // a direct all_gather's blocks passed on within a chip
 // HBM mode's VMEM pieces of a combine: up to 256 tiles of 8 x 128 fp32 each for the
 // received and the local values.
 constexpr int64_t kMaxPieceTiles = 256;
@@ -107,8 +108,6 @@ int pooled_slots(int64_t most) { return static_cast<int>(std::min<int64_t>(16, k
 // taken ran 9-15% longer than three of 8 (docs/validation.md "Session 53").
 // The last flag, f510, is the direct collectives' entry tokens' (lower_direct_collective).
 constexpr int kDirectEntryFlag = isa::kSyncFlags - 1;
-// A direct all_gather's blocks passed on between the cores of a chip land on f60.
-constexpr int kDirectForwardFlag = 60;
 constexpr int kWideStreamFirstFlag = kSendBufFirstFlag + kSendBufFlags, kWideStreamFlags = kDirectEntryFlag - kWideStreamFirstFlag;
 constexpr int kSlotsAPool = 8;
 int wide_slots(int64_t most, int pools) {

@@ -94,8 +94,8 @@ for i, name in ((0, "reduce_scatter"), (1, "all_gather")):
         sys.exit(f"{name} took {ops[i]} cycles, less than a token's and a block's crossings (2 x 1941)")
 PY
 # all_gather sends each block once to every other chip, to the core of its
-# sender's index, which passes its chip's blocks on to the other core (docs/
-# codegen.md "Collectives"). On v3-8's 2x2 torus a replica's 3 blocks cross 4
+# sender's index, which passes its chip's blocks on to the other core
+# (docs/codegen.md "One copy a chip"). On v3-8's 2x2 torus a replica's 3 blocks cross 4
 # links (2 neighbours, the diagonal chip 2 hops) and its 4-byte entry tokens to
 # the 6 replicas off its chip 8, so the links carry 8 x (4 x BLOCK + 32) bytes;
 # every core receiving every block over ICI made it 8 x (8 x BLOCK + 32).
