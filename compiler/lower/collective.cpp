@@ -29,6 +29,7 @@ namespace {
 constexpr const char* kSendFlag = "f58";
 constexpr int kFirstLandFlag = 20, kLandFlags = 32;   // f20..f51
 constexpr int kFirstReadyFlag = 52, kReadyFlags = 6;  // f52..f57
+constexpr int kDirectLandFlag = 59;     // the direct collectives' blocks
 constexpr int kDirectForwardFlag = 60;  // a direct all_gather's blocks passed on within a chip
 // HBM mode's VMEM pieces of a combine: up to 256 tiles of 8 x 128 fp32 each for the
 // received and the local values.
@@ -1940,7 +1941,7 @@ void Emitter::lower_all_reduce(const Node& n) {
         int64_t into = 0;
         for (const auto& [t, k, a] : sp.outside) into += ssch.steps[t][k].dst == me;
         if (into > 0)
-          line("wait f" + std::to_string(sp.outside_flag) + ", " + std::to_string(coll_landed_[sp.outside_flag] += into));
+          wait_landed(sp.outside_flag, into);
       }
       for (int src : srcs)
         for (int j = 0; j < K; ++j) coll_landed_[land_flag_of(me, src, j)] = base[land_flag_of(me, src, j)] + uses(src, me, j);
@@ -2644,7 +2645,7 @@ void Emitter::lower_all_reduce(const Node& n) {
       const int d = ev.peer;
       if (ready.insert(d).second) {
         const int f = ready_flag(me, d);
-        line("wait f" + std::to_string(f) + ", " + std::to_string(coll_landed_[f] += 1));
+        wait_landed(f, 1);
       }
       if (const int64_t c = credits ? credit_for(message_index(d, me, st)) : -1; c >= 0 && credit_waited[d] <= c) {
         const int f = ready_flag(me, d);  // the token, then credits 0..c
@@ -2858,7 +2859,6 @@ void Emitter::lower_direct_collective(const Node& n) {
   const int64_t e = esz(dt);
   const int64_t xb = num_elements(X.type.shape) * e;  // bytes of this replica's x
   const int me = opt_.replica;
-  const int land = 59;
   auto there = [&](int r, int64_t addr) {
     return addr - opt_.hbm_base + static_cast<int64_t>(replica_core(s, r)) * opt_.replica_region;
   };
@@ -2884,18 +2884,18 @@ void Emitter::lower_direct_collective(const Node& n) {
   const int64_t zero = place_hbm(4), tokens = place_hbm_pinned(4 * R);  // tokens: written before we enter
   check_addr(n, hbm_top_ + s.cores_per_chip * opt_.replica_region);
   int64_t sent = 0;
-  for (int q = 0; q < R; ++q) {
-    if (q == me) continue;
-    line("dma " + endpoint(q) + ":" + at(there(q, tokens + 4 * me)) + ", " + hbm(zero) + ", bytes=4, flag=" + kSendFlag +
-         ", rflag=f" + std::to_string(kDirectEntryFlag) + ", tc=1");
-    ++sent;
-  }
-  line("wait f" + std::to_string(kDirectEntryFlag) + ", " + std::to_string(coll_landed_[kDirectEntryFlag] += R - 1));
-  auto send_block = [&](int q) {
-    line("dma " + endpoint(q) + ":" + at(there(q, dst_of(q))) + ", " + hbm(src_of(q)) + ", bytes=" +
-         std::to_string(block) + ", flag=" + kSendFlag + ", rflag=f" + std::to_string(land));
+  // A DMA from this replica's HBM to replica q's (dst in this replica's layout),
+  // counted as a send (f58) and landing on q's flag `rflag`.
+  auto send = [&](int q, int64_t dst, int64_t src, int64_t bytes, const std::string& dims, int rflag,
+                  const char* tail = "") {
+    line("dma " + endpoint(q) + ":" + at(there(q, dst)) + ", " + hbm(src) + ", bytes=" + std::to_string(bytes) + dims +
+         ", flag=" + kSendFlag + ", rflag=f" + std::to_string(rflag) + tail);
     ++sent;
   };
+  for (int q = 0; q < R; ++q)
+    if (q != me) send(q, tokens + 4 * me, zero, 4, "", kDirectEntryFlag, ", tc=1");
+  wait_landed(kDirectEntryFlag, R - 1);
+  auto send_block = [&](int q) { send(q, dst_of(q), src_of(q), block, "", kDirectLandFlag); };
   // all_gather on chips of several cores: one copy of the block a chip, to the core
   // of the sender's index, which passes its chip's share on to the other cores in
   // one strided DMA once it has it all. Every core receiving every block over ICI
@@ -2921,17 +2921,13 @@ void Emitter::lower_direct_collective(const Node& n) {
   if (via_chip) {
     // The blocks of this core's index (chips of them, this replica's own among
     // them) go to the same places in each other core's y.
-    line("wait f" + std::to_string(land) + ", " + std::to_string(coll_landed_[land] += chips - 1));
+    wait_landed(kDirectLandFlag, chips - 1);
     const int64_t first = Y.addr + k * xb;
-    for (int j = 1; j < C; ++j) {
-      const int q = my_chip * C + (k + j) % C;
-      line("dma " + endpoint(q) + ":" + at(there(q, first)) + ", " + hbm(first) + ", bytes=" + std::to_string(xb) +
-           dim(chips, C * xb, C * xb) + ", flag=" + kSendFlag + ", rflag=f" + std::to_string(kDirectForwardFlag));
-      ++sent;
-    }
-    line("wait f" + std::to_string(kDirectForwardFlag) + ", " + std::to_string(coll_landed_[kDirectForwardFlag] += C - 1));
+    for (int j = 1; j < C; ++j)
+      send(my_chip * C + (k + j) % C, first, first, xb, dim(chips, C * xb, C * xb), kDirectForwardFlag);
+    wait_landed(kDirectForwardFlag, C - 1);
   } else {
-    line("wait f" + std::to_string(land) + ", " + std::to_string(coll_landed_[land] += R - 1));
+    wait_landed(kDirectLandFlag, R - 1);
   }
   coll_sent_ += sent;
   line(std::string("wait ") + kSendFlag + ", " + std::to_string(coll_sent_));

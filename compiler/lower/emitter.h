@@ -150,6 +150,8 @@ class Emitter {
   }
   void wait_flag(int flag) { line("wait f" + std::to_string(flag) + ", " + std::to_string(flag_dmas_[cur_][flag])); }
   void wait_dmas() { line("wait " + std::string(kDmaFlag) + ", " + std::to_string(dmas_[cur_])); }
+  // Waits for n more landings on a collective's flag F than waited for so far.
+  void wait_landed(int flag, int64_t n) { line("wait f" + std::to_string(flag) + ", " + std::to_string(coll_landed_[flag] += n)); }
   // Every core waits for every other (the work of a node is split across cores;
   // what one core's DMAs wrote, the others may read only after this).
   void sync_all() {
