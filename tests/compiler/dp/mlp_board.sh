@@ -111,3 +111,22 @@ print(f"all_gather: {links} bytes over the chips' links, {links / block:.4f} blo
 if links != 8 * (4 * block + 32):
     sys.exit(f"the links carried {links} bytes, not 8 x (4 x {block} + 32) = {8 * (4 * block + 32)}")
 PY
+# Each core passes its own block on at once and each other chip's as it lands
+# (one landing flag a source chip on v3-8, f20..f22): four DMAs to the other
+# core, the last three each right after the wait for its block (docs/codegen.md
+# "Passed on as they land"). One wait for all three made it one DMA after it.
+"$T" disasm "$W/ag.tpb" > "$W/ag.s"
+/usr/bin/python3 - "$W/ag.s" <<'PY'
+import re, sys
+core, lines = None, []
+for line in open(sys.argv[1]):
+    if line.startswith(".core"):
+        core = line.split()[1]
+    elif core == "chip0.core0":
+        lines.append(line.strip())
+passes = [i for i, l in enumerate(lines) if l.startswith("dma hbm@chip0.c1:") and l.endswith("rflag=f60")]
+waits = [lines[i - 1] for i in passes[1:]]
+print("all_gather passing on, chip0.core0:", len(passes), "DMAs, after", waits)
+if len(passes) != 4 or waits != ["wait f20, 1", "wait f21, 1", "wait f22, 1"]:
+    sys.exit("chip0.core0 does not pass each landed block on after its own landing flag")
+PY
