@@ -127,6 +127,40 @@ int64_t widest_chip_chunk(const ici::Schedule& sch) {
   return widest;
 }
 
+// All_gather's bytes a link direction carries on average, in blocks of one
+// replica: every core sends its index's blocks to the core of that index on each
+// other chip, by the board's routes (dimension order), and the block-hops are
+// spread over every link direction of the board. `phased`: dimension by
+// dimension (lower_direct_collective), phase p along dimension p only, each
+// message what the chip holds by then (the blocks of the chips that differ from
+// it only in the earlier dimensions); else straight to every chip. The busiest
+// link carries as much either way on a ring of 4 or more (the last phase's
+// messages are as many blocks on its dimension's links as the direct exchange
+// puts on each), but the direct exchange's many routes of several hops queue
+// behind each other: v4-4x4x4, 64 KiB blocks, 46% over the busiest link's
+// time against 13% by dimensions (docs/codegen.md "All_gather by dimensions").
+double all_gather_link_blocks(const ici::Topology& topo, int C, bool phased) {
+  int64_t block_hops = 0, links = 0;
+  const std::vector<int>& dims = topo.dims();
+  for (int src = 0; src < topo.chips(); ++src) {
+    for (int port = 0; port < 2 * topo.num_dims(); ++port) links += topo.neighbour(src, port) >= 0;
+    if (!phased) {
+      for (int dst = 0; dst < topo.chips(); ++dst) block_hops += C * topo.hops(src, dst);
+      continue;
+    }
+    int64_t held = 1;
+    for (size_t p = 0; p < dims.size(); ++p) {
+      for (int j = 1; j < dims[p]; ++j) {
+        std::vector<int> c = topo.coords(src);
+        c[p] = (c[p] + j) % dims[p];
+        block_hops += C * held * topo.hops(src, topo.chip_at(c));
+      }
+      held *= dims[p];
+    }
+  }
+  return links > 0 ? static_cast<double>(block_hops) / static_cast<double>(links) : 0.0;
+}
+
 // Whether a move of the schedule stays on a chip, between its cores.
 bool moves_on_chip(const ReplicaSpec& s, const ici::Schedule& sch) {
   for (const auto& step : sch.steps)
@@ -2908,19 +2942,99 @@ void Emitter::lower_direct_collective(const Node& n) {
   const bool via_chip = n.op == OpKind::kAllGather && C > 1 && R > C && R % C == 0 &&
                         C * xb <= std::numeric_limits<int32_t>::max();
   const int my_chip = replica_chip(s, me), k = replica_core(s, me);
-  // The blocks a core receives, numbered by the distance d = 1 .. chips - 1 from
-  // their chip back to its own (the order they are sent in), land in G groups of
-  // consecutive d, group g on flag kFirstLandFlag + g (the step-ordered
-  // all_reduce's landing flags, which nothing lands on before its receiver has
-  // entered it: entry tokens, there and here), so a group is passed on while the
-  // later ones cross the links. One flag for all passed nothing on before the last
-  // block had landed (v3-8, 1 MiB blocks: ~17.5 K of 65 K cycles).
-  const int groups = via_chip ? std::min(chips - 1, kLandFlags) : 0;
-  auto group_of = [&](int d) { return (d - 1) * groups / (chips - 1); };
+  // Dimension by dimension (docs/codegen.md "All_gather by dimensions"): where the
+  // chips form a torus of 2 or 3 dimensions, phase p sends what a core holds of
+  // its index (its own chip's block, then the blocks of every chip that differs
+  // from its own only in dimensions before p) to the other chips of its ring along
+  // dimension p, each message one hop or two along that ring. Every block crosses
+  // each ring once, where the direct exchange took each to every chip on its own
+  // route (v4-4x4x4: 3 hops on average, against 4/3 a dimension). Else one phase
+  // over all chips, the direct exchange.
+  // Taken where the compiler's rough cost model (a neighbour message's 1941
+  // cycles a phase, 64 B/cycle on a link; see plan_stream) with the mean link
+  // load expects it first: on v3-8 from blocks of 248 KB, v2-4x4 21 KB,
+  // v4-4x4x4 7 KB.
+  ici::Topology phases(ici::TopologyKind::kRing, {chips});
+  if (via_chip) {
+    const ici::Topology topo = chip_topology(s);
+    int links = 0, prod = 1;
+    for (int d : topo.dims()) {
+      links += d - 1;
+      prod *= d;
+    }
+    if (topo.num_dims() >= 2 && prod == chips && links <= kLandFlags) {
+      constexpr double kMessage = 1941, kLinkBytesPerCycle = 64;
+      auto estimate = [&](bool phased) {
+        return (phased ? topo.num_dims() : 1) * kMessage +
+               all_gather_link_blocks(topo, C, phased) * static_cast<double>(xb) / kLinkBytesPerCycle;
+      };
+      if (estimate(true) < estimate(false)) phases = topo;
+    }
+  }
+  const std::vector<int>& pdims = phases.dims();
+  const int D = phases.num_dims();
+  // The chip j steps along dimension p from `chip` (j < 0: back).
+  auto along = [&](int chip, int p, int j) {
+    std::vector<int> c = phases.coords(chip);
+    const int k = pdims[static_cast<size_t>(p)];
+    c[static_cast<size_t>(p)] = ((c[static_cast<size_t>(p)] + j) % k + k) % k;
+    return phases.chip_at(c);
+  };
+  // What a chip holds before phase p: the chips that differ from it only in the
+  // dimensions before p, span(p) consecutive chip ids from held_lo.
+  auto span = [&](int p) {
+    int n = 1;
+    for (int q = 0; q < p; ++q) n *= pdims[static_cast<size_t>(q)];
+    return n;
+  };
+  auto held_lo = [&](int chip, int p) {
+    std::vector<int> c = phases.coords(chip);
+    for (int q = 0; q < p; ++q) c[static_cast<size_t>(q)] = 0;
+    return phases.chip_at(c);
+  };
+  // The landings a core receives in phase p from the chip j back along dimension
+  // p (the order they are sent in) land in groups of consecutive j, each group on
+  // its own flag from kFirstLandFlag (the step-ordered all_reduce's landing flags,
+  // which nothing lands on before its receiver has entered it: entry tokens,
+  // there and here), so a group is passed on while later ones cross the links.
+  // One flag for all passed nothing on before the last block had landed (v3-8, 1
+  // MiB blocks: ~17.5 K of 65 K cycles). One phase over more than 33 chips puts
+  // several j in a group.
+  struct Group {
+    int p, j0, j1;  // phase, first and last j
+  };
+  std::vector<Group> groups;
+  std::vector<std::vector<int>> flag_of(pdims.size());  // [p][j]: the group's flag
+  for (int p = 0; p < D && via_chip; ++p) {
+    const size_t pp = static_cast<size_t>(p);
+    const int n = pdims[pp] - 1, G = D > 1 ? n : std::min(n, kLandFlags);
+    flag_of[pp].assign(static_cast<size_t>(n + 1), -1);
+    for (int j = 1; j <= n; ++j) {
+      if (j == 1 || (j - 1) * G / n != (j - 2) * G / n)
+        groups.push_back({p, j, j});
+      else
+        groups.back().j1 = j;
+      flag_of[pp][static_cast<size_t>(j)] = kFirstLandFlag + static_cast<int>(groups.size()) - 1;
+    }
+  }
+  // A source sends each destination of phase p its own block and each group of
+  // the phases before p as a message of its own.
+  auto parts = [&](int p) {
+    int n = 1;
+    for (int q = 0; q < p; ++q) n += static_cast<int>(std::count_if(groups.begin(), groups.end(), [&](const Group& g) { return g.p == q; }));
+    return n;
+  };
+  // The blocks of this core's index of chips [a, b] (a run of ids) to core q.
+  auto send_run = [&](int q, int a, int b, int rflag) {
+    const int64_t first = Y.addr + (static_cast<int64_t>(a) * C + k) * xb;
+    send(q, first, first, xb, b > a ? dim(b - a + 1, C * xb, C * xb) : "", rflag);
+  };
   // Each replica starts with the one after it (then the chip after its own): with
   // one order for all, every replica's first block went to replica 0 at once.
   if (via_chip) {
-    for (int d = 1; d < chips; ++d) send_block(((my_chip + d) % chips) * C + k, kFirstLandFlag + group_of(d));
+    for (int p = 0; p < D; ++p)
+      for (int j = 1; j < pdims[static_cast<size_t>(p)]; ++j)
+        send_block(along(my_chip, p, j) * C + k, flag_of[static_cast<size_t>(p)][static_cast<size_t>(j)]);
   } else {
     for (int d = 1; d < R; ++d) send_block((me + d) % R, kDirectLandFlag);
   }
@@ -2930,27 +3044,34 @@ void Emitter::lower_direct_collective(const Node& n) {
   }
   if (via_chip) {
     // The blocks of this core's index go to the same places in each other core's
-    // y: its own at once, then each group once it has landed, the chips [a, b]
-    // in one strided DMA (a group that wraps past chip 0 in two).
+    // y: its own at once, then each group once it has landed, a run of chip ids
+    // in one strided DMA (a group of one phase over all chips that wraps past
+    // chip 0 in two); and a group of phase p goes on to the rings of the later
+    // phases.
     int64_t passes = 0;
-    auto pass_on = [&](int a, int b) {
-      const int64_t first = Y.addr + (static_cast<int64_t>(a) * C + k) * xb;
-      for (int j = 1; j < C; ++j)
-        send(my_chip * C + (k + j) % C, first, first, xb, b > a ? dim(b - a + 1, C * xb, C * xb) : "", kDirectForwardFlag);
+    auto pass_on = [&](int a, int b, int p) {
+      for (int j = 1; j < C; ++j) send_run(my_chip * C + (k + j) % C, a, b, kDirectForwardFlag);
       ++passes;
+      for (int p2 = p + 1; p2 < D; ++p2)
+        for (int j = 1; j < pdims[static_cast<size_t>(p2)]; ++j)
+          send_run(along(my_chip, p2, j) * C + k, a, b, flag_of[static_cast<size_t>(p2)][static_cast<size_t>(j)]);
     };
-    pass_on(my_chip, my_chip);
-    for (int g = 0, d = 1; g < groups; ++g) {
-      const int d0 = d;
-      while (d < chips && group_of(d) == g) ++d;
-      wait_landed(kFirstLandFlag + g, d - d0);
-      // chips my_chip - (d - 1) .. my_chip - d0, modulo chips
-      const int a = my_chip - (d - 1), b = my_chip - d0;
+    pass_on(my_chip, my_chip, D);  // (sent on from x above)
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const auto [p, j0, j1] = groups[g];
+      wait_landed(kFirstLandFlag + static_cast<int>(g), static_cast<int64_t>(j1 - j0 + 1) * parts(p));
+      if (D > 1) {  // one j: what that chip held before phase p
+        const int lo = held_lo(along(my_chip, p, -j0), p);
+        pass_on(lo, lo + span(p) - 1, p);
+        continue;
+      }
+      // chips my_chip - j1 .. my_chip - j0, modulo chips
+      const int a = my_chip - j1, b = my_chip - j0;
       if (a >= 0 || b < 0) {
-        pass_on((a + chips) % chips, (b + chips) % chips);
+        pass_on((a + chips) % chips, (b + chips) % chips, p);
       } else {
-        pass_on(0, b);
-        pass_on(a + chips, chips - 1);
+        pass_on(0, b, p);
+        pass_on(a + chips, chips - 1, p);
       }
     }
     wait_landed(kDirectForwardFlag, (C - 1) * passes);
