@@ -1708,6 +1708,31 @@ TEST(DpLower, DirectCollectives) {
   }
 }
 
+// All_gather by dimensions (docs/codegen.md): on v2-4x4 at 32 KiB a replica and
+// v4-4x4x4 at 8 KiB, over the blocks from which the cost model takes it (21 and 7
+// KB), a core sends what it holds along each dimension's ring in turn: in the
+// last phase each ring step's destination gets its own block and every group
+// that landed before as a message of its own (v2-4x4: 1 + 3 on f23, the first
+// y step; v4-4x4x4: 1 + 3 + 3 on f26, the first z step, the y groups as runs of
+// 4 chips' blocks in one strided DMA), where the direct exchange sends one
+// block on each flag. Bit-exact under the race checker.
+TEST(DpLower, AllGatherGoesByDimensionsOnAChipTorus) {
+  auto ir = [](int64_t rows) {
+    return "graph ag {\n  input %x : f32[" + std::to_string(rows) + ",1024]\n  %ag = all_gather(%x) : f32[" +
+           std::to_string(rows) + ",1024] #0\n  output %ag\n}\n";
+  };
+  auto count = [](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = g_last_assembly.find(what); at != std::string::npos; at = g_last_assembly.find(what, at + 1)) ++n;
+    return n;
+  };
+  expect_replicated_bit_exact(ir(32 * 8), PrecisionPolicy::kDefault, kV2x4x4, 32);
+  EXPECT_EQ(count("rflag=f23\n"), 32u * 4);
+  expect_replicated_bit_exact(ir(128 * 2), PrecisionPolicy::kDefault, kV4x4x4, 128);
+  EXPECT_EQ(count("rflag=f26\n"), 128u * 7);
+  EXPECT_NE(g_last_assembly.find("bytes=8192, dim=4:16384:16384, flag=f58, rflag=f26\n"), std::string::npos);
+}
+
 TEST(DpLower, OneReplicaAllReduceIsTheIdentity) {
   LowerOptions lo;
   lo.target.hbm_bytes = 64ull << 20;
