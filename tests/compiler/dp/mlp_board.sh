@@ -99,25 +99,35 @@ PY
 # links (2 neighbours, the diagonal chip 2 hops) and its 4-byte entry tokens to
 # the 6 replicas off its chip 8, so the links carry 8 x (4 x BLOCK + 32) bytes;
 # every core receiving every block over ICI made it 8 x (8 x BLOCK + 32).
-printf 'graph ag {\n  input %%x : f32[128,1024]\n  %%ag = all_gather(%%x) : f32[128,1024] #0\n  output %%ag\n}\n' > "$W/ag.graph"
-"$T" compile "$W/ag.graph" --preset v3-8 --replicas 8 -o "$W/ag.tpb"
-run_equals_ref ag v3-8 4
-/usr/bin/python3 - "$W/ag_run/stats.json" <<'PY'
+# all_gather_links NAME ROWS HOPS SEED: an all_gather of ROWS x 1024 fp32 a
+# replica (BLOCK bytes) on v3-8, equal to the graph reference on the model and
+# on the functional reference, must put exactly 8 x (HOPS x BLOCK + 32) bytes on
+# the chips' links.
+all_gather_links() {
+  printf 'graph %s {\n  input %%x : f32[%d,1024]\n  %%ag = all_gather(%%x) : f32[%d,1024] #0\n  output %%ag\n}\n' \
+    "$1" $((8 * $2)) $((8 * $2)) > "$W/$1.graph"
+  "$T" compile "$W/$1.graph" --preset v3-8 --replicas 8 -o "$W/$1.tpb"
+  run_equals_ref "$1" v3-8 "$4"
+  "$T" ref "$W/$1.graph" --random-inputs "$4" --out "$W/$1_graph"
+  "$T" diff "$W/$1_graph" "$W/$1_run"
+  /usr/bin/python3 - "$W/$1_run/stats.json" $(($2 * 4096)) "$3" <<'PY'
 import json, sys
 units = json.load(open(sys.argv[1]))["units"]
+block, hops = int(sys.argv[2]), int(sys.argv[3])
 links = sum(u["bytes"] for k, u in units.items() if k.split(".")[1:2] == ["ici"] and k.split(".")[-1][0] in "xy")
-block = 16 * 1024 * 4
 print(f"all_gather: {links} bytes over the chips' links, {links / block:.4f} blocks")
-if links != 8 * (4 * block + 32):
-    sys.exit(f"the links carried {links} bytes, not 8 x (4 x {block} + 32) = {8 * (4 * block + 32)}")
+if links != 8 * (hops * block + 32):
+    sys.exit(f"the links carried {links} bytes, not 8 x ({hops} x {block} + 32) = {8 * (hops * block + 32)}")
 PY
+}
+all_gather_links ag 16 4 4
 # Each core passes its own block on at once and each other chip's as it lands
 # (one landing flag a source chip on v3-8, f20..f22): four DMAs to the other
 # core, the last three each right after the wait for its block (docs/codegen.md
 # "Passed on as they land"). One wait for all three made it one DMA after it.
 "$T" disasm "$W/ag.tpb" > "$W/ag.s"
 /usr/bin/python3 - "$W/ag.s" <<'PY'
-import re, sys
+import sys
 core, lines = None, []
 for line in open(sys.argv[1]):
     if line.startswith(".core"):
@@ -136,17 +146,4 @@ PY
 # neighbour, so a replica's blocks cross 3 links where the direct exchange took
 # 4 (the diagonal chip is 2 hops): 8 x (3 x BLOCK + 32) bytes on the links, with
 # the values of the graph reference.
-printf 'graph ag1m {\n  input %%x : f32[2048,1024]\n  %%ag = all_gather(%%x) : f32[2048,1024] #0\n  output %%ag\n}\n' > "$W/ag1m.graph"
-"$T" compile "$W/ag1m.graph" --preset v3-8 --replicas 8 -o "$W/ag1m.tpb"
-run_equals_ref ag1m v3-8 6
-"$T" ref "$W/ag1m.graph" --random-inputs 6 --out "$W/ag1m_graph"
-"$T" diff "$W/ag1m_graph" "$W/ag1m_run"
-/usr/bin/python3 - "$W/ag1m_run/stats.json" <<'PY'
-import json, sys
-units = json.load(open(sys.argv[1]))["units"]
-links = sum(u["bytes"] for k, u in units.items() if k.split(".")[1:2] == ["ici"] and k.split(".")[-1][0] in "xy")
-block = 256 * 1024 * 4
-print(f"all_gather by dimensions: {links} bytes over the chips' links, {links / block:.4f} blocks")
-if links != 8 * (3 * block + 32):
-    sys.exit(f"the links carried {links} bytes, not 8 x (3 x {block} + 32) = {8 * (3 * block + 32)}")
-PY
+all_gather_links ag1m 256 3 6
