@@ -2976,8 +2976,8 @@ void Emitter::lower_direct_collective(const Node& n) {
   // The chip j steps along dimension p from `chip` (j < 0: back).
   auto along = [&](int chip, int p, int j) {
     std::vector<int> c = phases.coords(chip);
-    const int k = pdims[static_cast<size_t>(p)];
-    c[static_cast<size_t>(p)] = ((c[static_cast<size_t>(p)] + j) % k + k) % k;
+    const int ring = pdims[static_cast<size_t>(p)];
+    c[static_cast<size_t>(p)] = ((c[static_cast<size_t>(p)] + j) % ring + ring) % ring;
     return phases.chip_at(c);
   };
   // What a chip holds before phase p: the chips that differ from it only in the
