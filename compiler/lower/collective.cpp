@@ -2939,8 +2939,7 @@ void Emitter::lower_direct_collective(const Node& n) {
   // keeps the direct exchange.)
   const int C = s.cores_per_chip;
   const int chips = R / C;
-  const bool via_chip = n.op == OpKind::kAllGather && C > 1 && R > C && R % C == 0 &&
-                        C * xb <= std::numeric_limits<int32_t>::max();
+  const bool routed = n.op == OpKind::kAllGather && R > C && R % C == 0 && C * xb <= std::numeric_limits<int32_t>::max();
   const int my_chip = replica_chip(s, me), k = replica_core(s, me);
   // Dimension by dimension (docs/codegen.md "All_gather by dimensions"): where the
   // chips form a torus of 2 or 3 dimensions, phase p sends what a core holds of
@@ -2953,9 +2952,9 @@ void Emitter::lower_direct_collective(const Node& n) {
   // Taken where the compiler's rough cost model (a neighbour message's 1941
   // cycles a phase, 64 B/cycle on a link; see plan_stream) with the mean link
   // load expects it first: on v3-8 from blocks of 248 KB, v2-4x4 21 KB,
-  // v4-4x4x4 7 KB.
+  // v4-4x4x4 7 KB, v5e-8 166 KB.
   ici::Topology phases(ici::TopologyKind::kRing, {chips});
-  if (via_chip) {
+  if (routed) {
     const ici::Topology topo = chip_topology(s);
     int links = 0, prod = 1;
     for (int d : topo.dims()) {
@@ -2973,6 +2972,8 @@ void Emitter::lower_direct_collective(const Node& n) {
   }
   const std::vector<int>& pdims = phases.dims();
   const int D = phases.num_dims();
+  // One-core chips have nothing to pass on: there only the phases change the route.
+  const bool via_chip = routed && (C > 1 || D > 1);
   // The chip j steps along dimension p from `chip` (j < 0: back).
   auto along = [&](int chip, int p, int j) {
     std::vector<int> c = phases.coords(chip);
@@ -3074,7 +3075,7 @@ void Emitter::lower_direct_collective(const Node& n) {
         pass_on(a + chips, chips - 1, p);
       }
     }
-    wait_landed(kDirectForwardFlag, (C - 1) * passes);
+    if (C > 1) wait_landed(kDirectForwardFlag, (C - 1) * passes);
   } else {
     wait_landed(kDirectLandFlag, R - 1);
   }

@@ -1715,7 +1715,7 @@ TEST(DpLower, DirectCollectives) {
 // that landed before as a message of its own (v2-4x4: 1 + 3 on f23, the first
 // y step; v4-4x4x4: 1 + 3 + 3 on f26, the first z step, the y groups as runs of
 // 4 chips' blocks in one strided DMA), where the direct exchange sends one
-// block on each flag. Bit-exact under the race checker.
+// block on each flag. Bit-exact under the race checker; and on one-core chips.
 TEST(DpLower, AllGatherGoesByDimensionsOnAChipTorus) {
   auto ir = [](int64_t rows) {
     return "graph ag {\n  input %x : f32[" + std::to_string(rows) + ",1024]\n  %ag = all_gather(%x) : f32[" +
@@ -1731,6 +1731,11 @@ TEST(DpLower, AllGatherGoesByDimensionsOnAChipTorus) {
   expect_replicated_bit_exact(ir(128 * 2), PrecisionPolicy::kDefault, kV4x4x4, 128);
   EXPECT_EQ(count("rflag=f26\n"), 128u * 7);
   EXPECT_NE(g_last_assembly.find("bytes=8192, dim=4:16384:16384, flag=f58, rflag=f26\n"), std::string::npos);
+  // One-core chips (v5e-8, 2x4) at 256 KiB, over the model's 166 KB: nothing to
+  // pass on, the phases alone (1 + 1 messages on f21, the first y step).
+  const Board v5e8{"v5e-8", ici::Topology(ici::TopologyKind::kTorus2d, {2, 4}), 1};
+  expect_replicated_bit_exact(ir(8 * 64), PrecisionPolicy::kDefault, v5e8, 8);
+  EXPECT_EQ(count("rflag=f21\n"), 8u * 2);
 }
 
 TEST(DpLower, OneReplicaAllReduceIsTheIdentity) {
