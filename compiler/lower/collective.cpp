@@ -127,6 +127,15 @@ int64_t widest_chip_chunk(const ici::Schedule& sch) {
   return widest;
 }
 
+// The chip j steps along dimension d of `topo` from `chip` (j < 0: back), round
+// the ring.
+int chip_along(const ici::Topology& topo, int chip, size_t d, int j) {
+  std::vector<int> c = topo.coords(chip);
+  const int ring = topo.dims()[d];
+  c[d] = ((c[d] + j) % ring + ring) % ring;
+  return topo.chip_at(c);
+}
+
 // All_gather's bytes a link direction carries on average, in blocks of one
 // replica: every core sends its index's blocks to the core of that index on each
 // other chip, by the board's routes (dimension order), and the block-hops are
@@ -150,11 +159,7 @@ double all_gather_link_blocks(const ici::Topology& topo, int C, bool phased) {
     }
     int64_t held = 1;
     for (size_t p = 0; p < dims.size(); ++p) {
-      for (int j = 1; j < dims[p]; ++j) {
-        std::vector<int> c = topo.coords(src);
-        c[p] = (c[p] + j) % dims[p];
-        block_hops += C * held * topo.hops(src, topo.chip_at(c));
-      }
+      for (int j = 1; j < dims[p]; ++j) block_hops += C * held * topo.hops(src, chip_along(topo, src, p, j));
       held *= dims[p];
     }
   }
@@ -2974,13 +2979,7 @@ void Emitter::lower_direct_collective(const Node& n) {
   const int D = phases.num_dims();
   // One-core chips have nothing to pass on: there only the phases change the route.
   const bool via_chip = routed && (C > 1 || D > 1);
-  // The chip j steps along dimension p from `chip` (j < 0: back).
-  auto along = [&](int chip, int p, int j) {
-    std::vector<int> c = phases.coords(chip);
-    const int ring = pdims[static_cast<size_t>(p)];
-    c[static_cast<size_t>(p)] = ((c[static_cast<size_t>(p)] + j) % ring + ring) % ring;
-    return phases.chip_at(c);
-  };
+  auto along = [&](int chip, int p, int j) { return chip_along(phases, chip, static_cast<size_t>(p), j); };
   // What a chip holds before phase p: the chips that differ from it only in the
   // dimensions before p, span(p) consecutive chip ids from held_lo.
   auto span = [&](int p) {
@@ -3019,10 +3018,11 @@ void Emitter::lower_direct_collective(const Node& n) {
     }
   }
   // A source sends each destination of phase p its own block and each group of
-  // the phases before p as a message of its own.
+  // the phases before p (one j each: phases before p exist only when D > 1) as a
+  // message of its own.
   auto parts = [&](int p) {
     int n = 1;
-    for (int q = 0; q < p; ++q) n += static_cast<int>(std::count_if(groups.begin(), groups.end(), [&](const Group& g) { return g.p == q; }));
+    for (int q = 0; q < p; ++q) n += pdims[static_cast<size_t>(q)] - 1;
     return n;
   };
   // The blocks of this core's index of chips [a, b] (a run of ids) to core q.
