@@ -1556,6 +1556,35 @@ TEST(DpLower, FinalCopiesGoToTheOtherCoreFromVmem) {
   }
 }
 
+// Blocks (all_reduce_blocks): every block ends in its own on-chip all-gather, and
+// each of them, not only the last block's, cuts its pieces as the torus
+// all-gather's copies landed and sends them from VMEM as they land. v4-4x4x4 on
+// three blocks, bit-exact under the race checker. Until session 94 only the last
+// step of the whole schedule was cut so: the earlier blocks' on-chip pieces were
+// cut at the piece size, matched no landing and went from y (at 32 MiB a replica,
+// four blocks, 3.15 MB a core read back from HBM).
+TEST(DpLower, EveryBlocksFinalCopiesGoToTheOtherCoreFromVmem) {
+  constexpr int64_t kRows = 24, kCols = 1031;
+  expect_replicated_bit_exact(allreduce_only_ir(128, kRows, kCols), PrecisionPolicy::kDefault, kV4x4x4, 128, "auto", true,
+                              16ull << 20, [](LowerOptions& lo) {
+                                lo.stream_piece_elems = 1024;
+                                lo.replicas.block_elems = 9216;
+                                lo.explain_collectives = true;
+                              });
+  ASSERT_EQ(g_last_notes.size(), 1u);
+  EXPECT_NE(g_last_notes.front().find("|blocks=3|"), std::string::npos) << g_last_notes.front();
+  // Each core sends its half of every block to the other core, none of it from y
+  // (with only the last block's cut as written: 32,592 of its 49,488 bytes).
+  const auto to_other = copies_to_other_core(g_last_assembly);
+  EXPECT_EQ(to_other.size(), 128u);
+  for (const auto& [c, v] : to_other) {
+    int64_t from_y = 0, from_vmem = 0;
+    for (const OnChipCopy& x : v) (x.from_hbm ? from_y : from_vmem) += x.bytes;
+    EXPECT_EQ(from_y, 0) << c;
+    EXPECT_EQ(from_vmem, kRows * kCols * 4 / 2) << c;
+  }
+}
+
 // A final on-chip copy move of at most a piece goes as one message from y: cut as
 // its copies landed (v3-8, 32 KiB per replica: pieces of 4 KiB, each with its slot
 // and credit), a small all-reduce paid a message per piece (1 KiB: 12,019 cycles

@@ -304,6 +304,40 @@ TEST(DpRef, LargeHierarchicalAllReducesRunOnBlocks) {
   EXPECT_EQ(all_reduce_blocks(s, E), (std::vector<int64_t>{0}));
 }
 
+// Blocks of the hierarchical all-reduce are whole multiples of 16 values (64 B,
+// the HBM's pseudo-channel granule) times the schedule's finest division of a
+// block, where they hold two: on v4-4x4x4 2 halves x 3 groups x 64 chips' ring
+// blocks = 384 segments, so blocks of 6144-value multiples, and every chunk of the
+// schedule inside them (all blocks but the last) starts and ends on a 64 B
+// boundary (docs/codegen.md "Blocks on 64 B"). On v2-4x4 (64 segments) that is a tile:
+// the cut is the one on tiles.
+TEST(DpRef, HierarchicalBlocksKeepEveryChunkOn64Bytes) {
+  ReplicaSpec s;
+  s.cores_per_chip = 2;
+  s.board = ici::Topology(ici::TopologyKind::kTorus3d, {4, 4, 4});
+  s.replicas = 128;
+  const int64_t E = int64_t{8} << 20;  // 32 MiB of fp32 a replica: four blocks
+  const std::vector<int64_t> starts = all_reduce_blocks(s, E);
+  ASSERT_EQ(starts, (std::vector<int64_t>{0, 341 * 6144, 682 * 6144, 1024 * 6144}));
+  const ici::Schedule sch = all_reduce_schedule(s, E);
+  size_t inside = 0, odd_in_last = 0;
+  for (const ici::Chunk& c : sch.chunks) {
+    if (c.offset + c.elems <= starts.back()) {
+      ++inside;
+      EXPECT_EQ(c.offset % 16, 0) << c.offset;
+      EXPECT_EQ(c.elems % 16, 0) << c.offset << " + " << c.elems;
+    } else {
+      odd_in_last += c.offset % 16 != 0;  // the last block holds the remainder: 2,097,152 / 384 values a segment
+    }
+  }
+  EXPECT_GT(inside, 0u);
+  EXPECT_GT(odd_in_last, 0u);
+  // v2-4x4: blocks of E / 4, as on tiles.
+  s.board = ici::Topology(ici::TopologyKind::kTorus2d, {4, 4});
+  s.replicas = 32;
+  EXPECT_EQ(all_reduce_blocks(s, E), (std::vector<int64_t>{0, E / 4, E / 2, 3 * E / 4}));
+}
+
 // On a 3-D chip torus (v4-4x4x4) the hierarchical all-reduce runs more than half a
 // block as two blocks (docs/codegen.md "Blocks": there a one-block plan above 4 MiB
 // found no fused plan), each block's result that block's own all-reduce; half a
