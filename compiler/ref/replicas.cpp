@@ -176,7 +176,7 @@ std::vector<int64_t> all_reduce_blocks(const ReplicaSpec& s, int64_t elements) {
   if (choose_algorithm(s, elements) == ici::Algorithm::kHierarchical) {
     const ici::Topology chips = chip_topology(s);
     const int64_t aligned = std::lcm(unit, int64_t{16} * 2 * ring_dims(chips) * chips.chips());
-    if (elements / nb >= 2 * aligned) unit = aligned;
+    if (aligned > 0 && elements / nb >= 2 * aligned) unit = aligned;
   }
   std::vector<int64_t> starts;
   for (int64_t b = 0; b < nb; ++b) starts.push_back(elements * b / nb / unit * unit);
